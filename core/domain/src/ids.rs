@@ -23,7 +23,9 @@ pub enum IdError {
         field: &'static str,
     },
     /// Not 36 characters of lowercase hex in 8-4-4-4-12 groups.
-    #[error("{field} is not a canonical UUID (want 36 lowercase hex characters in 8-4-4-4-12 groups)")]
+    #[error(
+        "{field} is not a canonical UUID (want 36 lowercase hex characters in 8-4-4-4-12 groups)"
+    )]
     NotCanonical {
         /// Dotted name of the field.
         field: &'static str,
@@ -304,7 +306,9 @@ mod tests {
         // nil UUID: variant bits 00
         assert_eq!(
             Uuid7::parse("request_id", "00000000-0000-0000-0000-000000000000").unwrap_err(),
-            IdError::WrongVariant { field: "request_id" }
+            IdError::WrongVariant {
+                field: "request_id"
+            }
         );
         // version 7 but Microsoft variant (110x)
         assert!(matches!(
@@ -322,7 +326,11 @@ mod tests {
         assert_eq!(InstanceId::parse("id", V4).unwrap().to_string(), V4);
         assert!(matches!(
             InstanceId::parse("id", V7).unwrap_err(),
-            IdError::WrongVersion { want: 4, got: 7, .. }
+            IdError::WrongVersion {
+                want: 4,
+                got: 7,
+                ..
+            }
         ));
         let minted = InstanceId::from_random_bytes([0xff; 16]);
         assert!(InstanceId::parse("id", &minted.to_string()).is_ok());

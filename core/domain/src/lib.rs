@@ -9,6 +9,10 @@
 //! Must never: touch a file, a socket, a clock or an RNG. Time, keys and
 //! random values are inputs.
 
-pub mod limits;
+pub mod error;
+pub mod events;
+pub mod hash;
 pub mod ids;
+pub mod lifecycle;
+pub mod limits;
 pub mod token;

@@ -528,7 +528,10 @@ impl CommandState {
     ///
     /// # Errors
     /// `RevisionWentBack` when `incoming` is older than recorded.
-    pub fn observe_revision(&mut self, incoming: Revision) -> Result<RevisionOrder, TransitionError> {
+    pub fn observe_revision(
+        &mut self,
+        incoming: Revision,
+    ) -> Result<RevisionOrder, TransitionError> {
         match incoming.cmp(&self.revision) {
             std::cmp::Ordering::Less => Err(TransitionError::RevisionWentBack {
                 incoming: incoming.0,
@@ -647,7 +650,10 @@ mod tests {
 
     #[test]
     fn terminal_predicate() {
-        let terminal: Vec<_> = Lifecycle::ALL.into_iter().filter(|l| l.is_terminal()).collect();
+        let terminal: Vec<_> = Lifecycle::ALL
+            .into_iter()
+            .filter(|l| l.is_terminal())
+            .collect();
         assert_eq!(
             terminal,
             vec![

@@ -135,7 +135,8 @@ impl TokenCodec {
         if position.len() > MAX_POSITION_BYTES {
             return Err(TokenError::Malformed("position too long"));
         }
-        let len = u16::try_from(position.len()).map_err(|_| TokenError::Malformed("position too long"))?;
+        let len = u16::try_from(position.len())
+            .map_err(|_| TokenError::Malformed("position too long"))?;
         let mut body = Vec::with_capacity(HEADER_LEN + position.len() + MAC_LEN);
         body.push(TOKEN_VERSION);
         body.push(kind as u8);
@@ -152,7 +153,12 @@ impl TokenCodec {
     ///
     /// # Errors
     /// [`TokenError`] saying exactly why the token is refused.
-    pub fn open(&self, kind: TokenKind, filters: &[u8], token: &str) -> Result<Vec<u8>, TokenError> {
+    pub fn open(
+        &self,
+        kind: TokenKind,
+        filters: &[u8],
+        token: &str,
+    ) -> Result<Vec<u8>, TokenError> {
         if token.is_empty() {
             return Err(TokenError::Malformed("empty"));
         }
@@ -180,9 +186,9 @@ impl TokenCodec {
         for (d, b) in digest.iter_mut().zip(header.iter().skip(2)) {
             *d = *b;
         }
-        let declared = header
-            .get(2 + DIGEST_LEN..HEADER_LEN)
-            .map_or(0, |b| b.iter().fold(0usize, |acc, x| (acc << 8) | usize::from(*x)));
+        let declared = header.get(2 + DIGEST_LEN..HEADER_LEN).map_or(0, |b| {
+            b.iter().fold(0usize, |acc, x| (acc << 8) | usize::from(*x))
+        });
         if declared != position.len() {
             return Err(TokenError::Malformed("length mismatch"));
         }
@@ -225,8 +231,12 @@ impl PagePosition {
         let (key, id) = bytes
             .split_at_checked(8)
             .ok_or(TokenError::Malformed("page position"))?;
-        let key: [u8; 8] = key.try_into().map_err(|_| TokenError::Malformed("page position"))?;
-        let id: [u8; 16] = id.try_into().map_err(|_| TokenError::Malformed("page position"))?;
+        let key: [u8; 8] = key
+            .try_into()
+            .map_err(|_| TokenError::Malformed("page position"))?;
+        let id: [u8; 16] = id
+            .try_into()
+            .map_err(|_| TokenError::Malformed("page position"))?;
         Ok(Self {
             sort_key: i64::from_be_bytes(key),
             id,
@@ -320,7 +330,9 @@ mod tests {
             byte_offset: 1000,
             snapshot_seq: 50,
         };
-        let t = codec(1).seal(TokenKind::Output, b"stdout", &out.encode()).unwrap();
+        let t = codec(1)
+            .seal(TokenKind::Output, b"stdout", &out.encode())
+            .unwrap();
         let back = codec(1).open(TokenKind::Output, b"stdout", &t).unwrap();
         assert_eq!(OutputPosition::decode(&back).unwrap(), out);
     }
@@ -347,7 +359,9 @@ mod tests {
     #[test]
     fn any_altered_byte_is_refused() {
         let f = filters("web-1");
-        let t = codec(3).seal(TokenKind::IncidentPage, &f, b"position").unwrap();
+        let t = codec(3)
+            .seal(TokenKind::IncidentPage, &f, b"position")
+            .unwrap();
         let raw = URL_SAFE_NO_PAD.decode(&t).unwrap();
         for i in 0..raw.len() {
             let mut bad = raw.clone();
@@ -369,13 +383,18 @@ mod tests {
                 Err(TokenError::Malformed(_))
             ));
         }
-        let mut v2 = URL_SAFE_NO_PAD.decode(c.seal(TokenKind::Output, b"", b"").unwrap()).unwrap();
+        let mut v2 = URL_SAFE_NO_PAD
+            .decode(c.seal(TokenKind::Output, b"", b"").unwrap())
+            .unwrap();
         v2[0] = 2;
         assert_eq!(
             c.open(TokenKind::Output, b"", &URL_SAFE_NO_PAD.encode(&v2)),
             Err(TokenError::Version(2))
         );
-        assert!(c.seal(TokenKind::Output, b"", &[0; MAX_POSITION_BYTES + 1]).is_err());
+        assert!(
+            c.seal(TokenKind::Output, b"", &[0; MAX_POSITION_BYTES + 1])
+                .is_err()
+        );
         assert!(PagePosition::decode(b"short").is_err());
         assert!(OutputPosition::decode(&[0; 39]).is_err());
     }

@@ -14,7 +14,9 @@ const DEFAULT_SOCKET: &str = "/run/rvbox-server/control.sock";
 fn cli() -> Command {
     Command::new("rvc")
         .version(env!("CARGO_PKG_VERSION"))
-        .about("Operator CLI for RVBox: run and follow commands on client hosts through rvbox-server")
+        .about(
+            "Operator CLI for RVBox: run and follow commands on client hosts through rvbox-server",
+        )
         .long_about(
             "Operator CLI for RVBox. rvc talks to rvbox-server's Control service over the \
              server's Unix socket (mode 0600) and never touches the server's storage.\n\n\
