@@ -16,3 +16,4 @@ pub mod ids;
 pub mod lifecycle;
 pub mod limits;
 pub mod token;
+pub mod validate;
