@@ -5,7 +5,13 @@
 //! in `rvbox-codegen` fails when it is stale. Never edit it by hand.
 
 /// Package `rvbox.v1`.
-#[allow(missing_docs, clippy::all, clippy::pedantic, unreachable_pub, missing_debug_implementations)]
+#[allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    unreachable_pub,
+    missing_debug_implementations
+)]
 pub mod v1 {
     include!("gen/rvbox.v1.rs");
 }

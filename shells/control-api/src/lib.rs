@@ -1,0 +1,20 @@
+//! Generated gRPC stubs of the RVBox operator service `rvbox.v1.Control`.
+//!
+//! This crate owns the tonic client (`v1::control_client::ControlClient`) and
+//! server (`v1::control_server::{Control, ControlServer}`) for
+//! `protos/rvbox/v1/control.proto`, and nothing else: the messages they carry
+//! are the prost types of `rvbox-proto`, and no handler logic lives here. The
+//! code under `src/gen/` is produced by `scripts/generate`; a test in
+//! `rvbox-codegen` fails when it is stale. Never edit it by hand.
+
+/// Package `rvbox.v1`: the `Control` service stubs.
+#[allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    unreachable_pub,
+    missing_debug_implementations
+)]
+pub mod v1 {
+    include!("gen/rvbox.v1.rs");
+}
