@@ -4,7 +4,7 @@
 //! request ids are RFC 9562 version 7 in canonical text (lowercase, hyphenated
 //! 8-4-4-4-12). The client-instance id is a random version 4 UUID
 //! (spec-mapping) and goes through the same canonical-text check. Client ids
-//! are configured host names: 1 to 128 printable ASCII characters.
+//! are configured host names: 1 to 128 ASCII letters, digits, '.', '-' or '_'.
 
 use std::fmt;
 
@@ -54,8 +54,10 @@ pub enum IdError {
         /// Length found (bytes).
         len: usize,
     },
-    /// A client id with a byte outside printable ASCII.
-    #[error("{field} has a character outside printable ASCII (0x21..=0x7e) at byte {at}")]
+    /// A client id with a character other than an ASCII letter, digit, '.', '-' or '_'.
+    #[error(
+        "{field} may only contain ASCII letters, digits, '.', '-' and '_' (bad character at byte {at})"
+    )]
     BadCharacter {
         /// Dotted name of the field.
         field: &'static str,
@@ -206,8 +208,9 @@ impl fmt::Debug for InstanceId {
 }
 
 /// A client id: the configured host name of a client daemon, 1 to 128
-/// printable ASCII characters (0x21..=0x7e). It is display and routing
-/// identity, not an authentication assertion (plan §6.2).
+/// ASCII letters, digits, '.', '-' or '_' (host-name text; no spaces,
+/// control characters, path separators or shell metacharacters). It is
+/// display and routing identity, not an authentication assertion (plan §6.2).
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ClientId(String);
 
@@ -221,7 +224,10 @@ impl ClientId {
         if text.is_empty() {
             return Err(IdError::Empty { field });
         }
-        if let Some(at) = text.bytes().position(|b| !(0x21..=0x7e).contains(&b)) {
+        if let Some(at) = text
+            .bytes()
+            .position(|b| !(b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_')))
+        {
             return Err(IdError::BadCharacter { field, at });
         }
         if text.len() > MAX_CLIENT_ID_LEN {
@@ -361,5 +367,9 @@ mod tests {
         assert!(ClientId::parse("client_id", "web 01").is_err());
         assert!(ClientId::parse("client_id", "web\n01").is_err());
         assert!(ClientId::parse("client_id", "web-01.example.net").is_ok());
+        assert!(ClientId::parse("client_id", "web_01").is_ok());
+        for bad in ["web/01", "web:01", "web@01", "web;01", "../x"] {
+            assert!(ClientId::parse("client_id", bad).is_err(), "{bad}");
+        }
     }
 }

@@ -60,9 +60,10 @@ pub struct ExecutionSpec {
     /// default CWD (CwdPolicy.default_cwd); \<= 4096 bytes.
     #[prost(string, tag = "4")]
     pub cwd: ::prost::alloc::string::String,
-    /// Environment overrides applied over the client daemon's environment.
-    /// Keys: 1..=256 bytes, no '=' or NUL; values: plaintext, no NUL. Hashed in
-    /// sorted-key order; audit and logs carry key names only.
+    /// Environment overrides applied over the client daemon's environment;
+    /// \<= 1024 entries. Keys: 1..=256 bytes, no '=' or NUL; values: plaintext,
+    /// no NUL, bounded only by the spec limit. Hashed in sorted-key order;
+    /// audit and logs carry key names only.
     #[prost(btree_map = "string, string", tag = "5")]
     pub env: ::prost::alloc::collections::BTreeMap<
         ::prost::alloc::string::String,
@@ -333,8 +334,10 @@ pub struct StdinAck {
 }
 /// One client-sequenced command event. The agent carries it client->server;
 /// the control API returns it unchanged (see control.proto ReceivedEvent).
-/// Per command, event_seq is contiguous from 1; a repeat with identical
-/// content is harmless, a repeat with different content is a protocol error.
+/// Per command, event_seq is contiguous from 1; a repeat of (issue_uuid,
+/// event_seq) with identical content is harmless, a repeat with different
+/// content is a protocol error that fences the sending session (history is
+/// never rewritten).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct CommandEvent {
     /// The command (canonical UUIDv7 text).
@@ -703,7 +706,9 @@ impl ProfileFlag {
         }
     }
 }
-/// A standard output stream of a command.
+/// A standard output stream of a command. Used for OutputChunk.stream, the
+/// stream sets of OutputTruncation, OutputIncomplete and RetentionTruncation,
+/// and the stream selection of GetOutputRequest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
 pub enum OutputStream {
@@ -1258,7 +1263,7 @@ pub enum StdinDelivery {
     /// Not set; never valid.
     Unspecified = 0,
     /// Durable on the server, not yet acknowledged by the client (control API
-    /// only; never in a StdinAck).
+    /// only: AppendStdinResponse/CloseStdinResponse; never in a StdinAck).
     Pending = 1,
     /// Written to the process's stdin pipe (and, if close was requested, the
     /// pipe was closed afterwards).
@@ -1636,8 +1641,12 @@ pub struct Dispatch {
     /// Current command revision; >= 1.
     #[prost(uint64, tag = "3")]
     pub revision: u64,
-    /// SHA-256 of the deterministic protobuf encoding of `spec` (fields in tag
-    /// order, map entries sorted by key, no unknown fields); exactly 32 bytes.
+    /// Immutable command hash; exactly 32 bytes. SHA-256 over the domain tag
+    /// "rvbox.v1/command\n", the target client_id (8-byte big-endian length,
+    /// then its bytes) and the deterministic protobuf encoding of the
+    /// normalized `spec` (fields in tag order, env sorted by key,
+    /// profile_flags deduplicated and sorted, no unknown fields). Lifecycle,
+    /// revision, times and other mutable fields are excluded.
     #[prost(bytes = "vec", tag = "4")]
     pub request_hash: ::prost::alloc::vec::Vec<u8>,
     /// What to run; serialized \<= 786432 bytes (768 KiB). For a script the
@@ -2199,7 +2208,8 @@ impl ScriptUploadState {
         }
     }
 }
-/// A storage scope that is not READY.
+/// State of one storage scope. The dirty_scopes lists of GetClientResponse
+/// and CommandRecord hold only scopes that are not READY.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ScopeHealth {
     /// Kind of scope.
@@ -2599,18 +2609,27 @@ pub struct AppendStdinRequest {
     pub newline: i32,
 }
 /// Response of AppendStdin: the writes are durable on the server; delivery
-/// is reported by StdinAck events.
+/// is reported by StdinAck events. An exact replay returns the same
+/// write_seq assignment with the delivery state recorded since.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct AppendStdinResponse {
     /// The target command.
     #[prost(string, tag = "1")]
     pub issue_uuid: ::prost::alloc::string::String,
-    /// First write_seq assigned to this append.
+    /// First write_seq assigned to this append; >= 1.
     #[prost(uint64, tag = "2")]
     pub first_write_seq: u64,
-    /// Last write_seq assigned (the one carrying the newline, if any).
+    /// Last write_seq assigned (the one carrying the newline, if any);
+    ///
+    /// >
+    /// > = first_write_seq.
     #[prost(uint64, tag = "3")]
     pub last_write_seq: u64,
+    /// Delivery of last_write_seq: PENDING until the client's StdinAck, then
+    /// WRITTEN or DISCARDED. Writes apply in order and discarding is final, so
+    /// WRITTEN means every write of this append was written.
+    #[prost(enumeration = "StdinDelivery", tag = "4")]
+    pub delivery: i32,
 }
 /// Request of CloseStdin (mutation).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -2622,15 +2641,21 @@ pub struct CloseStdinRequest {
     #[prost(string, tag = "2")]
     pub issue_uuid: ::prost::alloc::string::String,
 }
-/// Response of CloseStdin.
+/// Response of CloseStdin. An exact replay returns the same write_seq with
+/// the delivery state recorded since.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct CloseStdinResponse {
     /// The target command.
     #[prost(string, tag = "1")]
     pub issue_uuid: ::prost::alloc::string::String,
-    /// write_seq of the close (ordered after every earlier write).
+    /// write_seq of the close (ordered after every earlier write); >= 1.
     #[prost(uint64, tag = "2")]
     pub write_seq: u64,
+    /// Delivery of the close: PENDING until the client's StdinAck; WRITTEN
+    /// once stdin was closed on the client; DISCARDED if the process had
+    /// already exited.
+    #[prost(enumeration = "StdinDelivery", tag = "3")]
+    pub delivery: i32,
 }
 /// Request of SignalCommand (mutation).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -2668,13 +2693,18 @@ pub struct GetOutputRequest {
     /// The command.
     #[prost(string, tag = "2")]
     pub issue_uuid: ::prost::alloc::string::String,
-    /// Which stream(s); never UNSPECIFIED.
-    #[prost(enumeration = "OutputSelection", tag = "3")]
-    pub selection: i32,
+    /// Streams to return: 1..=2 distinct values, sorted ascending, never
+    /// UNSPECIFIED; \[STDOUT, STDERR\] returns both, interleaved in event order.
+    #[prost(enumeration = "OutputStream", repeated, tag = "3")]
+    pub streams: ::prost::alloc::vec::Vec<i32>,
     /// Maximum raw data bytes in the page; 1..=4194304 (4 MiB).
     #[prost(uint32, tag = "4")]
     pub max_bytes: u32,
-    /// Opaque token from a previous response; empty for the start.
+    /// Opaque token from a previous response; empty for the start. It encodes
+    /// the filters (issue_uuid, streams) and the position (event_seq, byte
+    /// offset, snapshot boundary); reused with other filters it is rejected.
+    /// If retention removed its position, the page resumes at the next
+    /// retained position and starts with the RetentionTruncation item.
     #[prost(string, tag = "5")]
     pub page_token: ::prost::alloc::string::String,
 }
@@ -2838,6 +2868,38 @@ pub struct AcknowledgeStorageIncidentResponse {
     /// The incident, now ACKNOWLEDGED.
     #[prost(message, optional, tag = "1")]
     pub incident: ::core::option::Option<StorageIncident>,
+}
+/// Detailed server health, in the protobuf JSON mapping, returned by the
+/// health endpoint of the metrics/health HTTP listener. Liveness and
+/// readiness as such are served by grpc.health.v1 (see the file comment).
+/// It depends on no client connection and is served from the start of
+/// asynchronous recovery on. No field carries a filesystem path.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ServerHealth {
+    /// True while the process and its event loop run.
+    #[prost(bool, tag = "1")]
+    pub live: bool,
+    /// True only when every required scope is READY (global readiness).
+    #[prost(bool, tag = "2")]
+    pub ready: bool,
+    /// UTC time the report was produced.
+    #[prost(message, optional, tag = "3")]
+    pub report_time: ::core::option::Option<::prost_types::Timestamp>,
+    /// The GLOBAL_STORE and AUDIT scopes always, then every other scope that
+    /// is not READY; sorted by scope_kind, then scope_key; \<= 1000 entries.
+    #[prost(message, repeated, tag = "4")]
+    pub scopes: ::prost::alloc::vec::Vec<ScopeHealth>,
+    /// Non-READY scopes left out because of the 1000-entry bound.
+    #[prost(uint32, tag = "5")]
+    pub omitted_scope_count: u32,
+    /// Number of OPEN storage incidents.
+    #[prost(uint32, tag = "6")]
+    pub open_incident_count: u32,
+    /// The bootstrap incident: recovery found a problem while the database
+    /// was not writable, so it is held in memory only and needs the offline
+    /// `rvbox-server repair --data-dir`; absent otherwise.
+    #[prost(message, optional, tag = "7")]
+    pub bootstrap_incident: ::core::option::Option<StorageIncident>,
 }
 /// One PTY session.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -3043,43 +3105,6 @@ pub struct ListPtySessionsResponse {
     /// Token for the next page; empty on the last page.
     #[prost(string, tag = "2")]
     pub next_page_token: ::prost::alloc::string::String,
-}
-/// Which stream(s) GetOutput returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
-#[repr(i32)]
-pub enum OutputSelection {
-    /// Not set; rejected.
-    Unspecified = 0,
-    /// Standard output only.
-    Stdout = 1,
-    /// Standard error only.
-    Stderr = 2,
-    /// Both streams, interleaved in event order.
-    Both = 3,
-}
-impl OutputSelection {
-    /// String value of the enum field names used in the ProtoBuf definition.
-    ///
-    /// The values are not transformed in any way and thus are considered stable
-    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
-    pub fn as_str_name(&self) -> &'static str {
-        match self {
-            Self::Unspecified => "OUTPUT_SELECTION_UNSPECIFIED",
-            Self::Stdout => "OUTPUT_SELECTION_STDOUT",
-            Self::Stderr => "OUTPUT_SELECTION_STDERR",
-            Self::Both => "OUTPUT_SELECTION_BOTH",
-        }
-    }
-    /// Creates an enum from field names used in the ProtoBuf definition.
-    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
-        match value {
-            "OUTPUT_SELECTION_UNSPECIFIED" => Some(Self::Unspecified),
-            "OUTPUT_SELECTION_STDOUT" => Some(Self::Stdout),
-            "OUTPUT_SELECTION_STDERR" => Some(Self::Stderr),
-            "OUTPUT_SELECTION_BOTH" => Some(Self::Both),
-            _ => None,
-        }
-    }
 }
 /// How much of a command's output the server still retains.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]

@@ -1,0 +1,609 @@
+//! The validated `rvbox-server` configuration.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::common::{
+    ObservabilityConfig, observability, require_at_most, require_below, socket_addr,
+};
+use crate::decode::{FlagValue, Value, decode_file};
+use crate::error::ConfigErrors;
+use crate::paths::{examine, examine_path, private_dir, within};
+use crate::probe::{FileKind, HostProbe};
+use crate::registry::{Daemon, defaults};
+use crate::render::render;
+use crate::resolve::Resolved;
+
+/// `[server]`: the agent endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AgentConfig {
+    /// Listener address (behind the TLS-terminating proxy).
+    pub listen: SocketAddr,
+    /// HTTP path of the WebSocket endpoint.
+    pub path: String,
+    /// Allowed `Origin` values; an upgrade carrying another Origin is refused.
+    pub allowed_origins: Vec<String>,
+}
+
+/// SQLite synchronous mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqliteSynchronous {
+    /// `PRAGMA synchronous = FULL`.
+    Full,
+    /// `PRAGMA synchronous = EXTRA`.
+    Extra,
+}
+
+/// `[storage]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StorageConfig {
+    /// The data directory (canonical when it exists).
+    pub data_dir: PathBuf,
+    /// `data_dir/db`: the SQLite database.
+    pub db_dir: PathBuf,
+    /// `data_dir/segments`: output segments.
+    pub segments_dir: PathBuf,
+    /// `data_dir/audit`: audit segments.
+    pub audit_dir: PathBuf,
+    /// SQLite synchronous mode.
+    pub sqlite_synchronous: SqliteSynchronous,
+    /// Compressed rolling output window per command, bytes.
+    pub command_output_window: u64,
+    /// Command quota, bytes.
+    pub command_total: u64,
+    /// Per-client quota, bytes.
+    pub per_client_total: u64,
+    /// Server-wide quota, bytes.
+    pub server_total: u64,
+    /// Closeout reserve inside each command quota, bytes.
+    pub closeout_reserve: u64,
+    /// Terminal command age reclamation; `None` = disabled.
+    pub terminal_retention: Option<Duration>,
+    /// Emergency free-space floor, bytes.
+    pub free_space_floor: u64,
+    /// Tombstone FIFO length.
+    pub tombstones: u64,
+    /// Segment seal size, bytes.
+    pub segment_seal_size: u64,
+    /// Group-commit delay bound.
+    pub group_commit_max_delay: Duration,
+    /// Group-commit batch bound.
+    pub group_commit_max_batch: u64,
+}
+
+/// `[audit]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AuditConfig {
+    /// Audit storage budget, bytes.
+    pub max_bytes: u64,
+    /// Age rotation; `None` = quota-only rotation.
+    pub retention: Option<Duration>,
+}
+
+/// `[queue]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueConfig {
+    /// Queue TTL; `None` = commands wait indefinitely.
+    pub ttl: Option<Duration>,
+    /// Commands queued per client.
+    pub max_per_client: u64,
+    /// Commands queued server-wide.
+    pub max_total: u64,
+    /// First transient-rejection backoff.
+    pub retry_initial: Duration,
+    /// Largest transient-rejection backoff.
+    pub retry_max: Duration,
+}
+
+/// `[session]` of the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerSessionConfig {
+    /// Ping after this much inbound silence.
+    pub heartbeat_idle: Duration,
+    /// Close after this much inbound silence.
+    pub liveness_timeout: Duration,
+    /// One-shot takeover grant lifetime.
+    pub takeover_grant_ttl: Duration,
+}
+
+/// `[flow]` of the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerFlowConfig {
+    /// Unacknowledged bytes per command.
+    pub command_send_window: u64,
+    /// Unacknowledged bytes per session.
+    pub session_send_window: u64,
+    /// Server-wide ingress high watermark.
+    pub ingress_high_watermark: u64,
+    /// Server-wide ingress low watermark.
+    pub ingress_low_watermark: u64,
+}
+
+/// `[limits]`: protocol limits, each at most its v1 ceiling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProtocolLimits {
+    /// Decoded agent envelope.
+    pub max_envelope: u64,
+    /// Serialized ExecutionSpec.
+    pub max_execution_spec: u64,
+    /// Raw bytes per output chunk.
+    pub max_raw_chunk: u64,
+    /// Raw script size.
+    pub max_script: u64,
+    /// Script chunk on the wire.
+    pub max_script_chunk: u64,
+    /// One stdin write on the wire.
+    pub max_stdin_write: u64,
+    /// Reason/detail/summary text.
+    pub max_reason: u64,
+    /// Incident note text.
+    pub max_incident_note: u64,
+    /// Decoded control gRPC request.
+    pub max_control_request: u64,
+}
+
+/// `[control]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ControlConfig {
+    /// Runtime directory of the socket.
+    pub runtime_dir: PathBuf,
+    /// The control Unix socket, directly inside `runtime_dir`.
+    pub socket_path: PathBuf,
+    /// Default list page size.
+    pub default_page_size: u64,
+    /// Largest list page size.
+    pub max_page_size: u64,
+    /// Default GetOutput page bytes.
+    pub default_output_page: u64,
+    /// Largest GetOutput page bytes.
+    pub max_output_page: u64,
+}
+
+/// `[jsonrpc]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JsonRpcConfig {
+    /// Whether the unauthenticated adapter runs.
+    pub enabled: bool,
+    /// Bind address.
+    pub listen: SocketAddr,
+    /// Largest request body.
+    pub max_body: u64,
+}
+
+impl JsonRpcConfig {
+    /// True when enabled on a non-loopback address (allowed, but warned).
+    pub fn is_exposed(&self) -> bool {
+        self.enabled && !self.listen.ip().is_loopback()
+    }
+}
+
+/// The validated, immutable `rvbox-server` configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// `[server]`.
+    pub agent: AgentConfig,
+    /// `[storage]`.
+    pub storage: StorageConfig,
+    /// `[audit]`.
+    pub audit: AuditConfig,
+    /// `[queue]`.
+    pub queue: QueueConfig,
+    /// `[session]`.
+    pub session: ServerSessionConfig,
+    /// `[flow]`.
+    pub flow: ServerFlowConfig,
+    /// `[limits]`.
+    pub limits: ProtocolLimits,
+    /// `[control]`.
+    pub control: ControlConfig,
+    /// `[jsonrpc]`.
+    pub jsonrpc: JsonRpcConfig,
+    /// `[observability]`.
+    pub observability: ObservabilityConfig,
+    warnings: Vec<String>,
+    summary: String,
+}
+
+impl ServerConfig {
+    /// Conspicuous warnings (e.g. exposed JSON-RPC), also in the summary.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// The redacted, normalized effective configuration, stable key order.
+    pub fn summary(&self) -> &str {
+        &self.summary
+    }
+}
+
+fn optional(d: Duration) -> Option<Duration> {
+    if d.is_zero() { None } else { Some(d) }
+}
+
+/// Decodes, merges and validates a server configuration. `source` names
+/// the file in the summary; `flags` are the explicitly given flags only.
+pub fn load_server(
+    source: &str,
+    text: &str,
+    flags: &[FlagValue],
+    probe: &dyn HostProbe,
+) -> Result<ServerConfig, ConfigErrors> {
+    let mut errors = ConfigErrors::default();
+    let doc = decode_file(Daemon::Server, text, &mut errors);
+    if errors.errors.iter().any(|e| e.key == "toml") {
+        return Err(errors);
+    }
+    let mut r = Resolved::build(Daemon::Server, &doc, flags, probe, &mut errors);
+    let e = &mut errors;
+
+    // [server]
+    let listen = socket_addr(&r, "server.agent_listen", e);
+    let path = r.text("server.agent_path");
+    if !path.starts_with('/')
+        || path
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '?' || c == '#')
+    {
+        e.push(r.error(
+            "server.agent_path",
+            format!("{path:?} must start with '/' and contain no spaces, '?' or '#'"),
+        ));
+    }
+    let allowed_origins = r.list("server.allowed_origins");
+    for (i, origin) in allowed_origins.iter().enumerate() {
+        if let Err(msg) = check_origin(origin) {
+            e.push(r.error("server.allowed_origins", msg));
+        } else if allowed_origins.iter().take(i).any(|o| o == origin) {
+            e.push(r.error(
+                "server.allowed_origins",
+                format!("{origin:?} is listed twice"),
+            ));
+        }
+    }
+
+    // [storage] paths
+    let data_dir = match private_dir(probe, &r.text("storage.data_dir")) {
+        Ok(p) => p,
+        Err(msg) => {
+            e.push(r.error("storage.data_dir", msg));
+            r.mark_failed("storage.data_dir");
+            PathBuf::from(r.text("storage.data_dir"))
+        }
+    };
+    let mut subdirs = Vec::new();
+    for name in ["db", "segments", "audit"] {
+        let joined = data_dir.join(name);
+        match examine_path(probe, &joined) {
+            Ok(ex) => {
+                if let Some(stat) = ex.stat
+                    && stat.kind != FileKind::Dir
+                {
+                    e.push(r.error(
+                        "storage.data_dir",
+                        format!("{} exists and is not a directory", joined.display()),
+                    ));
+                }
+                subdirs.push((name, ex.path));
+            }
+            Err(msg) => {
+                e.push(r.error("storage.data_dir", msg));
+                subdirs.push((name, joined));
+            }
+        }
+    }
+    for (i, (a_name, a)) in subdirs.iter().enumerate() {
+        for (b_name, b) in subdirs.iter().skip(i + 1) {
+            if within(a, b) || within(b, a) {
+                e.push(r.error(
+                    "storage.data_dir",
+                    format!(
+                        "data subdirectories {a_name}/ and {b_name}/ collapse into one another ({} and {}); each must be a distinct directory",
+                        a.display(),
+                        b.display()
+                    ),
+                ));
+            }
+        }
+    }
+    let dir_of = |name: &str| {
+        subdirs
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or_else(|| data_dir.join(name), |(_, p)| p.clone())
+    };
+    let (db_dir, segments_dir, audit_dir) = (dir_of("db"), dir_of("segments"), dir_of("audit"));
+    r.normalize(
+        "storage.data_dir",
+        Value::Text(data_dir.display().to_string()),
+    );
+
+    // [control] runtime directory and socket policy
+    let runtime_dir = match runtime_dir(probe, &r.text("control.runtime_dir")) {
+        Ok(p) => p,
+        Err(msg) => {
+            e.push(r.error("control.runtime_dir", msg));
+            r.mark_failed("control.runtime_dir");
+            PathBuf::from(r.text("control.runtime_dir"))
+        }
+    };
+    if !r.failed("control.runtime_dir")
+        && !r.failed("storage.data_dir")
+        && (within(&runtime_dir, &data_dir) || within(&data_dir, &runtime_dir))
+    {
+        e.push(r.pair_error(
+            "control.runtime_dir",
+            "storage.data_dir",
+            format!(
+                "control.runtime_dir ({}) and storage.data_dir ({}) must not contain one another",
+                runtime_dir.display(),
+                data_dir.display()
+            ),
+        ));
+    }
+    let socket_path = match socket_path(probe, &r.text("control.socket_path"), &runtime_dir) {
+        Ok(p) => p,
+        Err(msg) => {
+            if !r.failed("control.runtime_dir") {
+                e.push(r.error("control.socket_path", msg));
+            }
+            PathBuf::from(r.text("control.socket_path"))
+        }
+    };
+    r.normalize(
+        "control.runtime_dir",
+        Value::Text(runtime_dir.display().to_string()),
+    );
+    r.normalize(
+        "control.socket_path",
+        Value::Text(socket_path.display().to_string()),
+    );
+
+    // plan §4.3 item 8: cross-field invariants.
+    require_below(&r, "storage.closeout_reserve", "storage.command_total", e);
+    require_below(&r, "storage.command_total", "storage.per_client_total", e);
+    require_below(&r, "storage.command_total", "storage.server_total", e);
+    require_at_most(&r, "storage.per_client_total", "storage.server_total", e);
+    require_at_most(
+        &r,
+        "storage.command_output_window",
+        "storage.command_total",
+        e,
+    );
+    require_below(&r, "flow.command_send_window", "storage.command_total", e);
+    require_below(
+        &r,
+        "flow.session_send_window",
+        "storage.per_client_total",
+        e,
+    );
+    require_at_most(
+        &r,
+        "flow.command_send_window",
+        "flow.session_send_window",
+        e,
+    );
+    require_below(
+        &r,
+        "flow.ingress_low_watermark",
+        "flow.ingress_high_watermark",
+        e,
+    );
+    require_at_most(&r, "queue.max_per_client", "queue.max_total", e);
+    require_at_most(&r, "queue.retry_initial", "queue.retry_max", e);
+    require_below(&r, "session.heartbeat_idle", "session.liveness_timeout", e);
+    require_at_most(&r, "control.default_page_size", "control.max_page_size", e);
+    require_at_most(
+        &r,
+        "control.default_output_page",
+        "control.max_output_page",
+        e,
+    );
+    require_below(&r, "limits.max_execution_spec", "limits.max_envelope", e);
+    require_below(&r, "limits.max_raw_chunk", "limits.max_envelope", e);
+    require_below(&r, "limits.max_script_chunk", "limits.max_envelope", e);
+    require_below(&r, "limits.max_stdin_write", "limits.max_envelope", e);
+    require_below(
+        &r,
+        "limits.max_execution_spec",
+        "limits.max_control_request",
+        e,
+    );
+
+    // [jsonrpc]
+    let jsonrpc_listen = socket_addr(&r, "jsonrpc.listen", e);
+    let observability = observability(&r, e);
+
+    let mut warnings = Vec::new();
+    let jsonrpc_enabled = r.flag("jsonrpc.enabled");
+    if let Some(addr) = jsonrpc_listen
+        && jsonrpc_enabled
+        && !addr.ip().is_loopback()
+    {
+        warnings.push(format!(
+                "JSON-RPC is enabled on non-loopback address {addr}: it is UNAUTHENTICATED, anyone who can reach it can run commands on every client"
+            ));
+    }
+
+    let (Some(listen), Some(jsonrpc_listen)) = (listen, jsonrpc_listen) else {
+        return Err(errors);
+    };
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let summary = render(Daemon::Server, source, &r, None, &warnings);
+    Ok(ServerConfig {
+        agent: AgentConfig {
+            listen,
+            path,
+            allowed_origins,
+        },
+        storage: StorageConfig {
+            data_dir,
+            db_dir,
+            segments_dir,
+            audit_dir,
+            sqlite_synchronous: if r.text("storage.sqlite_synchronous") == "extra" {
+                SqliteSynchronous::Extra
+            } else {
+                SqliteSynchronous::Full
+            },
+            command_output_window: r.num("storage.command_output_window"),
+            command_total: r.num("storage.command_total"),
+            per_client_total: r.num("storage.per_client_total"),
+            server_total: r.num("storage.server_total"),
+            closeout_reserve: r.num("storage.closeout_reserve"),
+            terminal_retention: optional(r.duration("storage.terminal_retention")),
+            free_space_floor: r.num("storage.free_space_floor"),
+            tombstones: r.num("storage.tombstones"),
+            segment_seal_size: r.num("storage.segment_seal_size"),
+            group_commit_max_delay: r.duration("storage.group_commit_max_delay"),
+            group_commit_max_batch: r.num("storage.group_commit_max_batch"),
+        },
+        audit: AuditConfig {
+            max_bytes: r.num("audit.max_bytes"),
+            retention: optional(r.duration("audit.retention")),
+        },
+        queue: QueueConfig {
+            ttl: optional(r.duration("queue.ttl")),
+            max_per_client: r.num("queue.max_per_client"),
+            max_total: r.num("queue.max_total"),
+            retry_initial: r.duration("queue.retry_initial"),
+            retry_max: r.duration("queue.retry_max"),
+        },
+        session: ServerSessionConfig {
+            heartbeat_idle: r.duration("session.heartbeat_idle"),
+            liveness_timeout: r.duration("session.liveness_timeout"),
+            takeover_grant_ttl: r.duration("session.takeover_grant_ttl"),
+        },
+        flow: ServerFlowConfig {
+            command_send_window: r.num("flow.command_send_window"),
+            session_send_window: r.num("flow.session_send_window"),
+            ingress_high_watermark: r.num("flow.ingress_high_watermark"),
+            ingress_low_watermark: r.num("flow.ingress_low_watermark"),
+        },
+        limits: ProtocolLimits {
+            max_envelope: r.num("limits.max_envelope"),
+            max_execution_spec: r.num("limits.max_execution_spec"),
+            max_raw_chunk: r.num("limits.max_raw_chunk"),
+            max_script: r.num("limits.max_script"),
+            max_script_chunk: r.num("limits.max_script_chunk"),
+            max_stdin_write: r.num("limits.max_stdin_write"),
+            max_reason: r.num("limits.max_reason"),
+            max_incident_note: r.num("limits.max_incident_note"),
+            max_control_request: r.num("limits.max_control_request"),
+        },
+        control: ControlConfig {
+            runtime_dir,
+            socket_path,
+            default_page_size: r.num("control.default_page_size"),
+            max_page_size: r.num("control.max_page_size"),
+            default_output_page: r.num("control.default_output_page"),
+            max_output_page: r.num("control.max_output_page"),
+        },
+        jsonrpc: JsonRpcConfig {
+            enabled: jsonrpc_enabled,
+            listen: jsonrpc_listen,
+            max_body: r.num("jsonrpc.max_body"),
+        },
+        observability,
+        warnings,
+        summary,
+    })
+}
+
+/// `scheme://host[:port]` with scheme http or https and nothing after.
+fn check_origin(origin: &str) -> Result<(), String> {
+    let rest = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"))
+        .ok_or_else(|| format!("origin {origin:?} must start with http:// or https://"))?;
+    if rest.is_empty()
+        || rest.contains(['/', '?', '#', '@'])
+        || rest.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "origin {origin:?} must be scheme://host[:port] with no path, query or user"
+        ));
+    }
+    Ok(())
+}
+
+/// Control runtime directory policy: absolute; when it exists, a directory
+/// owned by root or this user that is not group- or world-writable.
+fn runtime_dir(probe: &dyn HostProbe, text: &str) -> Result<PathBuf, String> {
+    let ex = examine(probe, text)?;
+    if let Some(stat) = ex.stat {
+        if stat.kind != FileKind::Dir {
+            return Err(format!(
+                "{} exists and is not a directory",
+                ex.path.display()
+            ));
+        }
+        let uid = probe.current_uid();
+        if stat.uid != 0 && stat.uid != uid {
+            return Err(format!(
+                "{} is owned by uid {}, neither root nor this user",
+                ex.path.display(),
+                stat.uid
+            ));
+        }
+        if stat.is_group_or_world_writable() {
+            return Err(format!(
+                "{} is group- or world-writable (mode {:o}); the control socket needs a private runtime directory",
+                ex.path.display(),
+                stat.mode
+            ));
+        }
+    }
+    Ok(ex.path)
+}
+
+/// Control socket policy: directly inside the runtime directory, a path
+/// short enough for `sun_path`, and when it exists a (stale) socket, never
+/// another kind of file.
+fn socket_path(probe: &dyn HostProbe, text: &str, runtime_dir: &Path) -> Result<PathBuf, String> {
+    let normalized = crate::paths::normalize_absolute(text)?;
+    let (Some(parent), Some(name)) = (normalized.parent(), normalized.file_name()) else {
+        return Err(format!(
+            "{text:?} must name a socket file inside control.runtime_dir"
+        ));
+    };
+    let parent = examine_path(probe, parent)?.path;
+    if parent != runtime_dir {
+        return Err(format!(
+            "{} must lie directly inside control.runtime_dir ({})",
+            normalized.display(),
+            runtime_dir.display()
+        ));
+    }
+    let path = parent.join(name);
+    if path.as_os_str().len() > defaults::MAX_SOCKET_PATH_BYTES {
+        return Err(format!(
+            "{} is longer than {} bytes, too long for a Unix socket",
+            path.display(),
+            defaults::MAX_SOCKET_PATH_BYTES
+        ));
+    }
+    if let Some(stat) = probe
+        .stat(&path)
+        .map_err(|e| format!("cannot examine {}: {e}", path.display()))?
+        && stat.kind != FileKind::Socket
+    {
+        return Err(format!(
+            "{} exists and is not a socket; RVBox never replaces another file",
+            path.display()
+        ));
+    }
+    Ok(path)
+}

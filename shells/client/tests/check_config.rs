@@ -1,0 +1,135 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+//! Runs the real `rvbox` binary with `--check-config`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rvbox"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn example_is_valid_and_prints_the_summary() {
+    let out = run(&["--check-config", "docs/examples/client.toml"]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout
+            .starts_with("# rvbox effective configuration\n# source: docs/examples/client.toml\n")
+    );
+    for line in [
+        "[shells]",
+        "default = \"sh\"",
+        "initial = \"1s\"",
+        "daemon_total = \"256MiB\"",
+    ] {
+        assert!(stdout.contains(line), "summary lacks {line}:\n{stdout}");
+    }
+    // The shell is shown as the canonical executable that will run.
+    let sh = std::fs::canonicalize("/bin/sh").unwrap();
+    assert!(stdout.contains(&format!("sh = \"{}\"", sh.display())));
+}
+
+#[test]
+fn invalid_fixtures_fail_naming_key_and_line() {
+    let cases = [
+        (
+            "client-unknown-key.toml",
+            "fixtures/config/client-unknown-key.toml:3:1: exec.max_runing: unknown key",
+        ),
+        (
+            "client-bare-duration.toml",
+            "fixtures/config/client-bare-duration.toml:3:11: reconnect.initial: durations are strings",
+        ),
+        (
+            "client-watermark-inverted.toml",
+            "fixtures/config/client-watermark-inverted.toml:4:1: flow.command_low_watermark: flow.command_low_watermark (256KiB) must be below flow.command_high_watermark (256KiB)",
+        ),
+        (
+            "client-relative-shell.toml",
+            "fixtures/config/client-relative-shell.toml:3:1: shells.sh: \"sh\" must be an absolute path; shells are never looked up through PATH",
+        ),
+        (
+            "client-profile-conflict.toml",
+            "profiles.cpu_low.required_controls: required control cpu_max has no nonzero value",
+        ),
+        (
+            "client-profile-conflict.toml",
+            "profiles.cpu_low: control memory_max does not belong to a cpu_low profile",
+        ),
+    ];
+    for (file, expected) in cases {
+        let path = format!("fixtures/config/{file}");
+        let out = run(&["--check-config", &path]);
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(2), "{file}: {stderr}");
+        assert!(out.stdout.is_empty(), "{file}: nothing on stdout");
+        assert!(
+            stderr.contains(expected),
+            "{file}: expected {expected:?} in:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn flags_override_and_touch_no_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let out = run(&[
+        "--check-config",
+        "docs/examples/client.toml",
+        "--client-state-dir",
+        state.to_str().unwrap(),
+        "--client-client-id",
+        "web-01",
+        "--client-server-urls",
+        "wss://a.example/agent",
+        "--client-server-urls",
+        "wss://b.example/agent",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("client_id = \"web-01\""));
+    assert!(
+        stdout.contains("server_urls = [\"wss://a.example/agent\", \"wss://b.example/agent\"]")
+    );
+    assert!(
+        !state.exists(),
+        "--check-config must not create the state directory"
+    );
+}
+
+#[test]
+fn start_without_runtime_exits_with_its_own_status() {
+    let out = run(&["--config", "docs/examples/client.toml"]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("runtime is not built yet"));
+}
