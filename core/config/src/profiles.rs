@@ -7,6 +7,8 @@ use std::fmt;
 use crate::decode::{Entry, RawProfile, Value};
 use crate::error::{ConfigError, ConfigErrors, Origin};
 use crate::units::describe_bytes;
+use rvbox_domain::validate::{ProfileSetError, check_profile_set, flag_dimension};
+use rvbox_proto::v1::ProfileFlag;
 
 /// A profile name, one per protocol profile flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -33,18 +35,9 @@ pub enum ProfileName {
     DiskHigh,
 }
 
-/// The dimension of a profile: at most one profile per dimension.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Dimension {
-    /// `light` (exclusive of everything else).
-    Light,
-    /// CPU.
-    Cpu,
-    /// Memory.
-    Memory,
-    /// Disk I/O.
-    Disk,
-}
+/// The dimension of a profile: at most one profile per dimension (the
+/// domain's one definition).
+pub use rvbox_domain::validate::ProfileDimension as Dimension;
 
 impl ProfileName {
     /// Every profile, in summary order.
@@ -82,18 +75,33 @@ impl ProfileName {
         Self::ALL.into_iter().find(|p| p.as_str() == text)
     }
 
+    /// The wire value of this profile (`rvbox.v1.ProfileFlag`); the names
+    /// match 1:1 (`cpu_low` is `PROFILE_FLAG_CPU_LOW`).
+    pub fn to_wire(self) -> ProfileFlag {
+        match self {
+            ProfileName::Light => ProfileFlag::Light,
+            ProfileName::CpuLow => ProfileFlag::CpuLow,
+            ProfileName::CpuMedium => ProfileFlag::CpuMedium,
+            ProfileName::CpuHigh => ProfileFlag::CpuHigh,
+            ProfileName::MemLow => ProfileFlag::MemLow,
+            ProfileName::MemMedium => ProfileFlag::MemMedium,
+            ProfileName::MemHigh => ProfileFlag::MemHigh,
+            ProfileName::DiskLow => ProfileFlag::DiskLow,
+            ProfileName::DiskMedium => ProfileFlag::DiskMedium,
+            ProfileName::DiskHigh => ProfileFlag::DiskHigh,
+        }
+    }
+
+    /// The profile of a wire value; `None` for `UNSPECIFIED`.
+    pub fn from_wire(flag: ProfileFlag) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.to_wire() == flag)
+    }
+
     /// The profile's dimension.
     pub fn dimension(self) -> Dimension {
-        match self {
-            ProfileName::Light => Dimension::Light,
-            ProfileName::CpuLow | ProfileName::CpuMedium | ProfileName::CpuHigh => Dimension::Cpu,
-            ProfileName::MemLow | ProfileName::MemMedium | ProfileName::MemHigh => {
-                Dimension::Memory
-            }
-            ProfileName::DiskLow | ProfileName::DiskMedium | ProfileName::DiskHigh => {
-                Dimension::Disk
-            }
-        }
+        // Every named profile has a dimension; `Light` is the safe fallback
+        // for the unreachable `None` (it conflicts with everything).
+        flag_dimension(self.to_wire()).unwrap_or(Dimension::Light)
     }
 }
 
@@ -279,19 +287,19 @@ pub enum ProfileRequestError {
 pub fn check_profile_combination(
     requested: &[ProfileName],
 ) -> Result<BTreeSet<ProfileName>, ProfileRequestError> {
-    let set: BTreeSet<ProfileName> = requested.iter().copied().collect();
-    if set.contains(&ProfileName::Light)
-        && let Some(other) = set.iter().find(|p| **p != ProfileName::Light)
-    {
-        return Err(ProfileRequestError::LightNotExclusive(*other));
-    }
-    let mut seen: BTreeMap<Dimension, ProfileName> = BTreeMap::new();
-    for profile in &set {
-        if let Some(first) = seen.insert(profile.dimension(), *profile) {
-            return Err(ProfileRequestError::SameDimension(first, *profile));
+    let flags: Vec<ProfileFlag> = requested.iter().map(|p| p.to_wire()).collect();
+    let name = |f: ProfileFlag| ProfileName::from_wire(f).unwrap_or(ProfileName::Light);
+    match check_profile_set(&flags) {
+        Ok(set) => Ok(set.into_iter().filter_map(ProfileName::from_wire).collect()),
+        Err(ProfileSetError::LightNotExclusive(other)) => {
+            Err(ProfileRequestError::LightNotExclusive(name(other)))
         }
+        Err(ProfileSetError::SameDimension(a, b)) => {
+            Err(ProfileRequestError::SameDimension(name(a), name(b)))
+        }
+        // `ProfileName` has no unspecified value, so this cannot be reached.
+        Err(ProfileSetError::Unspecified) => Ok(BTreeSet::new()),
     }
-    Ok(set)
 }
 
 impl ProfilesConfig {

@@ -47,8 +47,8 @@ pub fn check_text(field: &str, text: &str, max: u64) -> Result<(), DomainError> 
     Ok(())
 }
 
-/// The resource dimension of a profile flag.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The resource dimension of a profile: at most one profile per dimension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ProfileDimension {
     /// `LIGHT`: exclusive with every other flag.
     Light,
@@ -60,11 +60,11 @@ pub enum ProfileDimension {
     Disk,
 }
 
-/// The dimension of a wire profile flag; `None` for unspecified or unknown.
+/// The dimension of a profile flag; `None` for `UNSPECIFIED`.
 #[must_use]
-pub fn profile_dimension(flag: i32) -> Option<ProfileDimension> {
+pub fn flag_dimension(flag: wire::ProfileFlag) -> Option<ProfileDimension> {
     use wire::ProfileFlag as F;
-    match F::try_from(flag).ok()? {
+    match flag {
         F::Unspecified => None,
         F::Light => Some(ProfileDimension::Light),
         F::CpuLow | F::CpuMedium | F::CpuHigh => Some(ProfileDimension::Cpu),
@@ -73,44 +73,68 @@ pub fn profile_dimension(flag: i32) -> Option<ProfileDimension> {
     }
 }
 
-/// Checks a requested profile set (plan §4.1, §7.5): every flag known,
-/// duplicates ignored, `LIGHT` exclusive, otherwise at most one CPU, one
-/// memory and one disk tier. Returns the set sorted and deduplicated.
-/// Whether each flag is configured on the client is checked there.
+/// A refused profile combination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ProfileSetError {
+    /// `UNSPECIFIED` was requested.
+    #[error("profile flag UNSPECIFIED is not a profile")]
+    Unspecified,
+    /// `LIGHT` was combined with another profile.
+    #[error("profile LIGHT is exclusive and cannot be combined with {}", .0.as_str_name())]
+    LightNotExclusive(wire::ProfileFlag),
+    /// Two profiles of one dimension.
+    #[error(
+        "profiles {} and {} are of the same dimension; at most one CPU, one MEM and one DISK profile",
+        .0.as_str_name(),
+        .1.as_str_name()
+    )]
+    SameDimension(wire::ProfileFlag, wire::ProfileFlag),
+}
+
+/// The one profile-combination rule (plan §4.1, §4.3 item 7, §7.5):
+/// duplicates are dropped, `LIGHT` is exclusive, otherwise at most one CPU,
+/// one memory and one disk profile. Returns the set sorted by wire value.
+/// Whether each profile is configured on a client is checked there.
+///
+/// # Errors
+/// [`ProfileSetError`] naming the profiles in conflict.
+pub fn check_profile_set(
+    flags: &[wire::ProfileFlag],
+) -> Result<Vec<wire::ProfileFlag>, ProfileSetError> {
+    let mut set = flags.to_vec();
+    set.sort_unstable();
+    set.dedup();
+    if set.contains(&wire::ProfileFlag::Light)
+        && let Some(other) = set.iter().find(|f| **f != wire::ProfileFlag::Light)
+    {
+        return Err(ProfileSetError::LightNotExclusive(*other));
+    }
+    let mut seen: Vec<(ProfileDimension, wire::ProfileFlag)> = Vec::with_capacity(set.len());
+    for flag in &set {
+        let dim = flag_dimension(*flag).ok_or(ProfileSetError::Unspecified)?;
+        if let Some((_, first)) = seen.iter().find(|(d, _)| *d == dim) {
+            return Err(ProfileSetError::SameDimension(*first, *flag));
+        }
+        seen.push((dim, *flag));
+    }
+    Ok(set)
+}
+
+/// [`check_profile_set`] on raw wire values, as a request carries them.
 ///
 /// # Errors
 /// `INVALID_ARGUMENT` on `spec.profile_flags` saying which rule failed.
 pub fn check_profile_flags(flags: &[i32]) -> Result<Vec<i32>, DomainError> {
     const FIELD: &str = "spec.profile_flags";
-    let mut set = flags.to_vec();
-    set.sort_unstable();
-    set.dedup();
-    let mut dims = Vec::with_capacity(set.len());
-    for flag in &set {
-        match profile_dimension(*flag) {
-            Some(d) => dims.push(d),
-            None => return Err(invalid(FIELD, format!("unknown profile flag value {flag}"))),
+    let mut typed = Vec::with_capacity(flags.len());
+    for flag in flags {
+        match wire::ProfileFlag::try_from(*flag) {
+            Ok(f) => typed.push(f),
+            Err(_) => return Err(invalid(FIELD, format!("unknown profile flag value {flag}"))),
         }
     }
-    if dims.contains(&ProfileDimension::Light) && dims.len() > 1 {
-        return Err(invalid(
-            FIELD,
-            "LIGHT cannot be combined with another profile",
-        ));
-    }
-    for (name, dim) in [
-        ("CPU", ProfileDimension::Cpu),
-        ("MEM", ProfileDimension::Memory),
-        ("DISK", ProfileDimension::Disk),
-    ] {
-        if dims.iter().filter(|d| **d == dim).count() > 1 {
-            return Err(invalid(
-                FIELD,
-                format!("at most one {name}_* profile may be requested"),
-            ));
-        }
-    }
-    Ok(set)
+    let set = check_profile_set(&typed).map_err(|e| invalid(FIELD, e.to_string()))?;
+    Ok(set.into_iter().map(|f| f as i32).collect())
 }
 
 fn check_script_descriptor(d: &wire::ScriptDescriptor) -> Result<(), DomainError> {
@@ -379,6 +403,14 @@ mod tests {
         assert_eq!(
             ok(&[F::DiskLow, F::CpuHigh, F::MemLow]).unwrap(),
             vec![F::CpuHigh as i32, F::MemLow as i32, F::DiskLow as i32]
+        );
+        assert_eq!(
+            check_profile_set(&[F::CpuLow, F::Light]),
+            Err(ProfileSetError::LightNotExclusive(F::CpuLow))
+        );
+        assert_eq!(
+            check_profile_set(&[F::CpuHigh, F::MemLow, F::CpuLow]),
+            Err(ProfileSetError::SameDimension(F::CpuLow, F::CpuHigh))
         );
         assert!(ok(&[F::Light, F::CpuLow]).is_err());
         assert!(ok(&[F::CpuLow, F::CpuHigh]).is_err());
