@@ -133,3 +133,39 @@ fn start_without_runtime_exits_with_its_own_status() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("runtime is not built yet"));
 }
+
+#[test]
+fn a_hostile_path_cannot_change_the_resolved_shell() {
+    // The daemon's own PATH points first at a directory holding a fake `sh`
+    // and `bash`; resolution uses only the configured absolute paths.
+    use std::os::unix::fs::PermissionsExt;
+    let evil = tempfile::tempdir().unwrap();
+    for name in ["sh", "bash"] {
+        let fake = evil.path().join(name);
+        std::fs::write(&fake, "#!/bin/true\n").unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let hostile_path = format!("{}:/usr/bin:/bin", evil.path().display());
+    let out = Command::new(env!("CARGO_BIN_EXE_rvbox"))
+        .args(["--check-config", "docs/examples/client.toml"])
+        .env("PATH", &hostile_path)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = String::from_utf8(out.stdout).unwrap();
+    let sh = std::fs::canonicalize("/bin/sh").unwrap();
+    assert!(
+        summary.contains(&format!("sh = \"{}\"", sh.display())),
+        "{summary}"
+    );
+    assert!(
+        !summary.contains(&evil.path().display().to_string()),
+        "{summary}"
+    );
+}
