@@ -169,3 +169,23 @@ fn a_hostile_path_cannot_change_the_resolved_shell() {
         "{summary}"
     );
 }
+
+#[test]
+fn answers_help_and_version() {
+    let out = run(&["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        format!("rvbox {}", env!("CARGO_PKG_VERSION"))
+    );
+    let out = run(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "--config <FILE>",
+        "--check-config <FILE>",
+        "--observability-log-level",
+    ] {
+        assert!(help.contains(needle), "{needle} missing from:\n{help}");
+    }
+}

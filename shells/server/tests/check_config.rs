@@ -144,3 +144,23 @@ fn start_without_runtime_exits_with_its_own_status() {
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("rvbox-server "));
 }
+
+#[test]
+fn answers_help_and_version() {
+    let out = run(&["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        format!("rvbox-server {}", env!("CARGO_PKG_VERSION"))
+    );
+    let out = run(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "--config <FILE>",
+        "--check-config <FILE>",
+        "--observability-log-level",
+    ] {
+        assert!(help.contains(needle), "{needle} missing from:\n{help}");
+    }
+}
