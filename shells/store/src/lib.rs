@@ -1,1 +1,20 @@
-//! placeholder: being written
+//! The RVBox server store (plan §5): the sole writer of server state.
+//!
+//! Owns: the data directory and its single-instance lock, the SQLite
+//! metadata database (WAL, foreign keys, explicit synchronous mode, checked
+//! PRAGMAs, checksummed migrations), the checksummed segment files with the
+//! committed-offset protocol, recovery, quotas and retention, and storage
+//! incidents. Pure decisions (record format, charge formula, Reserve,
+//! eviction order, the recovery verdict for a segment) come from the
+//! `rvbox-segment` and `rvbox-retention` cores; this crate applies them.
+//!
+//! Must never: acknowledge anything before it is durable, build a path from
+//! client input, log payload bytes, or touch a file except through
+//! [`fs::StoreFs`].
+
+pub mod db;
+pub mod error;
+pub mod fs;
+pub mod layout;
+
+pub use error::StoreError;

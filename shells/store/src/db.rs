@@ -1,0 +1,410 @@
+//! SQLite connections and migrations (plan §5.1, §5.2, §5.3).
+//!
+//! Every connection runs in WAL mode with foreign keys on, a busy timeout
+//! and an explicit synchronous mode, and every one of those PRAGMAs is read
+//! back and checked before the connection is used. Migrations run each in
+//! its own `IMMEDIATE` transaction and record a SHA-256 checksum of their
+//! SQL; a recorded migration whose checksum differs from this binary's, or a
+//! database newer than this binary, refuses to open.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use sha2::{Digest, Sha256};
+
+use crate::error::StoreError;
+
+/// SQLite `synchronous` modes RVBox accepts: both make a committed
+/// transaction survive power loss in WAL mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synchronous {
+    /// `FULL` (2): the WAL is synced at every commit.
+    Full,
+    /// `EXTRA` (3): `FULL`, and the directory is synced after a journal unlink.
+    Extra,
+}
+
+impl Synchronous {
+    fn pragma_value(self) -> i64 {
+        match self {
+            Self::Full => 2,
+            Self::Extra => 3,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Full => "FULL",
+            Self::Extra => "EXTRA",
+        }
+    }
+}
+
+/// How connections are opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DbOptions {
+    /// Durability mode.
+    pub synchronous: Synchronous,
+    /// How long a writer waits for a lock before failing.
+    pub busy_timeout: Duration,
+}
+
+impl Default for DbOptions {
+    fn default() -> Self {
+        Self {
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Opens (creating if needed) the database at `path` and checks every PRAGMA.
+///
+/// # Errors
+/// [`StoreError::Sqlite`] when SQLite fails, [`StoreError::Pragma`] when a
+/// PRAGMA did not take the required value.
+pub fn open(path: &Path, opts: DbOptions) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)
+        .map_err(|e| StoreError::sqlite("open database", e))?;
+    configure(&conn, opts)?;
+    Ok(conn)
+}
+
+fn configure(conn: &Connection, opts: DbOptions) -> Result<(), StoreError> {
+    let timeout_ms = i64::try_from(opts.busy_timeout.as_millis()).unwrap_or(i64::MAX);
+    conn.busy_timeout(opts.busy_timeout)
+        .map_err(|e| StoreError::sqlite("set busy_timeout", e))?;
+    // the new mode is returned as a row; it is checked with the others below
+    let _: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(|e| StoreError::sqlite("set journal_mode", e))?;
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous = {}; PRAGMA foreign_keys = ON; PRAGMA trusted_schema = OFF;",
+        opts.synchronous.name()
+    ))
+    .map_err(|e| StoreError::sqlite("set pragmas", e))?;
+    check_pragmas(conn, opts.synchronous, timeout_ms)
+}
+
+/// The values the store requires, read back from a live connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PragmaReport {
+    /// `journal_mode`.
+    pub journal_mode: String,
+    /// `synchronous` (2 FULL, 3 EXTRA).
+    pub synchronous: i64,
+    /// `foreign_keys` (1 on).
+    pub foreign_keys: i64,
+    /// `busy_timeout` in ms.
+    pub busy_timeout_ms: i64,
+}
+
+/// Reads the PRAGMAs back.
+///
+/// # Errors
+/// [`StoreError::Sqlite`].
+pub fn read_pragmas(conn: &Connection) -> Result<PragmaReport, StoreError> {
+    let q = |sql: &str| -> Result<i64, StoreError> {
+        conn.query_row(sql, [], |r| r.get(0))
+            .map_err(|e| StoreError::sqlite("read pragma", e))
+    };
+    Ok(PragmaReport {
+        journal_mode: conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .map_err(|e| StoreError::sqlite("read journal_mode", e))?,
+        synchronous: q("PRAGMA synchronous")?,
+        foreign_keys: q("PRAGMA foreign_keys")?,
+        busy_timeout_ms: q("PRAGMA busy_timeout")?,
+    })
+}
+
+fn check_pragmas(conn: &Connection, sync: Synchronous, timeout_ms: i64) -> Result<(), StoreError> {
+    let got = read_pragmas(conn)?;
+    let mismatch =
+        |name: &'static str, want: String, got: String| StoreError::Pragma { name, want, got };
+    if !got.journal_mode.eq_ignore_ascii_case("wal") {
+        return Err(mismatch("journal_mode", "wal".into(), got.journal_mode));
+    }
+    if got.synchronous != sync.pragma_value() {
+        return Err(mismatch(
+            "synchronous",
+            sync.pragma_value().to_string(),
+            got.synchronous.to_string(),
+        ));
+    }
+    if got.foreign_keys != 1 {
+        return Err(mismatch(
+            "foreign_keys",
+            "1".into(),
+            got.foreign_keys.to_string(),
+        ));
+    }
+    if got.busy_timeout_ms != timeout_ms {
+        return Err(mismatch(
+            "busy_timeout",
+            timeout_ms.to_string(),
+            got.busy_timeout_ms.to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// One schema migration.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Version number, from 1, contiguous.
+    pub version: i64,
+    /// The SQL, applied in one transaction.
+    pub sql: &'static str,
+}
+
+/// Every migration this binary knows, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    sql: include_str!("migrations/0001_initial.sql"),
+}];
+
+/// SHA-256 of a migration's SQL text.
+#[must_use]
+pub fn checksum(sql: &str) -> [u8; 32] {
+    let d = Sha256::digest(sql.as_bytes());
+    let mut out = [0u8; 32];
+    for (o, b) in out.iter_mut().zip(d.iter()) {
+        *o = *b;
+    }
+    out
+}
+
+/// Applies every missing migration and validates the recorded ones.
+/// Returns the versions applied now.
+///
+/// # Errors
+/// [`StoreError::MigrationChecksum`], [`StoreError::SchemaTooNew`] or
+/// [`StoreError::Sqlite`]. A failed migration leaves the database as it was.
+pub fn migrate(conn: &mut Connection, now_ms: i64) -> Result<Vec<i64>, StoreError> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+            version       INTEGER PRIMARY KEY CHECK (version >= 1),
+            checksum      BLOB NOT NULL CHECK (length(checksum) = 32),
+            applied_ms    INTEGER NOT NULL
+        ) STRICT;",
+    )
+    .map_err(|e| StoreError::sqlite("create schema_migrations", e))?;
+    let known_max = MIGRATIONS.last().map_or(0, |m| m.version);
+    let recorded_max: i64 = conn
+        .query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| StoreError::sqlite("read schema version", e))?;
+    if recorded_max > known_max {
+        return Err(StoreError::SchemaTooNew {
+            found: recorded_max,
+            known: known_max,
+        });
+    }
+    let mut applied = Vec::new();
+    for m in MIGRATIONS {
+        let sum = checksum(m.sql);
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin migration", e))?;
+        let recorded: Option<Vec<u8>> = tx
+            .query_row(
+                "SELECT checksum FROM schema_migrations WHERE version = ?1",
+                params![m.version],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("read migration", e))?;
+        match recorded {
+            Some(found) if found.as_slice() == sum.as_slice() => {}
+            Some(_) => return Err(StoreError::MigrationChecksum { version: m.version }),
+            None => {
+                tx.execute_batch(m.sql)
+                    .map_err(|e| StoreError::sqlite("apply migration", e))?;
+                tx.execute(
+                    "INSERT INTO schema_migrations (version, checksum, applied_ms) VALUES (?1, ?2, ?3)",
+                    params![m.version, sum.as_slice(), now_ms],
+                )
+                .map_err(|e| StoreError::sqlite("record migration", e))?;
+                applied.push(m.version);
+            }
+        }
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit migration", e))?;
+    }
+    Ok(applied)
+}
+
+/// `PRAGMA quick_check`: `Ok(())` or the first problems SQLite reports.
+///
+/// # Errors
+/// [`StoreError::Integrity`] with SQLite's findings (at most 16 lines).
+pub fn quick_check(conn: &Connection) -> Result<(), StoreError> {
+    let mut stmt = conn
+        .prepare("PRAGMA quick_check(16)")
+        .map_err(|e| StoreError::sqlite("quick_check", e))?;
+    let rows: Vec<String> = stmt
+        .query_map([], |r| r.get(0))
+        .map_err(|e| StoreError::sqlite("quick_check", e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| StoreError::sqlite("quick_check", e))?;
+    if rows.len() == 1 && rows.first().is_some_and(|r| r == "ok") {
+        Ok(())
+    } else {
+        Err(StoreError::Integrity(rows.join("; ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pragmas_are_set_and_read_back_on_every_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.sqlite3");
+        for sync in [Synchronous::Full, Synchronous::Extra] {
+            let opts = DbOptions {
+                synchronous: sync,
+                busy_timeout: Duration::from_millis(1234),
+            };
+            let a = open(&path, opts).unwrap();
+            let b = open(&path, opts).unwrap();
+            for c in [&a, &b] {
+                let p = read_pragmas(c).unwrap();
+                assert_eq!(p.journal_mode, "wal");
+                assert_eq!(p.synchronous, sync.pragma_value());
+                assert_eq!(p.foreign_keys, 1);
+                assert_eq!(p.busy_timeout_ms, 1234);
+            }
+        }
+    }
+
+    #[test]
+    fn migrations_apply_once_and_are_checksummed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.sqlite3");
+        let mut c = open(&path, DbOptions::default()).unwrap();
+        assert_eq!(migrate(&mut c, 1).unwrap(), vec![1]);
+        assert_eq!(migrate(&mut c, 2).unwrap(), Vec::<i64>::new());
+        quick_check(&c).unwrap();
+        // a tampered record refuses to open
+        c.execute(
+            "UPDATE schema_migrations SET checksum = zeroblob(32) WHERE version = 1",
+            [],
+        )
+        .unwrap();
+        assert!(matches!(
+            migrate(&mut c, 3),
+            Err(StoreError::MigrationChecksum { version: 1 })
+        ));
+        // a database from a newer binary refuses to open
+        c.execute(
+            "INSERT INTO schema_migrations VALUES (99, zeroblob(32), 0)",
+            [],
+        )
+        .unwrap();
+        assert!(matches!(
+            migrate(&mut c, 3),
+            Err(StoreError::SchemaTooNew {
+                found: 99,
+                known: 1
+            })
+        ));
+    }
+
+    #[test]
+    fn schema_constraints_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = open(&dir.path().join("t.sqlite3"), DbOptions::default()).unwrap();
+        migrate(&mut c, 1).unwrap();
+        c.execute("INSERT INTO clients (client_id) VALUES ('web-1')", [])
+            .unwrap();
+        let insert_cmd = |c: &Connection, uuid: u8, lifecycle: i64, terminal: Option<i64>| {
+            c.execute(
+                "INSERT INTO commands (issue_uuid, client_id, issue_time_ms, lifecycle, revision,
+                     request_hash, spec_zstd, spec_raw_len, charge_version, terminal_time_ms)
+                 VALUES (?1, 'web-1', 10, ?2, 1, zeroblob(32), x'00', 1, 1, ?3)",
+                params![vec![uuid; 16], lifecycle, terminal],
+            )
+        };
+        insert_cmd(&c, 1, 1, None).unwrap();
+        // a terminal lifecycle needs a terminal time, and only it
+        assert!(insert_cmd(&c, 2, 5, None).is_err());
+        assert!(insert_cmd(&c, 3, 1, Some(20)).is_err());
+        insert_cmd(&c, 4, 5, Some(20)).unwrap();
+        // unknown client: foreign key
+        assert!(
+            c.execute(
+                "INSERT INTO commands (issue_uuid, client_id, issue_time_ms, lifecycle, revision,
+                     request_hash, spec_zstd, spec_raw_len, charge_version)
+                 VALUES (zeroblob(16), 'nobody', 1, 1, 1, zeroblob(32), x'00', 1, 1)",
+                [],
+            )
+            .is_err()
+        );
+        // negative counters are refused
+        assert!(
+            c.execute("UPDATE clients SET charged_bytes = -1", [])
+                .is_err()
+        );
+        // unique (command, event_seq)
+        let ev = "INSERT INTO command_events (issue_uuid, event_seq, observed_ms, receipt_ms,
+                      body_kind, content_sha256) VALUES (?1, 1, 0, 0, 1, zeroblob(32))";
+        c.execute(ev, params![vec![1u8; 16]]).unwrap();
+        assert!(c.execute(ev, params![vec![1u8; 16]]).is_err());
+        // one live session per client
+        let s =
+            "INSERT INTO sessions (session_id, client_id, instance_id, generation, opened_ms, live)
+                 VALUES (?1, 'web-1', zeroblob(16), 1, 0, 1)";
+        c.execute(s, params![vec![1u8; 16]]).unwrap();
+        assert!(c.execute(s, params![vec![2u8; 16]]).is_err());
+        // non-overlapping truncation ranges
+        let t = "INSERT INTO output_truncations (issue_uuid, first_seq, last_seq, source, reason, recorded_ms)
+                 VALUES (?1, ?2, ?3, 1, 'r', 0)";
+        c.execute(t, params![vec![1u8; 16], 1, 5]).unwrap();
+        assert!(c.execute(t, params![vec![1u8; 16], 5, 6]).is_err());
+        c.execute(t, params![vec![1u8; 16], 6, 9]).unwrap();
+        // incident evidence is immutable and a resolved incident never reopens
+        c.execute(
+            "INSERT INTO storage_incidents (incident_id, kind, state, scope_kind, scope_key,
+                 detected_ms, summary, evidence, repairable, data_loss)
+             VALUES (zeroblob(16), 1, 1, 1, '', 0, 's', x'01', 1, 0)",
+            [],
+        )
+        .unwrap();
+        assert!(
+            c.execute("UPDATE storage_incidents SET evidence = x'02'", [])
+                .is_err()
+        );
+        c.execute(
+            "UPDATE storage_incidents SET state = 2, resolved_ms = 5",
+            [],
+        )
+        .unwrap();
+        assert!(
+            c.execute(
+                "UPDATE storage_incidents SET state = 1, resolved_ms = NULL",
+                []
+            )
+            .is_err()
+        );
+        // deleting a command cascades to its events
+        c.execute(
+            "DELETE FROM commands WHERE issue_uuid = ?1",
+            params![vec![1u8; 16]],
+        )
+        .unwrap();
+        let n: i64 = c
+            .query_row("SELECT COUNT(*) FROM command_events", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 0);
+    }
+}

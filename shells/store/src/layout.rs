@@ -1,0 +1,178 @@
+//! The data directory: its fixed layout and the single-instance lock
+//! (plan §5.1).
+//!
+//! ```text
+//! <data_dir>/            mode 0700
+//!   lock                 held (flock) by the one process using the store
+//!   db/rvbox.sqlite3     metadata (plus -wal and -shm)
+//!   segments/            command segments: <uuid-hex>-<ordinal>.seg
+//!   audit/               audit segments: audit-<ordinal>.seg
+//!   trash/               same-filesystem deletion directory for eviction
+//! ```
+//!
+//! Every path is built from these fixed names plus names produced by the
+//! segment naming functions; nothing comes from a client or a request.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::StoreError;
+use crate::fs::StoreFs;
+
+/// The paths of one data directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    root: PathBuf,
+}
+
+impl Layout {
+    /// The layout rooted at `data_dir` (an absolute, validated path from
+    /// the configuration).
+    #[must_use]
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            root: data_dir.into(),
+        }
+    }
+
+    /// The data directory.
+    #[must_use]
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The lock file.
+    #[must_use]
+    pub fn lock_file(&self) -> PathBuf {
+        self.root.join("lock")
+    }
+
+    /// The database directory.
+    #[must_use]
+    pub fn db_dir(&self) -> PathBuf {
+        self.root.join("db")
+    }
+
+    /// The SQLite database file.
+    #[must_use]
+    pub fn db_file(&self) -> PathBuf {
+        self.db_dir().join("rvbox.sqlite3")
+    }
+
+    /// The command segment directory.
+    #[must_use]
+    pub fn segments_dir(&self) -> PathBuf {
+        self.root.join("segments")
+    }
+
+    /// The audit segment directory.
+    #[must_use]
+    pub fn audit_dir(&self) -> PathBuf {
+        self.root.join("audit")
+    }
+
+    /// The deletion directory (same filesystem as the segments).
+    #[must_use]
+    pub fn trash_dir(&self) -> PathBuf {
+        self.root.join("trash")
+    }
+
+    /// Creates every directory that is missing, mode 0700, syncing parents.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] naming the directory.
+    pub fn create(&self, fs: &dyn StoreFs) -> Result<(), StoreError> {
+        for dir in [
+            self.root.clone(),
+            self.db_dir(),
+            self.segments_dir(),
+            self.audit_dir(),
+            self.trash_dir(),
+        ] {
+            fs.ensure_private_dir(&dir)
+                .map_err(|e| StoreError::io("create data directory", &dir, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// The single-instance lock on a data directory: an exclusive `flock` on
+/// `<data_dir>/lock`, held for the life of this value. The daemon and the
+/// offline repair tool take the same lock, so the repair tool can never
+/// open a live store.
+#[derive(Debug)]
+pub struct InstanceLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl InstanceLock {
+    /// Takes the lock without waiting.
+    ///
+    /// # Errors
+    /// [`StoreError::Locked`] when another process holds it;
+    /// [`StoreError::Io`] when the lock file cannot be opened.
+    pub fn acquire(layout: &Layout) -> Result<Self, StoreError> {
+        let path = layout.lock_file();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| StoreError::io("open lock file", &path, e))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Self { _file: file, path }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked { path }),
+            Err(std::fs::TryLockError::Error(e)) => {
+                Err(StoreError::io("lock data directory", &path, e))
+            }
+        }
+    }
+
+    /// The lock file's path.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::RealFs;
+
+    #[test]
+    fn layout_is_created_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path().join("data"));
+        layout.create(&RealFs).unwrap();
+        layout.create(&RealFs).unwrap();
+        for d in [
+            layout.root().to_path_buf(),
+            layout.db_dir(),
+            layout.segments_dir(),
+            layout.audit_dir(),
+            layout.trash_dir(),
+        ] {
+            let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", d.display());
+        }
+    }
+
+    #[test]
+    fn a_second_holder_is_refused_until_the_first_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path());
+        let first = InstanceLock::acquire(&layout).unwrap();
+        assert!(matches!(
+            InstanceLock::acquire(&layout),
+            Err(StoreError::Locked { .. })
+        ));
+        drop(first);
+        InstanceLock::acquire(&layout).unwrap();
+    }
+}
