@@ -18,3 +18,6 @@ pub mod fs;
 pub mod layout;
 
 pub use error::StoreError;
+pub mod entropy;
+pub mod incidents;
+pub mod mutations;
