@@ -19,5 +19,6 @@ pub mod layout;
 
 pub use error::StoreError;
 pub mod entropy;
+pub mod identity;
 pub mod incidents;
 pub mod mutations;
