@@ -503,7 +503,8 @@ pub(crate) fn parse_header(buf: &[u8], limits: &Limits) -> Result<Header, Decode
     if crc32c::crc32c(crc_input) != u32::from_le_bytes(take(h, OFF_HEADER_CRC)) {
         return Err(DecodeError::BadHeaderCrc);
     }
-    let kind = Kind::from_u8(byte_at(h, OFF_KIND)).ok_or(DecodeError::BadField { field: Field::Kind })?;
+    let kind =
+        Kind::from_u8(byte_at(h, OFF_KIND)).ok_or(DecodeError::BadField { field: Field::Kind })?;
     let stream = Stream::from_u8(byte_at(h, OFF_STREAM)).ok_or(DecodeError::BadField {
         field: Field::Stream,
     })?;
@@ -512,7 +513,9 @@ pub(crate) fn parse_header(buf: &[u8], limits: &Limits) -> Result<Header, Decode
             field: Field::Compression,
         })?;
     if byte_at(h, OFF_FLAGS) != 0 {
-        return Err(DecodeError::BadField { field: Field::Flags });
+        return Err(DecodeError::BadField {
+            field: Field::Flags,
+        });
     }
     if take::<RESERVED_LEN>(h, OFF_RESERVED) != [0u8; RESERVED_LEN] {
         return Err(DecodeError::BadField {
@@ -571,8 +574,11 @@ pub fn decode<'a>(buf: &'a [u8], limits: &Limits) -> Result<Decoded<'a>, DecodeE
     };
     let record_len = usize::try_from(header.record_len).map_err(|_| truncated.clone())?;
     let record = buf.get(..record_len).ok_or(truncated)?;
-    let body_len = HEADER_LEN.saturating_add(usize::try_from(header.stored_len).unwrap_or(usize::MAX));
-    let (body, trailer) = record.split_at_checked(body_len).ok_or(DecodeError::BadRecordCrc)?;
+    let body_len =
+        HEADER_LEN.saturating_add(usize::try_from(header.stored_len).unwrap_or(usize::MAX));
+    let (body, trailer) = record
+        .split_at_checked(body_len)
+        .ok_or(DecodeError::BadRecordCrc)?;
     if crc32c::crc32c(body) != u32::from_le_bytes(take(trailer, 0)) {
         return Err(DecodeError::BadRecordCrc);
     }

@@ -50,8 +50,7 @@ mod scan;
 
 pub use format::{
     Compression, DecodeError, Decoded, EncodeError, Field, HEADER_LEN, Kind, Limits, MAGIC,
-    RECORD_OVERHEAD, RecordMeta, Stream, TRAILER_LEN, VERSION, decode, encode, encoded_len,
-    sha256,
+    RECORD_OVERHEAD, RecordMeta, Stream, TRAILER_LEN, VERSION, decode, encode, encoded_len, sha256,
 };
 pub use names::{
     MAX_AUDIT_ORDINAL, MAX_SEGMENT_ORDINAL, audit_file_name, parse_audit_file_name,

@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 //! Property tests: any damage never panics and always yields a consistent
 //! decision; undamaged segments are Clean with every record.
 
@@ -18,9 +23,16 @@ struct Spec {
 }
 
 fn spec() -> impl Strategy<Value = Spec> {
-    (0usize..6, any::<bool>(), proptest::collection::vec(any::<u8>(), 0..200)).prop_map(
-        |(k, zstd, payload)| Spec { kind: Kind::ALL[k], zstd, payload },
+    (
+        0usize..6,
+        any::<bool>(),
+        proptest::collection::vec(any::<u8>(), 0..200),
     )
+        .prop_map(|(k, zstd, payload)| Spec {
+            kind: Kind::ALL[k],
+            zstd,
+            payload,
+        })
 }
 
 fn build(specs: &[Spec]) -> (Vec<u8>, Vec<(u64, u64, RecordMeta)>) {
@@ -35,12 +47,20 @@ fn build(specs: &[Spec]) -> (Vec<u8>, Vec<(u64, u64, RecordMeta)>) {
             receipt_unix_ms: seq as i64 * 11,
             kind: s.kind,
             stream: match s.kind {
-                Kind::Output if seq % 2 == 0 => Stream::Stderr,
+                Kind::Output if seq.is_multiple_of(2) => Stream::Stderr,
                 Kind::Output => Stream::Stdout,
                 _ => Stream::None,
             },
-            compression: if s.zstd { Compression::Zstd } else { Compression::None },
-            raw_len: if s.zstd { s.payload.len() as u32 * 2 } else { s.payload.len() as u32 },
+            compression: if s.zstd {
+                Compression::Zstd
+            } else {
+                Compression::None
+            },
+            raw_len: if s.zstd {
+                s.payload.len() as u32 * 2
+            } else {
+                s.payload.len() as u32
+            },
             sha256: sha256(&s.payload),
         };
         let bytes = encode(&meta, &s.payload, &LIMITS).unwrap();
@@ -64,7 +84,10 @@ fn damage() -> impl Strategy<Value = Damage> {
         Just(Damage::None),
         any::<prop::sample::Index>().prop_map(Damage::Truncate),
         (any::<prop::sample::Index>(), 1u8..=255).prop_map(|(i, m)| Damage::Flip(i, m)),
-        (any::<prop::sample::Index>(), proptest::collection::vec(any::<u8>(), 1..40))
+        (
+            any::<prop::sample::Index>(),
+            proptest::collection::vec(any::<u8>(), 1..40)
+        )
             .prop_map(|(i, b)| Damage::Overwrite(i, b)),
         proptest::collection::vec(any::<u8>(), 1..300).prop_map(Damage::Append),
     ]
@@ -101,7 +124,10 @@ fn apply(buf: &mut Vec<u8>, d: &Damage) {
 fn check_invariants(buf: &[u8], committed_end: u64, s: &Scan) {
     // Records and lost ranges tile 0..committed_end exactly, in order.
     let lost: &[ByteRange] = match &s.recovery {
-        Recovery::CommittedDamage { lost, tail_beyond_committed } => {
+        Recovery::CommittedDamage {
+            lost,
+            tail_beyond_committed,
+        } => {
             assert!(!lost.is_empty());
             assert_eq!(*tail_beyond_committed, buf.len() as u64 > committed_end);
             lost

@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 //! The recovery decision for one segment: every verdict and the exact lost
 //! ranges (plan §5.3, R-5.3-14/15/18/20).
 
@@ -46,10 +51,14 @@ fn empty_file_with_committed_zero_is_clean() {
 #[test]
 fn uncommitted_complete_tail_is_truncated() {
     let (buf, recs) = segment(&LENS);
-    for k in 0..LENS.len() {
-        let committed = recs[k].0; // records 0..k committed, k.. are tail
+    for (k, rec) in recs.iter().enumerate() {
+        let committed = rec.0; // records 0..k committed, k.. are tail
         let s = scan(&buf, committed, &LIMITS);
-        assert_eq!(s.recovery, Recovery::TruncateTail { from: committed }, "k={k}");
+        assert_eq!(
+            s.recovery,
+            Recovery::TruncateTail { from: committed },
+            "k={k}"
+        );
         assert_eq!(s.records.len(), k, "tail records are never listed");
         assert_eq!(s.valid_prefix_end, committed);
         assert!(s.damage.is_empty());
@@ -65,7 +74,11 @@ fn torn_tail_at_every_length_is_truncated() {
         buf.truncate(committed as usize);
         buf.extend_from_slice(&extra[..cut]);
         let s = scan(&buf, committed, &LIMITS);
-        assert_eq!(s.recovery, Recovery::TruncateTail { from: committed }, "cut={cut}");
+        assert_eq!(
+            s.recovery,
+            Recovery::TruncateTail { from: committed },
+            "cut={cut}"
+        );
         assert_eq!(s.records.len(), 3);
     }
 }
@@ -108,7 +121,10 @@ fn file_shorter_than_committed_on_a_record_boundary() {
     let s = scan(&[], committed, &LIMITS);
     assert_eq!(
         s.recovery,
-        Recovery::CommittedDamage { lost: vec![range(0, committed)], tail_beyond_committed: false }
+        Recovery::CommittedDamage {
+            lost: vec![range(0, committed)],
+            tail_beyond_committed: false
+        }
     );
 }
 
@@ -179,7 +195,10 @@ fn corrupted_last_committed_record() {
     let s = scan(&buf, committed, &LIMITS);
     assert_eq!(
         s.recovery,
-        Recovery::CommittedDamage { lost: vec![range(off, committed)], tail_beyond_committed: false }
+        Recovery::CommittedDamage {
+            lost: vec![range(off, committed)],
+            tail_beyond_committed: false
+        }
     );
     assert_eq!(s.records.len(), 4);
     assert_eq!(s.lost_seqs_hint, vec![5]);
@@ -192,7 +211,10 @@ fn corrupted_last_committed_record() {
     let s = scan(&buf, committed, &LIMITS);
     assert_eq!(
         s.recovery,
-        Recovery::CommittedDamage { lost: vec![range(off, committed)], tail_beyond_committed: true }
+        Recovery::CommittedDamage {
+            lost: vec![range(off, committed)],
+            tail_beyond_committed: true
+        }
     );
     assert_eq!(s.records.len(), 4, "the valid tail record is not listed");
     assert_eq!(s.damage[0].error, DecodeError::BadMagic);
@@ -202,7 +224,14 @@ fn corrupted_last_committed_record() {
 fn committed_end_inside_a_record_is_damage() {
     let (buf, recs) = segment(&LENS);
     let (off, len, _) = recs[2];
-    for committed in [off + 1, off + 50, off + 127, off + 128, off + 200, off + len - 1] {
+    for committed in [
+        off + 1,
+        off + 50,
+        off + 127,
+        off + 128,
+        off + 200,
+        off + len - 1,
+    ] {
         let s = scan(&buf, committed, &LIMITS);
         assert_eq!(
             s.recovery,
@@ -216,7 +245,10 @@ fn committed_end_inside_a_record_is_damage() {
         assert_eq!(s.damage[0].error.code(), "truncated");
     }
     // On the record's own boundary it is fine.
-    assert_eq!(scan(&buf, off + len, &LIMITS).recovery, Recovery::TruncateTail { from: off + len });
+    assert_eq!(
+        scan(&buf, off + len, &LIMITS).recovery,
+        Recovery::TruncateTail { from: off + len }
+    );
 }
 
 #[test]
@@ -232,7 +264,10 @@ fn junk_between_records_is_lost_exactly() {
     let junk_end = junk_start + 10;
     assert_eq!(
         s.recovery,
-        Recovery::CommittedDamage { lost: vec![range(junk_start, junk_end)], tail_beyond_committed: false }
+        Recovery::CommittedDamage {
+            lost: vec![range(junk_start, junk_end)],
+            tail_beyond_committed: false
+        }
     );
     assert_eq!(offsets(&s), vec![0, junk_end]);
 }
@@ -300,7 +335,10 @@ fn all_garbage_committed_range_is_lost() {
     let s = scan(&buf, 4000, &LIMITS);
     assert_eq!(
         s.recovery,
-        Recovery::CommittedDamage { lost: vec![range(0, 4000)], tail_beyond_committed: true }
+        Recovery::CommittedDamage {
+            lost: vec![range(0, 4000)],
+            tail_beyond_committed: true
+        }
     );
     assert!(s.records.is_empty());
     assert_eq!(s.valid_prefix_end, 0);
@@ -310,12 +348,18 @@ fn all_garbage_committed_range_is_lost() {
 #[test]
 fn records_above_the_limits_count_as_damage() {
     let (buf, recs) = segment(&LENS);
-    let tight = Limits { max_stored_len: 100, max_raw_len: 100 };
+    let tight = Limits {
+        max_stored_len: 100,
+        max_raw_len: 100,
+    };
     let s = scan(&buf, buf.len() as u64, &tight);
     let (off, len, _) = recs[2]; // the 300-byte record
     assert_eq!(
         s.recovery,
-        Recovery::CommittedDamage { lost: vec![range(off, off + len)], tail_beyond_committed: false }
+        Recovery::CommittedDamage {
+            lost: vec![range(off, off + len)],
+            tail_beyond_committed: false
+        }
     );
     assert_eq!(s.damage[0].error.code(), "too_large");
     assert_eq!(seqs(&s), vec![1, 2, 4, 5]);
@@ -330,7 +374,9 @@ fn scan_is_idempotent_and_truncation_converges() {
     buf.extend_from_slice(&record(6, 33).1[..70]);
     let first = scan(&buf, committed, &LIMITS);
     assert_eq!(first, scan(&buf, committed, &LIMITS));
-    let Recovery::TruncateTail { from } = first.recovery else { panic!("expected TruncateTail") };
+    let Recovery::TruncateTail { from } = first.recovery else {
+        panic!("expected TruncateTail")
+    };
     buf.truncate(from as usize);
     let after = scan(&buf, committed, &LIMITS);
     assert_eq!(after.recovery, Recovery::Clean);
@@ -351,7 +397,10 @@ fn large_magic_filled_damage_is_bounded() {
     let s = scan(&buf, buf.len() as u64, &LIMITS);
     assert_eq!(
         s.recovery,
-        Recovery::CommittedDamage { lost: vec![range(0, junk)], tail_beyond_committed: false }
+        Recovery::CommittedDamage {
+            lost: vec![range(0, junk)],
+            tail_beyond_committed: false
+        }
     );
     assert_eq!(offsets(&s), vec![junk]);
 }

@@ -15,7 +15,7 @@ pub const UUID: [u8; 16] = [
 /// The stream a kind must carry.
 pub fn stream_for(kind: Kind, seq: u64) -> Stream {
     match kind {
-        Kind::Output if seq % 2 == 0 => Stream::Stdout,
+        Kind::Output if seq.is_multiple_of(2) => Stream::Stdout,
         Kind::Output => Stream::Stderr,
         _ => Stream::None,
     }
@@ -84,7 +84,11 @@ pub fn crc32c_of(data: &[u8]) -> u32 {
     for &b in data {
         crc ^= u32::from(b);
         for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
         }
     }
     !crc
