@@ -99,7 +99,7 @@ const PAGE_SLACK: u64 = 4096;
 /// digests) plus every index entry the row carries (key + rowid + cell
 /// header), rounded *up* with roughly 1.5x for B-tree pages that are only
 /// partly full after splits. Blobs stored inline or in files add
-/// [`PAGE_SLACK`] for their last partial page/block.
+/// one 4 KiB page of slack for their last partial page/block.
 #[must_use]
 pub const fn overhead_v1(kind: ChargeKind) -> u64 {
     match kind {
@@ -123,9 +123,10 @@ pub const fn overhead_v1(kind: ChargeKind) -> u64 {
         // ~100 B row (uuid, seq, two times, type, metadata header, 32 B
         // checksum) + the (command, event_seq) unique index entry: 256 B.
         ChargeKind::EventRow => 256,
-        // Segment record framing (length, CRC, seq, time, stream: <= 64 B)
-        // + the output event's row and unique index entry (256 B), rounded up.
-        ChargeKind::OutputRecord => 384,
+        // Segment record framing (rvbox-segment: 128 B header + 4 B CRC
+        // trailer = 132 B) + the output event's `command_events` row keyed by
+        // (command, event_seq) (<= 256 B with page fill), rounded up.
+        ChargeKind::OutputRecord => 512,
         // `output_segments` row (ordinal, offsets, seq range, totals,
         // checksum, created time) + index + the segment file's inode share
         // and its last partially filled block.
@@ -135,8 +136,9 @@ pub const fn overhead_v1(kind: ChargeKind) -> u64 {
         // 16 B request id unique key, owner, method/target, 32 B request
         // hash, assigned seq/revision, stable result header + two indexes.
         ChargeKind::MutationRow => 512,
-        // Audit frame header (time, transport, principal, ids, action,
-        // outcome, code, digest) inside a compressed audit segment.
+        // Segment record framing (132 B) + the audit frame's fixed fields
+        // (time, transport, principal, ids, action, outcome, code, digest)
+        // inside a compressed audit segment.
         ChargeKind::AuditRecord => 256,
         // Incident row (uuid, times, state, scope, flags) + state and scope
         // index entries.

@@ -31,8 +31,8 @@ pub use eviction::{
 };
 pub use hysteresis::{Hysteresis, LossMode, Transition, WatermarkError};
 pub use reserve::{
-    Class, CounterUnderflow, Refusal, Reservation, Tier, release, release_audit,
-    release_closeout, release_command, reserve, reserve_audit,
+    Class, CounterUnderflow, Refusal, Reservation, Tier, release, release_audit, release_closeout,
+    release_command, reserve, reserve_audit,
 };
 pub use rotation::{RotationPlan, SegmentUsage, plan_output_rotation, plan_pressure_rotation};
 pub use tiers::{FieldMax, Tiers, TiersError, Usage, zstd_bound};

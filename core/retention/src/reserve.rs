@@ -258,7 +258,11 @@ fn sub(tier: Tier, used: u64, freed: u64) -> Result<u64, CounterUnderflow> {
 /// Usage after freeing `charged` bytes of rows (charged with the version
 /// stored on them). For a command-scoped item the held closeout headroom is
 /// not releasable here (see [`release_closeout`]).
-pub fn release(usage: &Usage, charged: u64, command_scoped: bool) -> Result<Usage, CounterUnderflow> {
+pub fn release(
+    usage: &Usage,
+    charged: u64,
+    command_scoped: bool,
+) -> Result<Usage, CounterUnderflow> {
     let mut after = *usage;
     if command_scoped {
         let releasable = sub(Tier::CloseoutReserve, usage.command, usage.held_closeout)?;

@@ -172,7 +172,9 @@ pub enum TiersError {
         reserve: u64,
     },
     /// Command total <= per-owner total <= global total.
-    #[error("tiers out of order: command {command_total}, owner {owner_total}, global {global_total}")]
+    #[error(
+        "tiers out of order: command {command_total}, owner {owner_total}, global {global_total}"
+    )]
     TierInversion {
         /// Command total.
         command_total: u64,
