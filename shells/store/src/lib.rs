@@ -18,7 +18,13 @@ pub mod fs;
 pub mod layout;
 
 pub use error::StoreError;
+pub mod crash;
 pub mod entropy;
 pub mod identity;
 pub mod incidents;
 pub mod mutations;
+pub mod store;
+
+pub use store::{Store, StoreOptions};
+pub mod events;
+pub mod recovery;

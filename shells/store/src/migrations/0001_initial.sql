@@ -74,6 +74,8 @@ CREATE TABLE commands (
     essential_trusted INTEGER NOT NULL DEFAULT 1 CHECK (essential_trusted IN (0, 1)),
     charged_bytes     INTEGER NOT NULL DEFAULT 0 CHECK (charged_bytes >= 0),
     output_charged    INTEGER NOT NULL DEFAULT 0 CHECK (output_charged >= 0 AND output_charged <= charged_bytes),
+    -- closeout headroom still held inside charged_bytes (plan §5.4: 64 KiB per accepted command)
+    closeout_held     INTEGER NOT NULL DEFAULT 0 CHECK (closeout_held >= 0 AND closeout_held <= charged_bytes),
     charge_version    INTEGER NOT NULL CHECK (charge_version >= 1),
     -- terminal lifecycles (SUCCEEDED..CANCELLED = 5..11) and only they carry a terminal time
     CHECK ((lifecycle >= 5) = (terminal_time_ms IS NOT NULL)),

@@ -1,0 +1,941 @@
+//! The event append path (plan §5.3): validate, append to segment files,
+//! fsync (one group commit for the whole batch), then one metadata
+//! transaction advancing each segment's `committed_end`; only then may the
+//! caller acknowledge. Nothing in a batch is acknowledged unless the whole
+//! batch is durable.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{OptionalExtension, Transaction, TransactionBehavior, params};
+use rvbox_domain::error::{Code, DomainError};
+use rvbox_domain::events::{SeqVerdict, check_event_seq};
+use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_retention::{
+    CHARGE_VERSION, ChargeKind, Class, Usage, charge, release_closeout, reserve, tombstones_to_drop,
+};
+use rvbox_segment::{Compression, Kind, RecordMeta, Stream, encode, segment_file_name, sha256};
+
+use crate::crash::points;
+use crate::error::StoreError;
+use crate::store::{OpenSegment, Store, record_limits, to_i64, to_u64};
+
+/// `CommandEvent.body` field numbers (rvbox.v1), stored as `body_kind`.
+pub mod body_kind {
+    /// `OutputChunk`.
+    pub const OUTPUT: u8 = 4;
+    /// `LifecycleChange`.
+    pub const LIFECYCLE: u8 = 5;
+    /// `OutputTruncation`.
+    pub const TRUNCATION: u8 = 6;
+    /// `OutputIncomplete`.
+    pub const INCOMPLETE: u8 = 7;
+    /// `SignalResult`.
+    pub const SIGNAL_RESULT: u8 = 8;
+    /// `StdinAck`.
+    pub const STDIN_ACK: u8 = 9;
+    /// `Diagnostics`.
+    pub const DIAGNOSTICS: u8 = 10;
+    /// `ProfileResult`.
+    pub const PROFILE_RESULT: u8 = 11;
+}
+
+/// Largest encoded non-output event body kept inline in the database.
+pub const MAX_INLINE_BODY_BYTES: usize = 16 * 1024;
+
+/// The body of one event, as the session layer hands it over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventBody {
+    /// Output bytes, exactly as the client stored and sent them.
+    Output {
+        /// Stdout or stderr.
+        stream: Stream,
+        /// How `stored` is encoded.
+        compression: Compression,
+        /// Declared raw length (at most 64 KiB).
+        raw_len: u32,
+        /// The bytes as sent.
+        stored: Vec<u8>,
+    },
+    /// A lifecycle change; `encoded` is the encoded `LifecycleChange`.
+    Lifecycle {
+        /// The new lifecycle.
+        to: Lifecycle,
+        /// Exit code of a process that exited.
+        exit_code: Option<i32>,
+        /// Terminating signal number of a process that died of one.
+        exit_signal: Option<i32>,
+        /// Encoded body, kept for history.
+        encoded: Vec<u8>,
+    },
+    /// Any other body (truncation, incomplete, signal result, stdin ack,
+    /// diagnostics, profile result): `kind` is one of [`body_kind`].
+    Other {
+        /// Body field number.
+        kind: u8,
+        /// Encoded body.
+        encoded: Vec<u8>,
+    },
+}
+
+/// One sequenced client event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventAppend {
+    /// Command.
+    pub issue_uuid: [u8; 16],
+    /// Wire sequence (contiguous from 1).
+    pub event_seq: u64,
+    /// Client-observed wall time.
+    pub observed_ms: i64,
+    /// Body.
+    pub body: EventBody,
+}
+
+/// What happened to one event of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventOutcome {
+    /// Durable now.
+    Appended,
+    /// An identical repeat of a durable event: nothing stored.
+    Duplicate,
+    /// Refused; nothing stored. `PROTOCOL_ERROR` refusals mean the session
+    /// sending it must be fenced; `QUOTA_EXCEEDED` is transient.
+    Refused(DomainError),
+}
+
+/// The result of one batch.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AppendReport {
+    /// One outcome per event, in batch order.
+    pub outcomes: Vec<EventOutcome>,
+    /// Per command touched: the highest contiguous durable sequence, the
+    /// value of a cumulative `EventAck`.
+    pub acked: BTreeMap<[u8; 16], u64>,
+}
+
+#[derive(Debug, Clone)]
+struct CmdView {
+    client_id: String,
+    lifecycle: Lifecycle,
+    last_seq: u64,
+    charged: u64,
+    output_charged: u64,
+    held_closeout: u64,
+    request_hash: Vec<u8>,
+    dirty: bool,
+}
+
+#[derive(Debug)]
+struct PendingEvent {
+    issue: [u8; 16],
+    seq: u64,
+    observed_ms: i64,
+    kind: u8,
+    stream: u8,
+    raw_len: u64,
+    stored_len: u64,
+    digest: [u8; 32],
+    segment: Option<(u32, u64)>,
+    inline: Option<Vec<u8>>,
+    lifecycle: Option<(Lifecycle, Option<i32>, Option<i32>)>,
+}
+
+#[derive(Debug, Default)]
+struct PendingSegment {
+    new_file: bool,
+    sealed_before: Option<u32>,
+    bytes: Vec<u8>,
+    first_seq: Option<u64>,
+    last_seq: u64,
+    stream_mask: u8,
+    stored: u64,
+    raw: u64,
+    charged: u64,
+}
+
+fn refuse(code: Code, reason: impl AsRef<str>) -> EventOutcome {
+    EventOutcome::Refused(DomainError::new(code, reason))
+}
+
+fn lifecycle_of(raw: i64) -> Lifecycle {
+    Lifecycle::from_wire(i32::try_from(raw).unwrap_or(0)).unwrap_or(Lifecycle::Interrupted)
+}
+
+fn load_view(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<Option<CmdView>, StoreError> {
+    tx.query_row(
+        "SELECT client_id, lifecycle, last_event_seq, charged_bytes, output_charged, closeout_held,
+                request_hash, essential_trusted
+         FROM commands WHERE issue_uuid = ?1",
+        params![issue.as_slice()],
+        |r| {
+            Ok(CmdView {
+                client_id: r.get(0)?,
+                lifecycle: lifecycle_of(r.get(1)?),
+                last_seq: to_u64(r.get(2)?),
+                charged: to_u64(r.get(3)?),
+                output_charged: to_u64(r.get(4)?),
+                held_closeout: to_u64(r.get(5)?),
+                request_hash: r.get(6)?,
+                dirty: !r.get::<_, bool>(7)?,
+            })
+        },
+    )
+    .optional()
+    .map_err(|e| StoreError::sqlite("load command", e))
+}
+
+fn stored_digest(
+    tx: &Transaction<'_>,
+    issue: &[u8; 16],
+    seq: u64,
+) -> Result<Option<[u8; 32]>, StoreError> {
+    let v: Option<Vec<u8>> = tx
+        .query_row(
+            "SELECT content_sha256 FROM command_events WHERE issue_uuid = ?1 AND event_seq = ?2",
+            params![issue.as_slice(), to_i64(seq)],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(|e| StoreError::sqlite("load event digest", e))?;
+    Ok(v.and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok()))
+}
+
+fn next_ordinal(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<u32, StoreError> {
+    let max: i64 = tx
+        .query_row(
+            "SELECT COALESCE(MAX(ordinal), 0) FROM command_segments WHERE issue_uuid = ?1",
+            params![issue.as_slice()],
+            |r| r.get(0),
+        )
+        .map_err(|e| StoreError::sqlite("next segment ordinal", e))?;
+    u32::try_from(max.saturating_add(1))
+        .map_err(|_| StoreError::Integrity("segment ordinal overflow".into()))
+}
+
+/// Validates an output body and returns the SHA-256 of its raw bytes.
+fn check_output(
+    compression: Compression,
+    raw_len: u32,
+    stored: &[u8],
+) -> Result<[u8; 32], DomainError> {
+    let limits = record_limits();
+    if raw_len > limits.max_raw_len {
+        return Err(DomainError::new(
+            Code::ProtocolError,
+            format!(
+                "output chunk declares {raw_len} raw bytes; the limit is {}",
+                limits.max_raw_len
+            ),
+        ));
+    }
+    if stored.len() > limits.max_stored_len as usize {
+        return Err(DomainError::new(
+            Code::ProtocolError,
+            "output chunk is larger than its compression bound",
+        ));
+    }
+    match compression {
+        Compression::None => {
+            if stored.len() != raw_len as usize {
+                return Err(DomainError::new(
+                    Code::ProtocolError,
+                    "uncompressed output chunk length differs from its declared raw length",
+                ));
+            }
+            Ok(sha256(stored))
+        }
+        Compression::Zstd => {
+            // bounded: never allocates more than the declared raw length
+            let raw = zstd::bulk::decompress(stored, raw_len as usize).map_err(|_| {
+                DomainError::new(
+                    Code::ProtocolError,
+                    "output chunk does not decompress within its declared raw length",
+                )
+            })?;
+            if raw.len() != raw_len as usize {
+                return Err(DomainError::new(
+                    Code::ProtocolError,
+                    format!(
+                        "output chunk decompresses to {} bytes, not the declared {raw_len}",
+                        raw.len()
+                    ),
+                ));
+            }
+            Ok(sha256(&raw))
+        }
+    }
+}
+
+fn other_digest(kind: u8, encoded: &[u8]) -> [u8; 32] {
+    let mut buf = Vec::with_capacity(encoded.len() + 1);
+    buf.push(kind);
+    buf.extend_from_slice(encoded);
+    sha256(&buf)
+}
+
+impl Store {
+    /// Appends a batch of events as one group commit (see the module docs).
+    /// Refused events are reported per event and store nothing; the rest of
+    /// the batch proceeds.
+    ///
+    /// # Errors
+    /// [`StoreError`] when a file or the database failed: then nothing of
+    /// the batch is durable or acknowledged, and the touched segments are
+    /// cut back to their committed length.
+    pub fn append_events(
+        &mut self,
+        batch: &[EventAppend],
+        now_ms: i64,
+    ) -> Result<AppendReport, StoreError> {
+        let free = self.free_space()?;
+        let tiers = self.opts.tiers.clone();
+        let seal_bytes = self.opts.seal_bytes;
+        let tombstone_cap = self.opts.tombstone_cap;
+        let limits = record_limits();
+
+        // Segment state the batch starts from: (ordinal, committed length).
+        let mut base: BTreeMap<[u8; 16], (u32, u64)> = BTreeMap::new();
+        let mut views: BTreeMap<[u8; 16], CmdView> = BTreeMap::new();
+        let mut owners: BTreeMap<String, u64> = BTreeMap::new();
+        let mut batch_digests: BTreeMap<([u8; 16], u64), [u8; 32]> = BTreeMap::new();
+        let mut pending: Vec<PendingEvent> = Vec::new();
+        let mut segs: BTreeMap<([u8; 16], u32), PendingSegment> = BTreeMap::new();
+        let mut current: BTreeMap<[u8; 16], (u32, u64)> = BTreeMap::new();
+        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut global;
+
+        // ---- 1. validate and plan (a read transaction) --------------------
+        {
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Deferred)
+                .map_err(|e| StoreError::sqlite("begin append planning", e))?;
+            global = crate::store::global_charged(&tx)?;
+            for ev in batch {
+                let issue = ev.issue_uuid;
+                let view = match views.entry(issue) {
+                    std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        match load_view(&tx, &issue)? {
+                            Some(loaded) => v.insert(loaded),
+                            None => {
+                                outcomes.push(refuse(
+                                    Code::ProtocolError,
+                                    "event for an unknown command",
+                                ));
+                                continue;
+                            }
+                        }
+                    }
+                };
+                if view.dirty {
+                    outcomes.push(refuse(
+                        Code::Unavailable,
+                        "the command's stored state is under an open storage incident",
+                    ));
+                    continue;
+                }
+                // content identity and validation
+                let (kind, digest) = match &ev.body {
+                    EventBody::Output {
+                        compression,
+                        raw_len,
+                        stored,
+                        ..
+                    } => match check_output(*compression, *raw_len, stored) {
+                        Ok(d) => (body_kind::OUTPUT, d),
+                        Err(e) => {
+                            outcomes.push(EventOutcome::Refused(e));
+                            continue;
+                        }
+                    },
+                    EventBody::Lifecycle { encoded, .. } => (
+                        body_kind::LIFECYCLE,
+                        other_digest(body_kind::LIFECYCLE, encoded),
+                    ),
+                    EventBody::Other { kind, encoded } => (*kind, other_digest(*kind, encoded)),
+                };
+                if let EventBody::Lifecycle { encoded, .. } | EventBody::Other { encoded, .. } =
+                    &ev.body
+                    && encoded.len() > MAX_INLINE_BODY_BYTES
+                {
+                    outcomes.push(refuse(Code::ProtocolError, "event body exceeds 16 KiB"));
+                    continue;
+                }
+                if !(body_kind::OUTPUT..=body_kind::PROFILE_RESULT).contains(&kind) {
+                    outcomes.push(refuse(
+                        Code::ProtocolError,
+                        format!("unknown event body kind {kind}"),
+                    ));
+                    continue;
+                }
+                // sequence rules
+                let stored = if ev.event_seq <= view.last_seq {
+                    match batch_digests.get(&(issue, ev.event_seq)) {
+                        Some(d) => Some(*d),
+                        None => stored_digest(&tx, &issue, ev.event_seq)?,
+                    }
+                } else {
+                    None
+                };
+                match check_event_seq(view.last_seq, ev.event_seq, stored.as_ref(), &digest) {
+                    Ok(SeqVerdict::Duplicate) => {
+                        outcomes.push(EventOutcome::Duplicate);
+                        continue;
+                    }
+                    Ok(SeqVerdict::Append) => {}
+                    Err(e) => {
+                        outcomes.push(refuse(Code::ProtocolError, e.to_string()));
+                        continue;
+                    }
+                }
+                if view.lifecycle.is_terminal() {
+                    outcomes.push(refuse(
+                        Code::ProtocolError,
+                        "event after the command's terminal event",
+                    ));
+                    continue;
+                }
+                let lifecycle = match &ev.body {
+                    EventBody::Lifecycle {
+                        to,
+                        exit_code,
+                        exit_signal,
+                        ..
+                    } => {
+                        if let Err(e) = view.lifecycle.check_transition(*to) {
+                            outcomes.push(refuse(Code::ProtocolError, e.to_string()));
+                            continue;
+                        }
+                        Some((*to, *exit_code, *exit_signal))
+                    }
+                    _ => None,
+                };
+                // quota
+                let (charge_kind, class, bytes) = match &ev.body {
+                    EventBody::Output { stored, .. } => (
+                        ChargeKind::OutputRecord,
+                        Class::Ordinary,
+                        rvbox_segment::RECORD_OVERHEAD + stored.len() as u64,
+                    ),
+                    EventBody::Lifecycle { encoded, .. } => {
+                        (ChargeKind::EventRow, Class::Essential, encoded.len() as u64)
+                    }
+                    EventBody::Other { kind, encoded } => {
+                        let class = if *kind == body_kind::DIAGNOSTICS
+                            || *kind == body_kind::PROFILE_RESULT
+                        {
+                            Class::Ordinary
+                        } else {
+                            Class::Essential
+                        };
+                        (ChargeKind::EventRow, class, encoded.len() as u64)
+                    }
+                };
+                let charged = charge(CHARGE_VERSION, charge_kind, bytes)
+                    .map_err(|e| StoreError::Integrity(e.to_string()))?;
+                let owner_used = match owners.get(&view.client_id) {
+                    Some(v) => *v,
+                    None => crate::store::client_charged(&tx, &view.client_id)?,
+                };
+                let usage = Usage {
+                    command: view.charged,
+                    held_closeout: view.held_closeout,
+                    owner: owner_used,
+                    global,
+                    free_space: free,
+                };
+                let r = match reserve(&tiers, &usage, charge_kind, class, charged, true) {
+                    Ok(r) => r,
+                    Err(refusal) => {
+                        tracing::warn!(tier = refusal.tier.name(), "event refused by quota");
+                        outcomes.push(refuse(Code::QuotaExceeded, refusal.to_string()));
+                        continue;
+                    }
+                };
+                view.charged = r.command_after;
+                view.held_closeout = r.held_closeout_after;
+                owners.insert(view.client_id.clone(), r.owner_after);
+                global = r.global_after;
+                view.last_seq = ev.event_seq;
+                batch_digests.insert((issue, ev.event_seq), digest);
+                if let Some((to, _, _)) = lifecycle {
+                    view.lifecycle = to;
+                }
+
+                // placement
+                let mut p = PendingEvent {
+                    issue,
+                    seq: ev.event_seq,
+                    observed_ms: ev.observed_ms,
+                    kind,
+                    stream: 0,
+                    raw_len: 0,
+                    stored_len: 0,
+                    digest,
+                    segment: None,
+                    inline: None,
+                    lifecycle,
+                };
+                match &ev.body {
+                    EventBody::Output {
+                        stream,
+                        compression,
+                        raw_len,
+                        stored,
+                    } => {
+                        view.output_charged = view.output_charged.saturating_add(charged);
+                        let meta = RecordMeta {
+                            issue_uuid: issue,
+                            seq: ev.event_seq,
+                            observed_unix_ms: ev.observed_ms,
+                            receipt_unix_ms: now_ms,
+                            kind: Kind::Output,
+                            stream: *stream,
+                            compression: *compression,
+                            raw_len: *raw_len,
+                            sha256: digest,
+                        };
+                        let record = match encode(&meta, stored, &limits) {
+                            Ok(r) => r,
+                            Err(e) => {
+                                return Err(StoreError::Integrity(format!(
+                                    "validated record does not encode: {}",
+                                    e.code()
+                                )));
+                            }
+                        };
+                        // where the record goes: the active segment, unless it would pass the seal size
+                        if let std::collections::btree_map::Entry::Vacant(slot) =
+                            current.entry(issue)
+                        {
+                            let start = match self.open_segments.get(&issue) {
+                                Some(s) => Some((s.ordinal, s.committed)),
+                                None => active_segment(&tx, &issue)?,
+                            };
+                            match start {
+                                Some(s) => {
+                                    slot.insert(s);
+                                    base.insert(issue, s);
+                                }
+                                None => {
+                                    let ordinal = next_ordinal(&tx, &issue)?;
+                                    slot.insert((ordinal, 0));
+                                    segs.insert(
+                                        (issue, ordinal),
+                                        PendingSegment {
+                                            new_file: true,
+                                            ..Default::default()
+                                        },
+                                    );
+                                }
+                            }
+                        }
+                        let (mut ordinal, mut len) = current.get(&issue).copied().unwrap_or((1, 0));
+                        let rec_len = record.len() as u64;
+                        if len > 0 && len.saturating_add(rec_len) > seal_bytes {
+                            let next = ordinal.checked_add(1).ok_or_else(|| {
+                                StoreError::Integrity("segment ordinal overflow".into())
+                            })?;
+                            segs.insert(
+                                (issue, next),
+                                PendingSegment {
+                                    new_file: true,
+                                    sealed_before: Some(ordinal),
+                                    ..Default::default()
+                                },
+                            );
+                            ordinal = next;
+                            len = 0;
+                        }
+                        let seg = segs.entry((issue, ordinal)).or_default();
+                        seg.bytes.extend_from_slice(&record);
+                        seg.first_seq.get_or_insert(ev.event_seq);
+                        seg.last_seq = ev.event_seq;
+                        seg.stream_mask |= stream.as_u8();
+                        seg.stored = seg.stored.saturating_add(stored.len() as u64);
+                        seg.raw = seg.raw.saturating_add(u64::from(*raw_len));
+                        seg.charged = seg.charged.saturating_add(charged);
+                        p.stream = stream.as_u8();
+                        p.raw_len = u64::from(*raw_len);
+                        p.stored_len = stored.len() as u64;
+                        p.segment = Some((ordinal, len));
+                        current.insert(issue, (ordinal, len.saturating_add(rec_len)));
+                    }
+                    EventBody::Lifecycle { encoded, .. } | EventBody::Other { encoded, .. } => {
+                        p.inline = Some(encoded.clone());
+                        p.stored_len = encoded.len() as u64;
+                        p.raw_len = encoded.len() as u64;
+                    }
+                }
+                pending.push(p);
+                outcomes.push(EventOutcome::Appended);
+            }
+            tx.commit()
+                .map_err(|e| StoreError::sqlite("end append planning", e))?;
+        }
+
+        // ---- 2. write and fsync (group commit) ----------------------------
+        if let Err(e) = self.write_segments(&segs, &base) {
+            self.rollback_segments(&base, &segs);
+            return Err(e);
+        }
+
+        // ---- 3. one metadata transaction ----------------------------------
+        let commit = self.commit_batch(
+            &pending,
+            &segs,
+            &views,
+            &owners,
+            global,
+            now_ms,
+            tombstone_cap,
+        );
+        if let Err(e) = commit {
+            self.rollback_segments(&base, &segs);
+            return Err(e);
+        }
+        self.hook.at(points::EVENT_AFTER_COMMIT);
+        for (issue, (ordinal, len)) in &current {
+            if let Some(open) = self.open_segments.get_mut(issue) {
+                open.ordinal = *ordinal;
+                open.committed = *len;
+            }
+        }
+        let acked = batch
+            .iter()
+            .filter_map(|ev| {
+                views
+                    .get(&ev.issue_uuid)
+                    .map(|v| (ev.issue_uuid, v.last_seq))
+            })
+            .collect();
+        Ok(AppendReport { outcomes, acked })
+    }
+
+    /// Appends each pending segment's bytes, syncs every touched file and,
+    /// for new files, the segment directory.
+    fn write_segments(
+        &mut self,
+        segs: &BTreeMap<([u8; 16], u32), PendingSegment>,
+        base: &BTreeMap<[u8; 16], (u32, u64)>,
+    ) -> Result<(), StoreError> {
+        let dir = self.layout.segments_dir();
+        let mut created = false;
+        let mut first_write = true;
+        for ((issue, ordinal), seg) in segs {
+            if seg.bytes.is_empty() && !seg.new_file {
+                continue;
+            }
+            let name = segment_file_name(issue, *ordinal)
+                .ok_or_else(|| StoreError::Integrity("segment ordinal out of range".into()))?;
+            let path = dir.join(&name);
+            let needs_open = self
+                .open_segments
+                .get(issue)
+                .is_none_or(|s| s.ordinal != *ordinal);
+            if needs_open {
+                let file = if seg.new_file {
+                    let f = self
+                        .fs
+                        .create_new(&path)
+                        .map_err(|e| StoreError::io("create segment", &path, e))?;
+                    created = true;
+                    self.hook.at(points::SEGMENT_CREATED);
+                    f
+                } else {
+                    let mut f = self
+                        .fs
+                        .open(&path)
+                        .map_err(|e| StoreError::io("open segment", &path, e))?;
+                    // bytes beyond the committed end were never acknowledged
+                    let committed = base.get(issue).map_or(0, |b| b.1);
+                    if f.len()
+                        .map_err(|e| StoreError::io("stat segment", &path, e))?
+                        > committed
+                    {
+                        f.truncate(committed)
+                            .map_err(|e| StoreError::io("truncate uncommitted tail", &path, e))?;
+                    }
+                    f
+                };
+                if self.open_segments.len() >= self.opts.max_open_segments
+                    && let Some(k) = self.open_segments.keys().next().copied()
+                {
+                    self.open_segments.remove(&k);
+                }
+                let committed = if seg.new_file {
+                    0
+                } else {
+                    base.get(issue).map_or(0, |b| b.1)
+                };
+                self.open_segments.insert(
+                    *issue,
+                    OpenSegment {
+                        ordinal: *ordinal,
+                        file,
+                        committed,
+                    },
+                );
+            }
+            let Some(open) = self.open_segments.get_mut(issue) else {
+                continue;
+            };
+            if first_write && seg.bytes.len() > 1 {
+                // the torn-write crash point: half of the first record lands
+                let half = seg.bytes.len() / 2;
+                let (a, b) = seg.bytes.split_at(half);
+                open.file
+                    .append(a)
+                    .map_err(|e| StoreError::io("append segment", &path, e))?;
+                self.hook.at(points::EVENT_MID_RECORD);
+                open.file
+                    .append(b)
+                    .map_err(|e| StoreError::io("append segment", &path, e))?;
+                first_write = false;
+            } else {
+                open.file
+                    .append(&seg.bytes)
+                    .map_err(|e| StoreError::io("append segment", &path, e))?;
+            }
+        }
+        self.hook.at(points::EVENT_BEFORE_FSYNC);
+        for ((issue, ordinal), seg) in segs {
+            if seg.bytes.is_empty() {
+                continue;
+            }
+            if let Some(open) = self.open_segments.get_mut(issue)
+                && open.ordinal == *ordinal
+            {
+                open.file.sync_data().map_err(|e| {
+                    StoreError::io("sync segment", dir.join(format!("{ordinal}")), e)
+                })?;
+            }
+        }
+        if created {
+            self.fs
+                .sync_dir(&dir)
+                .map_err(|e| StoreError::io("sync segment directory", &dir, e))?;
+        }
+        self.hook.at(points::EVENT_AFTER_FSYNC);
+        Ok(())
+    }
+
+    /// Cuts touched segments back to their committed length after a failed
+    /// batch; a segment that cannot be cut is dropped from the cache and is
+    /// cut when next opened (the same rule as recovery).
+    fn rollback_segments(
+        &mut self,
+        base: &BTreeMap<[u8; 16], (u32, u64)>,
+        segs: &BTreeMap<([u8; 16], u32), PendingSegment>,
+    ) {
+        for (issue, _) in segs.keys() {
+            let keep = base.get(issue).map_or(0, |b| b.1);
+            let ok = self.open_segments.get_mut(issue).is_some_and(|s| {
+                s.file.truncate(keep).is_ok() && {
+                    s.committed = keep;
+                    true
+                }
+            });
+            if !ok {
+                self.open_segments.remove(issue);
+            }
+        }
+        // a newly created file that never got a row is an orphan; recovery
+        // removes orphans, and a retry creates the next ordinal afresh
+        for ((issue, ordinal), seg) in segs {
+            if seg.new_file && base.get(issue).is_none_or(|b| b.0 != *ordinal) {
+                self.open_segments
+                    .retain(|k, s| !(k == issue && s.ordinal == *ordinal));
+                if let Some(name) = segment_file_name(issue, *ordinal) {
+                    let _ = self.fs.remove_file(&self.layout.segments_dir().join(name));
+                }
+            }
+        }
+        tracing::error!(
+            segments = segs.len(),
+            "event batch failed; nothing acknowledged"
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn commit_batch(
+        &mut self,
+        pending: &[PendingEvent],
+        segs: &BTreeMap<([u8; 16], u32), PendingSegment>,
+        views: &BTreeMap<[u8; 16], CmdView>,
+        owners: &BTreeMap<String, u64>,
+        global: u64,
+        now_ms: i64,
+        tombstone_cap: u64,
+    ) -> Result<(), StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin append commit", e))?;
+        for ((issue, ordinal), seg) in segs {
+            if let Some(prev) = seg.sealed_before {
+                tx.execute(
+                    "UPDATE command_segments SET state = 'sealed' WHERE issue_uuid = ?1 AND ordinal = ?2 AND state = 'active'",
+                    params![issue.as_slice(), prev],
+                )
+                .map_err(|e| StoreError::sqlite("seal segment", e))?;
+            }
+            if seg.new_file {
+                tx.execute(
+                    "INSERT INTO command_segments (issue_uuid, ordinal, created_ms) VALUES (?1, ?2, ?3)",
+                    params![issue.as_slice(), ordinal, now_ms],
+                )
+                .map_err(|e| StoreError::sqlite("insert segment", e))?;
+            }
+            tx.execute(
+                "UPDATE command_segments SET
+                     committed_end = committed_end + ?3,
+                     first_seq = COALESCE(first_seq, ?4),
+                     last_seq = COALESCE(?5, last_seq),
+                     stream_mask = stream_mask | ?6,
+                     stored_bytes = stored_bytes + ?7,
+                     raw_bytes = raw_bytes + ?8,
+                     charged_bytes = charged_bytes + ?9
+                 WHERE issue_uuid = ?1 AND ordinal = ?2",
+                params![
+                    issue.as_slice(),
+                    ordinal,
+                    seg.bytes.len() as i64,
+                    seg.first_seq.map(to_i64),
+                    seg.first_seq.map(|_| to_i64(seg.last_seq)),
+                    i64::from(seg.stream_mask),
+                    to_i64(seg.stored),
+                    to_i64(seg.raw),
+                    to_i64(seg.charged)
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("advance committed_end", e))?;
+        }
+        for p in pending {
+            tx.execute(
+                "INSERT INTO command_events (issue_uuid, event_seq, observed_ms, receipt_ms, body_kind,
+                     stream, raw_len, stored_len, content_sha256, segment_ordinal, segment_offset, inline_body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                params![
+                    p.issue.as_slice(),
+                    to_i64(p.seq),
+                    p.observed_ms,
+                    now_ms,
+                    p.kind,
+                    p.stream,
+                    to_i64(p.raw_len),
+                    to_i64(p.stored_len),
+                    p.digest.as_slice(),
+                    p.segment.map(|s| s.0),
+                    p.segment.map(|s| to_i64(s.1)),
+                    p.inline
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("insert event", e))?;
+            if let Some((to, code, signal)) = p.lifecycle {
+                let terminal = to.is_terminal().then_some(now_ms);
+                tx.execute(
+                    "UPDATE commands SET lifecycle = ?2, terminal_time_ms = COALESCE(?3, terminal_time_ms),
+                         exit_code = COALESCE(?4, exit_code), exit_signal = COALESCE(?5, exit_signal)
+                     WHERE issue_uuid = ?1",
+                    params![p.issue.as_slice(), to.to_wire() as i32, terminal, code, signal],
+                )
+                .map_err(|e| StoreError::sqlite("apply lifecycle", e))?;
+            }
+        }
+        let mut owners = owners.clone();
+        let mut global = global;
+        for (issue, v) in views {
+            let (mut charged, mut held) = (v.charged, v.held_closeout);
+            if v.lifecycle.is_terminal() && held > 0 {
+                // the command is closed: its unused closeout headroom goes back
+                let usage = Usage {
+                    command: charged,
+                    held_closeout: held,
+                    owner: owners.get(&v.client_id).copied().unwrap_or(0),
+                    global,
+                    free_space: 0,
+                };
+                if let Ok(after) = release_closeout(&usage) {
+                    charged = after.command;
+                    held = after.held_closeout;
+                    owners.insert(v.client_id.clone(), after.owner);
+                    global = after.global;
+                }
+            }
+            tx.execute(
+                "UPDATE commands SET last_event_seq = ?2, charged_bytes = ?3, output_charged = ?4,
+                     closeout_held = ?5 WHERE issue_uuid = ?1",
+                params![
+                    issue.as_slice(),
+                    to_i64(v.last_seq),
+                    to_i64(charged),
+                    to_i64(v.output_charged),
+                    to_i64(held)
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("update command", e))?;
+            if v.lifecycle.is_terminal() {
+                insert_tombstone(&tx, issue, v, now_ms, tombstone_cap)?;
+            }
+        }
+        for (client, used) in &owners {
+            tx.execute(
+                "UPDATE clients SET charged_bytes = ?2 WHERE client_id = ?1",
+                params![client, to_i64(*used)],
+            )
+            .map_err(|e| StoreError::sqlite("update client usage", e))?;
+        }
+        tx.execute(
+            "UPDATE quota_totals SET command_charged = ?1 WHERE id = 1",
+            params![to_i64(global)],
+        )
+        .map_err(|e| StoreError::sqlite("update global usage", e))?;
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit events", e))
+    }
+}
+
+/// The command's active segment, if any: (ordinal, committed_end).
+fn active_segment(
+    tx: &Transaction<'_>,
+    issue: &[u8; 16],
+) -> Result<Option<(u32, u64)>, StoreError> {
+    tx.query_row(
+        "SELECT ordinal, committed_end FROM command_segments WHERE issue_uuid = ?1 AND state = 'active'",
+        params![issue.as_slice()],
+        |r| Ok((r.get::<_, u32>(0)?, to_u64(r.get(1)?))),
+    )
+    .optional()
+    .map_err(|e| StoreError::sqlite("find active segment", e))
+}
+
+/// Inserts the replay tombstone in the same transaction as the terminal
+/// state, then enforces the FIFO cap in that transaction too (plan §5.4: no
+/// delete/insert gap).
+fn insert_tombstone(
+    tx: &Transaction<'_>,
+    issue: &[u8; 16],
+    v: &CmdView,
+    now_ms: i64,
+    cap: u64,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO command_tombstones (issue_uuid, request_hash, client_id, lifecycle, terminal_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (issue_uuid) DO NOTHING",
+        params![issue.as_slice(), v.request_hash, v.client_id, v.lifecycle.to_wire() as i32, now_ms],
+    )
+    .map_err(|e| StoreError::sqlite("insert tombstone", e))?;
+    let count: i64 = tx
+        .query_row("SELECT COUNT(*) FROM command_tombstones", [], |r| r.get(0))
+        .map_err(|e| StoreError::sqlite("count tombstones", e))?;
+    let drop = tombstones_to_drop(to_u64(count), cap);
+    if drop > 0 {
+        tx.execute(
+            "DELETE FROM command_tombstones WHERE seq IN (SELECT seq FROM command_tombstones ORDER BY seq LIMIT ?1)",
+            params![to_i64(drop)],
+        )
+        .map_err(|e| StoreError::sqlite("trim tombstones", e))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,627 @@
+//! The store handle: opening a data directory, and the operations that
+//! create commands (plan §5.1, §5.2, §6.4 "RunCommand persists a queued
+//! command before returning").
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use prost::Message as _;
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rvbox_domain::error::{Code, DomainError};
+use rvbox_domain::hash::{command_hash, request_hash};
+use rvbox_domain::limits;
+use rvbox_domain::validate::check_run_command;
+use rvbox_proto::v1 as wire;
+use rvbox_retention::{CHARGE_VERSION, ChargeKind, Class, Tiers, Usage, charge, reserve};
+use rvbox_segment::Limits;
+
+use crate::crash::{CrashHook, NoCrash};
+use crate::db::{self, DbOptions};
+use crate::entropy::Entropy;
+use crate::error::StoreError;
+use crate::fs::{SegmentFile, StoreFs};
+use crate::identity;
+use crate::layout::{InstanceLock, Layout};
+use crate::mutations::{self, Assigned, OpError, Owner, Stored};
+
+/// Everything the store needs from the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// SQLite durability and busy timeout.
+    pub db: DbOptions,
+    /// Quota tiers and field maxima.
+    pub tiers: Tiers,
+    /// A segment is sealed once it reaches this many bytes.
+    pub seal_bytes: u64,
+    /// Default queue TTL in ms; 0 = indefinite.
+    pub queue_ttl_ms: u64,
+    /// Queued commands per client.
+    pub queue_max_per_client: u64,
+    /// Queued commands in all.
+    pub queue_max_total: u64,
+    /// Command tombstone FIFO length.
+    pub tombstone_cap: u64,
+    /// Most segment files kept open at once.
+    pub max_open_segments: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            db: DbOptions::default(),
+            tiers: Tiers::server_defaults(),
+            seal_bytes: limits::DEFAULT_SEGMENT_SEAL_BYTES,
+            queue_ttl_ms: limits::DEFAULT_QUEUE_TTL_MS,
+            queue_max_per_client: limits::DEFAULT_SERVER_QUEUE_PER_CLIENT,
+            queue_max_total: limits::DEFAULT_SERVER_QUEUE_TOTAL,
+            tombstone_cap: limits::DEFAULT_SERVER_TOMBSTONES,
+            max_open_segments: 256,
+        }
+    }
+}
+
+/// Record limits of command segments: an output chunk is at most 64 KiB raw
+/// and its stored form at most the zstd bound of that.
+#[must_use]
+pub fn record_limits() -> Limits {
+    let raw = u32::try_from(limits::MAX_RAW_CHUNK_BYTES).unwrap_or(u32::MAX);
+    let stored =
+        u32::try_from(rvbox_retention::zstd_bound(limits::MAX_RAW_CHUNK_BYTES)).unwrap_or(u32::MAX);
+    Limits {
+        max_stored_len: stored,
+        max_raw_len: raw,
+    }
+}
+
+/// An open segment the writer appends to.
+#[derive(Debug)]
+pub(crate) struct OpenSegment {
+    pub(crate) ordinal: u32,
+    pub(crate) file: Box<dyn SegmentFile>,
+    /// Bytes known committed (equal to the database's `committed_end`).
+    pub(crate) committed: u64,
+}
+
+/// The server store. One value per data directory and process; it holds
+/// the single-instance lock for its whole life.
+#[derive(Debug)]
+pub struct Store {
+    pub(crate) layout: Layout,
+    pub(crate) fs: Arc<dyn StoreFs>,
+    pub(crate) entropy: Arc<dyn Entropy>,
+    pub(crate) conn: Connection,
+    pub(crate) opts: StoreOptions,
+    pub(crate) hook: Arc<dyn CrashHook>,
+    pub(crate) open_segments: BTreeMap<[u8; 16], OpenSegment>,
+    server_id: [u8; 16],
+    token_key: [u8; identity::TOKEN_KEY_LEN],
+    _lock: InstanceLock,
+}
+
+impl Store {
+    /// Opens (creating on first boot) the store in `layout`: takes the
+    /// single-instance lock, creates the private directories, opens SQLite
+    /// with checked PRAGMAs, applies migrations, and loads the server id and
+    /// token key. Segment recovery is a separate step ([`Store::recover`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Locked`] when another process holds the directory, or
+    /// any I/O, SQLite, migration or integrity failure.
+    pub fn open(
+        layout: Layout,
+        fs: Arc<dyn StoreFs>,
+        entropy: Arc<dyn Entropy>,
+        opts: StoreOptions,
+        now_ms: i64,
+    ) -> Result<Self, StoreError> {
+        fs.ensure_private_dir(layout.root())
+            .map_err(|e| StoreError::io("create data directory", layout.root(), e))?;
+        let lock = InstanceLock::acquire(&layout)?;
+        layout.create(fs.as_ref())?;
+        let mut conn = db::open(&layout.db_file(), opts.db)?;
+        db::migrate(&mut conn, now_ms)?;
+        let server_id = identity::server_id(&conn, entropy.as_ref(), now_ms)?;
+        let token_key = identity::token_key(
+            fs.as_ref(),
+            &layout.root().join("token.key"),
+            entropy.as_ref(),
+        )?;
+        tracing::info!(data_dir = %layout.root().display(), "store opened");
+        Ok(Self {
+            layout,
+            fs,
+            entropy,
+            conn,
+            opts,
+            hook: Arc::new(NoCrash),
+            open_segments: BTreeMap::new(),
+            server_id,
+            token_key,
+            _lock: lock,
+        })
+    }
+
+    /// Installs a crash hook (tests and the simulator).
+    pub fn set_crash_hook(&mut self, hook: Arc<dyn CrashHook>) {
+        self.hook = hook;
+    }
+
+    /// This store's server id.
+    #[must_use]
+    pub fn server_id(&self) -> [u8; 16] {
+        self.server_id
+    }
+
+    /// The page-token key.
+    #[must_use]
+    pub fn token_key(&self) -> [u8; identity::TOKEN_KEY_LEN] {
+        self.token_key
+    }
+
+    /// The data-directory layout.
+    #[must_use]
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Read access to the metadata database (queries only; every write goes
+    /// through the store's own operations).
+    #[must_use]
+    pub fn db(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Free bytes on the store's filesystem.
+    pub(crate) fn free_space(&self) -> Result<u64, StoreError> {
+        let dir = self.layout.segments_dir();
+        self.fs
+            .free_space(&dir)
+            .map_err(|e| StoreError::io("measure free space", dir, e))
+    }
+
+    /// `RunCommand`: validates the request, then in one transaction checks
+    /// idempotency and the replay tombstone, the queue limits and every
+    /// quota tier, and persists the command as `queued`. Returns only once
+    /// the row is durable (plan §6.4).
+    ///
+    /// # Errors
+    /// [`OpError::Refused`] for invalid requests, conflicts, full queues or
+    /// quota refusals; [`OpError::Store`] when the store failed (nothing
+    /// committed).
+    pub fn run_command(
+        &mut self,
+        req: &wire::RunCommandRequest,
+        now_ms: i64,
+    ) -> Result<wire::RunCommandResponse, OpError> {
+        let valid = check_run_command(req)?;
+        let issue = *valid.issue_uuid.as_bytes();
+        let mut canonical = req.clone();
+        canonical.request_id.clear();
+        canonical.spec = Some(valid.spec.clone());
+        let mutation_hash = request_hash("RunCommand", &canonical);
+        let hash = command_hash(&valid.client_id, &valid.spec);
+        let free = self.free_space()?;
+        let opts = self.opts.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin RunCommand", e))?;
+        let owner = Owner::Command(&issue);
+        if let Some(stored) =
+            mutations::lookup(&tx, &valid.issue_uuid, "RunCommand", &mutation_hash, owner)?
+        {
+            return decode_stored(stored);
+        }
+        if tombstoned(&tx, &issue)? {
+            return Err(DomainError::new(
+                Code::AlreadyExecuted,
+                "a command with this issue_uuid already ran and its history was reclaimed; use a new request_id",
+            )
+            .with_field("request_id")
+            .into());
+        }
+        if command_exists(&tx, &issue)? {
+            // the id names a command created by another kind of request
+            return Err(DomainError::new(
+                Code::Conflict,
+                "request_id is already the issue_uuid of another command",
+            )
+            .with_field("request_id")
+            .into());
+        }
+        check_queue_limits(&tx, valid.client_id.as_str(), &opts)?;
+        tx.execute(
+            "INSERT INTO clients (client_id) VALUES (?1) ON CONFLICT (client_id) DO NOTHING",
+            params![valid.client_id.as_str()],
+        )
+        .map_err(|e| StoreError::sqlite("register client", e))?;
+
+        let spec_raw = valid.spec.encode_to_vec();
+        let spec_zstd = zstd::bulk::compress(&spec_raw, 3)
+            .map_err(|e| StoreError::io("compress execution spec", "", e))?;
+        let script = if req.script.is_empty() {
+            None
+        } else {
+            let z = zstd::bulk::compress(&req.script, 3)
+                .map_err(|e| StoreError::io("compress script", "", e))?;
+            Some(z)
+        };
+        let usage = Usage {
+            command: 0,
+            held_closeout: 0,
+            owner: client_charged(&tx, valid.client_id.as_str())?,
+            global: global_charged(&tx)?,
+            free_space: free,
+        };
+        let r = reserve_creation(&opts.tiers, usage, &spec_zstd, script.as_deref())?;
+        let ttl_ms = valid.queue_ttl_ms.unwrap_or(opts.queue_ttl_ms);
+        let expiry_ms = if ttl_ms == 0 {
+            None
+        } else {
+            Some(now_ms.saturating_add(i64::try_from(ttl_ms).unwrap_or(i64::MAX)))
+        };
+        tx.execute(
+            "INSERT INTO commands (issue_uuid, client_id, issue_time_ms, queue_expiry_ms, lifecycle,
+                 revision, request_hash, spec_zstd, spec_raw_len, charged_bytes, closeout_held,
+                 charge_version)
+             VALUES (?1, ?2, ?3, ?4, 1, 1, ?5, ?6, ?7, ?8, ?9, ?10)",
+            params![
+                issue.as_slice(),
+                valid.client_id.as_str(),
+                now_ms,
+                expiry_ms,
+                hash.as_bytes().as_slice(),
+                spec_zstd,
+                spec_raw.len() as i64,
+                to_i64(r.command_after),
+                to_i64(r.held_closeout_after),
+                CHARGE_VERSION
+            ],
+        )
+        .map_err(|e| StoreError::sqlite("insert command", e))?;
+        if let (Some(z), Some(wire::execution_spec::Source::Script(d))) =
+            (&script, &valid.spec.source)
+        {
+            tx.execute(
+                "INSERT INTO command_payloads (issue_uuid, kind, ordinal, compression, raw_len,
+                     stored_len, sha256, inline_bytes)
+                 VALUES (?1, ?2, 0, 1, ?3, ?4, ?5, ?6)",
+                params![
+                    issue.as_slice(),
+                    rvbox_segment::Kind::Script.as_u8(),
+                    to_i64(d.size_bytes),
+                    z.len() as i64,
+                    d.sha256.as_slice(),
+                    z
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("store script", e))?;
+        }
+        apply_owner_global(&tx, valid.client_id.as_str(), r.owner_after, r.global_after)?;
+        let response = wire::RunCommandResponse {
+            issue_uuid: valid.issue_uuid.to_string(),
+            queue_expiry_time: expiry_ms.map(to_timestamp),
+        };
+        let stored: Stored = Ok(response.encode_to_vec());
+        mutations::record(
+            &tx,
+            &valid.issue_uuid,
+            "RunCommand",
+            &mutation_hash,
+            owner,
+            &stored,
+            Assigned {
+                write_seq: None,
+                revision: Some(1),
+            },
+            now_ms,
+        )?;
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit RunCommand", e))?;
+        tracing::info!(
+            issue_uuid = %valid.issue_uuid,
+            client_id = %valid.client_id,
+            charged = r.added,
+            "command queued"
+        );
+        Ok(response)
+    }
+}
+
+fn decode_stored(stored: Stored) -> Result<wire::RunCommandResponse, OpError> {
+    match stored {
+        Ok(bytes) => wire::RunCommandResponse::decode(bytes.as_slice()).map_err(|_| {
+            OpError::Store(StoreError::Integrity(
+                "stored RunCommand result does not decode".into(),
+            ))
+        }),
+        Err(detail) => Err(OpError::Refused(
+            DomainError::new(
+                Code::from_wire(detail.code).unwrap_or(Code::Internal),
+                &detail.reason,
+            )
+            .with_field(detail.field),
+        )),
+    }
+}
+
+pub(crate) fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn to_u64(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+pub(crate) fn to_timestamp(ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
+    }
+}
+
+/// Reserves a new command's row (with its closeout headroom), its spec and
+/// its script, each under its own field maximum, all or nothing: a refusal
+/// of any item refuses the command (the transaction is not committed).
+fn reserve_creation(
+    tiers: &Tiers,
+    usage: Usage,
+    spec_zstd: &[u8],
+    script: Option<&[u8]>,
+) -> Result<rvbox_retention::Reservation, OpError> {
+    let mut items = vec![
+        (ChargeKind::CommandRow, Class::CommandCreation, 0u64),
+        (ChargeKind::MutationRow, Class::Ordinary, 0),
+        (
+            ChargeKind::SpecPayload,
+            Class::Ordinary,
+            spec_zstd.len() as u64,
+        ),
+    ];
+    if let Some(s) = script {
+        items.push((ChargeKind::ScriptPayload, Class::Ordinary, s.len() as u64));
+    }
+    let mut usage = usage;
+    let mut last = None;
+    let mut added = 0u64;
+    for (kind, class, bytes) in items {
+        let charged = charge(CHARGE_VERSION, kind, bytes)
+            .map_err(|e| StoreError::Integrity(e.to_string()))?;
+        let r = reserve(tiers, &usage, kind, class, charged, true).map_err(|refusal| {
+            tracing::warn!(
+                tier = refusal.tier.name(),
+                kind = kind.name(),
+                "command refused by quota"
+            );
+            OpError::Refused(
+                DomainError::new(Code::QuotaExceeded, refusal.to_string()).with_field(
+                    if kind == ChargeKind::ScriptPayload {
+                        "script"
+                    } else {
+                        "spec"
+                    },
+                ),
+            )
+        })?;
+        usage.command = r.command_after;
+        usage.held_closeout = r.held_closeout_after;
+        usage.owner = r.owner_after;
+        usage.global = r.global_after;
+        added = added.saturating_add(r.added);
+        last = Some(r);
+    }
+    let mut r = last.ok_or_else(|| StoreError::Integrity("no creation items".into()))?;
+    r.added = added;
+    Ok(r)
+}
+
+fn tombstoned(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError> {
+    tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM command_tombstones WHERE issue_uuid = ?1)",
+        params![issue.as_slice()],
+        |r| r.get(0),
+    )
+    .map_err(|e| StoreError::sqlite("check tombstone", e))
+}
+
+fn command_exists(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError> {
+    tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM commands WHERE issue_uuid = ?1)",
+        params![issue.as_slice()],
+        |r| r.get(0),
+    )
+    .map_err(|e| StoreError::sqlite("check command", e))
+}
+
+fn check_queue_limits(
+    tx: &Transaction<'_>,
+    client: &str,
+    opts: &StoreOptions,
+) -> Result<(), OpError> {
+    let per_client: i64 = tx
+        .query_row(
+            "SELECT COUNT(*) FROM commands WHERE client_id = ?1 AND lifecycle IN (1, 2)",
+            params![client],
+            |r| r.get(0),
+        )
+        .map_err(|e| StoreError::sqlite("count queued commands", e))?;
+    if to_u64(per_client) >= opts.queue_max_per_client {
+        return Err(DomainError::new(
+            Code::CapacityExhausted,
+            format!(
+                "client already has {per_client} queued commands (queue.max_per_client = {})",
+                opts.queue_max_per_client
+            ),
+        )
+        .with_field("client_id")
+        .into());
+    }
+    let total: i64 = tx
+        .query_row(
+            "SELECT COUNT(*) FROM commands WHERE lifecycle IN (1, 2)",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| StoreError::sqlite("count queued commands", e))?;
+    if to_u64(total) >= opts.queue_max_total {
+        return Err(DomainError::new(
+            Code::CapacityExhausted,
+            format!(
+                "the server already holds {total} queued commands (queue.max_total = {})",
+                opts.queue_max_total
+            ),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+pub(crate) fn client_charged(tx: &Connection, client: &str) -> Result<u64, StoreError> {
+    let v: Option<i64> = tx
+        .query_row(
+            "SELECT charged_bytes FROM clients WHERE client_id = ?1",
+            params![client],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(|e| StoreError::sqlite("read client usage", e))?;
+    Ok(to_u64(v.unwrap_or(0)))
+}
+
+pub(crate) fn global_charged(tx: &Connection) -> Result<u64, StoreError> {
+    let v: i64 = tx
+        .query_row(
+            "SELECT command_charged FROM quota_totals WHERE id = 1",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| StoreError::sqlite("read global usage", e))?;
+    Ok(to_u64(v))
+}
+
+pub(crate) fn apply_owner_global(
+    tx: &Transaction<'_>,
+    client: &str,
+    owner_after: u64,
+    global_after: u64,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE clients SET charged_bytes = ?2 WHERE client_id = ?1",
+        params![client, to_i64(owner_after)],
+    )
+    .map_err(|e| StoreError::sqlite("update client usage", e))?;
+    tx.execute(
+        "UPDATE quota_totals SET command_charged = ?1 WHERE id = 1",
+        params![to_i64(global_after)],
+    )
+    .map_err(|e| StoreError::sqlite("update global usage", e))?;
+    Ok(())
+}
+
+/// Charged-byte counters compared with a full recount of the rows they
+/// summarize (plan §5.2: "Add migration invariant queries that recompute
+/// charged totals").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterCheck {
+    /// Clients whose counter differs: (client, counter, recount).
+    pub clients: Vec<(String, u64, u64)>,
+    /// Global counter and the sum of client counters.
+    pub global: (u64, u64),
+}
+
+impl CounterCheck {
+    /// True when every counter equals its recount.
+    #[must_use]
+    pub fn consistent(&self) -> bool {
+        self.clients.is_empty() && self.global.0 == self.global.1
+    }
+}
+
+impl Store {
+    /// Recounts every charged-byte counter from the rows below it.
+    ///
+    /// # Errors
+    /// [`StoreError::Sqlite`].
+    pub fn check_counters(&self) -> Result<CounterCheck, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT c.client_id, c.charged_bytes,
+                        COALESCE((SELECT SUM(charged_bytes) FROM commands m WHERE m.client_id = c.client_id), 0)
+                 FROM clients c
+                 WHERE c.charged_bytes <> COALESCE((SELECT SUM(charged_bytes) FROM commands m
+                                                   WHERE m.client_id = c.client_id), 0)
+                 ORDER BY c.client_id",
+            )
+            .map_err(|e| StoreError::sqlite("recount clients", e))?;
+        let clients = stmt
+            .query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, to_u64(r.get(1)?), to_u64(r.get(2)?)))
+            })
+            .map_err(|e| StoreError::sqlite("recount clients", e))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StoreError::sqlite("recount clients", e))?;
+        let global = global_charged(&self.conn)?;
+        let sum: i64 = self
+            .conn
+            .query_row(
+                "SELECT COALESCE(SUM(charged_bytes), 0) FROM clients",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| StoreError::sqlite("recount global", e))?;
+        Ok(CounterCheck {
+            clients,
+            global: (global, to_u64(sum)),
+        })
+    }
+}
+
+impl Store {
+    /// Applies a server-side, non-terminal lifecycle transition (dispatch,
+    /// acceptance, requeue after a transient rejection), checked against
+    /// the lifecycle table. Terminal lifecycles arrive as client events
+    /// ([`Store::append_events`]), which also write the replay tombstone.
+    ///
+    /// # Errors
+    /// `NOT_FOUND`, `ILLEGAL_TRANSITION`, or a store failure.
+    pub fn record_transition(
+        &mut self,
+        issue: &[u8; 16],
+        to: rvbox_domain::lifecycle::Lifecycle,
+    ) -> Result<(), OpError> {
+        if to.is_terminal() {
+            return Err(DomainError::new(
+                Code::IllegalTransition,
+                "terminal lifecycles are recorded from the client's terminal event",
+            )
+            .into());
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin transition", e))?;
+        let current: Option<i64> = tx
+            .query_row(
+                "SELECT lifecycle FROM commands WHERE issue_uuid = ?1",
+                params![issue.as_slice()],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("read lifecycle", e))?;
+        let current = current.ok_or_else(|| DomainError::new(Code::NotFound, "no such command"))?;
+        let from =
+            rvbox_domain::lifecycle::Lifecycle::from_wire(i32::try_from(current).unwrap_or(0))
+                .map_err(DomainError::from)?;
+        from.check_transition(to).map_err(DomainError::from)?;
+        tx.execute(
+            "UPDATE commands SET lifecycle = ?2 WHERE issue_uuid = ?1",
+            params![issue.as_slice(), to.to_wire() as i32],
+        )
+        .map_err(|e| StoreError::sqlite("apply transition", e))?;
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit transition", e))?;
+        tracing::info!(from = from.as_str(), to = to.as_str(), "command transition");
+        Ok(())
+    }
+}

@@ -1,0 +1,167 @@
+//! Shared helpers of the store's integration tests: real temporary data
+//! directories, real SQLite, real segment files.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_proto::v1 as wire;
+use rvbox_segment::{Compression, Stream};
+use rvbox_store::entropy::{OsEntropy, uuid_v7};
+use rvbox_store::events::{EventAppend, EventBody, EventOutcome};
+use rvbox_store::fs::StoreFs;
+use rvbox_store::layout::Layout;
+use rvbox_store::{Store, StoreOptions};
+
+pub const NOW: i64 = 1_800_000_000_000;
+
+pub fn open_with(dir: &Path, fs: Arc<dyn StoreFs>, opts: StoreOptions) -> Store {
+    let mut s = Store::open(Layout::new(dir), fs, Arc::new(OsEntropy), opts, NOW).unwrap();
+    s.recover(NOW).unwrap();
+    s
+}
+
+pub fn open(dir: &Path) -> Store {
+    open_with(
+        dir,
+        Arc::new(rvbox_store::fs::RealFs),
+        StoreOptions::default(),
+    )
+}
+
+pub fn new_id() -> [u8; 16] {
+    uuid_v7(&OsEntropy, NOW).unwrap()
+}
+
+pub fn text(id: &[u8; 16]) -> String {
+    uuid::Uuid::from_bytes(*id).hyphenated().to_string()
+}
+
+pub fn run_request(id: &[u8; 16], client: &str, command: &str) -> wire::RunCommandRequest {
+    wire::RunCommandRequest {
+        request_id: text(id),
+        client_id: client.into(),
+        spec: Some(wire::ExecutionSpec {
+            source: Some(wire::execution_spec::Source::CommandText(command.into())),
+            ..Default::default()
+        }),
+        script: Vec::new(),
+        queue_ttl: None,
+    }
+}
+
+/// Creates a command and moves it to `running` (as the session layer will).
+pub fn running_command(store: &mut Store, client: &str) -> [u8; 16] {
+    let id = new_id();
+    store
+        .run_command(&run_request(&id, client, "make test"), NOW)
+        .unwrap();
+    store.record_transition(&id, Lifecycle::Dispatched).unwrap();
+    store.record_transition(&id, Lifecycle::Accepted).unwrap();
+    let running = lifecycle(&id, 1, Lifecycle::Running);
+    let r = store.append_events(&[running], NOW).unwrap();
+    assert_eq!(r.outcomes, vec![EventOutcome::Appended]);
+    id
+}
+
+pub fn output(id: &[u8; 16], seq: u64, raw: &[u8]) -> EventAppend {
+    EventAppend {
+        issue_uuid: *id,
+        event_seq: seq,
+        observed_ms: NOW + i64::try_from(seq).unwrap(),
+        body: EventBody::Output {
+            stream: if seq.is_multiple_of(2) {
+                Stream::Stdout
+            } else {
+                Stream::Stderr
+            },
+            compression: Compression::Zstd,
+            raw_len: u32::try_from(raw.len()).unwrap(),
+            stored: zstd::bulk::compress(raw, 1).unwrap(),
+        },
+    }
+}
+
+pub fn lifecycle(id: &[u8; 16], seq: u64, to: Lifecycle) -> EventAppend {
+    let exit_code = (to == Lifecycle::Succeeded).then_some(0);
+    EventAppend {
+        issue_uuid: *id,
+        event_seq: seq,
+        observed_ms: NOW,
+        body: EventBody::Lifecycle {
+            to,
+            exit_code,
+            exit_signal: None,
+            encoded: vec![to.to_wire() as u8],
+        },
+    }
+}
+
+/// Raw bytes of output chunk `seq` used by the tests (distinct per seq).
+pub fn chunk(seq: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((seq as usize * 31 + i * 7) % 251) as u8)
+        .collect()
+}
+
+pub fn last_seq(store: &Store, id: &[u8; 16]) -> u64 {
+    let v: i64 = store
+        .db()
+        .query_row(
+            "SELECT last_event_seq FROM commands WHERE issue_uuid = ?1",
+            [id.as_slice()],
+            |r| r.get(0),
+        )
+        .unwrap();
+    u64::try_from(v).unwrap()
+}
+
+pub fn assert_counters(store: &Store) {
+    let c = store.check_counters().unwrap();
+    assert!(c.consistent(), "counters differ from a recount: {c:?}");
+}
+
+/// Reads every committed record of a command back from its segment files
+/// and checks each against its event row (digest of the raw bytes).
+pub fn verify_output(store: &Store, id: &[u8; 16]) -> Vec<u64> {
+    let mut stmt = store
+        .db()
+        .prepare(
+            "SELECT e.event_seq, e.segment_ordinal, e.segment_offset, e.content_sha256
+             FROM command_events e JOIN command_segments s
+               ON s.issue_uuid = e.issue_uuid AND s.ordinal = e.segment_ordinal
+             WHERE e.issue_uuid = ?1 AND s.state IN ('active', 'sealed') ORDER BY e.event_seq",
+        )
+        .unwrap();
+    let rows: Vec<(i64, u32, i64, Vec<u8>)> = stmt
+        .query_map([id.as_slice()], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let mut seqs = Vec::new();
+    for (seq, ordinal, offset, digest) in rows {
+        let name = rvbox_segment::segment_file_name(id, ordinal).unwrap();
+        let bytes = std::fs::read(store.layout().segments_dir().join(name)).unwrap();
+        let rec = rvbox_segment::decode(
+            &bytes[usize::try_from(offset).unwrap()..],
+            &rvbox_store::store::record_limits(),
+        )
+        .unwrap();
+        assert_eq!(rec.meta.seq, u64::try_from(seq).unwrap());
+        assert_eq!(rec.meta.sha256.as_slice(), digest.as_slice());
+        let raw = zstd::bulk::decompress(rec.payload, rec.meta.raw_len as usize).unwrap();
+        assert_eq!(rvbox_segment::sha256(&raw).as_slice(), digest.as_slice());
+        seqs.push(u64::try_from(seq).unwrap());
+    }
+    seqs
+}
