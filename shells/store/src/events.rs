@@ -622,6 +622,12 @@ impl Store {
         let dir = self.layout.segments_dir();
         let mut created = false;
         let mut first_write = true;
+        // Files that received bytes in this batch but left the cache before
+        // the sync (a segment sealed mid-batch, or evicted by the open-file
+        // bound): they are synced with the rest, never dropped unsynced.
+        let mut retired: Vec<Box<dyn crate::fs::SegmentFile>> = Vec::new();
+        let mut touched: std::collections::BTreeSet<([u8; 16], u32)> =
+            std::collections::BTreeSet::new();
         for ((issue, ordinal), seg) in segs {
             if seg.bytes.is_empty() && !seg.new_file {
                 continue;
@@ -659,9 +665,16 @@ impl Store {
                     f
                 };
                 if self.open_segments.len() >= self.opts.max_open_segments
-                    && let Some(k) = self.open_segments.keys().next().copied()
+                    && let Some(k) = self.open_segments.keys().find(|k| *k != issue).copied()
+                    && let Some(old) = self.open_segments.remove(&k)
+                    && touched.contains(&(k, old.ordinal))
                 {
-                    self.open_segments.remove(&k);
+                    retired.push(old.file);
+                }
+                if let Some(old) = self.open_segments.remove(issue)
+                    && touched.contains(&(*issue, old.ordinal))
+                {
+                    retired.push(old.file);
                 }
                 let committed = if seg.new_file {
                     0
@@ -697,8 +710,13 @@ impl Store {
                     .append(&seg.bytes)
                     .map_err(|e| StoreError::io("append segment", &path, e))?;
             }
+            touched.insert((*issue, *ordinal));
         }
         self.hook.at(points::EVENT_BEFORE_FSYNC);
+        for file in &mut retired {
+            file.sync_data()
+                .map_err(|e| StoreError::io("sync segment", &dir, e))?;
+        }
         for ((issue, ordinal), seg) in segs {
             if seg.bytes.is_empty() {
                 continue;

@@ -105,10 +105,17 @@ pub fn lifecycle(id: &[u8; 16], seq: u64, to: Lifecycle) -> EventAppend {
     }
 }
 
-/// Raw bytes of output chunk `seq` used by the tests (distinct per seq).
+/// Raw bytes of output chunk `seq` used by the tests: distinct per seq and
+/// incompressible (xorshift noise), so record sizes are predictable.
 pub fn chunk(seq: u64, len: usize) -> Vec<u8> {
+    let mut x = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..len)
-        .map(|i| ((seq as usize * 31 + i * 7) % 251) as u8)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x & 0xff) as u8
+        })
         .collect()
 }
 
