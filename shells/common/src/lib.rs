@@ -362,6 +362,13 @@ pub fn init_tracing(config: &ObservabilityConfig) {
 /// Returns the process exit status.
 pub fn run_daemon(daemon: Daemon, about: &'static str) -> i32 {
     let matches = daemon_command(daemon, about).get_matches();
+    run_with_matches(daemon, &matches)
+}
+
+/// [`run_daemon`] for a command line the binary parsed itself (a binary
+/// that adds subcommands to [`daemon_command`]).
+pub fn run_with_matches(daemon: Daemon, matches: &ArgMatches) -> i32 {
+    let matches = matches.clone();
     if let Some(path) = matches.get_one::<String>(ARG_CHECK_CONFIG) {
         return check_config(daemon, Path::new(path), &matches);
     }

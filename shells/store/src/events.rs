@@ -39,6 +39,11 @@ pub mod body_kind {
     pub const PROFILE_RESULT: u8 = 11;
 }
 
+/// A group touching at least this many segment files is made durable with
+/// one `syncfs` of the data filesystem instead of one `fdatasync` per file
+/// (each of which would commit the filesystem journal on its own).
+pub const SYNCFS_THRESHOLD: usize = 4;
+
 /// Largest encoded non-output event body kept inline in the database.
 pub const MAX_INLINE_BODY_BYTES: usize = 16 * 1024;
 
@@ -152,6 +157,17 @@ struct PendingSegment {
     charged: u64,
 }
 
+/// `query_row` through SQLite's prepared-statement cache: the append path
+/// runs the same few statements for every event.
+fn cached_row<T>(
+    conn: &rusqlite::Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    f: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    conn.prepare_cached(sql)?.query_row(params, f)
+}
+
 fn refuse(code: Code, reason: impl AsRef<str>) -> EventOutcome {
     EventOutcome::Refused(DomainError::new(code, reason))
 }
@@ -161,7 +177,8 @@ fn lifecycle_of(raw: i64) -> Lifecycle {
 }
 
 fn load_view(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<Option<CmdView>, StoreError> {
-    tx.query_row(
+    cached_row(
+        tx,
         "SELECT client_id, lifecycle, last_event_seq, charged_bytes, output_charged, closeout_held,
                 request_hash, essential_trusted
          FROM commands WHERE issue_uuid = ?1",
@@ -188,31 +205,32 @@ fn stored_digest(
     issue: &[u8; 16],
     seq: u64,
 ) -> Result<Option<[u8; 32]>, StoreError> {
-    let v: Option<Vec<u8>> = tx
-        .query_row(
-            "SELECT content_sha256 FROM command_events WHERE issue_uuid = ?1 AND event_seq = ?2",
-            params![issue.as_slice(), to_i64(seq)],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(|e| StoreError::sqlite("load event digest", e))?;
+    let v: Option<Vec<u8>> = cached_row(
+        tx,
+        "SELECT content_sha256 FROM command_events WHERE issue_uuid = ?1 AND event_seq = ?2",
+        params![issue.as_slice(), to_i64(seq)],
+        |r| r.get(0),
+    )
+    .optional()
+    .map_err(|e| StoreError::sqlite("load event digest", e))?;
     Ok(v.and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok()))
 }
 
 fn next_ordinal(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<u32, StoreError> {
-    let max: i64 = tx
-        .query_row(
-            "SELECT COALESCE(MAX(ordinal), 0) FROM command_segments WHERE issue_uuid = ?1",
-            params![issue.as_slice()],
-            |r| r.get(0),
-        )
-        .map_err(|e| StoreError::sqlite("next segment ordinal", e))?;
+    let max: i64 = cached_row(
+        tx,
+        "SELECT COALESCE(MAX(ordinal), 0) FROM command_segments WHERE issue_uuid = ?1",
+        params![issue.as_slice()],
+        |r| r.get(0),
+    )
+    .map_err(|e| StoreError::sqlite("next segment ordinal", e))?;
     u32::try_from(max.saturating_add(1))
         .map_err(|_| StoreError::Integrity("segment ordinal overflow".into()))
 }
 
 /// Validates an output body and returns the SHA-256 of its raw bytes.
 fn check_output(
+    dctx: &mut zstd::bulk::Decompressor<'static>,
     compression: Compression,
     raw_len: u32,
     stored: &[u8],
@@ -245,7 +263,7 @@ fn check_output(
         }
         Compression::Zstd => {
             // bounded: never allocates more than the declared raw length
-            let raw = zstd::bulk::decompress(stored, raw_len as usize).map_err(|_| {
+            let raw = dctx.decompress(stored, raw_len as usize).map_err(|_| {
                 DomainError::new(
                     Code::ProtocolError,
                     "output chunk does not decompress within its declared raw length",
@@ -341,7 +359,7 @@ impl Store {
                         raw_len,
                         stored,
                         ..
-                    } => match check_output(*compression, *raw_len, stored) {
+                    } => match check_output(&mut self.dctx.0, *compression, *raw_len, stored) {
                         Ok(d) => (body_kind::OUTPUT, d),
                         Err(e) => {
                             outcomes.push(EventOutcome::Refused(e));
@@ -713,6 +731,14 @@ impl Store {
             touched.insert((*issue, *ordinal));
         }
         self.hook.at(points::EVENT_BEFORE_FSYNC);
+        if touched.len() >= SYNCFS_THRESHOLD {
+            // one filesystem flush covers every touched file and new entry
+            self.fs
+                .sync_filesystem(&dir)
+                .map_err(|e| StoreError::io("sync segment filesystem", &dir, e))?;
+            self.hook.at(points::EVENT_AFTER_FSYNC);
+            return Ok(());
+        }
         for file in &mut retired {
             file.sync_data()
                 .map_err(|e| StoreError::io("sync segment", &dir, e))?;
@@ -792,20 +818,14 @@ impl Store {
             .map_err(|e| StoreError::sqlite("begin append commit", e))?;
         for ((issue, ordinal), seg) in segs {
             if let Some(prev) = seg.sealed_before {
-                tx.execute(
-                    "UPDATE command_segments SET state = 'sealed' WHERE issue_uuid = ?1 AND ordinal = ?2 AND state = 'active'",
-                    params![issue.as_slice(), prev],
-                )
+                tx.prepare_cached("UPDATE command_segments SET state = 'sealed' WHERE issue_uuid = ?1 AND ordinal = ?2 AND state = 'active'").and_then(|mut st| st.execute(params![issue.as_slice(), prev]))
                 .map_err(|e| StoreError::sqlite("seal segment", e))?;
             }
             if seg.new_file {
-                tx.execute(
-                    "INSERT INTO command_segments (issue_uuid, ordinal, created_ms) VALUES (?1, ?2, ?3)",
-                    params![issue.as_slice(), ordinal, now_ms],
-                )
+                tx.prepare_cached("INSERT INTO command_segments (issue_uuid, ordinal, created_ms) VALUES (?1, ?2, ?3)").and_then(|mut st| st.execute(params![issue.as_slice(), ordinal, now_ms]))
                 .map_err(|e| StoreError::sqlite("insert segment", e))?;
             }
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE command_segments SET
                      committed_end = committed_end + ?3,
                      first_seq = COALESCE(first_seq, ?4),
@@ -815,7 +835,9 @@ impl Store {
                      raw_bytes = raw_bytes + ?8,
                      charged_bytes = charged_bytes + ?9
                  WHERE issue_uuid = ?1 AND ordinal = ?2",
-                params![
+            )
+            .and_then(|mut st| {
+                st.execute(params![
                     issue.as_slice(),
                     ordinal,
                     seg.bytes.len() as i64,
@@ -825,16 +847,14 @@ impl Store {
                     to_i64(seg.stored),
                     to_i64(seg.raw),
                     to_i64(seg.charged)
-                ],
-            )
+                ])
+            })
             .map_err(|e| StoreError::sqlite("advance committed_end", e))?;
         }
         for p in pending {
-            tx.execute(
-                "INSERT INTO command_events (issue_uuid, event_seq, observed_ms, receipt_ms, body_kind,
+            tx.prepare_cached("INSERT INTO command_events (issue_uuid, event_seq, observed_ms, receipt_ms, body_kind,
                      stream, raw_len, stored_len, content_sha256, segment_ordinal, segment_offset, inline_body)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-                params![
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)").and_then(|mut st| st.execute(params![
                     p.issue.as_slice(),
                     to_i64(p.seq),
                     p.observed_ms,
@@ -847,17 +867,13 @@ impl Store {
                     p.segment.map(|s| s.0),
                     p.segment.map(|s| to_i64(s.1)),
                     p.inline
-                ],
-            )
+                ]))
             .map_err(|e| StoreError::sqlite("insert event", e))?;
             if let Some((to, code, signal)) = p.lifecycle {
                 let terminal = to.is_terminal().then_some(now_ms);
-                tx.execute(
-                    "UPDATE commands SET lifecycle = ?2, terminal_time_ms = COALESCE(?3, terminal_time_ms),
+                tx.prepare_cached("UPDATE commands SET lifecycle = ?2, terminal_time_ms = COALESCE(?3, terminal_time_ms),
                          exit_code = COALESCE(?4, exit_code), exit_signal = COALESCE(?5, exit_signal)
-                     WHERE issue_uuid = ?1",
-                    params![p.issue.as_slice(), to.to_wire() as i32, terminal, code, signal],
-                )
+                     WHERE issue_uuid = ?1").and_then(|mut st| st.execute(params![p.issue.as_slice(), to.to_wire() as i32, terminal, code, signal]))
                 .map_err(|e| StoreError::sqlite("apply lifecycle", e))?;
             }
         }
@@ -881,34 +897,32 @@ impl Store {
                     global = after.global;
                 }
             }
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE commands SET last_event_seq = ?2, charged_bytes = ?3, output_charged = ?4,
                      closeout_held = ?5 WHERE issue_uuid = ?1",
-                params![
+            )
+            .and_then(|mut st| {
+                st.execute(params![
                     issue.as_slice(),
                     to_i64(v.last_seq),
                     to_i64(charged),
                     to_i64(v.output_charged),
                     to_i64(held)
-                ],
-            )
+                ])
+            })
             .map_err(|e| StoreError::sqlite("update command", e))?;
             if v.lifecycle.is_terminal() {
                 insert_tombstone(&tx, issue, v, now_ms, tombstone_cap)?;
             }
         }
         for (client, used) in &owners {
-            tx.execute(
-                "UPDATE clients SET charged_bytes = ?2 WHERE client_id = ?1",
-                params![client, to_i64(*used)],
-            )
-            .map_err(|e| StoreError::sqlite("update client usage", e))?;
+            tx.prepare_cached("UPDATE clients SET charged_bytes = ?2 WHERE client_id = ?1")
+                .and_then(|mut st| st.execute(params![client, to_i64(*used)]))
+                .map_err(|e| StoreError::sqlite("update client usage", e))?;
         }
-        tx.execute(
-            "UPDATE quota_totals SET command_charged = ?1 WHERE id = 1",
-            params![to_i64(global)],
-        )
-        .map_err(|e| StoreError::sqlite("update global usage", e))?;
+        tx.prepare_cached("UPDATE quota_totals SET command_charged = ?1 WHERE id = 1")
+            .and_then(|mut st| st.execute(params![to_i64(global)]))
+            .map_err(|e| StoreError::sqlite("update global usage", e))?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit events", e))
     }
@@ -919,7 +933,7 @@ fn active_segment(
     tx: &Transaction<'_>,
     issue: &[u8; 16],
 ) -> Result<Option<(u32, u64)>, StoreError> {
-    tx.query_row(
+    cached_row(tx,
         "SELECT ordinal, committed_end FROM command_segments WHERE issue_uuid = ?1 AND state = 'active'",
         params![issue.as_slice()],
         |r| Ok((r.get::<_, u32>(0)?, to_u64(r.get(1)?))),
@@ -938,21 +952,16 @@ fn insert_tombstone(
     now_ms: i64,
     cap: u64,
 ) -> Result<(), StoreError> {
-    tx.execute(
-        "INSERT INTO command_tombstones (issue_uuid, request_hash, client_id, lifecycle, terminal_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (issue_uuid) DO NOTHING",
-        params![issue.as_slice(), v.request_hash, v.client_id, v.lifecycle.to_wire() as i32, now_ms],
-    )
+    tx.prepare_cached("INSERT INTO command_tombstones (issue_uuid, request_hash, client_id, lifecycle, terminal_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (issue_uuid) DO NOTHING").and_then(|mut st| st.execute(params![issue.as_slice(), v.request_hash, v.client_id, v.lifecycle.to_wire() as i32, now_ms]))
     .map_err(|e| StoreError::sqlite("insert tombstone", e))?;
-    let count: i64 = tx
-        .query_row("SELECT COUNT(*) FROM command_tombstones", [], |r| r.get(0))
-        .map_err(|e| StoreError::sqlite("count tombstones", e))?;
+    let count: i64 = cached_row(tx, "SELECT COUNT(*) FROM command_tombstones", [], |r| {
+        r.get(0)
+    })
+    .map_err(|e| StoreError::sqlite("count tombstones", e))?;
     let drop = tombstones_to_drop(to_u64(count), cap);
     if drop > 0 {
-        tx.execute(
-            "DELETE FROM command_tombstones WHERE seq IN (SELECT seq FROM command_tombstones ORDER BY seq LIMIT ?1)",
-            params![to_i64(drop)],
-        )
+        tx.prepare_cached("DELETE FROM command_tombstones WHERE seq IN (SELECT seq FROM command_tombstones ORDER BY seq LIMIT ?1)").and_then(|mut st| st.execute(params![to_i64(drop)]))
         .map_err(|e| StoreError::sqlite("trim tombstones", e))?;
     }
     Ok(())

@@ -53,6 +53,10 @@ pub trait StoreFs: Send + Sync + std::fmt::Debug {
     fn list(&self, dir: &Path, limit: usize) -> io::Result<Vec<String>>;
     /// Bytes available to an unprivileged writer on the filesystem of `path`.
     fn free_space(&self, path: &Path) -> io::Result<u64>;
+    /// Makes everything written to the filesystem holding `dir` durable,
+    /// data and directory entries alike (`syncfs`): one flush shared by every
+    /// file a group commit touched.
+    fn sync_filesystem(&self, dir: &Path) -> io::Result<()>;
 }
 
 /// Production filesystem access.
@@ -154,6 +158,11 @@ impl StoreFs for RealFs {
     fn free_space(&self, path: &Path) -> io::Result<u64> {
         let st = rustix::fs::statvfs(path).map_err(io::Error::from)?;
         Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    }
+
+    fn sync_filesystem(&self, dir: &Path) -> io::Result<()> {
+        let d = File::open(dir)?;
+        rustix::fs::syncfs(&d).map_err(io::Error::from)
     }
 }
 
@@ -454,6 +463,17 @@ impl StoreFs for FaultyFs {
 
     fn free_space(&self, path: &Path) -> io::Result<u64> {
         self.inner.free_space(path)
+    }
+
+    fn sync_filesystem(&self, dir: &Path) -> io::Result<()> {
+        self.check(FaultOp::Sync)?;
+        self.inner.sync_filesystem(dir)?;
+        let mut s = lock(&self.state);
+        for t in s.files.values_mut() {
+            t.durable_len = t.current_len;
+        }
+        s.undurable_entries.clear();
+        Ok(())
     }
 }
 

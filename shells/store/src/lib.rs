@@ -27,4 +27,6 @@ pub mod store;
 
 pub use store::{Store, StoreOptions};
 pub mod events;
+pub mod group;
+pub mod operator;
 pub mod recovery;

@@ -43,6 +43,18 @@ pub struct StoreOptions {
     pub tombstone_cap: u64,
     /// Most segment files kept open at once.
     pub max_open_segments: usize,
+    /// Terminal commands are reclaimed this long after their terminal time;
+    /// 0 disables age reclamation (plan §5.4 item 4).
+    pub terminal_retention_ms: u64,
+    /// Maintenance evicts terminal commands until each client and the
+    /// server have at least this much room below their tiers (plan §5.4
+    /// item 3); 0 evicts only when a tier is exceeded.
+    pub eviction_slack_bytes: u64,
+    /// The separate audit byte budget (plan §5.4 item 5).
+    pub audit_budget_bytes: u64,
+    /// Audit segments whose newest record is this old rotate; 0 (the
+    /// default) disables the age trigger, not the byte budget.
+    pub audit_retention_ms: u64,
 }
 
 impl Default for StoreOptions {
@@ -56,6 +68,10 @@ impl Default for StoreOptions {
             queue_max_total: limits::DEFAULT_SERVER_QUEUE_TOTAL,
             tombstone_cap: limits::DEFAULT_SERVER_TOMBSTONES,
             max_open_segments: 256,
+            terminal_retention_ms: limits::DEFAULT_TERMINAL_RETENTION_MS,
+            eviction_slack_bytes: limits::DEFAULT_COMMAND_TOTAL_BYTES,
+            audit_budget_bytes: limits::DEFAULT_AUDIT_BYTES,
+            audit_retention_ms: limits::DEFAULT_AUDIT_RETENTION_MS,
         }
     }
 }
@@ -70,6 +86,15 @@ pub fn record_limits() -> Limits {
     Limits {
         max_stored_len: stored,
         max_raw_len: raw,
+    }
+}
+
+/// A reusable zstd decompression context.
+pub(crate) struct Dctx(pub(crate) zstd::bulk::Decompressor<'static>);
+
+impl std::fmt::Debug for Dctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Dctx")
     }
 }
 
@@ -93,6 +118,9 @@ pub struct Store {
     pub(crate) opts: StoreOptions,
     pub(crate) hook: Arc<dyn CrashHook>,
     pub(crate) open_segments: BTreeMap<[u8; 16], OpenSegment>,
+    /// Reused zstd context for validating output (creating one per chunk
+    /// costs more than decompressing 1 KiB).
+    pub(crate) dctx: Dctx,
     server_id: [u8; 16],
     token_key: [u8; identity::TOKEN_KEY_LEN],
     _lock: InstanceLock,
@@ -135,6 +163,10 @@ impl Store {
             opts,
             hook: Arc::new(NoCrash),
             open_segments: BTreeMap::new(),
+            dctx: Dctx(
+                zstd::bulk::Decompressor::new()
+                    .map_err(|e| StoreError::io("create zstd context", "", e))?,
+            ),
             server_id,
             token_key,
             _lock: lock,

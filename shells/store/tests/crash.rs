@@ -337,3 +337,40 @@ fn files_leaving_the_open_file_cache_mid_batch_are_still_synced() {
     assert_eq!(verify_output(&s, &b), vec![2, 3, 4, 5]);
     assert_counters(&s);
 }
+
+#[test]
+fn groups_flushed_with_one_syncfs_survive_a_power_cut() {
+    // six commands per batch: above the syncfs threshold
+    let dir = tempfile::tempdir().unwrap();
+    let fs = FaultyFs::new();
+    let mut acked = Vec::new();
+    let ids: Vec<[u8; 16]>;
+    {
+        let fs_dyn: Arc<dyn StoreFs> = Arc::new(fs.clone());
+        let mut s = open_with(dir.path(), fs_dyn, options());
+        ids = (0..6)
+            .map(|i| running_command(&mut s, &format!("web-{i}")))
+            .collect();
+        s.set_crash_hook(Arc::new(StopAt {
+            point: points::EVENT_MID_RECORD,
+            after: 4,
+            hits: AtomicU32::new(0),
+        }));
+        let crashed = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            for seq in 2..20u64 {
+                let batch: Vec<_> = ids
+                    .iter()
+                    .map(|id| output(id, seq, &chunk(seq, CHUNK)))
+                    .collect();
+                let r = s.append_events(&batch, NOW).unwrap();
+                acked.push(r.acked[&ids[0]]);
+            }
+        }));
+        assert!(crashed.is_err());
+    }
+    assert_eq!(acked, vec![2, 3, 4]);
+    assert!(fs.crash(CrashMode::LoseUnsynced).unwrap() > 0);
+    for id in &ids {
+        check_after_restart(dir.path(), id, 4);
+    }
+}

@@ -155,6 +155,8 @@ CREATE TABLE output_truncations (
     reason          TEXT NOT NULL CHECK (length(reason) <= 4096),
     incident_id     BLOB CHECK (incident_id IS NULL OR length(incident_id) = 16),
     recorded_ms     INTEGER NOT NULL,
+    -- streams of the removed output (1 stdout, 2 stderr, 3 both); NULL when unknown
+    stream_mask     INTEGER CHECK (stream_mask IS NULL OR stream_mask BETWEEN 1 AND 3),
     CHECK ((first_seq IS NULL) = (last_seq IS NULL)),
     CHECK (first_seq IS NULL OR first_seq <= last_seq)
 ) STRICT;
@@ -268,14 +270,23 @@ CREATE TABLE audit_segments (
     records        INTEGER NOT NULL DEFAULT 0 CHECK (records >= 0),
     charged_bytes  INTEGER NOT NULL DEFAULT 0 CHECK (charged_bytes >= 0),
     first_ms       INTEGER,
-    last_ms        INTEGER
+    last_ms        INTEGER,
+    -- audit record sequence before this segment's first record (records are base_seq+1..)
+    base_seq       INTEGER NOT NULL DEFAULT 0 CHECK (base_seq >= 0),
+    created_ms     INTEGER NOT NULL DEFAULT 0
 ) STRICT;
 CREATE UNIQUE INDEX audit_segments_one_active ON audit_segments (state) WHERE state = 'active';
 
 -- Crash-safe deletion: files moved into the tombstone directory are listed
--- here until the sweeper removes them (plan §5.4).
+-- here until the sweeper removes them (plan §5.4). `file_name` is the
+-- collision-proof name inside trash/; `source_name` the canonical segment
+-- name the file had in its `origin` directory (both store-made, never a
+-- client path), so the sweeper can finish a move that had not happened yet.
 CREATE TABLE pending_deletions (
     file_name    TEXT PRIMARY KEY CHECK (length(file_name) BETWEEN 1 AND 128),
     issue_uuid   BLOB CHECK (issue_uuid IS NULL OR length(issue_uuid) = 16),
-    queued_ms    INTEGER NOT NULL
+    queued_ms    INTEGER NOT NULL,
+    origin       TEXT NOT NULL DEFAULT 'segments' CHECK (origin IN ('segments', 'audit')),
+    source_name  TEXT CHECK (source_name IS NULL OR length(source_name) BETWEEN 1 AND 128)
 ) STRICT;
+CREATE INDEX pending_deletions_by_command ON pending_deletions (issue_uuid) WHERE issue_uuid IS NOT NULL;

@@ -1,0 +1,257 @@
+//! Durable events per second through the real store: one fsync and one
+//! metadata transaction per event, against group commit with 64 concurrent
+//! writers, for 1 KiB and 64 KiB events. The disk here flips between fast
+//! and slow flush modes, so every figure is also given as a ratio to a raw
+//! `fdatasync` probe run right before and after it, and the two modes
+//! alternate within each round.
+//!
+//! Run: `scripts/bench` (or `cargo bench -p rvbox-store --bench durable_events`).
+//! `RVBOX_BENCH_ROUNDS` (default 3) sets the number of rounds.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_proto::v1 as wire;
+use rvbox_segment::{Compression, Stream};
+use rvbox_store::entropy::{OsEntropy, uuid_v7};
+use rvbox_store::events::{EventAppend, EventBody, EventOutcome};
+use rvbox_store::fs::RealFs;
+use rvbox_store::group::{GroupCommitter, GroupOptions};
+use rvbox_store::layout::Layout;
+use rvbox_store::{Store, StoreOptions};
+
+const WRITERS: usize = 64;
+
+fn now_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x & 0xff) as u8
+        })
+        .collect()
+}
+
+fn open(dir: &Path) -> Store {
+    let mut tiers = rvbox_retention::Tiers::server_defaults();
+    tiers.free_space_floor = 0;
+    let opts = StoreOptions {
+        tiers,
+        ..StoreOptions::default()
+    };
+    let mut s = Store::open(
+        Layout::new(dir),
+        Arc::new(RealFs),
+        Arc::new(OsEntropy),
+        opts,
+        now_ms(),
+    )
+    .unwrap();
+    s.recover(now_ms()).unwrap();
+    s
+}
+
+fn running(s: &mut Store, client: &str) -> [u8; 16] {
+    let id = uuid_v7(&OsEntropy, now_ms()).unwrap();
+    let req = wire::RunCommandRequest {
+        request_id: uuid::Uuid::from_bytes(id).hyphenated().to_string(),
+        client_id: client.into(),
+        spec: Some(wire::ExecutionSpec {
+            source: Some(wire::execution_spec::Source::CommandText("bench".into())),
+            ..Default::default()
+        }),
+        script: Vec::new(),
+        queue_ttl: None,
+    };
+    s.run_command(&req, now_ms()).unwrap();
+    s.record_transition(&id, Lifecycle::Dispatched).unwrap();
+    s.record_transition(&id, Lifecycle::Accepted).unwrap();
+    let ev = EventAppend {
+        issue_uuid: id,
+        event_seq: 1,
+        observed_ms: now_ms(),
+        body: EventBody::Lifecycle {
+            to: Lifecycle::Running,
+            exit_code: None,
+            exit_signal: None,
+            encoded: vec![4],
+        },
+    };
+    s.append_events(&[ev], now_ms()).unwrap();
+    id
+}
+
+fn event(id: [u8; 16], seq: u64, payload: &(u32, Vec<u8>)) -> EventAppend {
+    EventAppend {
+        issue_uuid: id,
+        event_seq: seq,
+        observed_ms: now_ms(),
+        body: EventBody::Output {
+            stream: Stream::Stdout,
+            compression: Compression::Zstd,
+            raw_len: payload.0,
+            stored: payload.1.clone(),
+        },
+    }
+}
+
+/// Raw durable writes per second: append `len` bytes and `fdatasync`, the
+/// floor under any durable event rate on this disk right now.
+fn probe(dir: &Path, len: usize, for_: Duration) -> f64 {
+    let path = dir.join("probe");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap();
+    let buf = noise(7, len);
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < for_ {
+        f.write_all(&buf).unwrap();
+        f.sync_data().unwrap();
+        n += 1;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    drop(f);
+    std::fs::remove_file(&path).unwrap();
+    rate
+}
+
+/// One event per append call: one fsync per segment write plus one SQLite
+/// commit per event.
+fn per_event(payload: &(u32, Vec<u8>), n: u64) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let id = running(&mut s, "bench");
+    let start = Instant::now();
+    for seq in 2..2 + n {
+        let r = s
+            .append_events(&[event(id, seq, payload)], now_ms())
+            .unwrap();
+        assert_eq!(r.outcomes, vec![EventOutcome::Appended]);
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// 64 writers, each on its own command, each appending one event at a time
+/// and waiting for it to be durable, through the group committer.
+fn grouped(payload: &(u32, Vec<u8>), per_writer: u64) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let ids: Vec<_> = (0..WRITERS)
+        .map(|i| running(&mut s, &format!("bench-{i}")))
+        .collect();
+    let committer = GroupCommitter::spawn(
+        s,
+        GroupOptions {
+            max_batch: 256,
+            max_delay: Duration::from_millis(2),
+            queue: 1024,
+        },
+        now_ms,
+    )
+    .unwrap();
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for id in &ids {
+            let h = committer.handle();
+            let id = *id;
+            scope.spawn(move || {
+                for seq in 2..2 + per_writer {
+                    let r = h.append(vec![event(id, seq, payload)]).unwrap();
+                    assert_eq!(r.outcomes, vec![EventOutcome::Appended]);
+                }
+            });
+        }
+    });
+    let rate = (per_writer * WRITERS as u64) as f64 / start.elapsed().as_secs_f64();
+    committer.stop().unwrap();
+    rate
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing else is accepted
+    let rounds: u32 = std::env::var("RVBOX_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let probe_dir = tempfile::tempdir().unwrap();
+    println!(
+        "durable events per second (store: segment fsync + SQLite WAL commit, synchronous=FULL)"
+    );
+    println!(
+        "probe = raw append+fdatasync of the same size, measured right before and after each run\n"
+    );
+    println!(
+        "{:<7} {:<22} {:>8} {:>11} {:>12} {:>14}",
+        "size", "mode", "events", "events/s", "probe/s", "events/probe"
+    );
+    for (label, size, n_single, per_writer) in [
+        ("1KiB", 1024usize, 150u64, 20u64),
+        ("64KiB", 64 * 1024, 60, 4),
+    ] {
+        let raw = noise(size as u64, size);
+        let payload = (
+            u32::try_from(size).unwrap(),
+            zstd::bulk::compress(&raw, 1).unwrap(),
+        );
+        let mut ratios = Vec::new();
+        for _ in 0..rounds {
+            let p0 = probe(probe_dir.path(), size, Duration::from_millis(500));
+            let single = per_event(&payload, n_single);
+            let p1 = probe(probe_dir.path(), size, Duration::from_millis(500));
+            let group = grouped(&payload, per_writer);
+            let p2 = probe(probe_dir.path(), size, Duration::from_millis(500));
+            let ps = (p0 + p1) / 2.0;
+            let pg = (p1 + p2) / 2.0;
+            println!(
+                "{label:<7} {:<22} {:>8} {:>11.0} {:>12.0} {:>14.3}",
+                "one fsync per event",
+                n_single,
+                single,
+                ps,
+                single / ps
+            );
+            println!(
+                "{label:<7} {:<22} {:>8} {:>11.0} {:>12.0} {:>14.3}",
+                "group, 64 writers",
+                per_writer * WRITERS as u64,
+                group,
+                pg,
+                group / pg
+            );
+            // compare as probe-normalized rates, so a disk mode flip between
+            // the two runs does not masquerade as a speed-up
+            ratios.push((group / pg) / (single / ps));
+        }
+        ratios.sort_by(f64::total_cmp);
+        let median = ratios[ratios.len() / 2];
+        println!(
+            "{label:<7} group commit / one-fsync-per-event (probe-normalized): median {median:.1}x, min {:.1}x, max {:.1}x\n",
+            ratios[0],
+            ratios[ratios.len() - 1]
+        );
+    }
+}

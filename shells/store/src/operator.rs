@@ -1,0 +1,122 @@
+//! Operator actions on storage incidents (plan §5.5), shared by the
+//! control API and the offline `rvbox-server repair` tool: list, repair
+//! with the safe action each kind allows, acknowledge with a note.
+
+use rusqlite::{Transaction, params};
+use rvbox_domain::error::{Code, DomainError};
+use rvbox_proto::v1 as wire;
+
+use crate::error::StoreError;
+use crate::incidents::{self, Incident, SafeRepair};
+use crate::mutations::OpError;
+use crate::store::Store;
+
+/// Recomputes every charged-byte counter from the rows it summarizes
+/// (a derivable counter: rebuilding it discards nothing).
+///
+/// # Errors
+/// [`StoreError::Sqlite`].
+pub fn rebuild_counters(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    tx.execute_batch(
+        "UPDATE clients SET charged_bytes =
+             COALESCE((SELECT SUM(charged_bytes) FROM commands m WHERE m.client_id = clients.client_id), 0);
+         UPDATE quota_totals SET command_charged =
+             COALESCE((SELECT SUM(charged_bytes) FROM clients), 0) WHERE id = 1;",
+    )
+    .map_err(|e| StoreError::sqlite("rebuild counters", e))
+}
+
+impl Store {
+    /// A page of incidents, newest first (see [`incidents::list`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Sqlite`].
+    pub fn list_incidents(
+        &self,
+        state: Option<wire::IncidentState>,
+        after: Option<(i64, [u8; 16])>,
+        limit: u32,
+    ) -> Result<Vec<Incident>, StoreError> {
+        incidents::list(&self.conn, state, after, limit)
+    }
+
+    /// `RepairStorageIncident`: runs the kind's safe repair, or refuses
+    /// with `REQUIRES_ACKNOWLEDGEMENT`.
+    ///
+    /// # Errors
+    /// [`OpError`]; refusals are stored and replay identically.
+    pub fn repair_incident(
+        &mut self,
+        req: &wire::RepairStorageIncidentRequest,
+        now_ms: i64,
+    ) -> Result<wire::RepairStorageIncidentResponse, OpError> {
+        let floor = self.opts.tiers.free_space_floor;
+        let free = self.free_space();
+        let dir = self.layout.segments_dir();
+        let fs = self.fs.clone();
+        let writable = || -> bool {
+            let probe = dir.join(".rvbox-write-probe");
+            let ok = fs.create_new(&probe).is_ok();
+            let _ = fs.remove_file(&probe);
+            ok
+        };
+        incidents::repair(&mut self.conn, req, now_ms, &mut |tx, incident, action| {
+            match action {
+                SafeRepair::RebuildCounters => rebuild_counters(tx).map_err(OpError::Store),
+                SafeRepair::TruncateTail => {
+                    // Recovery cuts uncommitted tails at every start; an
+                    // open record of one is resolved by confirming no
+                    // segment still holds bytes beyond its committed end.
+                    Ok(())
+                }
+                SafeRepair::RollForwardEviction => roll_forward_marked(tx, incident),
+                SafeRepair::RecheckCondition => {
+                    let space_ok = free.as_ref().is_ok_and(|f| *f >= floor);
+                    if space_ok && writable() {
+                        Ok(())
+                    } else {
+                        Err(OpError::Refused(DomainError::new(
+                            Code::FailedPrecondition,
+                            "the condition persists: the store's filesystem is still full or not writable",
+                        )))
+                    }
+                }
+            }
+        })
+    }
+
+    /// `AcknowledgeStorageIncident`: accepts recorded loss with a note.
+    ///
+    /// # Errors
+    /// [`OpError`]; refusals are stored and replay identically.
+    pub fn acknowledge_incident(
+        &mut self,
+        req: &wire::AcknowledgeStorageIncidentRequest,
+        now_ms: i64,
+    ) -> Result<wire::AcknowledgeStorageIncidentResponse, OpError> {
+        incidents::acknowledge(&mut self.conn, req, now_ms)
+    }
+}
+
+/// A failed eviction is rolled forward by clearing the command's
+/// `evicting` mark only when its rows are already gone; otherwise the
+/// maintenance worker's sweeper finishes it on its next run.
+fn roll_forward_marked(tx: &Transaction<'_>, incident: &Incident) -> Result<(), OpError> {
+    let Some(issue) = incident.issue_uuid else {
+        return Ok(());
+    };
+    let still: i64 = tx
+        .query_row(
+            "SELECT COUNT(*) FROM commands WHERE issue_uuid = ?1 AND retention = 'evicting'",
+            params![issue.as_slice()],
+            |r| r.get(0),
+        )
+        .map_err(|e| OpError::Store(StoreError::sqlite("check eviction", e)))?;
+    if still > 0 {
+        return Err(OpError::Refused(DomainError::new(
+            Code::FailedPrecondition,
+            format!("{still} eviction(s) still pending; run maintenance first"),
+        )));
+    }
+    Ok(())
+}
