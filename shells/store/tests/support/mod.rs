@@ -24,7 +24,26 @@ use rvbox_store::{Store, StoreOptions};
 pub const NOW: i64 = 1_800_000_000_000;
 
 pub fn open_with(dir: &Path, fs: Arc<dyn StoreFs>, opts: StoreOptions) -> Store {
-    let mut s = Store::open(Layout::new(dir), fs, Arc::new(OsEntropy), opts, NOW).unwrap();
+    // Another test of this binary may be forking a child process right now;
+    // between fork and exec the child holds a copy of every descriptor,
+    // including a just-dropped store's lock file, so a reopen can briefly
+    // see the lock held. Retry for a moment rather than flake.
+    let mut tries = 0;
+    let mut s = loop {
+        match Store::open(
+            Layout::new(dir),
+            fs.clone(),
+            Arc::new(OsEntropy),
+            opts.clone(),
+            NOW,
+        ) {
+            Err(rvbox_store::StoreError::Locked { .. }) if tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => break other.unwrap(),
+        }
+    };
     s.recover(NOW).unwrap();
     s
 }
