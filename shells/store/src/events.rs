@@ -304,6 +304,9 @@ impl Store {
         batch: &[EventAppend],
         now_ms: i64,
     ) -> Result<AppendReport, StoreError> {
+        // plan §5.4 item 2: rotate the oldest sealed output of a command the
+        // batch would push past its output window or total (retention.rs)
+        self.rotate_for_append(batch, now_ms)?;
         let free = self.free_space()?;
         let tiers = self.opts.tiers.clone();
         let seal_bytes = self.opts.seal_bytes;

@@ -26,7 +26,10 @@ pub mod mutations;
 pub mod store;
 
 pub use store::{Store, StoreOptions};
+pub mod audit;
 pub mod events;
 pub mod group;
+pub mod maintenance;
 pub mod operator;
 pub mod recovery;
+pub mod retention;

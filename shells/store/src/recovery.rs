@@ -107,6 +107,9 @@ impl Store {
             report.incidents += 1;
         }
         self.open_segments.clear();
+        // plan §5.4: finish stale evictions and pending deletions first, so
+        // files an eviction already moved are never mistaken for loss
+        self.sweep(now_ms)?;
         let rows = self.live_segments()?;
         for row in rows {
             report.segments_scanned += 1;
@@ -118,6 +121,8 @@ impl Store {
             }
         }
         self.remove_orphans(&mut report)?;
+        // plan §5.4/§5.5: audit segment recovery (retention.rs, audit.rs)
+        self.recover_retention(now_ms)?;
         report.sessions_closed = to_u64(
             self.conn
                 .execute(
@@ -142,7 +147,7 @@ impl Store {
             .prepare(
                 "SELECT s.issue_uuid, s.ordinal, s.committed_end, c.client_id
                  FROM command_segments s JOIN commands c ON c.issue_uuid = s.issue_uuid
-                 WHERE s.state IN ('active', 'sealed')
+                 WHERE s.state IN ('active', 'sealed') AND c.retention = 'retained'
                  ORDER BY s.issue_uuid, s.ordinal",
             )
             .map_err(|e| StoreError::sqlite("list segments", e))?;

@@ -1,0 +1,924 @@
+//! The audit log (plan §5.2 `audit_events`, §5.4 item 5): one record per
+//! audited action, zstd-compressed in `Kind::Audit` segment records under
+//! `audit/`, with the same committed-offset protocol as command segments
+//! (append, fsync, then one transaction advancing `committed_end`), sealed
+//! at the segment seal size, charged against the separate audit budget
+//! (`reserve_audit`), and rotated oldest complete segment first
+//! (`plan_audit_rotation`; the age trigger is off at 0).
+//!
+//! A record carries who did what and how it ended: time, transport,
+//! principal, client and command ids, action, outcome, error code, the
+//! command text/script digest and environment key NAMES. The type has no
+//! place for environment values, stdin or output bytes, so none can leak
+//! into the log.
+
+use rusqlite::{OptionalExtension, TransactionBehavior, params};
+use rvbox_domain::error::{Code, DomainError};
+use rvbox_proto::v1 as wire;
+use rvbox_retention::{
+    AuditSegment, CHARGE_VERSION, ChargeKind, Tier, charge, plan_audit_rotation, release_audit,
+    reserve_audit,
+};
+use rvbox_segment::{
+    Compression, Kind, Limits, RecordMeta, Recovery, Stream, audit_file_name,
+    parse_audit_file_name, scan, sha256,
+};
+
+use crate::error::StoreError;
+use crate::incidents::NewIncident;
+use crate::mutations::OpError;
+use crate::retention::{Origin, queue_deletion};
+use crate::store::{Store, to_i64, to_u64};
+
+/// Largest text field (transport, principal, action, one env key name).
+pub const MAX_AUDIT_TEXT_BYTES: usize = 256;
+/// Most environment key names in one record.
+pub const MAX_AUDIT_ENV_KEYS: usize = rvbox_domain::limits::MAX_ENV_OVERRIDES;
+/// Largest encoded (raw) audit record.
+pub const MAX_AUDIT_RAW_BYTES: u32 = 512 * 1024;
+/// Most audit segment files recovery lists.
+pub const MAX_AUDIT_FILES: usize = 1_000_000;
+
+/// Crash points of the audit append.
+pub mod points {
+    /// The record is appended and synced; `committed_end` not yet advanced.
+    pub const AUDIT_AFTER_FSYNC: &str = "store.audit.after_fsync";
+}
+
+/// Record limits of audit segments.
+#[must_use]
+pub fn audit_limits() -> Limits {
+    let stored = rvbox_retention::zstd_bound(u64::from(MAX_AUDIT_RAW_BYTES));
+    Limits {
+        max_stored_len: u32::try_from(stored).unwrap_or(u32::MAX),
+        max_raw_len: MAX_AUDIT_RAW_BYTES,
+    }
+}
+
+/// How an audited action ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditOutcome {
+    /// Done.
+    Ok,
+    /// Refused (validation, conflict, quota, precondition).
+    Refused,
+    /// Failed inside the server.
+    Failed,
+}
+
+impl AuditOutcome {
+    const fn as_u8(self) -> u8 {
+        match self {
+            Self::Ok => 1,
+            Self::Refused => 2,
+            Self::Failed => 3,
+        }
+    }
+
+    const fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::Ok),
+            2 => Some(Self::Refused),
+            3 => Some(Self::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// One audit record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditRecord {
+    /// When the action happened (Unix ms).
+    pub time_ms: i64,
+    /// Transport (`grpc-unix`, `json-rpc`, `agent-wss`, `offline-repair`).
+    pub transport: String,
+    /// Principal as the transport knows it (e.g. `uid:1000`); may be empty.
+    pub principal: String,
+    /// Client concerned.
+    pub client_id: Option<String>,
+    /// Command concerned.
+    pub issue_uuid: Option<[u8; 16]>,
+    /// Action (the RPC method, e.g. `RunCommand`).
+    pub action: String,
+    /// Outcome.
+    pub outcome: AuditOutcome,
+    /// rvbox.v1 error code of a refusal or failure.
+    pub error_code: Option<i32>,
+    /// SHA-256 of the command text or script.
+    pub command_digest: Option<[u8; 32]>,
+    /// Environment key names (never values), sorted.
+    pub env_keys: Vec<String>,
+}
+
+impl AuditRecord {
+    /// Sets `env_keys` from an environment map's keys only.
+    #[must_use]
+    pub fn with_env_names<'a>(mut self, keys: impl IntoIterator<Item = &'a String>) -> Self {
+        let mut names: Vec<String> = keys.into_iter().cloned().collect();
+        names.sort();
+        names.dedup();
+        self.env_keys = names;
+        self
+    }
+
+    fn check(&self) -> Result<(), DomainError> {
+        let bad = |field: &str, why: &str| {
+            Err(
+                DomainError::new(Code::InvalidArgument, format!("audit {field}: {why}"))
+                    .with_field(field),
+            )
+        };
+        for (field, v) in [
+            ("transport", &self.transport),
+            ("principal", &self.principal),
+            ("action", &self.action),
+        ] {
+            if v.len() > MAX_AUDIT_TEXT_BYTES {
+                return bad(field, "too long");
+            }
+        }
+        if self.action.is_empty() {
+            return bad("action", "empty");
+        }
+        if let Some(c) = &self.client_id
+            && (c.is_empty() || c.len() > rvbox_domain::limits::MAX_CLIENT_ID_LEN)
+        {
+            return bad("client_id", "empty or too long");
+        }
+        if self.env_keys.len() > MAX_AUDIT_ENV_KEYS {
+            return bad("env_keys", "too many");
+        }
+        for k in &self.env_keys {
+            // a name containing '=' or NUL would smuggle a value in
+            if k.is_empty() || k.len() > MAX_AUDIT_TEXT_BYTES || k.contains(['=', '\0']) {
+                return bad("env_keys", "not an environment key name");
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes the record (format version 1, little-endian,
+    /// length-prefixed text).
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        fn text(out: &mut Vec<u8>, s: &str) {
+            let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(s.as_bytes().get(..usize::from(len)).unwrap_or_default());
+        }
+        let mut out = Vec::with_capacity(128);
+        out.push(1u8);
+        out.extend_from_slice(&self.time_ms.to_le_bytes());
+        text(&mut out, &self.transport);
+        text(&mut out, &self.principal);
+        text(&mut out, &self.action);
+        out.push(self.outcome.as_u8());
+        let flags = u8::from(self.client_id.is_some())
+            | (u8::from(self.issue_uuid.is_some()) << 1)
+            | (u8::from(self.error_code.is_some()) << 2)
+            | (u8::from(self.command_digest.is_some()) << 3);
+        out.push(flags);
+        if let Some(c) = &self.client_id {
+            text(&mut out, c);
+        }
+        if let Some(u) = &self.issue_uuid {
+            out.extend_from_slice(u);
+        }
+        if let Some(e) = self.error_code {
+            out.extend_from_slice(&e.to_le_bytes());
+        }
+        if let Some(d) = &self.command_digest {
+            out.extend_from_slice(d);
+        }
+        let n = u16::try_from(self.env_keys.len()).unwrap_or(u16::MAX);
+        out.extend_from_slice(&n.to_le_bytes());
+        for k in self.env_keys.iter().take(usize::from(n)) {
+            text(&mut out, k);
+        }
+        out
+    }
+
+    /// Decodes [`AuditRecord::encode`] output; `None` when malformed.
+    #[must_use]
+    pub fn decode(buf: &[u8]) -> Option<Self> {
+        struct R<'a>(&'a [u8]);
+        impl<'a> R<'a> {
+            fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+                let (a, b) = (self.0.get(..n)?, self.0.get(n..)?);
+                self.0 = b;
+                Some(a)
+            }
+            fn u8(&mut self) -> Option<u8> {
+                self.take(1)?.first().copied()
+            }
+            fn u16(&mut self) -> Option<u16> {
+                Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+            }
+            fn text(&mut self) -> Option<String> {
+                let n = usize::from(self.u16()?);
+                String::from_utf8(self.take(n)?.to_vec()).ok()
+            }
+        }
+        let mut r = R(buf);
+        if r.u8()? != 1 {
+            return None;
+        }
+        let time_ms = i64::from_le_bytes(r.take(8)?.try_into().ok()?);
+        let transport = r.text()?;
+        let principal = r.text()?;
+        let action = r.text()?;
+        let outcome = AuditOutcome::from_u8(r.u8()?)?;
+        let flags = r.u8()?;
+        let client_id = if flags & 1 != 0 {
+            Some(r.text()?)
+        } else {
+            None
+        };
+        let issue_uuid = if flags & 2 != 0 {
+            Some(<[u8; 16]>::try_from(r.take(16)?).ok()?)
+        } else {
+            None
+        };
+        let error_code = if flags & 4 != 0 {
+            Some(i32::from_le_bytes(r.take(4)?.try_into().ok()?))
+        } else {
+            None
+        };
+        let command_digest = if flags & 8 != 0 {
+            Some(<[u8; 32]>::try_from(r.take(32)?).ok()?)
+        } else {
+            None
+        };
+        let n = usize::from(r.u16()?);
+        if n > MAX_AUDIT_ENV_KEYS {
+            return None;
+        }
+        let mut env_keys = Vec::with_capacity(n);
+        for _ in 0..n {
+            env_keys.push(r.text()?);
+        }
+        if !r.0.is_empty() {
+            return None;
+        }
+        Some(Self {
+            time_ms,
+            transport,
+            principal,
+            client_id,
+            issue_uuid,
+            action,
+            outcome,
+            error_code,
+            command_digest,
+            env_keys,
+        })
+    }
+}
+
+/// Where an appended audit record landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditAck {
+    /// The record's audit sequence (global, from 1).
+    pub seq: u64,
+    /// The audit segment ordinal.
+    pub ordinal: u64,
+    /// Audit segments rotated to make room.
+    pub rotated: u64,
+}
+
+/// What audit recovery did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AuditRecoveryReport {
+    /// Segments scanned.
+    pub segments_scanned: u64,
+    /// Segments whose uncommitted tail was cut.
+    pub tails_truncated: u64,
+    /// Segments damaged inside their committed range.
+    pub segments_damaged: u64,
+    /// Orphan audit files (no row) removed.
+    pub orphans_removed: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ActiveAudit {
+    ordinal: u64,
+    committed: u64,
+    records: u64,
+    base_seq: u64,
+}
+
+impl Store {
+    fn audit_active(&self) -> Result<Option<ActiveAudit>, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT ordinal, committed_end, records, base_seq FROM audit_segments WHERE state = 'active'",
+                [],
+                |r| {
+                    Ok(ActiveAudit {
+                        ordinal: to_u64(r.get(0)?),
+                        committed: to_u64(r.get(1)?),
+                        records: to_u64(r.get(2)?),
+                        base_seq: to_u64(r.get(3)?),
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("find active audit segment", e))
+    }
+
+    /// The ordinal and base sequence a new audit segment gets.
+    fn audit_next(&self) -> Result<(u64, u64), StoreError> {
+        let last: Option<(i64, i64, i64)> = self
+            .conn
+            .query_row(
+                "SELECT ordinal, base_seq, records FROM audit_segments ORDER BY ordinal DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("last audit segment", e))?;
+        Ok(match last {
+            Some((o, b, n)) => (
+                to_u64(o).saturating_add(1),
+                to_u64(b).saturating_add(to_u64(n)),
+            ),
+            None => (1, 0),
+        })
+    }
+
+    fn audit_used(&self) -> Result<u64, StoreError> {
+        let v: i64 = self
+            .conn
+            .query_row(
+                "SELECT audit_charged FROM quota_totals WHERE id = 1",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| StoreError::sqlite("read audit usage", e))?;
+        Ok(to_u64(v))
+    }
+
+    /// Appends one audit record (see the module docs). Returns only once it
+    /// is durable.
+    ///
+    /// # Errors
+    /// [`OpError::Refused`] for an invalid record or when the audit budget
+    /// (after rotation) or the free-space floor cannot hold it;
+    /// [`OpError::Store`] when a file or the database failed (nothing
+    /// committed; the uncommitted bytes are cut back).
+    pub fn audit(&mut self, rec: &AuditRecord, now_ms: i64) -> Result<AuditAck, OpError> {
+        rec.check()?;
+        let raw = rec.encode();
+        let raw_len = u32::try_from(raw.len())
+            .ok()
+            .filter(|n| *n <= MAX_AUDIT_RAW_BYTES)
+            .ok_or_else(|| DomainError::new(Code::InvalidArgument, "audit record too large"))?;
+        let stored = zstd::bulk::compress(&raw, 3)
+            .map_err(|e| StoreError::io("compress audit record", "", e))?;
+        let digest = sha256(&raw);
+        let limits = audit_limits();
+
+        let active = self.audit_active()?;
+        let seal = self.opts.seal_bytes;
+        let rec_len = rvbox_segment::encoded_len(u32::try_from(stored.len()).unwrap_or(u32::MAX));
+        // (ordinal, base_seq, records, committed, new file?, sealing previous?)
+        let (ordinal, base_seq, records, committed, new_file, seal_prev) = match active {
+            Some(a) if a.committed == 0 || a.committed.saturating_add(rec_len) <= seal => {
+                (a.ordinal, a.base_seq, a.records, a.committed, false, None)
+            }
+            Some(a) => {
+                let base = a.base_seq.saturating_add(a.records);
+                (
+                    a.ordinal.saturating_add(1),
+                    base,
+                    0,
+                    0,
+                    true,
+                    Some(a.ordinal),
+                )
+            }
+            None => {
+                let (o, b) = self.audit_next()?;
+                (o, b, 0, 0, true, None)
+            }
+        };
+        let seq = base_seq.saturating_add(records).saturating_add(1);
+        let meta = RecordMeta {
+            issue_uuid: [0; 16],
+            seq,
+            observed_unix_ms: rec.time_ms,
+            receipt_unix_ms: now_ms,
+            kind: Kind::Audit,
+            stream: Stream::None,
+            compression: Compression::Zstd,
+            raw_len,
+            sha256: digest,
+        };
+        let bytes = rvbox_segment::encode(&meta, &stored, &limits).map_err(|e| {
+            StoreError::Integrity(format!("audit record does not encode: {}", e.code()))
+        })?;
+        let charged = charge(CHARGE_VERSION, ChargeKind::AuditRecord, bytes.len() as u64)
+            .map_err(|e| StoreError::Integrity(e.to_string()))?;
+
+        // the separate audit budget, rotating oldest complete segments
+        let free = self.free_space()?;
+        let budget = self.opts.audit_budget_bytes;
+        let mut rotated = 0;
+        let used = self.audit_used()?;
+        if let Err(refusal) = reserve_audit(
+            &self.opts.tiers,
+            budget,
+            used,
+            free,
+            ChargeKind::AuditRecord,
+            charged,
+        ) {
+            if refusal.tier == Tier::AuditBudget {
+                rotated = self.rotate_audit(charged, now_ms)?;
+            }
+            let used = self.audit_used()?;
+            if let Err(refusal) = reserve_audit(
+                &self.opts.tiers,
+                budget,
+                used,
+                free,
+                ChargeKind::AuditRecord,
+                charged,
+            ) {
+                tracing::warn!(tier = refusal.tier.name(), "audit record refused");
+                return Err(DomainError::new(Code::QuotaExceeded, refusal.to_string()).into());
+            }
+        }
+
+        // append + fsync under the committed-offset protocol
+        let dir = self.layout.audit_dir();
+        let name = audit_file_name(ordinal)
+            .ok_or_else(|| StoreError::Integrity("audit ordinal out of range".into()))?;
+        let path = dir.join(&name);
+        let write = (|| -> Result<(), StoreError> {
+            let mut f = if new_file {
+                self.fs
+                    .create_new(&path)
+                    .map_err(|e| StoreError::io("create audit segment", &path, e))?
+            } else {
+                let mut f = self
+                    .fs
+                    .open(&path)
+                    .map_err(|e| StoreError::io("open audit segment", &path, e))?;
+                if f.len()
+                    .map_err(|e| StoreError::io("stat audit segment", &path, e))?
+                    > committed
+                {
+                    f.truncate(committed)
+                        .map_err(|e| StoreError::io("truncate uncommitted audit tail", &path, e))?;
+                }
+                f
+            };
+            f.append(&bytes)
+                .map_err(|e| StoreError::io("append audit record", &path, e))?;
+            f.sync_data()
+                .map_err(|e| StoreError::io("sync audit segment", &path, e))?;
+            if new_file {
+                self.fs
+                    .sync_dir(&dir)
+                    .map_err(|e| StoreError::io("sync audit directory", &dir, e))?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = write {
+            self.audit_rollback(&path, new_file, committed);
+            tracing::error!(ordinal, error = %e, "audit append failed; nothing committed");
+            return Err(e.into());
+        }
+        self.hook.at(points::AUDIT_AFTER_FSYNC);
+        if let Err(e) = self.audit_commit(
+            ordinal,
+            base_seq,
+            new_file,
+            seal_prev,
+            bytes.len() as u64,
+            charged,
+            rec.time_ms,
+            now_ms,
+        ) {
+            self.audit_rollback(&path, new_file, committed);
+            tracing::error!(ordinal, error = %e, "audit commit failed; nothing committed");
+            return Err(e.into());
+        }
+        tracing::debug!(seq, ordinal, action = %rec.action, "audit record appended");
+        Ok(AuditAck {
+            seq,
+            ordinal,
+            rotated,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn audit_commit(
+        &mut self,
+        ordinal: u64,
+        base_seq: u64,
+        new_file: bool,
+        seal_prev: Option<u64>,
+        len: u64,
+        charged: u64,
+        time_ms: i64,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin audit commit", e))?;
+        if let Some(prev) = seal_prev {
+            tx.execute(
+                "UPDATE audit_segments SET state = 'sealed' WHERE ordinal = ?1 AND state = 'active'",
+                params![to_i64(prev)],
+            )
+            .map_err(|e| StoreError::sqlite("seal audit segment", e))?;
+        }
+        if new_file {
+            tx.execute(
+                "INSERT INTO audit_segments (ordinal, base_seq, created_ms) VALUES (?1, ?2, ?3)",
+                params![to_i64(ordinal), to_i64(base_seq), now_ms],
+            )
+            .map_err(|e| StoreError::sqlite("insert audit segment", e))?;
+        }
+        tx.execute(
+            "UPDATE audit_segments SET committed_end = committed_end + ?2, records = records + 1,
+                 charged_bytes = charged_bytes + ?3,
+                 first_ms = COALESCE(first_ms, ?4),
+                 last_ms = MAX(COALESCE(last_ms, ?4), ?4)
+             WHERE ordinal = ?1",
+            params![to_i64(ordinal), to_i64(len), to_i64(charged), time_ms],
+        )
+        .map_err(|e| StoreError::sqlite("advance audit committed_end", e))?;
+        tx.execute(
+            "UPDATE quota_totals SET audit_charged = audit_charged + ?1 WHERE id = 1",
+            params![to_i64(charged)],
+        )
+        .map_err(|e| StoreError::sqlite("charge audit", e))?;
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit audit record", e))
+    }
+
+    /// Cuts a failed append back (or removes the new file); a cut that
+    /// fails is left to recovery, which truncates beyond `committed_end`.
+    fn audit_rollback(&self, path: &std::path::Path, new_file: bool, committed: u64) {
+        let ok = if new_file {
+            self.fs.remove_file(path).is_ok()
+        } else {
+            self.fs
+                .open(path)
+                .and_then(|mut f| f.truncate(committed))
+                .is_ok()
+        };
+        if !ok {
+            tracing::warn!(path = %path.display(), "audit tail not cut back; recovery will");
+        }
+    }
+
+    /// Rotates the oldest complete audit segments so the audit bytes plus
+    /// `incoming` fit the budget, plus those past the audit age (0 = off).
+    /// Returns how many rotated.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database failed.
+    pub fn rotate_audit(&mut self, incoming: u64, now_ms: i64) -> Result<u64, StoreError> {
+        let segments: Vec<AuditSegment> = {
+            let mut stmt = self
+                .conn
+                .prepare(
+                    "SELECT ordinal, charged_bytes, state, COALESCE(last_ms, created_ms)
+                     FROM audit_segments ORDER BY ordinal",
+                )
+                .map_err(|e| StoreError::sqlite("list audit segments", e))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    let state: String = r.get(2)?;
+                    Ok(AuditSegment {
+                        ordinal: u32::try_from(r.get::<_, i64>(0)?).unwrap_or(u32::MAX),
+                        charged: to_u64(r.get(1)?),
+                        // a damaged segment keeps its incident; its bytes
+                        // still rotate with the rest of the old history
+                        sealed: state != "active",
+                        newest_unix_ms: r.get(3)?,
+                    })
+                })
+                .map_err(|e| StoreError::sqlite("list audit segments", e))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(|e| StoreError::sqlite("list audit segments", e))?
+        };
+        let plan = plan_audit_rotation(
+            &segments,
+            self.opts.audit_budget_bytes,
+            self.opts.audit_retention_ms,
+            now_ms,
+            incoming,
+        );
+        if plan.drop.is_empty() {
+            return Ok(0);
+        }
+        let entropy = std::sync::Arc::clone(&self.entropy);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin audit rotation", e))?;
+        let mut freed = 0u64;
+        for ordinal in &plan.drop {
+            let charged: Option<i64> = tx
+                .query_row(
+                    "SELECT charged_bytes FROM audit_segments WHERE ordinal = ?1 AND state <> 'active'",
+                    params![ordinal],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(|e| StoreError::sqlite("recheck audit segment", e))?;
+            let Some(charged) = charged else {
+                return Ok(0);
+            };
+            freed = freed.saturating_add(to_u64(charged));
+            tx.execute(
+                "DELETE FROM audit_segments WHERE ordinal = ?1",
+                params![ordinal],
+            )
+            .map_err(|e| StoreError::sqlite("drop audit segment", e))?;
+            let name = audit_file_name(u64::from(*ordinal))
+                .ok_or_else(|| StoreError::Integrity("audit ordinal out of range".into()))?;
+            queue_deletion(&tx, entropy.as_ref(), Origin::Audit, &name, None, now_ms)?;
+        }
+        let used: i64 = tx
+            .query_row(
+                "SELECT audit_charged FROM quota_totals WHERE id = 1",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| StoreError::sqlite("read audit usage", e))?;
+        let after = release_audit(to_u64(used), freed)
+            .map_err(|e| StoreError::Integrity(format!("audit release: {e}")))?;
+        tx.execute(
+            "UPDATE quota_totals SET audit_charged = ?1 WHERE id = 1",
+            params![to_i64(after)],
+        )
+        .map_err(|e| StoreError::sqlite("release audit", e))?;
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit audit rotation", e))?;
+        let n = plan.drop.len() as u64;
+        tracing::info!(segments = n, freed, "audit segments rotated");
+        if let Err(e) = self.finish_pending(None) {
+            tracing::warn!(error = %e, "rotated audit files not yet removed; the sweeper finishes them");
+        }
+        Ok(n)
+    }
+
+    /// Recovers audit segments the way command segments are recovered:
+    /// bytes beyond `committed_end` are cut (an `UNCOMMITTED_TAIL` incident
+    /// recorded already repaired), a missing or corrupt committed range
+    /// marks the segment `damaged` with an open `AUDIT`-scope incident, and
+    /// audit files without a row are removed. Idempotent.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database failed.
+    pub fn recover_audit(&mut self, now_ms: i64) -> Result<AuditRecoveryReport, StoreError> {
+        let mut report = AuditRecoveryReport::default();
+        let rows: Vec<(u64, u64)> = {
+            let mut stmt = self
+                .conn
+                .prepare(
+                    "SELECT ordinal, committed_end FROM audit_segments
+                     WHERE state IN ('active', 'sealed') ORDER BY ordinal",
+                )
+                .map_err(|e| StoreError::sqlite("list audit segments", e))?;
+            let rows = stmt
+                .query_map([], |r| Ok((to_u64(r.get(0)?), to_u64(r.get(1)?))))
+                .map_err(|e| StoreError::sqlite("list audit segments", e))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(|e| StoreError::sqlite("list audit segments", e))?
+        };
+        for (ordinal, committed) in rows {
+            report.segments_scanned += 1;
+            if let Err(e) = self.recover_audit_segment(ordinal, committed, now_ms, &mut report) {
+                tracing::error!(ordinal, error = %e, "audit segment recovery failed");
+            }
+        }
+        // orphans: canonical audit names with no row (a segment created by
+        // an append that never committed, or rotated before its move)
+        let dir = self.layout.audit_dir();
+        let names = self
+            .fs
+            .list(&dir, MAX_AUDIT_FILES)
+            .map_err(|e| StoreError::io("list audit segments", &dir, e))?;
+        for name in names {
+            let Some(ordinal) = parse_audit_file_name(&name) else {
+                tracing::warn!(file = %name, "unrecognised file in the audit directory left alone");
+                continue;
+            };
+            let known: bool = self
+                .conn
+                .query_row(
+                    "SELECT EXISTS (SELECT 1 FROM audit_segments WHERE ordinal = ?1)",
+                    params![to_i64(ordinal)],
+                    |r| r.get(0),
+                )
+                .map_err(|e| StoreError::sqlite("check audit row", e))?;
+            if !known {
+                let path = dir.join(&name);
+                self.fs
+                    .remove_file(&path)
+                    .map_err(|e| StoreError::io("remove orphan audit segment", &path, e))?;
+                report.orphans_removed += 1;
+            }
+        }
+        if report.orphans_removed > 0 {
+            self.fs
+                .sync_dir(&dir)
+                .map_err(|e| StoreError::io("sync audit directory", &dir, e))?;
+        }
+        Ok(report)
+    }
+
+    fn recover_audit_segment(
+        &mut self,
+        ordinal: u64,
+        committed: u64,
+        now_ms: i64,
+        report: &mut AuditRecoveryReport,
+    ) -> Result<(), StoreError> {
+        let name = audit_file_name(ordinal)
+            .ok_or_else(|| StoreError::Integrity("audit ordinal out of range".into()))?;
+        let path = self.layout.audit_dir().join(&name);
+        let limits = audit_limits();
+        let max_len = self
+            .opts
+            .seal_bytes
+            .saturating_add(u64::from(limits.max_stored_len))
+            .saturating_add(rvbox_segment::RECORD_OVERHEAD)
+            .max(committed);
+        let (buf, file_len) = match self.fs.open(&path) {
+            Ok(f) => {
+                let len = f
+                    .len()
+                    .map_err(|e| StoreError::io("stat audit segment", &path, e))?;
+                let mut buf = vec![0u8; usize::try_from(len.min(max_len)).unwrap_or(0)];
+                f.read_exact_at(&mut buf, 0)
+                    .map_err(|e| StoreError::io("read audit segment", &path, e))?;
+                (buf, len)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), 0),
+            Err(e) => return Err(StoreError::io("open audit segment", &path, e)),
+        };
+        let key = ordinal.to_string();
+        let evidence = format!("committed_end={committed} file_len={file_len}").into_bytes();
+        match scan(&buf, committed, &limits).recovery {
+            Recovery::Clean if file_len <= max_len => Ok(()),
+            Recovery::Clean | Recovery::TruncateTail { .. } => {
+                let mut f = self
+                    .fs
+                    .open(&path)
+                    .map_err(|e| StoreError::io("open audit segment", &path, e))?;
+                f.truncate(committed)
+                    .map_err(|e| StoreError::io("truncate uncommitted audit tail", &path, e))?;
+                report.tails_truncated += 1;
+                self.record_incident(
+                    &NewIncident {
+                        kind: wire::IncidentKind::UncommittedTail,
+                        scope_kind: wire::ScopeKind::Audit,
+                        scope_key: key,
+                        client_id: None,
+                        issue_uuid: None,
+                        summary: format!(
+                            "{} unacknowledged audit bytes beyond the committed end were truncated",
+                            file_len.saturating_sub(committed)
+                        ),
+                        evidence,
+                        data_loss: false,
+                    },
+                    now_ms,
+                    true,
+                )?;
+                tracing::warn!(ordinal, "audit uncommitted tail truncated");
+                Ok(())
+            }
+            Recovery::CommittedDamage {
+                tail_beyond_committed,
+                lost,
+            } => {
+                if tail_beyond_committed {
+                    let mut f = self
+                        .fs
+                        .open(&path)
+                        .map_err(|e| StoreError::io("open audit segment", &path, e))?;
+                    f.truncate(committed)
+                        .map_err(|e| StoreError::io("truncate uncommitted audit tail", &path, e))?;
+                }
+                let kind = if file_len < committed {
+                    wire::IncidentKind::MissingCommittedBytes
+                } else {
+                    wire::IncidentKind::ChecksumMismatch
+                };
+                let lost_bytes: u64 = lost.iter().map(rvbox_segment::ByteRange::len).sum();
+                // the incident and the damaged mark commit together
+                let id = crate::entropy::uuid_v7(self.entropy.as_ref(), now_ms)
+                    .map_err(|e| StoreError::io("mint incident id", "", e))?;
+                let tx = self
+                    .conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(|e| StoreError::sqlite("begin audit damage record", e))?;
+                crate::incidents::insert(
+                    &tx,
+                    id,
+                    &NewIncident {
+                        kind,
+                        scope_kind: wire::ScopeKind::Audit,
+                        scope_key: key,
+                        client_id: None,
+                        issue_uuid: None,
+                        summary: format!(
+                            "audit segment {ordinal} lost {lost_bytes} committed bytes; the records there are unreadable"
+                        ),
+                        evidence,
+                        data_loss: true,
+                    },
+                    now_ms,
+                )?;
+                tx.execute(
+                    "UPDATE audit_segments SET state = 'damaged' WHERE ordinal = ?1",
+                    params![to_i64(ordinal)],
+                )
+                .map_err(|e| StoreError::sqlite("mark audit segment damaged", e))?;
+                tx.commit()
+                    .map_err(|e| StoreError::sqlite("commit audit damage record", e))?;
+                report.segments_damaged += 1;
+                tracing::error!(ordinal, lost_bytes, "audit committed range lost");
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads committed audit records with a sequence above `after_seq`, in
+    /// order, at most `limit` (damaged segments are skipped: their loss is
+    /// an incident).
+    ///
+    /// # Errors
+    /// [`StoreError`] when a file or the database failed, or a committed
+    /// record does not decode.
+    pub fn read_audit(
+        &self,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, AuditRecord)>, StoreError> {
+        let rows: Vec<(u64, u64)> = {
+            let mut stmt = self
+                .conn
+                .prepare(
+                    "SELECT ordinal, committed_end FROM audit_segments
+                     WHERE state IN ('active', 'sealed') AND base_seq + records > ?1 ORDER BY ordinal",
+                )
+                .map_err(|e| StoreError::sqlite("list audit segments", e))?;
+            let rows = stmt
+                .query_map(params![to_i64(after_seq)], |r| {
+                    Ok((to_u64(r.get(0)?), to_u64(r.get(1)?)))
+                })
+                .map_err(|e| StoreError::sqlite("list audit segments", e))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(|e| StoreError::sqlite("list audit segments", e))?
+        };
+        let limits = audit_limits();
+        let mut out = Vec::new();
+        for (ordinal, committed) in rows {
+            let name = audit_file_name(ordinal)
+                .ok_or_else(|| StoreError::Integrity("audit ordinal out of range".into()))?;
+            let path = self.layout.audit_dir().join(name);
+            let f = self
+                .fs
+                .open(&path)
+                .map_err(|e| StoreError::io("open audit segment", &path, e))?;
+            let mut buf = vec![0u8; usize::try_from(committed).unwrap_or(0)];
+            f.read_exact_at(&mut buf, 0)
+                .map_err(|e| StoreError::io("read audit segment", &path, e))?;
+            let mut off = 0usize;
+            while off < buf.len() {
+                let rest = buf.get(off..).unwrap_or_default();
+                let rec = rvbox_segment::decode(rest, &limits).map_err(|e| {
+                    StoreError::Integrity(format!("audit record does not decode: {}", e.code()))
+                })?;
+                let len = usize::try_from(rvbox_segment::encoded_len(
+                    u32::try_from(rec.payload.len()).unwrap_or(u32::MAX),
+                ))
+                .unwrap_or(usize::MAX);
+                if rec.meta.seq > after_seq {
+                    let raw = zstd::bulk::decompress(rec.payload, rec.meta.raw_len as usize)
+                        .map_err(|e| StoreError::io("decompress audit record", &path, e))?;
+                    let decoded = AuditRecord::decode(&raw).ok_or_else(|| {
+                        StoreError::Integrity("audit record payload does not decode".into())
+                    })?;
+                    out.push((rec.meta.seq, decoded));
+                    if out.len() >= limit {
+                        return Ok(out);
+                    }
+                }
+                off = off.saturating_add(len.max(1));
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,373 @@
+//! The serialized maintenance pass (plan §5.4: "a single serialized
+//! maintenance worker, never on the WebSocket receive loop").
+//!
+//! [`Store::maintain`] runs, in order: the sweeper (stale evictions and
+//! pending file deletions), rotation a command's window or total already
+//! exceeds, 30-day age reclamation, quota eviction of whole terminal
+//! commands (per client, then server-wide), pressure rotation of active
+//! output when terminal data alone cannot relieve a tier, and audit
+//! rotation. The store is single-writer (`&mut self`), so a pass never
+//! races an append. Candidates come from bounded pages; a pass that could
+//! not finish leaves the rest for the next one.
+
+use rusqlite::{Connection, params};
+use rvbox_retention::{
+    Candidate, Need, OwnerNeed, SegmentUsage, plan_pressure_rotation, select_aged, select_evictions,
+};
+
+use crate::error::StoreError;
+use crate::retention::{EvictOutcome, EvictionCause, RotationCause};
+use crate::store::{Store, to_u64};
+
+/// Most candidate commands one selection considers (the oldest first).
+pub const MAX_CANDIDATES: u32 = 10_000;
+/// Most over-quota clients one pass relieves.
+pub const MAX_CLIENTS_PER_PASS: u32 = 1_000;
+/// Most commands one pass checks for due rotation.
+pub const MAX_ROTATION_CHECKS: u32 = 1_000;
+
+/// What one maintenance pass did (counters only; no payload, no paths).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MaintenanceReport {
+    /// Stale evictions rolled forward by the sweeper.
+    pub rolled_forward: u64,
+    /// Pending file deletions completed by the sweeper.
+    pub files_swept: u64,
+    /// Output rotations applied (window/total due, and pressure).
+    pub rotations: u64,
+    /// Of those, pressure rotations of active commands.
+    pub pressure_rotations: u64,
+    /// Whole commands evicted under a quota tier.
+    pub evicted_quota: u64,
+    /// Whole commands reclaimed by terminal age.
+    pub evicted_aged: u64,
+    /// Evictions that failed (each has a `FAILED_EVICTION` incident).
+    pub evictions_failed: u64,
+    /// Candidates skipped because an unresolved incident concerns them.
+    pub skipped_dirty: u64,
+    /// Charged bytes still missing under a client tier after everything
+    /// (new unreserved data is refused until it is freed).
+    pub owner_shortfall: u64,
+    /// Charged bytes still missing under the server-wide tier.
+    pub global_shortfall: u64,
+    /// Audit segments rotated.
+    pub audit_rotated: u64,
+}
+
+fn candidates(
+    conn: &Connection,
+    client: Option<&str>,
+    terminal_only: bool,
+) -> Result<Vec<Candidate>, StoreError> {
+    // retained commands with no unresolved incident, oldest (issue_time, uuid)
+    // first; terminal commands only for eviction, active ones for pressure
+    let mut stmt = conn
+        .prepare(
+            "SELECT c.issue_time_ms, c.issue_uuid, c.client_id, c.terminal_time_ms, c.charged_bytes
+             FROM commands c
+             WHERE c.retention = 'retained'
+               AND (?1 IS NULL OR c.client_id = ?1)
+               AND ((?2 = 1 AND c.terminal_time_ms IS NOT NULL)
+                 OR (?2 = 0 AND c.terminal_time_ms IS NULL))
+               AND NOT EXISTS (SELECT 1 FROM storage_incidents i
+                               WHERE i.state = 1 AND i.issue_uuid = c.issue_uuid)
+             ORDER BY c.issue_time_ms, c.issue_uuid
+             LIMIT ?3",
+        )
+        .map_err(|e| StoreError::sqlite("list retention candidates", e))?;
+    let rows = stmt
+        .query_map(
+            params![client, i64::from(terminal_only), MAX_CANDIDATES],
+            |r| {
+                let id: Vec<u8> = r.get(1)?;
+                Ok(Candidate {
+                    issue_time_unix_ms: r.get(0)?,
+                    issue_uuid: <[u8; 16]>::try_from(id.as_slice()).unwrap_or([0; 16]),
+                    owner: r.get(2)?,
+                    terminal_time_unix_ms: r.get(3)?,
+                    charged: to_u64(r.get(4)?),
+                })
+            },
+        )
+        .map_err(|e| StoreError::sqlite("list retention candidates", e))?;
+    rows.collect::<Result<Vec<_>, _>>()
+        .map_err(|e| StoreError::sqlite("list retention candidates", e))
+}
+
+fn over_clients(conn: &Connection, threshold: u64) -> Result<Vec<(String, u64)>, StoreError> {
+    let mut stmt = conn
+        .prepare(
+            "SELECT client_id, charged_bytes FROM clients WHERE charged_bytes > ?1
+             ORDER BY client_id LIMIT ?2",
+        )
+        .map_err(|e| StoreError::sqlite("list clients over quota", e))?;
+    let rows = stmt
+        .query_map(
+            params![crate::store::to_i64(threshold), MAX_CLIENTS_PER_PASS],
+            |r| Ok((r.get::<_, String>(0)?, to_u64(r.get(1)?))),
+        )
+        .map_err(|e| StoreError::sqlite("list clients over quota", e))?;
+    rows.collect::<Result<Vec<_>, _>>()
+        .map_err(|e| StoreError::sqlite("list clients over quota", e))
+}
+
+fn count_eviction(outcome: EvictOutcome, aged: bool, report: &mut MaintenanceReport) {
+    match outcome {
+        EvictOutcome::Evicted { .. } if aged => report.evicted_aged += 1,
+        EvictOutcome::Evicted { .. } => report.evicted_quota += 1,
+        EvictOutcome::Failed => report.evictions_failed += 1,
+        EvictOutcome::Dirty => report.skipped_dirty += 1,
+        EvictOutcome::Gone | EvictOutcome::Active => {}
+    }
+}
+
+impl Store {
+    /// Runs one maintenance pass (see the module docs).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database failed; file failures become
+    /// incidents and pending work instead.
+    pub fn maintain(&mut self, now_ms: i64) -> Result<MaintenanceReport, StoreError> {
+        let mut report = MaintenanceReport::default();
+        let sweep = self.sweep(now_ms)?;
+        report.rolled_forward = sweep.rolled_forward;
+        report.files_swept = sweep.files_removed;
+
+        // rotation a window or total already exceeds (e.g. lowered tiers)
+        let due: Vec<[u8; 16]> = {
+            let mut stmt = self
+                .conn
+                .prepare(
+                    "SELECT issue_uuid FROM commands WHERE retention = 'retained'
+                       AND (output_charged > ?1 OR charged_bytes > ?2)
+                     ORDER BY issue_time_ms, issue_uuid LIMIT ?3",
+                )
+                .map_err(|e| StoreError::sqlite("list rotation due", e))?;
+            let rows = stmt
+                .query_map(
+                    params![
+                        crate::store::to_i64(self.opts.tiers.command_output_window),
+                        crate::store::to_i64(self.opts.tiers.command_total),
+                        MAX_ROTATION_CHECKS
+                    ],
+                    |r| {
+                        let id: Vec<u8> = r.get(0)?;
+                        Ok(<[u8; 16]>::try_from(id.as_slice()).unwrap_or([0; 16]))
+                    },
+                )
+                .map_err(|e| StoreError::sqlite("list rotation due", e))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(|e| StoreError::sqlite("list rotation due", e))?
+        };
+        for issue in due {
+            if self.rotate_due(&issue, now_ms)?.is_some() {
+                report.rotations += 1;
+            }
+        }
+
+        // age reclamation (0 disables), independent of byte pressure
+        let retention_ms = self.opts.terminal_retention_ms;
+        if retention_ms > 0 {
+            let aged = select_aged(&candidates(&self.conn, None, true)?, now_ms, retention_ms);
+            for issue in &aged.uuids {
+                let outcome = self.evict_command(issue, EvictionCause::TerminalAge, now_ms)?;
+                count_eviction(outcome, true, &mut report);
+            }
+        }
+
+        // quota eviction: per client, then server-wide
+        let tiers = self.opts.tiers.clone();
+        let slack = self.opts.eviction_slack_bytes;
+        let owner_limit = tiers.per_owner_total.saturating_sub(slack);
+        for (client, used) in over_clients(&self.conn, owner_limit)? {
+            let need = Need {
+                owner: Some(OwnerNeed {
+                    owner: client.clone(),
+                    bytes: used.saturating_sub(owner_limit),
+                }),
+                global: 0,
+            };
+            let selection = select_evictions(&candidates(&self.conn, Some(&client), true)?, &need);
+            let mut freed = 0u64;
+            for issue in &selection.commands.uuids {
+                if let EvictOutcome::Evicted { freed: f } =
+                    self.count_eviction_ret(issue, EvictionCause::ClientQuota, now_ms, &mut report)?
+                {
+                    freed = freed.saturating_add(f);
+                }
+            }
+            let missing = need
+                .owner
+                .as_ref()
+                .map_or(0, |o| o.bytes)
+                .saturating_sub(freed);
+            if missing > 0 {
+                let left = self.pressure_rotate(
+                    Some(&client),
+                    missing,
+                    RotationCause::ClientQuota,
+                    now_ms,
+                    &mut report,
+                )?;
+                report.owner_shortfall = report.owner_shortfall.saturating_add(left);
+                if left > 0 {
+                    tracing::warn!(client_id = %client, shortfall = left,
+                        "client over its quota with active data only; new unreserved data is refused");
+                }
+            }
+        }
+        let global_limit = tiers.global_total.saturating_sub(slack);
+        let global = crate::store::global_charged(&self.conn)?;
+        if global > global_limit {
+            let need = Need {
+                owner: None,
+                global: global - global_limit,
+            };
+            let selection = select_evictions(&candidates(&self.conn, None, true)?, &need);
+            let mut freed = 0u64;
+            for issue in &selection.commands.uuids {
+                if let EvictOutcome::Evicted { freed: f } =
+                    self.count_eviction_ret(issue, EvictionCause::GlobalQuota, now_ms, &mut report)?
+                {
+                    freed = freed.saturating_add(f);
+                }
+            }
+            let missing = need.global.saturating_sub(freed);
+            if missing > 0 {
+                let left = self.pressure_rotate(
+                    None,
+                    missing,
+                    RotationCause::GlobalQuota,
+                    now_ms,
+                    &mut report,
+                )?;
+                report.global_shortfall = left;
+                if left > 0 {
+                    tracing::warn!(
+                        shortfall = left,
+                        "server over its quota with active data only; new unreserved data is refused"
+                    );
+                }
+            }
+        }
+
+        report.audit_rotated = self.rotate_audit(0, now_ms)?;
+        tracing::info!(
+            rolled_forward = report.rolled_forward,
+            files_swept = report.files_swept,
+            rotations = report.rotations,
+            evicted_quota = report.evicted_quota,
+            evicted_aged = report.evicted_aged,
+            evictions_failed = report.evictions_failed,
+            audit_rotated = report.audit_rotated,
+            "maintenance pass"
+        );
+        Ok(report)
+    }
+
+    fn count_eviction_ret(
+        &mut self,
+        issue: &[u8; 16],
+        cause: EvictionCause,
+        now_ms: i64,
+        report: &mut MaintenanceReport,
+    ) -> Result<EvictOutcome, StoreError> {
+        let outcome = self.evict_command(issue, cause, now_ms)?;
+        count_eviction(outcome, false, report);
+        Ok(outcome)
+    }
+
+    /// Relieves `need` bytes from active commands' output (plan §5.4: "if
+    /// active data alone creates pressure, rotate/drop output with
+    /// markers"), oldest command first; returns what is still missing.
+    fn pressure_rotate(
+        &mut self,
+        client: Option<&str>,
+        need: u64,
+        cause: RotationCause,
+        now_ms: i64,
+        report: &mut MaintenanceReport,
+    ) -> Result<u64, StoreError> {
+        let mut missing = need;
+        let marker = rvbox_retention::charge(
+            rvbox_retention::CHARGE_VERSION,
+            rvbox_retention::ChargeKind::TruncationRow,
+            256,
+        )
+        .map_err(|e| StoreError::Integrity(e.to_string()))?;
+        let kept = rvbox_retention::charge(
+            rvbox_retention::CHARGE_VERSION,
+            rvbox_retention::ChargeKind::EventRow,
+            0,
+        )
+        .map_err(|e| StoreError::Integrity(e.to_string()))?;
+        for c in candidates(&self.conn, client, false)? {
+            if missing == 0 {
+                break;
+            }
+            let segs = self.segment_usage(&c.issue_uuid, kept)?;
+            let plan = plan_pressure_rotation(&segs, missing, marker);
+            if plan.rotate.is_empty() {
+                continue;
+            }
+            if let Some(r) = self.apply_rotation(&c.issue_uuid, &plan.rotate, cause, now_ms)? {
+                missing = missing.saturating_sub(r.released);
+                report.rotations += 1;
+                report.pressure_rotations += 1;
+            }
+        }
+        Ok(missing)
+    }
+
+    /// A command's live output segments for a pressure plan, each charged
+    /// at what rotating it actually releases (its charge minus the event
+    /// rows that stay).
+    fn segment_usage(&self, issue: &[u8; 16], kept: u64) -> Result<Vec<SegmentUsage>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT s.ordinal, s.state, COALESCE(s.first_seq, 0), COALESCE(s.last_seq, 0),
+                        s.charged_bytes,
+                        (SELECT COUNT(*) FROM command_events e
+                          WHERE e.issue_uuid = s.issue_uuid AND e.segment_ordinal = s.ordinal)
+                 FROM command_segments s WHERE s.issue_uuid = ?1 AND s.state IN ('active', 'sealed')
+                 ORDER BY s.ordinal",
+            )
+            .map_err(|e| StoreError::sqlite("list output segments", e))?;
+        let rows = stmt
+            .query_map(params![issue.as_slice()], |r| {
+                let state: String = r.get(1)?;
+                let charged = to_u64(r.get(4)?);
+                let events = to_u64(r.get(5)?);
+                Ok(SegmentUsage {
+                    ordinal: r.get(0)?,
+                    charged: charged.saturating_sub(events.saturating_mul(kept)),
+                    sealed: state == "sealed",
+                    first_seq: to_u64(r.get(2)?),
+                    last_seq: to_u64(r.get(3)?),
+                    pinned: false,
+                })
+            })
+            .map_err(|e| StoreError::sqlite("list output segments", e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StoreError::sqlite("list output segments", e))
+    }
+
+    /// Startup part of retention, called from [`Store::recover`] after the
+    /// sweeper ([`Store::sweep`]) and command segment recovery: audit
+    /// segment recovery.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database failed.
+    pub fn recover_retention(&mut self, now_ms: i64) -> Result<(), StoreError> {
+        let audit = self.recover_audit(now_ms)?;
+        tracing::info!(
+            audit_segments = audit.segments_scanned,
+            audit_tails = audit.tails_truncated,
+            audit_damaged = audit.segments_damaged,
+            audit_orphans = audit.orphans_removed,
+            "retention recovery finished"
+        );
+        Ok(())
+    }
+}

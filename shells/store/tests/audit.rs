@@ -1,0 +1,331 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+//! The audit log on real SQLite and real files (plan §5.2, §5.4 item 5):
+//! append and read back, key names only, sealing and budget rotation, the
+//! age trigger, and recovery of uncommitted tails, crashes and committed
+//! damage.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use rvbox_domain::error::Code;
+use rvbox_proto::v1 as wire;
+use rvbox_store::audit::{AuditOutcome, AuditRecord, points};
+use rvbox_store::crash::CrashHook;
+use rvbox_store::fs::RealFs;
+use rvbox_store::mutations::OpError;
+use rvbox_store::{Store, StoreOptions};
+use support::*;
+
+fn opts(seal: u64, budget: u64) -> StoreOptions {
+    let mut tiers = rvbox_retention::Tiers::server_defaults();
+    tiers.free_space_floor = 0;
+    StoreOptions {
+        tiers,
+        seal_bytes: seal,
+        audit_budget_bytes: budget,
+        ..StoreOptions::default()
+    }
+}
+
+fn reopen(dir: &Path, o: StoreOptions) -> Store {
+    open_with(dir, Arc::new(RealFs), o)
+}
+
+fn record(n: i64) -> AuditRecord {
+    let env: BTreeMap<String, String> = [
+        ("API_TOKEN".to_owned(), "s3cr3t-value".to_owned()),
+        ("PATH".to_owned(), "/usr/bin".to_owned()),
+    ]
+    .into_iter()
+    .collect();
+    AuditRecord {
+        time_ms: NOW + n,
+        transport: "grpc-unix".into(),
+        principal: "uid:1000".into(),
+        client_id: Some("web-1".into()),
+        issue_uuid: Some([7; 16]),
+        action: "RunCommand".into(),
+        outcome: if n % 3 == 0 {
+            AuditOutcome::Refused
+        } else {
+            AuditOutcome::Ok
+        },
+        error_code: (n % 3 == 0).then_some(Code::QuotaExceeded as i32),
+        command_digest: Some([n as u8; 32]),
+        env_keys: Vec::new(),
+    }
+    .with_env_names(env.keys())
+}
+
+fn audit_charged(s: &Store) -> (u64, u64) {
+    s.db()
+        .query_row(
+            "SELECT (SELECT audit_charged FROM quota_totals),
+                    (SELECT COALESCE(SUM(charged_bytes), 0) FROM audit_segments)",
+            [],
+            |r| {
+                Ok((
+                    u64::try_from(r.get::<_, i64>(0)?).unwrap(),
+                    u64::try_from(r.get::<_, i64>(1)?).unwrap(),
+                ))
+            },
+        )
+        .unwrap()
+}
+
+fn audit_files(s: &Store) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(s.layout().audit_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn segment_count(s: &Store) -> u64 {
+    let n: i64 = s
+        .db()
+        .query_row("SELECT COUNT(*) FROM audit_segments", [], |r| r.get(0))
+        .unwrap();
+    u64::try_from(n).unwrap()
+}
+
+#[test]
+fn audit_records_append_and_read_back_with_key_names_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = reopen(dir.path(), opts(64 * 1024, 1024 * 1024));
+    for n in 1..=5 {
+        let ack = s.audit(&record(n), NOW + n).unwrap();
+        assert_eq!(ack.seq, u64::try_from(n).unwrap());
+        assert_eq!(ack.ordinal, 1);
+    }
+    let back = s.read_audit(0, 100).unwrap();
+    assert_eq!(back.len(), 5);
+    for (i, (seq, rec)) in back.iter().enumerate() {
+        let n = i64::try_from(i).unwrap() + 1;
+        assert_eq!(*seq, u64::try_from(n).unwrap());
+        assert_eq!(rec, &record(n));
+        assert_eq!(
+            rec.env_keys,
+            vec!["API_TOKEN".to_owned(), "PATH".to_owned()]
+        );
+    }
+    assert_eq!(s.read_audit(3, 1).unwrap()[0].0, 4);
+    // no env value anywhere on disk or in the database
+    let raw = std::fs::read(s.layout().audit_dir().join(&audit_files(&s)[0])).unwrap();
+    let plain: Vec<u8> = {
+        let mut out = Vec::new();
+        let mut off = 0;
+        let limits = rvbox_store::audit::audit_limits();
+        while off < raw.len() {
+            let d = rvbox_segment::decode(&raw[off..], &limits).unwrap();
+            assert_eq!(d.meta.kind, rvbox_segment::Kind::Audit);
+            out.extend(zstd::bulk::decompress(d.payload, d.meta.raw_len as usize).unwrap());
+            off += rvbox_segment::encoded_len(u32::try_from(d.payload.len()).unwrap()) as usize;
+        }
+        out
+    };
+    assert!(!plain.windows(12).any(|w| w == b"s3cr3t-value"));
+    assert!(plain.windows(9).any(|w| w == b"API_TOKEN"));
+    // a key name carrying a value is refused
+    let mut bad = record(9);
+    bad.env_keys = vec!["API_TOKEN=s3cr3t".into()];
+    match s.audit(&bad, NOW) {
+        Err(OpError::Refused(e)) => assert_eq!(e.code(), Code::InvalidArgument),
+        other => panic!("{other:?}"),
+    }
+    let (counter, recount) = audit_charged(&s);
+    assert_eq!(counter, recount);
+    assert_counters(&s);
+
+    // a restart keeps every committed record, and the sequence continues
+    drop(s);
+    let mut s = reopen(dir.path(), opts(64 * 1024, 1024 * 1024));
+    assert_eq!(s.read_audit(0, 100).unwrap().len(), 5);
+    assert_eq!(s.audit(&record(6), NOW + 6).unwrap().seq, 6);
+    assert_counters(&s);
+}
+
+#[test]
+fn audit_seals_and_rotates_oldest_complete_segments_under_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = 8 * 1024;
+    let mut s = reopen(dir.path(), opts(1024, budget));
+    let mut rotated = 0;
+    for n in 1..=100 {
+        let ack = s.audit(&record(n), NOW + n).unwrap();
+        rotated += ack.rotated;
+        let (counter, recount) = audit_charged(&s);
+        assert_eq!(counter, recount);
+        assert!(counter <= budget, "{counter}");
+    }
+    assert!(rotated > 0);
+    // the oldest segments went, files and rows alike; the newest survive
+    let files = audit_files(&s);
+    assert_eq!(files.len() as u64, segment_count(&s));
+    assert!(!files.contains(&rvbox_segment::audit_file_name(1).unwrap()));
+    let back = s.read_audit(0, 1000).unwrap();
+    let seqs: Vec<u64> = back.iter().map(|(q, _)| *q).collect();
+    assert_eq!(*seqs.last().unwrap(), 100);
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
+    assert!(seqs[0] > 1);
+    assert!(
+        std::fs::read_dir(s.layout().trash_dir())
+            .unwrap()
+            .next()
+            .is_none()
+    );
+    assert_counters(&s);
+}
+
+#[test]
+fn audit_age_rotation_is_off_at_zero_and_never_takes_the_active_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts(1024, 100 * 1024 * 1024);
+    let mut s = reopen(dir.path(), o.clone());
+    for n in 1..=20 {
+        s.audit(&record(n), NOW + n).unwrap();
+    }
+    let segments = segment_count(&s);
+    assert!(segments > 2);
+    // default age 0: a pass far in the future rotates nothing
+    let r = s.maintain(NOW + 365 * 86_400_000).unwrap();
+    assert_eq!(r.audit_rotated, 0);
+    drop(s);
+    o.audit_retention_ms = 1000;
+    let mut s = reopen(dir.path(), o);
+    let r = s.maintain(NOW + 20 + 1000).unwrap();
+    assert_eq!(r.audit_rotated, segments - 1, "every complete segment");
+    assert_eq!(segment_count(&s), 1);
+    let last = s.read_audit(0, 100).unwrap();
+    assert_eq!(last.last().unwrap().0, 20);
+    assert_eq!(s.audit(&record(21), NOW + 21).unwrap().seq, 21);
+    let (counter, recount) = audit_charged(&s);
+    assert_eq!(counter, recount);
+    assert_counters(&s);
+}
+
+#[derive(Debug)]
+struct StopAt(&'static str, AtomicU32);
+
+impl CrashHook for StopAt {
+    fn at(&self, point: &'static str) {
+        if point == self.0 && self.1.fetch_add(1, Ordering::SeqCst) == 0 {
+            panic!("power cut at {point}");
+        }
+    }
+}
+
+#[test]
+fn audit_recovery_cuts_uncommitted_tails_and_reports_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = opts(1024, 1024 * 1024);
+    let mut s = reopen(dir.path(), o.clone());
+    for n in 1..=6 {
+        s.audit(&record(n), NOW + n).unwrap();
+    }
+    // a crash after the fsync, before committed_end moved
+    s.set_crash_hook(Arc::new(StopAt(
+        points::AUDIT_AFTER_FSYNC,
+        AtomicU32::new(0),
+    )));
+    let crashed = std::panic::catch_unwind(AssertUnwindSafe(|| s.audit(&record(7), NOW + 7)));
+    assert!(crashed.is_err());
+    drop(s);
+    let mut s = reopen(dir.path(), o.clone());
+    let seqs: Vec<u64> = s.read_audit(0, 100).unwrap().iter().map(|r| r.0).collect();
+    assert_eq!(
+        seqs,
+        (1..=6).collect::<Vec<_>>(),
+        "never committed, never read"
+    );
+    assert_eq!(s.audit(&record(7), NOW + 7).unwrap().seq, 7);
+
+    // garbage beyond the committed end of the active segment
+    let active: i64 = s
+        .db()
+        .query_row(
+            "SELECT ordinal FROM audit_segments WHERE state = 'active'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let active_path = s
+        .layout()
+        .audit_dir()
+        .join(rvbox_segment::audit_file_name(u64::try_from(active).unwrap()).unwrap());
+    drop(s);
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&active_path)
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"unacknowledged tail bytes").unwrap();
+    drop(f);
+    let s = reopen(dir.path(), o.clone());
+    let committed: i64 = s
+        .db()
+        .query_row(
+            "SELECT committed_end FROM audit_segments WHERE ordinal = ?1",
+            [active],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        std::fs::metadata(&active_path).unwrap().len(),
+        u64::try_from(committed).unwrap()
+    );
+    let all = rvbox_store::incidents::list(s.db(), None, None, 100).unwrap();
+    let tail: Vec<_> = all
+        .iter()
+        .filter(|i| i.kind == wire::IncidentKind::UncommittedTail)
+        .collect();
+    assert!(!tail.is_empty());
+    assert!(tail.iter().all(
+        |i| i.scope_kind == wire::ScopeKind::Audit && i.state == wire::IncidentState::Repaired
+    ));
+    assert!(rvbox_store::incidents::open(s.db(), 10).unwrap().is_empty());
+    assert_eq!(s.read_audit(0, 100).unwrap().len(), 7);
+
+    // a corrupt committed byte in the first (sealed) segment
+    let first = s
+        .layout()
+        .audit_dir()
+        .join(rvbox_segment::audit_file_name(1).unwrap());
+    drop(s);
+    let mut bytes = std::fs::read(&first).unwrap();
+    bytes[140] ^= 0xff;
+    std::fs::write(&first, &bytes).unwrap();
+    let mut s = reopen(dir.path(), o);
+    let open = rvbox_store::incidents::open(s.db(), 10).unwrap();
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0].scope_kind, wire::ScopeKind::Audit);
+    assert_eq!(open[0].scope_key, "1");
+    assert!(open[0].data_loss);
+    let state: String = s
+        .db()
+        .query_row(
+            "SELECT state FROM audit_segments WHERE ordinal = 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(state, "damaged");
+    // the rest stays readable and the log goes on
+    let seqs: Vec<u64> = s.read_audit(0, 100).unwrap().iter().map(|r| r.0).collect();
+    assert_eq!(*seqs.last().unwrap(), 7);
+    assert!(!seqs.contains(&1));
+    assert_eq!(s.audit(&record(8), NOW + 8).unwrap().seq, 8);
+    let (counter, recount) = audit_charged(&s);
+    assert_eq!(counter, recount);
+    assert_counters(&s);
+}
