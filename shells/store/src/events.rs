@@ -469,6 +469,12 @@ impl Store {
                     Ok(r) => r,
                     Err(refusal) => {
                         tracing::warn!(tier = refusal.tier.name(), "event refused by quota");
+                        self.metrics
+                            .quota_refusals
+                            .get_or_create(&crate::metrics::TierLabel {
+                                tier: refusal.tier.name(),
+                            })
+                            .inc();
                         outcomes.push(refuse(Code::QuotaExceeded, refusal.to_string()));
                         continue;
                     }
@@ -598,6 +604,7 @@ impl Store {
         // ---- 2. write and fsync (group commit) ----------------------------
         if let Err(e) = self.write_segments(&segs, &base) {
             self.rollback_segments(&base, &segs);
+            self.metrics.groups_failed.inc();
             return Err(e);
         }
 
@@ -613,6 +620,7 @@ impl Store {
         );
         if let Err(e) = commit {
             self.rollback_segments(&base, &segs);
+            self.metrics.groups_failed.inc();
             return Err(e);
         }
         self.hook.at(points::EVENT_AFTER_COMMIT);
@@ -630,7 +638,31 @@ impl Store {
                     .map(|v| (ev.issue_uuid, v.last_seq))
             })
             .collect();
+        self.count_outcomes(&outcomes, &segs);
         Ok(AppendReport { outcomes, acked })
+    }
+
+    fn count_outcomes(
+        &self,
+        outcomes: &[EventOutcome],
+        segs: &BTreeMap<([u8; 16], u32), PendingSegment>,
+    ) {
+        let m = &self.metrics;
+        let mut appended = 0u64;
+        for o in outcomes {
+            match o {
+                EventOutcome::Appended => appended += 1,
+                EventOutcome::Duplicate => {
+                    m.events_duplicate.inc();
+                }
+                EventOutcome::Refused(e) => m.event_refused(e.code().as_str()),
+            }
+        }
+        m.events_appended.inc_by(appended);
+        m.groups_committed.inc();
+        m.group_events.observe(appended as f64);
+        m.segments_created
+            .inc_by(segs.values().filter(|s| s.new_file).count() as u64);
     }
 
     /// Appends each pending segment's bytes, syncs every touched file and,

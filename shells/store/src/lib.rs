@@ -30,6 +30,7 @@ pub mod audit;
 pub mod events;
 pub mod group;
 pub mod maintenance;
+pub mod metrics;
 pub mod operator;
 pub mod recovery;
 pub mod retention;

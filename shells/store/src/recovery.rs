@@ -131,6 +131,12 @@ impl Store {
                 )
                 .map_err(|e| StoreError::sqlite("close prior sessions", e))? as i64,
         );
+        let m = &self.metrics;
+        m.recovered("tail_truncated", report.tails_truncated);
+        m.recovered("segment_damaged", report.segments_damaged);
+        m.recovered("orphan_removed", report.orphans_removed);
+        m.recovered("session_closed", report.sessions_closed);
+        m.recovered("integrity_failed", u64::from(!report.integrity_ok));
         tracing::info!(
             segments = report.segments_scanned,
             tails = report.tails_truncated,
@@ -323,6 +329,12 @@ impl Store {
             data_loss: true,
         };
         incidents::insert(&tx, id, &new, now_ms)?;
+        self.metrics
+            .incidents
+            .get_or_create(&crate::metrics::KindLabel {
+                kind: new.kind.as_str_name(),
+            })
+            .inc();
         for (first, last, raw, stored) in &runs {
             tx.execute(
                 "INSERT INTO output_truncations (issue_uuid, first_seq, last_seq, raw_bytes, stored_bytes,
@@ -368,6 +380,12 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sqlite("begin incident", e))?;
         incidents::insert(&tx, id, new, now_ms)?;
+        self.metrics
+            .incidents
+            .get_or_create(&crate::metrics::KindLabel {
+                kind: new.kind.as_str_name(),
+            })
+            .inc();
         if repaired {
             tx.execute(
                 "UPDATE storage_incidents SET state = 2, resolved_ms = ?2 WHERE incident_id = ?1",

@@ -121,6 +121,7 @@ pub struct Store {
     /// Reused zstd context for validating output (creating one per chunk
     /// costs more than decompressing 1 KiB).
     pub(crate) dctx: Dctx,
+    pub(crate) metrics: crate::metrics::StoreMetrics,
     server_id: [u8; 16],
     token_key: [u8; identity::TOKEN_KEY_LEN],
     _lock: InstanceLock,
@@ -163,6 +164,7 @@ impl Store {
             opts,
             hook: Arc::new(NoCrash),
             open_segments: BTreeMap::new(),
+            metrics: crate::metrics::StoreMetrics::default(),
             dctx: Dctx(
                 zstd::bulk::Decompressor::new()
                     .map_err(|e| StoreError::io("create zstd context", "", e))?,
@@ -176,6 +178,12 @@ impl Store {
     /// Installs a crash hook (tests and the simulator).
     pub fn set_crash_hook(&mut self, hook: Arc<dyn CrashHook>) {
         self.hook = hook;
+    }
+
+    /// The store's metrics (register them with the server's registry).
+    #[must_use]
+    pub fn metrics(&self) -> &crate::metrics::StoreMetrics {
+        &self.metrics
     }
 
     /// This store's server id.
@@ -221,6 +229,28 @@ impl Store {
     /// quota refusals; [`OpError::Store`] when the store failed (nothing
     /// committed).
     pub fn run_command(
+        &mut self,
+        req: &wire::RunCommandRequest,
+        now_ms: i64,
+    ) -> Result<wire::RunCommandResponse, OpError> {
+        let result = self.run_command_inner(req, now_ms);
+        match &result {
+            Ok(_) => {
+                self.metrics.commands_created.inc();
+            }
+            Err(e) => {
+                let code = e.to_domain().code().as_str();
+                self.metrics
+                    .commands_refused
+                    .get_or_create(&crate::metrics::CodeLabel { code })
+                    .inc();
+                tracing::warn!(code, "RunCommand refused");
+            }
+        };
+        result
+    }
+
+    fn run_command_inner(
         &mut self,
         req: &wire::RunCommandRequest,
         now_ms: i64,

@@ -344,3 +344,33 @@ fn a_second_store_on_the_same_directory_is_refused() {
     );
     assert!(matches!(again, Err(StoreError::Locked { .. })));
 }
+
+#[test]
+fn metrics_count_every_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let id = running_command(&mut s, "web-1");
+    s.append_events(
+        &[
+            output(&id, 2, b"a"),
+            output(&id, 2, b"a"),
+            output(&id, 9, b"gap"),
+        ],
+        NOW,
+    )
+    .unwrap();
+    let m = s.metrics();
+    assert_eq!(m.events_appended.get(), 2); // the running event and seq 2
+    assert_eq!(m.events_duplicate.get(), 1);
+    assert_eq!(
+        m.events_refused
+            .get_or_create(&rvbox_store::metrics::CodeLabel {
+                code: "PROTOCOL_ERROR"
+            })
+            .get(),
+        1
+    );
+    assert_eq!(m.commands_created.get(), 1);
+    assert_eq!(m.segments_created.get(), 1);
+    assert_counters(&s);
+}

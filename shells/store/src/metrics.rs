@@ -1,0 +1,211 @@
+//! Store metrics (plan §11.1): counters for every state change and failure
+//! of the store, with bounded labels only (an error code, a quota tier, an
+//! incident kind, a recovery step, a retention cause), never a command or
+//! client id. The server shell registers them with its Prometheus registry.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// A stable RVBox error code name (`QUOTA_EXCEEDED`, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    /// Error code name.
+    pub code: &'static str,
+}
+
+/// A quota tier name (`owner_total`, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabel {
+    /// Tier name.
+    pub tier: &'static str,
+}
+
+/// An incident kind name (`INCIDENT_KIND_CHECKSUM_MISMATCH`, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// Incident kind.
+    pub kind: &'static str,
+}
+
+/// A recovery step (`tail_truncated`, `segment_damaged`, `orphan_removed`,
+/// `session_closed`, `integrity_failed`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabel {
+    /// Step name.
+    pub step: &'static str,
+}
+
+fn group_sizes() -> Histogram {
+    Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0])
+}
+
+/// Every store metric. Cheap to clone (shared counters).
+#[derive(Clone, Debug)]
+pub struct StoreMetrics {
+    /// Events made durable.
+    pub events_appended: Counter,
+    /// Identical repeats acknowledged again.
+    pub events_duplicate: Counter,
+    /// Events refused, by code.
+    pub events_refused: Family<CodeLabel, Counter>,
+    /// Groups made durable.
+    pub groups_committed: Counter,
+    /// Groups that failed (nothing acknowledged).
+    pub groups_failed: Counter,
+    /// Events per durable group.
+    pub group_events: Histogram,
+    /// Segment files created.
+    pub segments_created: Counter,
+    /// Commands created (`RunCommand`).
+    pub commands_created: Counter,
+    /// Commands refused, by code.
+    pub commands_refused: Family<CodeLabel, Counter>,
+    /// Reserve refusals, by tier.
+    pub quota_refusals: Family<TierLabel, Counter>,
+    /// Storage incidents recorded, by kind.
+    pub incidents: Family<KindLabel, Counter>,
+    /// Recovery actions, by step.
+    pub recovery: Family<StepLabel, Counter>,
+}
+
+impl Default for StoreMetrics {
+    fn default() -> Self {
+        Self {
+            events_appended: Counter::default(),
+            events_duplicate: Counter::default(),
+            events_refused: Family::default(),
+            groups_committed: Counter::default(),
+            groups_failed: Counter::default(),
+            group_events: group_sizes(),
+            segments_created: Counter::default(),
+            commands_created: Counter::default(),
+            commands_refused: Family::default(),
+            quota_refusals: Family::default(),
+            incidents: Family::default(),
+            recovery: Family::default(),
+        }
+    }
+}
+
+impl StoreMetrics {
+    /// Registers every metric under the `rvbox_store` prefix.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("rvbox_store");
+        r.register(
+            "events_appended",
+            "Events made durable",
+            self.events_appended.clone(),
+        );
+        r.register(
+            "events_duplicate",
+            "Identical repeated events acknowledged again",
+            self.events_duplicate.clone(),
+        );
+        r.register(
+            "events_refused",
+            "Events refused, by error code",
+            self.events_refused.clone(),
+        );
+        r.register(
+            "groups_committed",
+            "Event groups made durable",
+            self.groups_committed.clone(),
+        );
+        r.register(
+            "groups_failed",
+            "Event groups that failed; nothing was acknowledged",
+            self.groups_failed.clone(),
+        );
+        r.register(
+            "group_events",
+            "Events per durable group",
+            self.group_events.clone(),
+        );
+        r.register(
+            "segments_created",
+            "Segment files created",
+            self.segments_created.clone(),
+        );
+        r.register(
+            "commands_created",
+            "Commands created",
+            self.commands_created.clone(),
+        );
+        r.register(
+            "commands_refused",
+            "Commands refused, by error code",
+            self.commands_refused.clone(),
+        );
+        r.register(
+            "quota_refusals",
+            "Reserve refusals, by quota tier",
+            self.quota_refusals.clone(),
+        );
+        r.register(
+            "incidents",
+            "Storage incidents recorded, by kind",
+            self.incidents.clone(),
+        );
+        r.register(
+            "recovery_actions",
+            "Recovery actions, by step",
+            self.recovery.clone(),
+        );
+    }
+
+    /// Counts one refused event.
+    pub fn event_refused(&self, code: &'static str) {
+        self.events_refused.get_or_create(&CodeLabel { code }).inc();
+    }
+
+    /// Counts one recovery action.
+    pub fn recovered(&self, step: &'static str, n: u64) {
+        self.recovery.get_or_create(&StepLabel { step }).inc_by(n);
+    }
+}
+
+/// The Prometheus text exposition of a registry.
+///
+/// # Errors
+/// When encoding fails (it writes to a `String`, so only on a formatting bug).
+pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_render_with_bounded_labels() {
+        let m = StoreMetrics::default();
+        let mut reg = Registry::default();
+        m.register(&mut reg);
+        m.events_appended.inc_by(3);
+        m.event_refused("PROTOCOL_ERROR");
+        m.quota_refusals
+            .get_or_create(&TierLabel {
+                tier: "owner_total",
+            })
+            .inc();
+        m.group_events.observe(64.0);
+        let text = render(&reg).unwrap();
+        assert!(
+            text.contains("rvbox_store_events_appended_total 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rvbox_store_events_refused_total{code=\"PROTOCOL_ERROR\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rvbox_store_quota_refusals_total{tier=\"owner_total\"} 1"),
+            "{text}"
+        );
+    }
+}
