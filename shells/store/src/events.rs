@@ -304,6 +304,16 @@ impl Store {
         batch: &[EventAppend],
         now_ms: i64,
     ) -> Result<AppendReport, StoreError> {
+        if let Err(e) = self.health.check_writable(&[]) {
+            // recovering or unusable: refuse everything, acknowledge nothing
+            return Ok(AppendReport {
+                outcomes: batch
+                    .iter()
+                    .map(|_| EventOutcome::Refused(e.clone()))
+                    .collect(),
+                acked: BTreeMap::new(),
+            });
+        }
         // plan §5.4 item 2: rotate the oldest sealed output of a command the
         // batch would push past its output window or total (retention.rs)
         self.rotate_for_append(batch, now_ms)?;

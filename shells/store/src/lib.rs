@@ -29,6 +29,7 @@ pub use store::{Store, StoreOptions};
 pub mod audit;
 pub mod events;
 pub mod group;
+pub mod health;
 pub mod maintenance;
 pub mod metrics;
 pub mod operator;

@@ -60,7 +60,7 @@ impl Store {
             let _ = fs.remove_file(&probe);
             ok
         };
-        incidents::repair(&mut self.conn, req, now_ms, &mut |tx, incident, action| {
+        let result = incidents::repair(&mut self.conn, req, now_ms, &mut |tx, incident, action| {
             match action {
                 SafeRepair::RebuildCounters => rebuild_counters(tx).map_err(OpError::Store),
                 SafeRepair::TruncateTail => {
@@ -82,7 +82,11 @@ impl Store {
                     }
                 }
             }
-        })
+        });
+        if result.is_ok() {
+            self.health.refresh(&self.conn)?;
+        }
+        result
     }
 
     /// `AcknowledgeStorageIncident`: accepts recorded loss with a note.
@@ -94,7 +98,11 @@ impl Store {
         req: &wire::AcknowledgeStorageIncidentRequest,
         now_ms: i64,
     ) -> Result<wire::AcknowledgeStorageIncidentResponse, OpError> {
-        incidents::acknowledge(&mut self.conn, req, now_ms)
+        let result = incidents::acknowledge(&mut self.conn, req, now_ms);
+        if result.is_ok() {
+            self.health.refresh(&self.conn)?;
+        }
+        result
     }
 }
 

@@ -44,6 +44,9 @@ pub struct RecoveryReport {
     pub sessions_closed: u64,
     /// Incidents recorded.
     pub incidents: u64,
+    /// Non-terminal commands whose essential state failed verification and
+    /// were interrupted.
+    pub commands_interrupted: u64,
     /// Whether `PRAGMA quick_check` passed.
     pub integrity_ok: bool,
     /// The last segment that failed, as `uuid-hex/ordinal` (never a path).
@@ -86,8 +89,10 @@ impl Store {
             integrity_ok: true,
             ..Default::default()
         };
+        self.health.set_recovering();
         if let Err(e) = db::quick_check(&self.conn) {
             report.integrity_ok = false;
+            self.health.set_unavailable();
             tracing::error!(error = %e, "SQLite integrity check failed");
             self.record_incident(
                 &NewIncident {
@@ -131,7 +136,10 @@ impl Store {
                 )
                 .map_err(|e| StoreError::sqlite("close prior sessions", e))? as i64,
         );
+        report.commands_interrupted = self.verify_essential_state(now_ms)?;
+        self.health.refresh(&self.conn)?;
         let m = &self.metrics;
+        m.recovered("command_interrupted", report.commands_interrupted);
         m.recovered("tail_truncated", report.tails_truncated);
         m.recovered("segment_damaged", report.segments_damaged);
         m.recovered("orphan_removed", report.orphans_removed);
@@ -433,6 +441,107 @@ impl Store {
                 .sync_dir(&dir)
                 .map_err(|e| StoreError::io("sync segment directory", &dir, e))?;
         }
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Verifies the essential state of every non-terminal command (its
+    /// immutable spec decodes and hashes to the stored request hash). A
+    /// command that fails is interrupted, keeps its tombstone so its UUID
+    /// never runs again, and gets an open incident; nothing else is touched
+    /// (plan §5.3: essential-state corruption interrupts only the affected
+    /// command). Returns how many were interrupted.
+    fn verify_essential_state(&mut self, now_ms: i64) -> Result<u64, StoreError> {
+        type Row = (Vec<u8>, String, Vec<u8>, Vec<u8>);
+        let rows: Vec<Row> = {
+            let mut stmt = self
+                .conn
+                .prepare(
+                    "SELECT issue_uuid, client_id, request_hash, spec_zstd FROM commands
+                     WHERE lifecycle < 5 AND essential_trusted = 1 AND retention = 'retained'",
+                )
+                .map_err(|e| StoreError::sqlite("list active commands", e))?;
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .map_err(|e| StoreError::sqlite("list active commands", e))?
+                .collect::<Result<_, _>>()
+                .map_err(|e| StoreError::sqlite("list active commands", e))?
+        };
+        let cap = usize::try_from(rvbox_domain::limits::MAX_EXECUTION_SPEC_BYTES).unwrap_or(0);
+        let mut interrupted = 0u64;
+        for (issue, client, hash, spec_zstd) in rows {
+            let Ok(issue) = <[u8; 16]>::try_from(issue.as_slice()) else {
+                continue;
+            };
+            let trusted = zstd::bulk::decompress(&spec_zstd, cap)
+                .ok()
+                .and_then(|raw| {
+                    <wire::ExecutionSpec as prost::Message>::decode(raw.as_slice()).ok()
+                })
+                .zip(rvbox_domain::ids::ClientId::parse("client_id", &client).ok())
+                .is_some_and(|(spec, client)| {
+                    rvbox_domain::hash::command_hash(&client, &spec)
+                        .as_bytes()
+                        .as_slice()
+                        == hash.as_slice()
+                });
+            if trusted {
+                continue;
+            }
+            self.interrupt_untrusted(&issue, &client, &hash, now_ms)?;
+            interrupted += 1;
+        }
+        Ok(interrupted)
+    }
+
+    fn interrupt_untrusted(
+        &mut self,
+        issue: &[u8; 16],
+        client: &str,
+        hash: &[u8],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let id = uuid_v7(self.entropy.as_ref(), now_ms)
+            .map_err(|e| StoreError::io("mint incident id", "", e))?;
+        let key = uuid::Uuid::from_bytes(*issue).hyphenated().to_string();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin interrupt", e))?;
+        let new = NewIncident {
+            kind: wire::IncidentKind::ChecksumMismatch,
+            scope_kind: wire::ScopeKind::Command,
+            scope_key: key.clone(),
+            client_id: Some(client.to_owned()),
+            issue_uuid: Some(*issue),
+            summary: "the command's immutable spec or request hash failed verification; the command was interrupted".into(),
+            evidence: b"essential_state=spec_or_request_hash".to_vec(),
+            data_loss: true,
+        };
+        incidents::insert(&tx, id, &new, now_ms)?;
+        tx.execute(
+            "UPDATE commands SET lifecycle = ?2, terminal_time_ms = MAX(?3, issue_time_ms), essential_trusted = 0
+             WHERE issue_uuid = ?1",
+            params![issue.as_slice(), wire::Lifecycle::Interrupted as i32, now_ms],
+        )
+        .map_err(|e| StoreError::sqlite("interrupt command", e))?;
+        if hash.len() == 32 {
+            tx.execute(
+                "INSERT INTO command_tombstones (issue_uuid, request_hash, client_id, lifecycle, terminal_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (issue_uuid) DO NOTHING",
+                params![issue.as_slice(), hash, client, wire::Lifecycle::Interrupted as i32, now_ms],
+            )
+            .map_err(|e| StoreError::sqlite("insert tombstone", e))?;
+        }
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit interrupt", e))?;
+        self.metrics
+            .incidents
+            .get_or_create(&crate::metrics::KindLabel {
+                kind: new.kind.as_str_name(),
+            })
+            .inc();
+        tracing::error!(issue_uuid = %key, "command essential state untrusted; interrupted");
         Ok(())
     }
 }

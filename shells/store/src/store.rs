@@ -122,6 +122,7 @@ pub struct Store {
     /// costs more than decompressing 1 KiB).
     pub(crate) dctx: Dctx,
     pub(crate) metrics: crate::metrics::StoreMetrics,
+    pub(crate) health: crate::health::Health,
     server_id: [u8; 16],
     token_key: [u8; identity::TOKEN_KEY_LEN],
     _lock: InstanceLock,
@@ -165,6 +166,7 @@ impl Store {
             hook: Arc::new(NoCrash),
             open_segments: BTreeMap::new(),
             metrics: crate::metrics::StoreMetrics::default(),
+            health: crate::health::Health::default(),
             dctx: Dctx(
                 zstd::bulk::Decompressor::new()
                     .map_err(|e| StoreError::io("create zstd context", "", e))?,
@@ -184,6 +186,13 @@ impl Store {
     #[must_use]
     pub fn metrics(&self) -> &crate::metrics::StoreMetrics {
         &self.metrics
+    }
+
+    /// A shared handle on the store's scoped health: readable from other
+    /// threads while the writer recovers (liveness, readiness, dirty scopes).
+    #[must_use]
+    pub fn health(&self) -> crate::health::Health {
+        self.health.clone()
     }
 
     /// This store's server id.
@@ -256,6 +265,8 @@ impl Store {
         now_ms: i64,
     ) -> Result<wire::RunCommandResponse, OpError> {
         let valid = check_run_command(req)?;
+        self.health
+            .check_writable(&[(wire::ScopeKind::Client, valid.client_id.as_str())])?;
         let issue = *valid.issue_uuid.as_bytes();
         let mut canonical = req.clone();
         canonical.request_id.clear();

@@ -1,0 +1,243 @@
+//! Scoped store health (plan §5.1): `recovering`, `ready`, `dirty_readable`
+//! and `unavailable`, for the global store and for each scope with an open
+//! incident. The state lives behind a shared handle so the server's
+//! liveness and incident-inspection endpoints can answer while recovery
+//! runs on the writer; mutations check only the scopes they touch.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::Connection;
+use rvbox_domain::error::{Code, DomainError};
+use rvbox_proto::v1 as wire;
+
+use crate::error::StoreError;
+use crate::incidents;
+
+/// Most scopes a health report lists (the wire bound).
+pub const MAX_REPORTED_SCOPES: usize = 1000;
+/// Most incident ids listed per scope.
+const MAX_IDS_PER_SCOPE: usize = 100;
+/// Most open incidents health derivation reads.
+const MAX_OPEN_INCIDENTS: u32 = 100_000;
+
+/// The state of one scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScopeState {
+    /// Recovery has not finished.
+    Recovering,
+    /// Usable.
+    Ready,
+    /// Readable; mutations refused until the open incidents are resolved.
+    DirtyReadable,
+    /// Not usable (the database failed its integrity check).
+    Unavailable,
+}
+
+impl ScopeState {
+    fn to_wire(self) -> wire::ScopeState {
+        match self {
+            Self::Recovering => wire::ScopeState::Recovering,
+            Self::Ready => wire::ScopeState::Ready,
+            Self::DirtyReadable => wire::ScopeState::DirtyReadable,
+            Self::Unavailable => wire::ScopeState::Unavailable,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Recovering => "recovering",
+            Self::Ready => "ready",
+            Self::DirtyReadable => "dirty_readable",
+            Self::Unavailable => "unavailable",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    global: ScopeState,
+    audit: ScopeState,
+    /// Scopes with open incidents: (kind, key) -> incident ids.
+    dirty: BTreeMap<(i32, String), Vec<String>>,
+    open_incidents: u32,
+}
+
+/// A shared view of the store's health. Cloning shares the state.
+#[derive(Debug, Clone)]
+pub struct Health {
+    state: Arc<Mutex<State>>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State {
+                global: ScopeState::Recovering,
+                audit: ScopeState::Recovering,
+                dirty: BTreeMap::new(),
+                open_incidents: 0,
+            })),
+        }
+    }
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn canonical(id: &[u8; 16]) -> String {
+    uuid::Uuid::from_bytes(*id).hyphenated().to_string()
+}
+
+impl Health {
+    /// The global store state.
+    #[must_use]
+    pub fn global(&self) -> ScopeState {
+        lock(&self.state).global
+    }
+
+    /// Marks recovery as running (every mutation is gated).
+    pub fn set_recovering(&self) {
+        let mut s = lock(&self.state);
+        s.global = ScopeState::Recovering;
+        s.audit = ScopeState::Recovering;
+        tracing::info!(state = "recovering", "store scope state");
+    }
+
+    /// Marks the database unusable (integrity failure).
+    pub fn set_unavailable(&self) {
+        lock(&self.state).global = ScopeState::Unavailable;
+        tracing::error!(state = "unavailable", "store scope state");
+    }
+
+    /// Re-derives every scope from the open incidents: a scope with an open
+    /// incident is dirty; the global and audit scopes are ready unless an
+    /// open incident names them (or the store was marked unavailable).
+    ///
+    /// # Errors
+    /// [`StoreError::Sqlite`].
+    pub fn refresh(&self, conn: &Connection) -> Result<(), StoreError> {
+        let open = incidents::open(conn, MAX_OPEN_INCIDENTS)?;
+        let mut dirty: BTreeMap<(i32, String), Vec<String>> = BTreeMap::new();
+        for i in &open {
+            let ids = dirty
+                .entry((i.scope_kind as i32, i.scope_key.clone()))
+                .or_default();
+            if ids.len() < MAX_IDS_PER_SCOPE {
+                ids.push(canonical(&i.id));
+            }
+        }
+        let mut s = lock(&self.state);
+        let global_dirty =
+            dirty.contains_key(&(wire::ScopeKind::GlobalStore as i32, String::new()));
+        if s.global != ScopeState::Unavailable {
+            s.global = if global_dirty {
+                ScopeState::DirtyReadable
+            } else {
+                ScopeState::Ready
+            };
+        }
+        s.audit = if dirty
+            .keys()
+            .any(|(k, _)| *k == wire::ScopeKind::Audit as i32)
+        {
+            ScopeState::DirtyReadable
+        } else {
+            ScopeState::Ready
+        };
+        s.open_incidents = u32::try_from(open.len()).unwrap_or(u32::MAX);
+        s.dirty = dirty;
+        tracing::info!(
+            global = s.global.name(),
+            dirty_scopes = s.dirty.len(),
+            open_incidents = s.open_incidents,
+            "store scope states"
+        );
+        Ok(())
+    }
+
+    /// Refuses a mutation unless the global store and each named scope are
+    /// ready: `UNAVAILABLE` (retryable) naming the first scope that is not.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` with the scope and, when dirty, an incident id.
+    pub fn check_writable(&self, scopes: &[(wire::ScopeKind, &str)]) -> Result<(), DomainError> {
+        let s = lock(&self.state);
+        if s.global != ScopeState::Ready {
+            return Err(DomainError::new(
+                Code::Unavailable,
+                format!("the server store is {}; retry later", s.global.name()),
+            ));
+        }
+        for (kind, key) in scopes {
+            if let Some(ids) = s.dirty.get(&(*kind as i32, (*key).to_owned())) {
+                let mut e = DomainError::new(
+                    Code::Unavailable,
+                    format!(
+                        "the {} scope has an open storage incident; repair or acknowledge it first",
+                        kind.as_str_name()
+                            .trim_start_matches("SCOPE_KIND_")
+                            .to_ascii_lowercase()
+                    ),
+                );
+                if let Some(id) = ids.first() {
+                    e = e.with_incident(id.clone());
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// The health report (`ServerHealth`): liveness is true while this
+    /// process answers; readiness only when the global and audit scopes are
+    /// ready. Lists the global and audit scopes, then every dirty scope.
+    #[must_use]
+    pub fn report(&self, now_ms: i64) -> wire::ServerHealth {
+        let s = lock(&self.state);
+        let mut scopes = vec![
+            wire::ScopeHealth {
+                scope_kind: wire::ScopeKind::GlobalStore as i32,
+                scope_key: String::new(),
+                state: s.global.to_wire() as i32,
+                incident_ids: s
+                    .dirty
+                    .get(&(wire::ScopeKind::GlobalStore as i32, String::new()))
+                    .cloned()
+                    .unwrap_or_default(),
+            },
+            wire::ScopeHealth {
+                scope_kind: wire::ScopeKind::Audit as i32,
+                scope_key: String::new(),
+                state: s.audit.to_wire() as i32,
+                incident_ids: Vec::new(),
+            },
+        ];
+        let mut omitted = 0u32;
+        for ((kind, key), ids) in &s.dirty {
+            if *kind == wire::ScopeKind::GlobalStore as i32 {
+                continue;
+            }
+            if scopes.len() >= MAX_REPORTED_SCOPES {
+                omitted = omitted.saturating_add(1);
+                continue;
+            }
+            scopes.push(wire::ScopeHealth {
+                scope_kind: *kind,
+                scope_key: key.clone(),
+                state: wire::ScopeState::DirtyReadable as i32,
+                incident_ids: ids.clone(),
+            });
+        }
+        wire::ServerHealth {
+            live: true,
+            ready: s.global == ScopeState::Ready && s.audit == ScopeState::Ready,
+            report_time: Some(crate::store::to_timestamp(now_ms)),
+            scopes,
+            omitted_scope_count: omitted,
+            open_incident_count: s.open_incidents,
+            bootstrap_incident: None,
+        }
+    }
+}
