@@ -33,14 +33,16 @@ fn repair(dir: &Path, args: &[&str]) -> Output {
 }
 
 fn open(dir: &Path) -> Store {
-    Store::open(
+    let mut s = Store::open(
         Layout::new(dir),
         Arc::new(RealFs),
         Arc::new(OsEntropy),
         StoreOptions::default(),
         NOW,
     )
-    .unwrap()
+    .unwrap();
+    s.recover(NOW).unwrap();
+    s
 }
 
 /// A store whose only command has one committed output record corrupted.
