@@ -33,5 +33,6 @@ pub mod health;
 pub mod maintenance;
 pub mod metrics;
 pub mod operator;
+pub mod output;
 pub mod recovery;
 pub mod retention;
