@@ -13,6 +13,7 @@ use rvbox_store::fs::RealFs;
 use rvbox_store::incidents::Incident;
 use rvbox_store::layout::Layout;
 use rvbox_store::mutations::OpError;
+use rvbox_store::operator::Caller;
 use rvbox_store::{Store, StoreError, StoreOptions};
 
 /// Exit status when another process holds the data directory.
@@ -125,7 +126,11 @@ pub(crate) fn run(matches: &ArgMatches) -> i32 {
                 request_id: request_id(now),
                 incident_id: id.clone(),
             };
-            report(store.repair_incident(&req, now).map(|r| r.incident))
+            report(
+                store
+                    .repair_incident(&req, &caller(), now)
+                    .map(|r| r.incident),
+            )
         }
         Some(("acknowledge", m)) => {
             let (Some(id), Some(note)) =
@@ -138,9 +143,33 @@ pub(crate) fn run(matches: &ArgMatches) -> i32 {
                 incident_id: id.clone(),
                 note: note.clone(),
             };
-            report(store.acknowledge_incident(&req, now).map(|r| r.incident))
+            report(
+                store
+                    .acknowledge_incident(&req, &caller(), now)
+                    .map(|r| r.incident),
+            )
         }
         _ => 2,
+    }
+}
+
+/// The offline tool's identity in the audit log: the invoking uid.
+fn caller() -> Caller {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().nth(1).map(str::to_owned))
+        })
+        .unwrap_or_default();
+    Caller {
+        transport: "offline-repair".into(),
+        principal: if uid.is_empty() {
+            String::new()
+        } else {
+            format!("uid:{uid}")
+        },
     }
 }
 

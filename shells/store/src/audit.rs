@@ -505,6 +505,7 @@ impl Store {
             tracing::error!(ordinal, error = %e, "audit commit failed; nothing committed");
             return Err(e.into());
         }
+        self.metrics.audit_records.inc();
         tracing::debug!(seq, ordinal, action = %rec.action, "audit record appended");
         Ok(AuditAck {
             seq,

@@ -38,6 +38,13 @@ pub struct StepLabel {
     pub step: &'static str,
 }
 
+/// A retention cause (`client_quota`, `terminal_age`, a truncation source, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabel {
+    /// Cause name.
+    pub cause: &'static str,
+}
+
 fn group_sizes() -> Histogram {
     Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0])
 }
@@ -69,6 +76,14 @@ pub struct StoreMetrics {
     pub incidents: Family<KindLabel, Counter>,
     /// Recovery actions, by step.
     pub recovery: Family<StepLabel, Counter>,
+    /// Output rotations, by truncation source.
+    pub rotations: Family<CauseLabel, Counter>,
+    /// Whole commands evicted, by cause.
+    pub evictions: Family<CauseLabel, Counter>,
+    /// Evictions that failed (recorded as incidents, rolled forward later).
+    pub eviction_failures: Counter,
+    /// Audit records made durable.
+    pub audit_records: Counter,
 }
 
 impl Default for StoreMetrics {
@@ -86,6 +101,10 @@ impl Default for StoreMetrics {
             quota_refusals: Family::default(),
             incidents: Family::default(),
             recovery: Family::default(),
+            rotations: Family::default(),
+            evictions: Family::default(),
+            eviction_failures: Counter::default(),
+            audit_records: Counter::default(),
         }
     }
 }

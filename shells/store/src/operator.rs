@@ -6,6 +6,7 @@ use rusqlite::{Transaction, params};
 use rvbox_domain::error::{Code, DomainError};
 use rvbox_proto::v1 as wire;
 
+use crate::audit::{AuditOutcome, AuditRecord};
 use crate::error::StoreError;
 use crate::incidents::{self, Incident, SafeRepair};
 use crate::mutations::OpError;
@@ -26,7 +27,49 @@ pub fn rebuild_counters(tx: &Transaction<'_>) -> Result<(), StoreError> {
     .map_err(|e| StoreError::sqlite("rebuild counters", e))
 }
 
+/// Who asked for an operator action, as recorded in the audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// Transport (`grpc-unix`, `json-rpc`, `offline-repair`).
+    pub transport: String,
+    /// Principal as the transport knows it (e.g. `uid:0`); may be empty.
+    pub principal: String,
+}
+
 impl Store {
+    /// Appends the audit record of an incident action: after the mutation
+    /// committed, before derived dirty health is refreshed (plan §5.5). An
+    /// audit failure is logged, never turned into a failure of the action
+    /// that already committed.
+    fn audit_incident_action(
+        &mut self,
+        caller: &Caller,
+        action: &str,
+        outcome: &Result<(), OpError>,
+        now_ms: i64,
+    ) {
+        let (outcome, error_code) = match outcome {
+            Ok(()) => (AuditOutcome::Ok, None),
+            Err(OpError::Refused(e)) => (AuditOutcome::Refused, Some(e.code().to_wire() as i32)),
+            Err(OpError::Store(_)) => (AuditOutcome::Failed, None),
+        };
+        let rec = AuditRecord {
+            time_ms: now_ms,
+            transport: caller.transport.clone(),
+            principal: caller.principal.clone(),
+            client_id: None,
+            issue_uuid: None,
+            action: action.to_owned(),
+            outcome,
+            error_code,
+            command_digest: None,
+            env_keys: Vec::new(),
+        };
+        if let Err(e) = self.audit(&rec, now_ms) {
+            tracing::error!(action, error = %e, "audit record of an incident action not written");
+        }
+    }
+
     /// A page of incidents, newest first (see [`incidents::list`]).
     ///
     /// # Errors
@@ -48,6 +91,7 @@ impl Store {
     pub fn repair_incident(
         &mut self,
         req: &wire::RepairStorageIncidentRequest,
+        caller: &Caller,
         now_ms: i64,
     ) -> Result<wire::RepairStorageIncidentResponse, OpError> {
         let floor = self.opts.tiers.free_space_floor;
@@ -83,6 +127,8 @@ impl Store {
                 }
             }
         });
+        let summary = result.as_ref().map(|_| ()).map_err(clone_op);
+        self.audit_incident_action(caller, "RepairStorageIncident", &summary, now_ms);
         if result.is_ok() {
             self.health.refresh(&self.conn)?;
         }
@@ -96,13 +142,23 @@ impl Store {
     pub fn acknowledge_incident(
         &mut self,
         req: &wire::AcknowledgeStorageIncidentRequest,
+        caller: &Caller,
         now_ms: i64,
     ) -> Result<wire::AcknowledgeStorageIncidentResponse, OpError> {
         let result = incidents::acknowledge(&mut self.conn, req, now_ms);
+        let summary = result.as_ref().map(|_| ()).map_err(clone_op);
+        self.audit_incident_action(caller, "AcknowledgeStorageIncident", &summary, now_ms);
         if result.is_ok() {
             self.health.refresh(&self.conn)?;
         }
         result
+    }
+}
+
+fn clone_op(e: &OpError) -> OpError {
+    match e {
+        OpError::Refused(d) => OpError::Refused(d.clone()),
+        OpError::Store(s) => OpError::Store(StoreError::Integrity(s.to_string())),
     }
 }
 

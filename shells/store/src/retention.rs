@@ -724,6 +724,12 @@ impl Store {
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit rotation", e))?;
         let source = cause.source();
+        self.metrics
+            .rotations
+            .get_or_create(&crate::metrics::CauseLabel {
+                cause: source.as_str_name(),
+            })
+            .inc();
         tracing::info!(
             issue_uuid = %uuid_text(issue),
             segments = ordinals.len(),
@@ -962,6 +968,12 @@ impl Store {
         self.open_segments.remove(issue);
         match self.complete_eviction(issue, now_ms) {
             Ok(freed) => {
+                self.metrics
+                    .evictions
+                    .get_or_create(&crate::metrics::CauseLabel {
+                        cause: cause.name(),
+                    })
+                    .inc();
                 tracing::info!(
                     issue_uuid = %uuid_text(issue),
                     cause = cause.name(),
@@ -972,6 +984,7 @@ impl Store {
             }
             Err(e) => {
                 tracing::error!(issue_uuid = %uuid_text(issue), error = %e, "eviction failed");
+                self.metrics.eviction_failures.inc();
                 self.record_failed_eviction(issue, &c.client_id, &e, now_ms)?;
                 Ok(EvictOutcome::Failed)
             }

@@ -111,11 +111,23 @@ fn a_dirty_client_scope_refuses_its_own_mutations_only() {
             incident_id: text(&incident),
             note: "permissions fixed by hand".into(),
         },
+        &rvbox_store::operator::Caller {
+            transport: "test".into(),
+            principal: String::new(),
+        },
         NOW,
     )
     .unwrap();
     s.run_command(&run_request(&new_id(), "web-1", "uptime"), NOW)
         .unwrap();
+    // the acknowledgement is in the audit log, with who did it
+    let audit = s.read_audit(0, 10).unwrap();
+    assert!(
+        audit
+            .iter()
+            .any(|(_, r)| r.action == "AcknowledgeStorageIncident" && r.transport == "test"),
+        "{audit:?}"
+    );
     assert_counters(&s);
 }
 
