@@ -61,6 +61,7 @@ struct State {
     /// Scopes with open incidents: (kind, key) -> incident ids.
     dirty: BTreeMap<(i32, String), Vec<String>>,
     open_incidents: u32,
+    bootstrap: Option<wire::StorageIncident>,
 }
 
 /// A shared view of the store's health. Cloning shares the state.
@@ -77,6 +78,7 @@ impl Default for Health {
                 audit: ScopeState::Recovering,
                 dirty: BTreeMap::new(),
                 open_incidents: 0,
+                bootstrap: None,
             })),
         }
     }
@@ -109,6 +111,26 @@ impl Health {
     pub fn set_unavailable(&self) {
         lock(&self.state).global = ScopeState::Unavailable;
         tracing::error!(state = "unavailable", "store scope state");
+    }
+
+    /// Holds an incident the database could not take (plan §5.1: "expose an
+    /// in-memory bootstrap incident through health and require the offline
+    /// repair tool").
+    pub fn set_bootstrap(&self, incident: &incidents::NewIncident, now_ms: i64) {
+        let mut s = lock(&self.state);
+        s.bootstrap = Some(wire::StorageIncident {
+            incident_id: String::new(),
+            kind: incident.kind as i32,
+            state: wire::IncidentState::Open as i32,
+            scope_kind: incident.scope_kind as i32,
+            scope_key: incident.scope_key.clone(),
+            detected_time: Some(crate::store::to_timestamp(now_ms)),
+            resolved_time: None,
+            summary: incident.summary.clone(),
+            repairable: false,
+            data_loss: incident.data_loss,
+            acknowledgement_note: String::new(),
+        });
     }
 
     /// Re-derives every scope from the open incidents: a scope with an open
@@ -237,7 +259,7 @@ impl Health {
             scopes,
             omitted_scope_count: omitted,
             open_incident_count: s.open_incidents,
-            bootstrap_incident: None,
+            bootstrap_incident: s.bootstrap.clone(),
         }
     }
 }

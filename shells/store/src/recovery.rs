@@ -94,22 +94,31 @@ impl Store {
             report.integrity_ok = false;
             self.health.set_unavailable();
             tracing::error!(error = %e, "SQLite integrity check failed");
-            self.record_incident(
-                &NewIncident {
-                    kind: wire::IncidentKind::SqliteIntegrityFailure,
-                    scope_kind: wire::ScopeKind::GlobalStore,
-                    scope_key: String::new(),
-                    client_id: None,
-                    issue_uuid: None,
-                    summary: "SQLite reported integrity problems; run the offline repair tool"
-                        .into(),
-                    evidence: e.to_string().into_bytes(),
-                    data_loss: false,
-                },
-                now_ms,
-                false,
-            )?;
-            report.incidents += 1;
+            let incident = NewIncident {
+                kind: wire::IncidentKind::SqliteIntegrityFailure,
+                scope_kind: wire::ScopeKind::GlobalStore,
+                scope_key: String::new(),
+                client_id: None,
+                issue_uuid: None,
+                summary: "SQLite reported integrity problems; stop the server and run rvbox-server repair"
+                    .into(),
+                evidence: e.to_string().into_bytes(),
+                data_loss: false,
+            };
+            match self.record_incident(&incident, now_ms, false) {
+                Ok(_) => report.incidents += 1,
+                Err(write_error) => {
+                    // the database cannot even take the incident: keep it in
+                    // memory, visible through health, until offline repair
+                    tracing::error!(error = %write_error, "integrity incident held in memory only");
+                    self.health.set_bootstrap(&incident, now_ms);
+                }
+            }
+            // metadata that fails its integrity check is not a basis for
+            // truncating or deleting anything: stop here, unavailable
+            let _ = self.health.refresh(&self.conn);
+            self.metrics.recovered("integrity_failed", 1);
+            return Ok(report);
         }
         self.open_segments.clear();
         // plan §5.4: finish stale evictions and pending deletions first, so

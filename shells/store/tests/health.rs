@@ -188,3 +188,50 @@ fn corrupt_essential_state_interrupts_only_that_command() {
     // the healthy command carries on
     s.record_transition(&good, Lifecycle::Dispatched).unwrap();
 }
+
+#[test]
+fn sqlite_integrity_failure_makes_the_store_unavailable_and_stops_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut s = open(dir.path());
+        for i in 0..300 {
+            s.run_command(
+                &run_request(&new_id(), &format!("web-{}", i % 7), "uptime"),
+                NOW,
+            )
+            .unwrap();
+        }
+    } // the last connection closes: the WAL is checkpointed into the file
+    let db = dir.path().join("db/rvbox.sqlite3");
+    let mut bytes = std::fs::read(&db).unwrap();
+    let pages = bytes.len() / 4096;
+    assert!(pages > 8, "{pages} pages");
+    // scribble over the middle of a late page (table or index content)
+    let at = (pages - 2) * 4096 + 1000;
+    for b in &mut bytes[at..at + 600] {
+        *b = 0x5a;
+    }
+    std::fs::write(&db, &bytes).unwrap();
+
+    let mut s = Store::open(
+        Layout::new(dir.path()),
+        Arc::new(RealFs),
+        Arc::new(OsEntropy),
+        StoreOptions::default(),
+        NOW,
+    )
+    .unwrap();
+    let report = s.recover(NOW).unwrap();
+    assert!(!report.integrity_ok);
+    let health = s.health();
+    assert_eq!(health.global(), ScopeState::Unavailable);
+    let h = health.report(NOW);
+    assert!(h.live && !h.ready);
+    let recorded = h.bootstrap_incident.is_some() || h.open_incident_count == 1;
+    assert!(
+        recorded,
+        "the integrity failure is visible through health: {h:?}"
+    );
+    let e = refused(s.run_command(&run_request(&new_id(), "web-1", "uptime"), NOW));
+    assert_eq!(e.code(), Code::Unavailable);
+}
