@@ -33,9 +33,28 @@ pub enum GroupError {
 /// A group stops waiting for more writers after this long without one.
 const IDLE_GAP: Duration = Duration::from_micros(200);
 
+/// Where a group's outcome for one request goes.
+enum Reply {
+    /// A blocked writer's own channel.
+    Direct(SyncSender<Result<AppendReport, GroupError>>),
+    /// A shared channel of a driver multiplexing many writers, with the
+    /// writer's tag.
+    Tagged(u64, SyncSender<(u64, Result<AppendReport, GroupError>)>),
+}
+
+impl Reply {
+    fn send(&self, r: Result<AppendReport, GroupError>) {
+        // a writer that went away no longer needs its answer
+        let _ = match self {
+            Self::Direct(tx) => tx.send(r).map_err(|_| ()),
+            Self::Tagged(tag, tx) => tx.send((*tag, r)).map_err(|_| ()),
+        };
+    }
+}
+
 struct Request {
     events: Vec<EventAppend>,
-    reply: SyncSender<Result<AppendReport, GroupError>>,
+    reply: Reply,
 }
 
 /// How the committer batches.
@@ -76,9 +95,33 @@ impl CommitHandle {
     pub fn append(&self, events: Vec<EventAppend>) -> Result<AppendReport, GroupError> {
         let (reply, wait) = mpsc::sync_channel(1);
         self.tx
-            .send(Request { events, reply })
+            .send(Request {
+                events,
+                reply: Reply::Direct(reply),
+            })
             .map_err(|_| GroupError::Stopped)?;
         wait.recv().map_err(|_| GroupError::Stopped)?
+    }
+
+    /// Queues `events` without waiting; the outcome arrives on `replies`
+    /// tagged with `tag`. One driver can keep many writers' appends in
+    /// flight this way (as an async runtime's tasks would), each writer
+    /// still waiting for its own acknowledgement before sending more.
+    ///
+    /// # Errors
+    /// [`GroupError::Stopped`] when the committer has stopped.
+    pub fn submit(
+        &self,
+        events: Vec<EventAppend>,
+        tag: u64,
+        replies: &SyncSender<(u64, Result<AppendReport, GroupError>)>,
+    ) -> Result<(), GroupError> {
+        self.tx
+            .send(Request {
+                events,
+                reply: Reply::Tagged(tag, replies.clone()),
+            })
+            .map_err(|_| GroupError::Stopped)
     }
 }
 
@@ -157,7 +200,7 @@ fn run(mut store: Store, rx: &Receiver<Request>, opts: GroupOptions, now_ms: fn(
                         .iter()
                         .filter_map(|e| report.acked.get(&e.issue_uuid).map(|s| (e.issue_uuid, *s)))
                         .collect();
-                    let _ = r.reply.send(Ok(AppendReport {
+                    r.reply.send(Ok(AppendReport {
                         outcomes: mine,
                         acked,
                     }));
@@ -167,7 +210,7 @@ fn run(mut store: Store, rx: &Receiver<Request>, opts: GroupOptions, now_ms: fn(
                 tracing::error!(error = %e, events = all.len(), "group commit failed; nothing acknowledged");
                 let msg = e.to_string();
                 for r in group {
-                    let _ = r.reply.send(Err(GroupError::Store(msg.clone())));
+                    r.reply.send(Err(GroupError::Store(msg.clone())));
                 }
             }
         }

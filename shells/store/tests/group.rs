@@ -80,3 +80,42 @@ fn a_failed_group_acknowledges_nothing_and_later_groups_proceed() {
     assert_eq!(verify_output(&s, &id), vec![2, 3]);
     assert_counters(&s);
 }
+
+#[test]
+fn one_driver_keeps_many_writers_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let ids: Vec<_> = (0..8)
+        .map(|i| running_command(&mut s, &format!("web-{i}")))
+        .collect();
+    let committer = GroupCommitter::spawn(s, GroupOptions::default(), now).unwrap();
+    let h = committer.handle();
+    let (replies, acks) = std::sync::mpsc::sync_channel(16);
+    let mut next = vec![2u64; ids.len()];
+    for (w, id) in ids.iter().enumerate() {
+        h.submit(vec![output(id, 2, &chunk(2, 100))], w as u64, &replies)
+            .unwrap();
+    }
+    let mut done = 0;
+    while done < ids.len() * 5 {
+        let (tag, r) = acks.recv().unwrap();
+        let w = usize::try_from(tag).unwrap();
+        assert_eq!(r.unwrap().acked[&ids[w]], next[w]);
+        done += 1;
+        next[w] += 1;
+        if next[w] <= 6 {
+            h.submit(
+                vec![output(&ids[w], next[w], &chunk(next[w], 100))],
+                tag,
+                &replies,
+            )
+            .unwrap();
+        }
+    }
+    drop(h);
+    let s = committer.stop().unwrap();
+    for id in &ids {
+        assert_eq!(verify_output(&s, id), (2..=6).collect::<Vec<_>>());
+    }
+    assert_counters(&s);
+}
