@@ -1,6 +1,6 @@
 //! Pieces shared by both daemons' validation.
 
-use std::net::SocketAddr;
+use core::net::SocketAddr;
 
 use crate::decode::describe_num;
 use crate::error::ConfigErrors;

@@ -1,6 +1,6 @@
 //! The validated `rvbox-server` configuration.
 
-use std::net::SocketAddr;
+use core::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
