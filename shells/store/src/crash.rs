@@ -18,7 +18,9 @@ pub mod points {
     pub const EVENT_AFTER_COMMIT: &str = "store.event.after_commit";
     /// A new segment file exists; its directory is not yet synced.
     pub const SEGMENT_CREATED: &str = "store.segment.after_create";
-    /// Every point, for tests that iterate them.
+    /// A large script's blob segment is durable; the command is not committed.
+    pub const BLOB_AFTER_SYNC: &str = "store.blob.after_sync";
+    /// Every point of the event append path, for tests that iterate them.
     pub const ALL: [&str; 5] = [
         EVENT_BEFORE_FSYNC,
         EVENT_MID_RECORD,

@@ -27,6 +27,7 @@ pub mod store;
 
 pub use store::{Store, StoreOptions};
 pub mod audit;
+pub mod blobs;
 pub mod events;
 pub mod group;
 pub mod health;

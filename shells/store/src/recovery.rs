@@ -170,7 +170,7 @@ impl Store {
             .prepare(
                 "SELECT s.issue_uuid, s.ordinal, s.committed_end, c.client_id
                  FROM command_segments s JOIN commands c ON c.issue_uuid = s.issue_uuid
-                 WHERE s.state IN ('active', 'sealed') AND c.retention = 'retained'
+                 WHERE s.state IN ('active', 'sealed', 'blob') AND c.retention = 'retained'
                  ORDER BY s.issue_uuid, s.ordinal",
             )
             .map_err(|e| StoreError::sqlite("list segments", e))?;
@@ -198,7 +198,11 @@ impl Store {
         let name = segment_file_name(&row.issue, row.ordinal)
             .ok_or_else(|| StoreError::Integrity("segment ordinal out of range".into()))?;
         let path = self.layout.segments_dir().join(&name);
-        let limits = record_limits();
+        let limits = if row.ordinal == crate::blobs::BLOB_ORDINAL {
+            crate::blobs::script_limits()
+        } else {
+            record_limits()
+        };
         // Read the committed range plus a bounded tail: a sealed or active
         // segment is never larger than the seal size plus one record.
         let max_len = self
@@ -270,6 +274,13 @@ impl Store {
                 report.segments_damaged += 1;
                 report.events_lost = report.events_lost.saturating_add(lost_events);
                 report.incidents += 1;
+                if row.ordinal == crate::blobs::BLOB_ORDINAL {
+                    // the script is essential state: without it the command
+                    // cannot run; interrupt it (its UUID never runs again)
+                    if self.interrupt_if_active(&row.issue, now_ms)? {
+                        report.commands_interrupted += 1;
+                    }
+                }
                 Ok(())
             }
         }
@@ -337,11 +348,18 @@ impl Store {
             scope_key: uuid::Uuid::from_bytes(row.issue).hyphenated().to_string(),
             client_id: Some(row.client_id.clone()),
             issue_uuid: Some(row.issue),
-            summary: format!(
-                "segment {} lost {} committed bytes ({lost_events} events); the output is marked truncated",
-                row.ordinal,
-                lost.iter().map(ByteRange::len).sum::<u64>()
-            ),
+            summary: if row.ordinal == crate::blobs::BLOB_ORDINAL {
+                format!(
+                    "the command's script blob lost {} committed bytes; the command cannot run",
+                    lost.iter().map(ByteRange::len).sum::<u64>()
+                )
+            } else {
+                format!(
+                    "segment {} lost {} committed bytes ({lost_events} events); the output is marked truncated",
+                    row.ordinal,
+                    lost.iter().map(ByteRange::len).sum::<u64>()
+                )
+            },
             evidence: evidence(lost, row.committed_end, file_len),
             data_loss: true,
         };
@@ -497,10 +515,36 @@ impl Store {
             if trusted {
                 continue;
             }
-            self.interrupt_untrusted(&issue, &client, &hash, now_ms)?;
+            self.interrupt_untrusted(&issue, &client, &hash, true, now_ms)?;
             interrupted += 1;
         }
         Ok(interrupted)
+    }
+
+    /// Interrupts a non-terminal command whose blob segment was found
+    /// damaged (the damage incident is already recorded). Returns whether
+    /// the command was active.
+    fn interrupt_if_active(&mut self, issue: &[u8; 16], now_ms: i64) -> Result<bool, StoreError> {
+        let row: Option<(String, Vec<u8>, i64)> = self
+            .conn
+            .query_row(
+                "SELECT client_id, request_hash, lifecycle FROM commands WHERE issue_uuid = ?1",
+                params![issue.as_slice()],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .map(Some)
+            .or_else(|e| match e {
+                rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                other => Err(other),
+            })
+            .map_err(|e| StoreError::sqlite("read command", e))?;
+        match row {
+            Some((client, hash, lifecycle)) if lifecycle < 5 => {
+                self.interrupt_untrusted(issue, &client, &hash, false, now_ms)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     fn interrupt_untrusted(
@@ -508,6 +552,7 @@ impl Store {
         issue: &[u8; 16],
         client: &str,
         hash: &[u8],
+        with_incident: bool,
         now_ms: i64,
     ) -> Result<(), StoreError> {
         let id = uuid_v7(self.entropy.as_ref(), now_ms)
@@ -527,7 +572,9 @@ impl Store {
             evidence: b"essential_state=spec_or_request_hash".to_vec(),
             data_loss: true,
         };
-        incidents::insert(&tx, id, &new, now_ms)?;
+        if with_incident {
+            incidents::insert(&tx, id, &new, now_ms)?;
+        }
         tx.execute(
             "UPDATE commands SET lifecycle = ?2, terminal_time_ms = MAX(?3, issue_time_ms), essential_trusted = 0
              WHERE issue_uuid = ?1",
@@ -544,6 +591,10 @@ impl Store {
         }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit interrupt", e))?;
+        if !with_incident {
+            tracing::error!(issue_uuid = %key, "command interrupted: its script blob is damaged");
+            return Ok(());
+        }
         self.metrics
             .incidents
             .get_or_create(&crate::metrics::KindLabel {

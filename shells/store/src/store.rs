@@ -312,13 +312,25 @@ impl Store {
         let spec_raw = valid.spec.encode_to_vec();
         let spec_zstd = zstd::bulk::compress(&spec_raw, 3)
             .map_err(|e| StoreError::io("compress execution spec", "", e))?;
-        let script = if req.script.is_empty() {
-            None
+        // A small script stays inline in its payload row; a larger one goes
+        // to the command's blob segment (blobs.rs), written durably below
+        // before this transaction names it.
+        let (script, blob) = if req.script.is_empty() {
+            (None, None)
         } else {
             let z = zstd::bulk::compress(&req.script, 3)
                 .map_err(|e| StoreError::io("compress script", "", e))?;
-            Some(z)
+            if z.len() <= crate::blobs::INLINE_SCRIPT_MAX {
+                (Some(z), None)
+            } else {
+                let blob = crate::blobs::prepare_script(&issue, &req.script, now_ms)?;
+                (None, Some(blob))
+            }
         };
+        let script_stored = script
+            .as_ref()
+            .map(|z| z.len() as u64)
+            .or_else(|| blob.as_ref().map(|b| b.stored_total));
         let usage = Usage {
             command: 0,
             held_closeout: 0,
@@ -326,7 +338,7 @@ impl Store {
             global: global_charged(&tx)?,
             free_space: free,
         };
-        let r = reserve_creation(&opts.tiers, usage, &spec_zstd, script.as_deref())?;
+        let r = reserve_creation(&opts.tiers, usage, &spec_zstd, script_stored)?;
         let ttl_ms = valid.queue_ttl_ms.unwrap_or(opts.queue_ttl_ms);
         let expiry_ms = if ttl_ms == 0 {
             None
@@ -369,6 +381,13 @@ impl Store {
                 ],
             )
             .map_err(|e| StoreError::sqlite("store script", e))?;
+        }
+        if let Some(b) = &blob {
+            crate::blobs::write_blob(self.fs.as_ref(), &self.layout.segments_dir(), &issue, b)?;
+            self.hook.at(crate::crash::points::BLOB_AFTER_SYNC);
+            let charged = charge(CHARGE_VERSION, ChargeKind::ScriptPayload, b.stored_total)
+                .map_err(|e| StoreError::Integrity(e.to_string()))?;
+            crate::blobs::record_blob(&tx, &issue, b, charged, now_ms)?;
         }
         apply_owner_global(&tx, valid.client_id.as_str(), r.owner_after, r.global_after)?;
         let response = wire::RunCommandResponse {
@@ -440,7 +459,7 @@ fn reserve_creation(
     tiers: &Tiers,
     usage: Usage,
     spec_zstd: &[u8],
-    script: Option<&[u8]>,
+    script_stored: Option<u64>,
 ) -> Result<rvbox_retention::Reservation, OpError> {
     let mut items = vec![
         (ChargeKind::CommandRow, Class::CommandCreation, 0u64),
@@ -451,8 +470,8 @@ fn reserve_creation(
             spec_zstd.len() as u64,
         ),
     ];
-    if let Some(s) = script {
-        items.push((ChargeKind::ScriptPayload, Class::Ordinary, s.len() as u64));
+    if let Some(stored) = script_stored {
+        items.push((ChargeKind::ScriptPayload, Class::Ordinary, stored));
     }
     let mut usage = usage;
     let mut last = None;

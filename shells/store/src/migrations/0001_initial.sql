@@ -110,9 +110,11 @@ CREATE TABLE command_payloads (
 -- protocol: bytes beyond committed_end are unacknowledged (plan §5.3).
 CREATE TABLE command_segments (
     issue_uuid      BLOB NOT NULL REFERENCES commands (issue_uuid) ON DELETE CASCADE,
-    ordinal         INTEGER NOT NULL CHECK (ordinal >= 1),
+    -- output segments are 1, 2, ...; ordinal 0 is the command's blob
+    -- segment (large scripts), written whole before the command commits
+    ordinal         INTEGER NOT NULL CHECK (ordinal >= 0),
     committed_end   INTEGER NOT NULL DEFAULT 0 CHECK (committed_end >= 0),
-    state           TEXT NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'sealed', 'rotated', 'damaged')),
+    state           TEXT NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'sealed', 'rotated', 'damaged', 'blob')),
     first_seq       INTEGER,
     last_seq        INTEGER,
     stream_mask     INTEGER NOT NULL DEFAULT 0 CHECK (stream_mask BETWEEN 0 AND 3),
@@ -122,7 +124,9 @@ CREATE TABLE command_segments (
     created_ms      INTEGER NOT NULL,
     PRIMARY KEY (issue_uuid, ordinal),
     CHECK ((first_seq IS NULL) = (last_seq IS NULL)),
-    CHECK (first_seq IS NULL OR first_seq <= last_seq)
+    CHECK (first_seq IS NULL OR first_seq <= last_seq),
+    CHECK ((state = 'blob') <= (ordinal = 0)),
+    CHECK (ordinal > 0 OR state IN ('blob', 'damaged'))
 ) STRICT, WITHOUT ROWID;
 -- At most one active segment per command.
 CREATE UNIQUE INDEX command_segments_one_active ON command_segments (issue_uuid) WHERE state = 'active';
