@@ -893,6 +893,16 @@ impl Store {
                 .fs
                 .open(&path)
                 .map_err(|e| StoreError::io("open audit segment", &path, e))?;
+            // the committed length comes from the database: bound it by the
+            // file before allocating
+            let file_len = f
+                .len()
+                .map_err(|e| StoreError::io("stat audit segment", &path, e))?;
+            if committed > file_len {
+                return Err(StoreError::Integrity(format!(
+                    "audit segment {ordinal} is shorter than its committed length"
+                )));
+            }
             let mut buf = vec![0u8; usize::try_from(committed).unwrap_or(0)];
             f.read_exact_at(&mut buf, 0)
                 .map_err(|e| StoreError::io("read audit segment", &path, e))?;

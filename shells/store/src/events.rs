@@ -316,7 +316,13 @@ impl Store {
         }
         // plan §5.4 item 2: rotate the oldest sealed output of a command the
         // batch would push past its output window or total (retention.rs)
-        self.rotate_for_append(batch, now_ms)?;
+        // Only output that will be appended may cause a rotation: never an
+        // event for an unknown, finished or untrusted command, a repeat, an
+        // out-of-sequence event or an invalid chunk.
+        let eligible = self.rotation_candidates(batch)?;
+        if !eligible.is_empty() {
+            self.rotate_for_append(&eligible, now_ms)?;
+        }
         let free = self.free_space()?;
         let tiers = self.opts.tiers.clone();
         let seal_bytes = self.opts.seal_bytes;
@@ -363,6 +369,14 @@ impl Store {
                         Code::Unavailable,
                         "the command's stored state is under an open storage incident",
                     ));
+                    continue;
+                }
+                let scope = uuid::Uuid::from_bytes(issue).hyphenated().to_string();
+                if let Err(e) = self.health.check_writable(&[
+                    (rvbox_proto::v1::ScopeKind::Command, scope.as_str()),
+                    (rvbox_proto::v1::ScopeKind::Client, view.client_id.as_str()),
+                ]) {
+                    outcomes.push(EventOutcome::Refused(e));
                     continue;
                 }
                 // content identity and validation
@@ -675,6 +689,73 @@ impl Store {
             .inc_by(segs.values().filter(|s| s.new_file).count() as u64);
     }
 
+    /// The output events of `batch` that would pass validation: the next
+    /// contiguous sequence of a known, non-terminal, trusted command, with a
+    /// chunk that decompresses to its declared length.
+    fn rotation_candidates(
+        &mut self,
+        batch: &[EventAppend],
+    ) -> Result<Vec<EventAppend>, StoreError> {
+        if !batch
+            .iter()
+            .any(|e| matches!(e.body, EventBody::Output { .. }))
+        {
+            return Ok(Vec::new());
+        }
+        // per command: next expected sequence, or None when nothing more of
+        // it can be appended in this batch
+        let mut next: BTreeMap<[u8; 16], Option<u64>> = BTreeMap::new();
+        let mut out = Vec::new();
+        for ev in batch {
+            let slot = match next.get(&ev.issue_uuid) {
+                Some(v) => *v,
+                None => {
+                    let row: Option<(i64, i64, bool)> = cached_row(
+                        &self.conn,
+                        "SELECT lifecycle, last_event_seq, essential_trusted FROM commands WHERE issue_uuid = ?1",
+                        params![ev.issue_uuid.as_slice()],
+                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                    )
+                    .optional()
+                    .map_err(|e| StoreError::sqlite("load command", e))?;
+                    let v = row.and_then(|(lc, last, trusted)| {
+                        (trusted && !lifecycle_of(lc).is_terminal())
+                            .then(|| to_u64(last).saturating_add(1))
+                    });
+                    next.insert(ev.issue_uuid, v);
+                    v
+                }
+            };
+            let Some(expected) = slot else { continue };
+            if ev.event_seq < expected {
+                continue; // a repeat stores nothing
+            }
+            if ev.event_seq > expected {
+                next.insert(ev.issue_uuid, None); // a gap: nothing more appends
+                continue;
+            }
+            let mut advance = Some(expected.saturating_add(1));
+            match &ev.body {
+                EventBody::Output {
+                    compression,
+                    raw_len,
+                    stored,
+                    ..
+                } => {
+                    if check_output(&mut self.dctx.0, *compression, *raw_len, stored).is_ok() {
+                        out.push(ev.clone());
+                    } else {
+                        advance = None;
+                    }
+                }
+                EventBody::Lifecycle { to, .. } if to.is_terminal() => advance = None,
+                _ => {}
+            }
+            next.insert(ev.issue_uuid, advance);
+        }
+        Ok(out)
+    }
+
     /// Appends each pending segment's bytes, syncs every touched file and,
     /// for new files, the segment directory.
     fn write_segments(
@@ -916,7 +997,7 @@ impl Store {
             .map_err(|e| StoreError::sqlite("insert event", e))?;
             if let Some((to, code, signal)) = p.lifecycle {
                 let terminal = to.is_terminal().then_some(now_ms);
-                tx.prepare_cached("UPDATE commands SET lifecycle = ?2, terminal_time_ms = COALESCE(?3, terminal_time_ms),
+                tx.prepare_cached("UPDATE commands SET lifecycle = ?2, terminal_time_ms = COALESCE(MAX(?3, issue_time_ms), terminal_time_ms),
                          exit_code = COALESCE(?4, exit_code), exit_signal = COALESCE(?5, exit_signal)
                      WHERE issue_uuid = ?1").and_then(|mut st| st.execute(params![p.issue.as_slice(), to.to_wire() as i32, terminal, code, signal]))
                 .map_err(|e| StoreError::sqlite("apply lifecycle", e))?;

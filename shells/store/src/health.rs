@@ -153,7 +153,9 @@ impl Health {
         let mut s = lock(&self.state);
         let global_dirty =
             dirty.contains_key(&(wire::ScopeKind::GlobalStore as i32, String::new()));
-        if s.global != ScopeState::Unavailable {
+        // while recovery runs, only the dirty map changes; readiness comes
+        // from `recovered`
+        if s.global != ScopeState::Unavailable && s.global != ScopeState::Recovering {
             s.global = if global_dirty {
                 ScopeState::DirtyReadable
             } else {
@@ -177,6 +179,22 @@ impl Health {
             "store scope states"
         );
         Ok(())
+    }
+
+    /// Ends recovery: the global store becomes ready (unless it was marked
+    /// unavailable or an open incident names it) and every scope is
+    /// re-derived.
+    ///
+    /// # Errors
+    /// [`StoreError::Sqlite`].
+    pub fn recovered(&self, conn: &Connection) -> Result<(), StoreError> {
+        {
+            let mut s = lock(&self.state);
+            if s.global == ScopeState::Recovering {
+                s.global = ScopeState::Ready;
+            }
+        }
+        self.refresh(conn)
     }
 
     /// Refuses a mutation unless the global store and each named scope are

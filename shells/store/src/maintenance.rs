@@ -160,8 +160,11 @@ impl Store {
                 .map_err(|e| StoreError::sqlite("list rotation due", e))?
         };
         for issue in due {
-            if self.rotate_due(&issue, now_ms)?.is_some() {
-                report.rotations += 1;
+            match self.rotate_due(&issue, now_ms) {
+                Ok(Some(_)) => report.rotations += 1,
+                Ok(None) => {}
+                // one command's failure never stops the rest of the pass
+                Err(e) => tracing::error!(error = %e, "due rotation failed"),
             }
         }
 

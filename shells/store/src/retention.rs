@@ -308,6 +308,7 @@ fn open_incident_for(conn: &Connection, issue: &[u8; 16]) -> Result<bool, StoreE
 struct SegRow {
     ordinal: u32,
     sealed: bool,
+    damaged: bool,
     first_seq: u64,
     last_seq: u64,
     charged: u64,
@@ -319,7 +320,8 @@ fn live_output_segments(conn: &Connection, issue: &[u8; 16]) -> Result<Vec<SegRo
     let mut stmt = conn
         .prepare(
             "SELECT ordinal, state, COALESCE(first_seq, 0), COALESCE(last_seq, 0), charged_bytes
-             FROM command_segments WHERE issue_uuid = ?1 AND state IN ('active', 'sealed')
+             FROM command_segments WHERE issue_uuid = ?1 AND state IN ('active', 'sealed', 'damaged')
+               AND ordinal > 0
              ORDER BY ordinal",
         )
         .map_err(|e| StoreError::sqlite("list output segments", e))?;
@@ -328,7 +330,8 @@ fn live_output_segments(conn: &Connection, issue: &[u8; 16]) -> Result<Vec<SegRo
             let state: String = r.get(1)?;
             Ok(SegRow {
                 ordinal: r.get(0)?,
-                sealed: state == "sealed",
+                sealed: state != "active",
+                damaged: state == "damaged",
                 first_seq: to_u64(r.get(2)?),
                 last_seq: to_u64(r.get(3)?),
                 charged: to_u64(r.get(4)?),
@@ -448,8 +451,10 @@ impl Store {
                 first_seq: s.first_seq,
                 last_seq: s.last_seq,
                 // every committed server segment is acknowledged; follower
-                // snapshots do not exist yet
-                pinned: false,
+                // snapshots do not exist yet. A damaged segment keeps its
+                // recorded loss and is a barrier: rotation never reaches
+                // past it, so no truncation range can cover its loss rows.
+                pinned: s.damaged,
             })
             .collect();
         let usage = Usage {
@@ -548,10 +553,18 @@ impl Store {
                 None if sum > largest => self.plan_command_rotation(&issue, largest)?,
                 None => None,
             };
-            if let Some((plan, cause)) = planned
-                && let Some(r) = self.apply_rotation(&issue, &plan.rotate, cause, now_ms)?
-            {
-                done.push(r);
+            if let Some((plan, cause)) = planned {
+                match self.apply_rotation(&issue, &plan.rotate, cause, now_ms) {
+                    Ok(Some(r)) => done.push(r),
+                    Ok(None) => {}
+                    // one command's rotation failing must not fail the
+                    // whole group: its output is refused by Reserve instead
+                    Err(e) => tracing::error!(
+                        issue_uuid = %uuid_text(&issue),
+                        error = %e,
+                        "output rotation failed"
+                    ),
+                }
             }
         }
         Ok(done)

@@ -374,3 +374,84 @@ fn metrics_count_every_outcome() {
     assert_eq!(m.segments_created.get(), 1);
     assert_counters(&s);
 }
+
+#[test]
+fn a_terminal_event_with_the_clock_behind_the_issue_time_still_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let id = running_command(&mut s, "web-1");
+    // the wall clock stepped back ten seconds since the command was issued
+    let r = s
+        .append_events(&[lifecycle(&id, 2, Lifecycle::Succeeded)], NOW - 10_000)
+        .unwrap();
+    assert_eq!(r.outcomes, vec![EventOutcome::Appended]);
+    let (issue, terminal): (i64, i64) = s
+        .db()
+        .query_row(
+            "SELECT issue_time_ms, terminal_time_ms FROM commands WHERE issue_uuid = ?1",
+            [id.as_slice()],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(terminal, issue);
+    assert_counters(&s);
+}
+
+#[test]
+fn refused_events_never_rotate_acknowledged_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tiers = rvbox_retention::Tiers::server_defaults();
+    tiers.command_output_window = 48 * 1024;
+    let opts = StoreOptions {
+        tiers,
+        seal_bytes: 8 * 1024,
+        ..StoreOptions::default()
+    };
+    let mut s = open_with(dir.path(), Arc::new(rvbox_store::fs::RealFs), opts);
+    let id = running_command(&mut s, "web-1");
+    let mut seq = 2;
+    // fill the window close to its limit
+    while seq < 14 {
+        let r = s
+            .append_events(&[output(&id, seq, &chunk(seq, 3000))], NOW)
+            .unwrap();
+        assert_eq!(r.outcomes, vec![EventOutcome::Appended], "seq {seq}");
+        seq += 1;
+    }
+    let truncations = |s: &rvbox_store::Store| -> i64 {
+        s.db()
+            .query_row("SELECT COUNT(*) FROM output_truncations", [], |r| r.get(0))
+            .unwrap()
+    };
+    let before = truncations(&s);
+    // a gap, a bad chunk and an unknown command each carry big output
+    let mut bad = output(&id, seq, &chunk(99, 6_000));
+    if let rvbox_store::events::EventBody::Output { stored, .. } = &mut bad.body {
+        *stored = vec![0u8; 100];
+    }
+    let r = s
+        .append_events(
+            &[
+                output(&id, seq + 5, &chunk(1, 6_000)),
+                bad,
+                output(&new_id(), 1, &chunk(2, 6_000)),
+            ],
+            NOW,
+        )
+        .unwrap();
+    assert!(
+        r.outcomes
+            .iter()
+            .all(|o| matches!(o, EventOutcome::Refused(_)))
+    );
+    assert_eq!(truncations(&s), before, "refused events rotated nothing");
+    // after the terminal event, late output rotates nothing either
+    s.append_events(&[lifecycle(&id, seq, Lifecycle::Succeeded)], NOW)
+        .unwrap();
+    let r = s
+        .append_events(&[output(&id, seq + 1, &chunk(3, 6_000))], NOW)
+        .unwrap();
+    assert!(matches!(&r.outcomes[0], EventOutcome::Refused(_)));
+    assert_eq!(truncations(&s), before);
+    assert_counters(&s);
+}

@@ -118,7 +118,30 @@ fn corrupted_final_record_becomes_truncation_metadata_and_an_open_incident() {
     let again = s.recover(NOW + 1).unwrap();
     assert_eq!(again.segments_damaged, 0);
     assert_eq!(incidents::open(s.db(), 10).unwrap().len(), 1);
-    // new output goes to a fresh segment
+    // the command's scope is dirty: its events wait (nothing acknowledged)
+    let r = s
+        .append_events(&[output(&id, 5, b"after damage")], NOW)
+        .unwrap();
+    assert!(
+        matches!(&r.outcomes[0], rvbox_store::events::EventOutcome::Refused(e)
+            if e.code() == rvbox_domain::error::Code::Unavailable)
+    );
+    assert_ne!(r.acked.get(&id), Some(&5));
+    // once the operator accepts the loss, new output goes to a fresh segment
+    let incident = incidents::open(s.db(), 10).unwrap().remove(0);
+    s.acknowledge_incident(
+        &wire::AcknowledgeStorageIncidentRequest {
+            request_id: text(&new_id()),
+            incident_id: text(&incident.id),
+            note: "disk replaced; one chunk lost".into(),
+        },
+        &rvbox_store::operator::Caller {
+            transport: "test".into(),
+            principal: String::new(),
+        },
+        NOW,
+    )
+    .unwrap();
     s.append_events(&[output(&id, 5, b"after damage")], NOW)
         .unwrap();
     assert_eq!(verify_output(&s, &id), vec![5]);
@@ -214,4 +237,26 @@ fn restart_closes_prior_live_sessions() {
         .unwrap();
     assert_eq!(live, 0);
     assert_eq!(s.recover(NOW).unwrap().sessions_closed, 0);
+}
+
+#[test]
+fn counter_drift_is_recorded_and_rebuilt_at_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut s = open(dir.path());
+        running_command(&mut s, "web-1");
+        s.db()
+            .execute(
+                "UPDATE clients SET charged_bytes = charged_bytes + 4096",
+                [],
+            )
+            .unwrap();
+        assert!(!s.check_counters().unwrap().consistent());
+    }
+    let s = open(dir.path());
+    assert_counters(&s);
+    let all = incidents::list(s.db(), None, None, 10).unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].kind, wire::IncidentKind::CounterMismatch);
+    assert_eq!(all[0].state, wire::IncidentState::Repaired);
 }
