@@ -107,12 +107,7 @@ impl Store {
         let result = incidents::repair(&mut self.conn, req, now_ms, &mut |tx, incident, action| {
             match action {
                 SafeRepair::RebuildCounters => rebuild_counters(tx).map_err(OpError::Store),
-                SafeRepair::TruncateTail => {
-                    // Recovery cuts uncommitted tails at every start; an
-                    // open record of one is resolved by confirming no
-                    // segment still holds bytes beyond its committed end.
-                    Ok(())
-                }
+                SafeRepair::TruncateTail => cut_tail(tx, fs.as_ref(), &dir, incident),
                 SafeRepair::RollForwardEviction => roll_forward_marked(tx, incident),
                 SafeRepair::RecheckCondition => {
                     let space_ok = free.as_ref().is_ok_and(|f| *f >= floor);
@@ -153,6 +148,60 @@ impl Store {
         }
         result
     }
+}
+
+/// Cuts the bytes beyond `committed_end` of the segment an
+/// `UNCOMMITTED_TAIL` incident names (`<uuid hex>/<ordinal>`); those bytes
+/// were never acknowledged. A segment already at its committed length, or
+/// one that no longer exists, needs nothing.
+fn cut_tail(
+    tx: &Transaction<'_>,
+    fs: &dyn crate::fs::StoreFs,
+    dir: &std::path::Path,
+    incident: &Incident,
+) -> Result<(), OpError> {
+    let bad = || {
+        OpError::Refused(DomainError::new(
+            Code::FailedPrecondition,
+            "the incident does not name a command segment",
+        ))
+    };
+    let (hex, ordinal) = incident.scope_key.split_once('/').ok_or_else(bad)?;
+    let ordinal: u32 = ordinal.parse().map_err(|_| bad())?;
+    let name = rvbox_segment::segment_file_name(&[0; 16], ordinal).ok_or_else(bad)?;
+    // rebuild the canonical name from the validated parts only
+    let name = format!("{hex}{}", name.get(32..).ok_or_else(bad)?);
+    let (issue, parsed) = rvbox_segment::parse_segment_file_name(&name).ok_or_else(bad)?;
+    let committed: Option<i64> = tx
+        .query_row(
+            "SELECT committed_end FROM command_segments WHERE issue_uuid = ?1 AND ordinal = ?2",
+            params![issue.as_slice(), parsed],
+            |r| r.get(0),
+        )
+        .map(Some)
+        .or_else(|e| match e {
+            rusqlite::Error::QueryReturnedNoRows => Ok(None),
+            other => Err(other),
+        })
+        .map_err(|e| OpError::Store(StoreError::sqlite("read segment", e)))?;
+    let Some(committed) = committed else {
+        return Ok(()); // the segment is gone (evicted or rotated)
+    };
+    let committed = u64::try_from(committed).unwrap_or(0);
+    let path = dir.join(&name);
+    let mut f = match fs.open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(OpError::Store(StoreError::io("open segment", &path, e))),
+    };
+    let len = f
+        .len()
+        .map_err(|e| OpError::Store(StoreError::io("stat segment", &path, e)))?;
+    if len > committed {
+        f.truncate(committed)
+            .map_err(|e| OpError::Store(StoreError::io("truncate uncommitted tail", &path, e)))?;
+    }
+    Ok(())
 }
 
 fn clone_op(e: &OpError) -> OpError {
