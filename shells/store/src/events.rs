@@ -626,9 +626,16 @@ impl Store {
         }
 
         // ---- 2. write and fsync (group commit) ----------------------------
-        if let Err(e) = self.write_segments(&segs, &base) {
+        let mut failing = None;
+        if let Err(e) = self.write_segments(&segs, &base, &mut failing) {
             self.rollback_segments(&base, &segs);
             self.metrics.groups_failed.inc();
+            if let Some(issue) = failing {
+                // One command's file failed: record it against that command
+                // so its scope turns dirty and the next groups refuse only
+                // its events; every other command carries on.
+                self.record_command_io_failure(&issue, &e, now_ms);
+            }
             return Err(e);
         }
 
@@ -687,6 +694,36 @@ impl Store {
         m.group_events.observe(appended as f64);
         m.segments_created
             .inc_by(segs.values().filter(|s| s.new_file).count() as u64);
+    }
+
+    fn record_command_io_failure(&mut self, issue: &[u8; 16], error: &StoreError, now_ms: i64) {
+        let no_space = matches!(error, StoreError::Io { source, .. }
+            if source.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error()));
+        let kind = if no_space {
+            rvbox_proto::v1::IncidentKind::DiskExhaustion
+        } else {
+            rvbox_proto::v1::IncidentKind::PermissionError
+        };
+        let client = cached_row(
+            &self.conn,
+            "SELECT client_id FROM commands WHERE issue_uuid = ?1",
+            params![issue.as_slice()],
+            |r| r.get::<_, String>(0),
+        )
+        .ok();
+        let incident = crate::incidents::NewIncident {
+            kind,
+            scope_kind: rvbox_proto::v1::ScopeKind::Command,
+            scope_key: uuid::Uuid::from_bytes(*issue).hyphenated().to_string(),
+            client_id: client,
+            issue_uuid: Some(*issue),
+            summary: "a segment file of this command could not be written; its events wait until the condition is repaired".into(),
+            evidence: error.to_string().into_bytes(),
+            data_loss: false,
+        };
+        if let Err(e) = self.record_incident(&incident, now_ms, false) {
+            tracing::error!(error = %e, "incident for a failed segment write not recorded");
+        }
     }
 
     /// The output events of `batch` that would pass validation: the next
@@ -762,6 +799,7 @@ impl Store {
         &mut self,
         segs: &BTreeMap<([u8; 16], u32), PendingSegment>,
         base: &BTreeMap<[u8; 16], (u32, u64)>,
+        failing: &mut Option<[u8; 16]>,
     ) -> Result<(), StoreError> {
         let dir = self.layout.segments_dir();
         let mut created = false;
@@ -776,6 +814,8 @@ impl Store {
             if seg.bytes.is_empty() && !seg.new_file {
                 continue;
             }
+            // an error until the next iteration belongs to this command
+            *failing = Some(*issue);
             let name = segment_file_name(issue, *ordinal)
                 .ok_or_else(|| StoreError::Integrity("segment ordinal out of range".into()))?;
             let path = dir.join(&name);
@@ -856,6 +896,8 @@ impl Store {
             }
             touched.insert((*issue, *ordinal));
         }
+        // from here on a failure is the filesystem's, not one command's
+        *failing = None;
         self.hook.at(points::EVENT_BEFORE_FSYNC);
         if touched.len() >= SYNCFS_THRESHOLD {
             // one filesystem flush covers every touched file and new entry

@@ -298,6 +298,11 @@ fn disk_full_and_permission_failures_acknowledge_nothing() {
         .unwrap_err();
     assert!(matches!(err, StoreError::Io { .. }), "{err}");
     assert_eq!(last_seq(&s, &id), 2);
+    // the failure is recorded against that command: its events now wait
+    // (and only its events) until the condition is repaired
+    let r = s.append_events(&[output(&id, 3, b"after")], NOW).unwrap();
+    assert_eq!(refused_code(&r.outcomes[0]), Code::Unavailable);
+    repair_open_incidents(&mut s, rvbox_proto::v1::IncidentKind::DiskExhaustion);
     // the short write was cut back: the next batch lands cleanly
     s.append_events(&[output(&id, 3, b"after")], NOW).unwrap();
     assert_eq!(verify_output(&s, &id), vec![2, 3]);
@@ -314,6 +319,11 @@ fn disk_full_and_permission_failures_acknowledge_nothing() {
     fs.inject(FaultOp::Create, FaultKind::PermissionDenied);
     assert!(s.append_events(&[output(&other, 2, b"x")], NOW).is_err());
     assert_eq!(last_seq(&s, &other), 1);
+    // the other command is not held back by this one's failure
+    s.append_events(&[output(&id, 4, b"still flowing")], NOW)
+        .unwrap();
+    assert_eq!(last_seq(&s, &id), 4);
+    repair_open_incidents(&mut s, rvbox_proto::v1::IncidentKind::PermissionError);
     s.append_events(&[output(&other, 2, b"x")], NOW).unwrap();
     assert_eq!(fs.injected(), 3);
     assert_counters(&s);
@@ -322,9 +332,30 @@ fn disk_full_and_permission_failures_acknowledge_nothing() {
     drop(s);
     fs.crash(CrashMode::LoseUnsynced).unwrap();
     let s = open_with(dir.path(), Arc::new(fs.clone()), StoreOptions::default());
-    assert_eq!(verify_output(&s, &id), vec![2, 3]);
+    assert_eq!(verify_output(&s, &id), vec![2, 3, 4]);
     assert_eq!(verify_output(&s, &other), vec![2]);
     assert_counters(&s);
+}
+
+/// Repairs every open incident of `kind` through the store (the condition
+/// has cleared: the fault fired once).
+fn repair_open_incidents(s: &mut rvbox_store::Store, kind: rvbox_proto::v1::IncidentKind) {
+    let open = rvbox_store::incidents::open(s.db(), 10).unwrap();
+    assert!(open.iter().any(|i| i.kind == kind), "{open:?}");
+    for i in open {
+        s.repair_incident(
+            &rvbox_proto::v1::RepairStorageIncidentRequest {
+                request_id: text(&new_id()),
+                incident_id: text(&i.id),
+            },
+            &rvbox_store::operator::Caller {
+                transport: "test".into(),
+                principal: String::new(),
+            },
+            NOW,
+        )
+        .unwrap();
+    }
 }
 
 fn running_command_without_output(s: &mut rvbox_store::Store) -> [u8; 16] {
