@@ -503,3 +503,37 @@ pub fn acknowledge(
     }
     outcome.map_err(OpError::Refused)
 }
+
+/// Most resolved incidents kept; older resolved ones are deleted by
+/// maintenance (their history stays in the audit log). Open incidents are
+/// never deleted.
+pub const MAX_RESOLVED_INCIDENTS: u64 = 100_000;
+
+/// Deletes the oldest resolved incidents beyond `cap` (and, by cascade,
+/// their mutation rows). Returns how many were deleted.
+///
+/// # Errors
+/// [`StoreError::Sqlite`].
+pub fn trim_resolved(conn: &Connection, cap: u64) -> Result<u64, StoreError> {
+    let resolved: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM storage_incidents WHERE state <> 1",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| StoreError::sqlite("count resolved incidents", e))?;
+    let excess = u64::try_from(resolved).unwrap_or(0).saturating_sub(cap);
+    if excess == 0 {
+        return Ok(0);
+    }
+    let n = conn
+        .execute(
+            "DELETE FROM storage_incidents WHERE incident_id IN (
+                 SELECT incident_id FROM storage_incidents WHERE state <> 1
+                 ORDER BY resolved_ms, incident_id LIMIT ?1)",
+            params![i64::try_from(excess).unwrap_or(i64::MAX)],
+        )
+        .map_err(|e| StoreError::sqlite("trim resolved incidents", e))?;
+    tracing::info!(deleted = n, "oldest resolved incidents trimmed");
+    Ok(u64::try_from(n).unwrap_or(0))
+}

@@ -29,6 +29,8 @@ pub const MAX_ROTATION_CHECKS: u32 = 1_000;
 /// What one maintenance pass did (counters only; no payload, no paths).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MaintenanceReport {
+    /// Oldest resolved incidents deleted beyond the kept number.
+    pub incidents_trimmed: u64,
     /// Stale evictions rolled forward by the sweeper.
     pub rolled_forward: u64,
     /// Pending file deletions completed by the sweeper.
@@ -129,6 +131,8 @@ impl Store {
     /// incidents and pending work instead.
     pub fn maintain(&mut self, now_ms: i64) -> Result<MaintenanceReport, StoreError> {
         let mut report = MaintenanceReport::default();
+        report.incidents_trimmed =
+            crate::incidents::trim_resolved(&self.conn, crate::incidents::MAX_RESOLVED_INCIDENTS)?;
         let sweep = self.sweep(now_ms)?;
         report.rolled_forward = sweep.rolled_forward;
         report.files_swept = sweep.files_removed;

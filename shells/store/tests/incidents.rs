@@ -258,3 +258,39 @@ fn resolution_rules() {
         Resolution::AcknowledgeOnly
     );
 }
+
+#[test]
+fn only_the_newest_resolved_incidents_are_kept_and_open_ones_always() {
+    let (_dir, c) = open();
+    let mut open_ids = Vec::new();
+    for i in 0..6 {
+        let id = uuid_v7(&OsEntropy, 1000 + i).unwrap();
+        incidents::insert(
+            &c,
+            id,
+            &new(wire::IncidentKind::DiskExhaustion, "g", false),
+            1000 + i,
+        )
+        .unwrap();
+        if i % 2 == 0 {
+            c.execute(
+                "UPDATE storage_incidents SET state = 2, resolved_ms = ?2 WHERE incident_id = ?1",
+                rusqlite::params![id.as_slice(), 2000 + i],
+            )
+            .unwrap();
+        } else {
+            open_ids.push(id);
+        }
+    }
+    assert_eq!(incidents::trim_resolved(&c, 1).unwrap(), 2);
+    let left = incidents::list(&c, None, None, 10).unwrap();
+    assert_eq!(left.len(), 4);
+    for id in open_ids {
+        assert!(left.iter().any(|i| i.id == id));
+    }
+    // the newest resolved one is the one kept
+    assert!(
+        left.iter()
+            .any(|i| i.state == wire::IncidentState::Repaired && i.resolved_ms == Some(2004))
+    );
+}
