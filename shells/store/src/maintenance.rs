@@ -130,9 +130,13 @@ impl Store {
     /// [`StoreError`] when the database failed; file failures become
     /// incidents and pending work instead.
     pub fn maintain(&mut self, now_ms: i64) -> Result<MaintenanceReport, StoreError> {
-        let mut report = MaintenanceReport::default();
-        report.incidents_trimmed =
-            crate::incidents::trim_resolved(&self.conn, crate::incidents::MAX_RESOLVED_INCIDENTS)?;
+        let mut report = MaintenanceReport {
+            incidents_trimmed: crate::incidents::trim_resolved(
+                &self.conn,
+                crate::incidents::MAX_RESOLVED_INCIDENTS,
+            )?,
+            ..MaintenanceReport::default()
+        };
         let sweep = self.sweep(now_ms)?;
         report.rolled_forward = sweep.rolled_forward;
         report.files_swept = sweep.files_removed;
