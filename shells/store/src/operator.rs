@@ -38,16 +38,16 @@ pub struct Caller {
 
 impl Store {
     /// Appends the audit record of an incident action: after the mutation
-    /// committed, before derived dirty health is refreshed (plan §5.5). An
-    /// audit failure is logged, never turned into a failure of the action
-    /// that already committed.
+    /// committed, before derived dirty health is refreshed (plan §5.5).
+    /// Returns whether it was written; a failure is logged, never turned
+    /// into a failure of the action that already committed.
     fn audit_incident_action(
         &mut self,
         caller: &Caller,
         action: &str,
         outcome: &Result<(), OpError>,
         now_ms: i64,
-    ) {
+    ) -> bool {
         let (outcome, error_code) = match outcome {
             Ok(()) => (AuditOutcome::Ok, None),
             Err(OpError::Refused(e)) => (AuditOutcome::Refused, Some(e.code().to_wire() as i32)),
@@ -65,8 +65,12 @@ impl Store {
             command_digest: None,
             env_keys: Vec::new(),
         };
-        if let Err(e) = self.audit(&rec, now_ms) {
-            tracing::error!(action, error = %e, "audit record of an incident action not written");
+        match self.audit(&rec, now_ms) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!(action, error = %e, "audit record of an incident action not written");
+                false
+            }
         }
     }
 
@@ -123,8 +127,11 @@ impl Store {
             }
         });
         let summary = result.as_ref().map(|_| ()).map_err(clone_op);
-        self.audit_incident_action(caller, "RepairStorageIncident", &summary, now_ms);
-        if result.is_ok() {
+        let audited = self.audit_incident_action(caller, "RepairStorageIncident", &summary, now_ms);
+        // plan §5.5: the audit record is persisted before derived dirty
+        // health clears; without it the scope stays dirty in memory until
+        // the next refresh (the resolution itself is durable)
+        if result.is_ok() && audited {
             self.health.refresh(&self.conn)?;
         }
         result
@@ -142,8 +149,12 @@ impl Store {
     ) -> Result<wire::AcknowledgeStorageIncidentResponse, OpError> {
         let result = incidents::acknowledge(&mut self.conn, req, now_ms);
         let summary = result.as_ref().map(|_| ()).map_err(clone_op);
-        self.audit_incident_action(caller, "AcknowledgeStorageIncident", &summary, now_ms);
-        if result.is_ok() {
+        let audited =
+            self.audit_incident_action(caller, "AcknowledgeStorageIncident", &summary, now_ms);
+        // plan §5.5: the audit record is persisted before derived dirty
+        // health clears; without it the scope stays dirty in memory until
+        // the next refresh (the resolution itself is durable)
+        if result.is_ok() && audited {
             self.health.refresh(&self.conn)?;
         }
         result
