@@ -726,9 +726,12 @@ impl Store {
         }
     }
 
-    /// The output events of `batch` that would pass validation: the next
-    /// contiguous sequence of a known, non-terminal, trusted command, with a
-    /// chunk that decompresses to its declared length.
+    /// The output events of `batch` that may cause a rotation: those of a
+    /// command whose new output would pass its output window or total, and
+    /// that would pass validation (the next contiguous sequence of a known,
+    /// non-terminal, trusted command, with a chunk that decompresses to its
+    /// declared length). Chunks are decompressed here only for commands
+    /// that would need a rotation, so the common path validates once.
     fn rotation_candidates(
         &mut self,
         batch: &[EventAppend],
@@ -739,56 +742,93 @@ impl Store {
         {
             return Ok(Vec::new());
         }
-        // per command: next expected sequence, or None when nothing more of
-        // it can be appended in this batch
-        let mut next: BTreeMap<[u8; 16], Option<u64>> = BTreeMap::new();
-        let mut out = Vec::new();
-        for ev in batch {
-            let slot = match next.get(&ev.issue_uuid) {
-                Some(v) => *v,
-                None => {
-                    let row: Option<(i64, i64, bool)> = cached_row(
+        struct Cmd {
+            next: Option<u64>,
+            output: u64,
+            charged: u64,
+            incoming: u64,
+            events: Vec<usize>,
+        }
+        let mut cmds: BTreeMap<[u8; 16], Cmd> = BTreeMap::new();
+        for (i, ev) in batch.iter().enumerate() {
+            let cmd = match cmds.entry(ev.issue_uuid) {
+                std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    let row: Option<(i64, i64, bool, i64, i64)> = cached_row(
                         &self.conn,
-                        "SELECT lifecycle, last_event_seq, essential_trusted FROM commands WHERE issue_uuid = ?1",
+                        "SELECT lifecycle, last_event_seq, essential_trusted, output_charged, charged_bytes
+                         FROM commands WHERE issue_uuid = ?1",
                         params![ev.issue_uuid.as_slice()],
-                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
                     )
                     .optional()
                     .map_err(|e| StoreError::sqlite("load command", e))?;
-                    let v = row.and_then(|(lc, last, trusted)| {
-                        (trusted && !lifecycle_of(lc).is_terminal())
-                            .then(|| to_u64(last).saturating_add(1))
-                    });
-                    next.insert(ev.issue_uuid, v);
-                    v
+                    let (next, output, charged) =
+                        row.map_or((None, 0, 0), |(lc, last, trusted, o, c)| {
+                            let next = (trusted && !lifecycle_of(lc).is_terminal())
+                                .then(|| to_u64(last).saturating_add(1));
+                            (next, to_u64(o), to_u64(c))
+                        });
+                    v.insert(Cmd {
+                        next,
+                        output,
+                        charged,
+                        incoming: 0,
+                        events: Vec::new(),
+                    })
                 }
             };
-            let Some(expected) = slot else { continue };
+            let Some(expected) = cmd.next else { continue };
             if ev.event_seq < expected {
                 continue; // a repeat stores nothing
             }
             if ev.event_seq > expected {
-                next.insert(ev.issue_uuid, None); // a gap: nothing more appends
+                cmd.next = None; // a gap: nothing more of it appends
                 continue;
             }
-            let mut advance = Some(expected.saturating_add(1));
+            cmd.next = Some(expected.saturating_add(1));
             match &ev.body {
-                EventBody::Output {
+                EventBody::Output { stored, .. } => {
+                    let c = charge(
+                        CHARGE_VERSION,
+                        ChargeKind::OutputRecord,
+                        rvbox_segment::RECORD_OVERHEAD.saturating_add(stored.len() as u64),
+                    )
+                    .map_err(|e| StoreError::Integrity(e.to_string()))?;
+                    cmd.incoming = cmd.incoming.saturating_add(c);
+                    cmd.events.push(i);
+                }
+                EventBody::Lifecycle { to, .. } if to.is_terminal() => cmd.next = None,
+                _ => {}
+            }
+        }
+        let (window, total) = (
+            self.opts.tiers.command_output_window,
+            self.opts.tiers.command_total,
+        );
+        let mut out = Vec::new();
+        for cmd in cmds.values() {
+            let over = cmd.output.saturating_add(cmd.incoming) > window
+                || cmd.charged.saturating_add(cmd.incoming) > total;
+            if !over {
+                continue; // no rotation: nothing to validate twice
+            }
+            for &i in &cmd.events {
+                let Some(ev) = batch.get(i) else { continue };
+                let EventBody::Output {
                     compression,
                     raw_len,
                     stored,
                     ..
-                } => {
-                    if check_output(&mut self.dctx.0, *compression, *raw_len, stored).is_ok() {
-                        out.push(ev.clone());
-                    } else {
-                        advance = None;
-                    }
+                } = &ev.body
+                else {
+                    continue;
+                };
+                if check_output(&mut self.dctx.0, *compression, *raw_len, stored).is_err() {
+                    break; // this chunk is refused, and nothing after it appends
                 }
-                EventBody::Lifecycle { to, .. } if to.is_terminal() => advance = None,
-                _ => {}
+                out.push(ev.clone());
             }
-            next.insert(ev.issue_uuid, advance);
         }
         Ok(out)
     }
