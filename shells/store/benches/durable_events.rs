@@ -221,8 +221,8 @@ fn main() {
         "size", "mode", "events", "events/s", "probe/s", "events/probe"
     );
     for (label, size, n_single, per_writer) in [
-        ("1KiB", 1024usize, 150u64, 20u64),
-        ("64KiB", 64 * 1024, 60, 4),
+        ("1KiB", 1024usize, 1500u64, 200u64),
+        ("64KiB", 64 * 1024, 120, 20),
     ] {
         let raw = noise(size as u64, size);
         let payload = (
