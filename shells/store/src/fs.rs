@@ -37,7 +37,8 @@ pub trait SegmentFile: Send + std::fmt::Debug {
 /// The filesystem operations of the store, and nothing else.
 pub trait StoreFs: Send + Sync + std::fmt::Debug {
     /// Creates `dir` with mode 0700 if it does not exist; an existing path
-    /// must be a directory.
+    /// must be a directory, and is made private (0700) when group or others
+    /// could access it.
     fn ensure_private_dir(&self, dir: &Path) -> io::Result<()>;
     /// Creates a new file with mode 0600; fails if it exists (`O_EXCL`).
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn SegmentFile>>;
@@ -95,7 +96,22 @@ impl SegmentFile for RealFile {
 impl StoreFs for RealFs {
     fn ensure_private_dir(&self, dir: &Path) -> io::Result<()> {
         match std::fs::symlink_metadata(dir) {
-            Ok(m) if m.is_dir() => Ok(()),
+            Ok(m) if m.is_dir() => {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = m.permissions().mode() & 0o777;
+                if mode & 0o077 != 0 {
+                    // the store holds command text, environments and output
+                    // in plaintext: a directory others can enter is made
+                    // private (or refused when that is not allowed)
+                    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+                    tracing::warn!(
+                        dir = %dir.display(),
+                        was = format!("{mode:03o}"),
+                        "data directory was accessible to group or others; set to 700"
+                    );
+                }
+                Ok(())
+            }
             Ok(_) => Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 format!("{} exists and is not a directory", dir.display()),
@@ -521,6 +537,14 @@ mod tests {
         assert!(fs.free_space(dir.path()).unwrap() > 0);
         let file_as_dir = sub.join("a.seg");
         assert!(fs.ensure_private_dir(&file_as_dir).is_err());
+        let open_dir = dir.path().join("shared");
+        std::fs::create_dir(&open_dir).unwrap();
+        std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        fs.ensure_private_dir(&open_dir).unwrap();
+        assert_eq!(
+            std::fs::metadata(&open_dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
     }
 
     #[test]
