@@ -35,5 +35,6 @@ pub mod maintenance;
 pub mod metrics;
 pub mod operator;
 pub mod output;
+pub mod reader;
 pub mod recovery;
 pub mod retention;

@@ -235,3 +235,69 @@ fn sqlite_integrity_failure_makes_the_store_unavailable_and_stops_recovery() {
     let e = refused(s.run_command(&run_request(&new_id(), "web-1", "uptime"), NOW));
     assert_eq!(e.code(), Code::Unavailable);
 }
+
+#[test]
+fn incidents_stay_readable_while_recovery_runs_on_another_thread() {
+    use rvbox_store::reader::StoreReader;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // a store with an open incident and enough segments to scan
+        let mut s = open(dir.path());
+        for i in 0..40 {
+            let id = running_command(&mut s, &format!("web-{}", i % 4));
+            s.append_events(&[output(&id, 2, &chunk(i, 4000))], NOW)
+                .unwrap();
+        }
+        incidents::insert(
+            s.db(),
+            new_id(),
+            &NewIncident {
+                kind: wire::IncidentKind::PermissionError,
+                scope_kind: wire::ScopeKind::Client,
+                scope_key: "web-3".into(),
+                client_id: Some("web-3".into()),
+                issue_uuid: None,
+                summary: "client scope could not be written".into(),
+                evidence: Vec::new(),
+                data_loss: false,
+            },
+            NOW,
+        )
+        .unwrap();
+    }
+    let mut s = Store::open(
+        Layout::new(dir.path()),
+        Arc::new(RealFs),
+        Arc::new(OsEntropy),
+        StoreOptions::default(),
+        NOW,
+    )
+    .unwrap();
+    let health = s.health();
+    let reader = StoreReader::open(&Layout::new(dir.path()), Default::default()).unwrap();
+    assert!(health.report(NOW).live);
+    assert!(!health.report(NOW).ready);
+    let recovery = std::thread::spawn(move || {
+        let report = s.recover(NOW).unwrap();
+        (s, report)
+    });
+    // the read side answers whatever the writer is doing
+    let listed = reader.list_incidents(None, None, 10).unwrap();
+    assert_eq!(listed.len(), 1);
+    let (s, report) = recovery.join().unwrap();
+    assert_eq!(report.segments_scanned, 40);
+    assert!(health.report(NOW).ready);
+    assert_eq!(
+        health
+            .check_writable(&[(wire::ScopeKind::Client, "web-3")])
+            .unwrap_err()
+            .code(),
+        Code::Unavailable
+    );
+    assert!(
+        health
+            .check_writable(&[(wire::ScopeKind::Client, "web-1")])
+            .is_ok()
+    );
+    drop(s);
+}
