@@ -125,13 +125,20 @@ impl Store {
         // files an eviction already moved are never mistaken for loss
         self.sweep(now_ms)?;
         let rows = self.live_segments()?;
-        for row in rows {
-            report.segments_scanned += 1;
-            if let Err(e) = self.recover_segment(&row, now_ms, &mut report) {
-                // one bad segment never stops recovery of the others
-                let key = format!("{}/{}", hex(&row.issue), row.ordinal);
-                tracing::error!(segment = %key, error = %e, "segment recovery failed");
-                report.last_failure = Some(key);
+        let dir = self.layout.segments_dir();
+        let fs = self.fs.clone();
+        for batch in rows.chunks(RECOVERY_BATCH) {
+            // read and scan on the bounded pool; apply the verdicts here, in
+            // order, on the single writer
+            let scanned = scan_all(fs.as_ref(), &dir, self.opts.seal_bytes, batch);
+            for (row, result) in batch.iter().zip(scanned) {
+                report.segments_scanned += 1;
+                if let Err(e) = self.recover_segment(row, result, now_ms, &mut report) {
+                    // one bad segment never stops recovery of the others
+                    let key = format!("{}/{}", hex(&row.issue), row.ordinal);
+                    tracing::error!(segment = %key, error = %e, "segment recovery failed");
+                    report.last_failure = Some(key);
+                }
             }
         }
         self.remove_orphans(&mut report)?;
@@ -193,40 +200,16 @@ impl Store {
     fn recover_segment(
         &mut self,
         row: &SegRow,
+        scanned: Result<ScannedSegment, StoreError>,
         now_ms: i64,
         report: &mut RecoveryReport,
     ) -> Result<(), StoreError> {
-        let name = segment_file_name(&row.issue, row.ordinal)
-            .ok_or_else(|| StoreError::Integrity("segment ordinal out of range".into()))?;
-        let path = self.layout.segments_dir().join(&name);
-        let limits = if row.ordinal == crate::blobs::BLOB_ORDINAL {
-            crate::blobs::script_limits()
-        } else {
-            record_limits()
-        };
-        // Read the committed range plus a bounded tail: a sealed or active
-        // segment is never larger than the seal size plus one record.
-        let max_len = self
-            .opts
-            .seal_bytes
-            .saturating_add(u64::from(limits.max_stored_len))
-            .saturating_add(rvbox_segment::RECORD_OVERHEAD)
-            .max(row.committed_end);
-        let (buf, file_len) = match self.fs.open(&path) {
-            Ok(f) => {
-                let len = f
-                    .len()
-                    .map_err(|e| StoreError::io("stat segment", &path, e))?;
-                let read = len.min(max_len);
-                let mut buf = vec![0u8; usize::try_from(read).unwrap_or(0)];
-                f.read_exact_at(&mut buf, 0)
-                    .map_err(|e| StoreError::io("read segment", &path, e))?;
-                (buf, len)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), 0),
-            Err(e) => return Err(StoreError::io("open segment", &path, e)),
-        };
-        let result = scan(&buf, row.committed_end, &limits);
+        let ScannedSegment {
+            path,
+            scan: result,
+            file_len,
+            max_len,
+        } = scanned?;
         match result.recovery {
             Recovery::Clean if file_len <= max_len => Ok(()),
             Recovery::Clean | Recovery::TruncateTail { .. } => {
@@ -662,4 +645,98 @@ impl Store {
         report.incidents += 1;
         Ok(())
     }
+}
+
+/// What one worker read and concluded about one segment.
+struct ScannedSegment {
+    path: std::path::PathBuf,
+    scan: rvbox_segment::Scan,
+    file_len: u64,
+    max_len: u64,
+}
+
+/// Reads and scans one segment (no writes): the part of recovery that the
+/// bounded pool runs in parallel. The buffer lives only while scanning.
+fn scan_segment(
+    fs: &dyn crate::fs::StoreFs,
+    dir: &std::path::Path,
+    seal_bytes: u64,
+    row: &SegRow,
+) -> Result<ScannedSegment, StoreError> {
+    let name = segment_file_name(&row.issue, row.ordinal)
+        .ok_or_else(|| StoreError::Integrity("segment ordinal out of range".into()))?;
+    let path = dir.join(&name);
+    let limits = if row.ordinal == crate::blobs::BLOB_ORDINAL {
+        crate::blobs::script_limits()
+    } else {
+        record_limits()
+    };
+    // Read the committed range plus a bounded tail: a sealed or active
+    // segment is never larger than the seal size plus one record.
+    let max_len = seal_bytes
+        .saturating_add(u64::from(limits.max_stored_len))
+        .saturating_add(rvbox_segment::RECORD_OVERHEAD)
+        .max(row.committed_end);
+    let (buf, file_len) = match fs.open(&path) {
+        Ok(f) => {
+            let len = f
+                .len()
+                .map_err(|e| StoreError::io("stat segment", &path, e))?;
+            let read = len.min(max_len);
+            let mut buf = vec![0u8; usize::try_from(read).unwrap_or(0)];
+            f.read_exact_at(&mut buf, 0)
+                .map_err(|e| StoreError::io("read segment", &path, e))?;
+            (buf, len)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), 0),
+        Err(e) => return Err(StoreError::io("open segment", &path, e)),
+    };
+    let scan = scan(&buf, row.committed_end, &limits);
+    Ok(ScannedSegment {
+        path,
+        scan,
+        file_len,
+        max_len,
+    })
+}
+
+/// Threads of the recovery pool.
+pub const RECOVERY_WORKERS: usize = 2;
+/// Segments read and scanned per round of the pool (bounds what is held at once).
+const RECOVERY_BATCH: usize = 256;
+
+/// Scans `rows` on a bounded pool of threads, in order of `rows`.
+fn scan_all(
+    fs: &dyn crate::fs::StoreFs,
+    dir: &std::path::Path,
+    seal_bytes: u64,
+    rows: &[SegRow],
+) -> Vec<Result<ScannedSegment, StoreError>> {
+    let per = rows.len().div_ceil(RECOVERY_WORKERS).max(1);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = rows
+            .chunks(per)
+            .map(|chunk| {
+                let n = chunk.len();
+                let h = scope.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|row| scan_segment(fs, dir, seal_bytes, row))
+                        .collect::<Vec<_>>()
+                });
+                (n, h)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|(n, h)| {
+                // one result per row, even if a worker died
+                h.join().unwrap_or_else(|_| {
+                    (0..n)
+                        .map(|_| Err(StoreError::Integrity("a recovery worker panicked".into())))
+                        .collect()
+                })
+            })
+            .collect()
+    })
 }
