@@ -45,6 +45,7 @@
 //! and nothing is allocated or sliced from an unchecked length.
 
 mod format;
+pub mod journal;
 mod names;
 mod scan;
 

@@ -13,6 +13,7 @@ use rvbox_domain::lifecycle::Lifecycle;
 use rvbox_retention::{
     CHARGE_VERSION, ChargeKind, Class, Usage, charge, release_closeout, reserve, tombstones_to_drop,
 };
+use rvbox_segment::journal::JournalEntry;
 use rvbox_segment::{Compression, Kind, RecordMeta, Stream, encode, segment_file_name, sha256};
 
 use crate::crash::points;
@@ -940,7 +941,27 @@ impl Store {
         *failing = None;
         self.hook.at(points::EVENT_BEFORE_FSYNC);
         if touched.len() >= SYNCFS_THRESHOLD {
-            // one filesystem flush covers every touched file and new entry
+            // one sequential journal flush covers every touched file
+            // (journal.rs), when the group fits a frame
+            let entries: Vec<JournalEntry<'_>> = segs
+                .iter()
+                .filter(|(_, seg)| !seg.bytes.is_empty())
+                .map(|((issue, ordinal), seg)| JournalEntry {
+                    issue_uuid: *issue,
+                    ordinal: *ordinal,
+                    offset: if seg.new_file {
+                        0
+                    } else {
+                        base.get(issue).map_or(0, |b| b.1)
+                    },
+                    bytes: &seg.bytes,
+                })
+                .collect();
+            if self.journal_group(&entries, created)? {
+                self.hook.at(points::EVENT_AFTER_FSYNC);
+                return Ok(());
+            }
+            // otherwise one filesystem flush covers every touched file and new entry
             self.fs
                 .sync_filesystem(&dir)
                 .map_err(|e| StoreError::io("sync segment filesystem", &dir, e))?;

@@ -72,6 +72,18 @@ impl Layout {
         self.root.join("audit")
     }
 
+    /// The group journal directory (same filesystem as the segments).
+    #[must_use]
+    pub fn journal_dir(&self) -> PathBuf {
+        self.root.join("journal")
+    }
+
+    /// The group journal file.
+    #[must_use]
+    pub fn journal_file(&self) -> PathBuf {
+        self.journal_dir().join("groups.journal")
+    }
+
     /// The deletion directory (same filesystem as the segments).
     #[must_use]
     pub fn trash_dir(&self) -> PathBuf {
@@ -89,6 +101,7 @@ impl Layout {
             self.segments_dir(),
             self.audit_dir(),
             self.trash_dir(),
+            self.journal_dir(),
         ] {
             fs.ensure_private_dir(&dir)
                 .map_err(|e| StoreError::io("create data directory", &dir, e))?;

@@ -31,6 +31,7 @@ pub mod blobs;
 pub mod events;
 pub mod group;
 pub mod health;
+pub mod journal;
 pub mod maintenance;
 pub mod metrics;
 pub mod operator;

@@ -66,6 +66,10 @@ pub struct StoreMetrics {
     pub group_events: Histogram,
     /// Segment files created.
     pub segments_created: Counter,
+    /// Groups made durable through the group journal.
+    pub journal_groups: Counter,
+    /// Group journal checkpoints.
+    pub journal_checkpoints: Counter,
     /// Commands created (`RunCommand`).
     pub commands_created: Counter,
     /// Commands refused, by code.
@@ -96,6 +100,8 @@ impl Default for StoreMetrics {
             groups_failed: Counter::default(),
             group_events: group_sizes(),
             segments_created: Counter::default(),
+            journal_groups: Counter::default(),
+            journal_checkpoints: Counter::default(),
             commands_created: Counter::default(),
             commands_refused: Family::default(),
             quota_refusals: Family::default(),
@@ -147,6 +153,16 @@ impl StoreMetrics {
             "segments_created",
             "Segment files created",
             self.segments_created.clone(),
+        );
+        r.register(
+            "journal_groups",
+            "Groups made durable through the group journal",
+            self.journal_groups.clone(),
+        );
+        r.register(
+            "journal_checkpoints",
+            "Group journal checkpoints",
+            self.journal_checkpoints.clone(),
         );
         r.register(
             "commands_created",

@@ -40,6 +40,10 @@ pub struct RecoveryReport {
     pub events_lost: u64,
     /// Orphan segment files removed.
     pub orphans_removed: u64,
+    /// Valid group journal frames of the current epoch found.
+    pub journal_frames: u64,
+    /// Segments whose committed bytes were re-appended from the journal.
+    pub journal_segments_redone: u64,
     /// Live sessions closed by the restart.
     pub sessions_closed: u64,
     /// Incidents recorded.
@@ -124,6 +128,11 @@ impl Store {
         // plan §5.4: finish stale evictions and pending deletions first, so
         // files an eviction already moved are never mistaken for loss
         self.sweep(now_ms)?;
+        // committed bytes a power cut took from segment files come back
+        // from the group journal before anything is judged lost
+        let replay = self.replay_journal()?;
+        report.journal_frames = replay.frames;
+        report.journal_segments_redone = replay.segments_redone;
         let rows = self.live_segments()?;
         let dir = self.layout.segments_dir();
         let fs = self.fs.clone();
@@ -154,12 +163,15 @@ impl Store {
         );
         report.commands_interrupted += self.verify_essential_state(now_ms)?;
         self.check_counters_at_recovery(now_ms, &mut report)?;
+        // every segment byte is in its own file now (redone ones included)
+        self.checkpoint_journal()?;
         self.health.recovered(&self.conn)?;
         let m = &self.metrics;
         m.recovered("command_interrupted", report.commands_interrupted);
         m.recovered("tail_truncated", report.tails_truncated);
         m.recovered("segment_damaged", report.segments_damaged);
         m.recovered("orphan_removed", report.orphans_removed);
+        m.recovered("journal_redone", report.journal_segments_redone);
         m.recovered("session_closed", report.sessions_closed);
         m.recovered("integrity_failed", u64::from(!report.integrity_ok));
         tracing::info!(

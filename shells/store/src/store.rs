@@ -118,6 +118,8 @@ pub struct Store {
     pub(crate) opts: StoreOptions,
     pub(crate) hook: Arc<dyn CrashHook>,
     pub(crate) open_segments: BTreeMap<[u8; 16], OpenSegment>,
+    /// The group journal; `None` once it failed and could not be cut back.
+    pub(crate) journal: Option<crate::journal::GroupJournal>,
     /// Reused zstd context for validating output (creating one per chunk
     /// costs more than decompressing 1 KiB).
     pub(crate) dctx: Dctx,
@@ -151,6 +153,7 @@ impl Store {
         let mut conn = db::open(&layout.db_file(), opts.db)?;
         db::migrate(&mut conn, now_ms)?;
         let server_id = identity::server_id(&conn, entropy.as_ref(), now_ms)?;
+        let journal = crate::journal::open(fs.as_ref(), &layout, &conn)?;
         let token_key = identity::token_key(
             fs.as_ref(),
             &layout.root().join("token.key"),
@@ -165,6 +168,7 @@ impl Store {
             opts,
             hook: Arc::new(NoCrash),
             open_segments: BTreeMap::new(),
+            journal: Some(journal),
             metrics: crate::metrics::StoreMetrics::default(),
             health: crate::health::Health::default(),
             dctx: Dctx(

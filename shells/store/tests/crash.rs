@@ -95,7 +95,9 @@ fn decode_id(text: &str) -> [u8; 16] {
     *uuid::Uuid::parse_str(text).unwrap().as_bytes()
 }
 
-/// The child: appends batches of output, printing `ACK <seq>` after each
+/// The child: appends batches of output to every command named in its
+/// environment (one group per batch: with four commands or more, a group
+/// made durable by the group journal), printing `ACK <seq>` after each
 /// batch the store reported durable, until the hook kills it.
 #[test]
 fn crash_child() {
@@ -104,28 +106,41 @@ fn crash_child() {
     };
     let (point, after) = spec.split_once('@').unwrap();
     let dir = std::env::var(DIR_ENV).unwrap();
-    let id = decode_id(&std::env::var(ID_ENV).unwrap());
+    let ids: Vec<[u8; 16]> = std::env::var(ID_ENV)
+        .unwrap()
+        .split(',')
+        .map(decode_id)
+        .collect();
     let mut store = open_with(std::path::Path::new(&dir), Arc::new(RealFs), options());
     store.set_crash_hook(Arc::new(AbortAt {
         point: point.to_owned(),
         after: after.parse().unwrap(),
         hits: AtomicU32::new(0),
     }));
-    let mut next = last_seq(&store, &id) + 1;
+    // every command has the same durable sequence: each group holds all
+    let mut next = last_seq(&store, &ids[0]) + 1;
     for _ in 0..BATCHES {
-        let batch: Vec<_> = (next..next + BATCH)
-            .map(|seq| output(&id, seq, &chunk(seq, CHUNK)))
+        let batch: Vec<_> = ids
+            .iter()
+            .flat_map(|id| (next..next + BATCH).map(|seq| output(id, seq, &chunk(seq, CHUNK))))
             .collect();
         let report = store.append_events(&batch, NOW).unwrap();
-        say(&format!("ACK {}", report.acked[&id]));
+        let acked = ids.iter().map(|id| report.acked[id]).min().unwrap();
+        say(&format!("ACK {acked}"));
         next += BATCH;
     }
     say("DONE");
 }
 
 fn prepare(dir: &std::path::Path) -> [u8; 16] {
+    prepare_many(dir, 1)[0]
+}
+
+fn prepare_many(dir: &std::path::Path, n: usize) -> Vec<[u8; 16]> {
     let mut s = open_with(dir, Arc::new(RealFs), options());
-    running_command(&mut s, "web-1")
+    (0..n)
+        .map(|i| running_command(&mut s, &format!("web-{i}")))
+        .collect()
 }
 
 /// Everything a restart must show after a crash, given the highest
@@ -166,12 +181,17 @@ fn check_after_restart(dir: &std::path::Path, id: &[u8; 16], acked: u64) -> Stor
 }
 
 fn run_child(dir: &std::path::Path, id: &[u8; 16], point: &str, after: u32) -> (bool, u64) {
+    run_child_many(dir, std::slice::from_ref(id), point, after)
+}
+
+fn run_child_many(dir: &std::path::Path, ids: &[[u8; 16]], point: &str, after: u32) -> (bool, u64) {
     let exe = std::env::current_exe().unwrap();
+    let ids_env: Vec<String> = ids.iter().map(text).collect();
     let mut child = Command::new(exe)
         .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, format!("{point}@{after}"))
         .env(DIR_ENV, dir)
-        .env(ID_ENV, text(id))
+        .env(ID_ENV, ids_env.join(","))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -212,6 +232,32 @@ fn a_process_killed_at_every_commit_point_loses_nothing_acknowledged() {
             } else {
                 // the crashed batch never committed: nothing beyond the last ack
                 assert_eq!(durable, acked, "{point}@{after}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_process_killed_at_every_commit_point_of_a_journaled_group_loses_nothing_acknowledged() {
+    // six commands per group: above the journal threshold, so the flush at
+    // each point is the group journal's
+    for point in points::ALL {
+        for after in [1, 3] {
+            let dir = tempfile::tempdir().unwrap();
+            let ids = prepare_many(dir.path(), 6);
+            let (finished, acked) = run_child_many(dir.path(), &ids, point, after);
+            assert!(
+                !finished,
+                "{point}@{after}: the crash point was never reached"
+            );
+            for id in &ids {
+                let s = check_after_restart(dir.path(), id, acked);
+                let durable = last_seq(&s, id) - 1; // minus the append just made
+                if point == points::EVENT_AFTER_COMMIT {
+                    assert_eq!(durable, acked + BATCH, "{point}@{after}");
+                } else {
+                    assert_eq!(durable, acked, "{point}@{after}");
+                }
             }
         }
     }
@@ -339,8 +385,8 @@ fn files_leaving_the_open_file_cache_mid_batch_are_still_synced() {
 }
 
 #[test]
-fn groups_flushed_with_one_syncfs_survive_a_power_cut() {
-    // six commands per batch: above the syncfs threshold
+fn groups_made_durable_by_the_group_journal_survive_a_power_cut() {
+    // six commands per batch: above the journal threshold
     let dir = tempfile::tempdir().unwrap();
     let fs = FaultyFs::new();
     let mut acked = Vec::new();
