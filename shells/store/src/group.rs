@@ -32,6 +32,9 @@ pub enum GroupError {
 
 /// A group stops waiting for more writers after this long without one.
 const IDLE_GAP: Duration = Duration::from_micros(200);
+/// Once a group has as many requests as the previous one, it ends after
+/// this long without another.
+const TAIL_GAP: Duration = Duration::from_micros(20);
 
 /// Where a group's outcome for one request goes.
 enum Reply {
@@ -167,17 +170,26 @@ impl GroupCommitter {
 }
 
 fn run(mut store: Store, rx: &Receiver<Request>, opts: GroupOptions, now_ms: fn() -> i64) -> Store {
+    // requests in the previous group: the writers that will most likely
+    // come back for the next one
+    let mut expected = 0usize;
     while let Ok(first) = rx.recv() {
         let deadline = Instant::now() + opts.max_delay;
         let mut group = vec![first];
         let mut count = group.first().map_or(0, |r| r.events.len());
         // Gather until the group is full, the batching delay is spent, or
         // writers stop arriving (none within IDLE_GAP): a lone writer never
-        // waits out the whole delay.
+        // waits out the whole delay. Once as many requests as last time
+        // are in, a much shorter gap ends the group: waiting out the idle
+        // gap for a writer that is not coming would delay every one, while
+        // writers still arriving back to back keep joining.
         while count < opts.max_batch {
-            let left = deadline
-                .saturating_duration_since(Instant::now())
-                .min(IDLE_GAP);
+            let gap = if expected > 0 && group.len() >= expected {
+                TAIL_GAP
+            } else {
+                IDLE_GAP
+            };
+            let left = deadline.saturating_duration_since(Instant::now()).min(gap);
             match rx.recv_timeout(left) {
                 Ok(r) => {
                     count += r.events.len();
@@ -186,6 +198,7 @@ fn run(mut store: Store, rx: &Receiver<Request>, opts: GroupOptions, now_ms: fn(
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
             }
         }
+        expected = group.len();
         let all: Vec<EventAppend> = group
             .iter()
             .flat_map(|r| r.events.iter().cloned())
