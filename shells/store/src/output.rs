@@ -27,7 +27,9 @@
 //! segment is verified (header and record CRCs with [`record_limits`], the
 //! header against the event row, bounded decompression, SHA-256 of the raw
 //! bytes against the row's `content_sha256`); a record that fails is an
-//! error naming the event, never skipped. Inline bodies are checked against
+//! error naming the event, never skipped, and the caller re-verifies the
+//! command with [`Store::reverify_command`] so that the loss is recorded
+//! (truncation rows and an incident) and later reads report it. Inline bodies are checked against
 //! their row digest the same way.
 //!
 //! Both readers run inside one read transaction (a consistent view of the

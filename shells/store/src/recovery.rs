@@ -184,18 +184,67 @@ impl Store {
         Ok(report)
     }
 
+    /// Re-verifies every live segment of one command and applies the
+    /// verdicts exactly as recovery does: call it when a read found a
+    /// stored record failing verification. Damage inside the committed
+    /// range becomes `STORAGE_LOSS` truncation rows, the segment is marked
+    /// damaged (kept as evidence) and an open incident makes the command's
+    /// scope dirty; readers then get an explicit truncation where the error
+    /// was, never a silent gap. Appends continue in a new segment.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database cannot be used.
+    pub fn reverify_command(
+        &mut self,
+        issue: &[u8; 16],
+        now_ms: i64,
+    ) -> Result<RecoveryReport, StoreError> {
+        let mut report = RecoveryReport {
+            integrity_ok: true,
+            ..Default::default()
+        };
+        let rows = self.live_segments_of(Some(issue))?;
+        // the active file may be replaced by a damaged one's successor
+        self.open_segments.remove(issue);
+        let dir = self.layout.segments_dir();
+        for row in &rows {
+            report.segments_scanned += 1;
+            let scanned = scan_segment(self.fs.as_ref(), &dir, self.opts.seal_bytes, row);
+            if let Err(e) = self.recover_segment(row, scanned, now_ms, &mut report) {
+                let key = format!("{}/{}", hex(&row.issue), row.ordinal);
+                tracing::error!(segment = %key, error = %e, "segment re-verification failed");
+                report.last_failure = Some(key);
+            }
+        }
+        self.health.refresh(&self.conn)?;
+        self.metrics
+            .recovered("segment_damaged", report.segments_damaged);
+        tracing::warn!(
+            segments = report.segments_scanned,
+            damaged = report.segments_damaged,
+            events_lost = report.events_lost,
+            "command output re-verified after a read failed verification"
+        );
+        Ok(report)
+    }
+
     fn live_segments(&self) -> Result<Vec<SegRow>, StoreError> {
+        self.live_segments_of(None)
+    }
+
+    fn live_segments_of(&self, only: Option<&[u8; 16]>) -> Result<Vec<SegRow>, StoreError> {
         let mut stmt = self
             .conn
             .prepare(
                 "SELECT s.issue_uuid, s.ordinal, s.committed_end, c.client_id
                  FROM command_segments s JOIN commands c ON c.issue_uuid = s.issue_uuid
                  WHERE s.state IN ('active', 'sealed', 'blob') AND c.retention = 'retained'
+                   AND (?1 IS NULL OR s.issue_uuid = ?1)
                  ORDER BY s.issue_uuid, s.ordinal",
             )
             .map_err(|e| StoreError::sqlite("list segments", e))?;
         let rows = stmt
-            .query_map([], |r| {
+            .query_map([only.map(|i| i.to_vec())], |r| {
                 let issue: Vec<u8> = r.get(0)?;
                 Ok(SegRow {
                     issue: <[u8; 16]>::try_from(issue.as_slice()).unwrap_or([0; 16]),

@@ -761,7 +761,7 @@ fn storage_loss_is_reported_after_a_corrupted_segment() {
 }
 
 #[test]
-fn a_record_failing_verification_is_an_error_not_a_gap() {
+fn a_record_failing_verification_is_an_error_then_an_explicit_loss_once_reverified() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = open(dir.path());
     let id = running_command(&mut s, "web-1");
@@ -796,6 +796,28 @@ fn a_record_failing_verification_is_an_error_not_a_gap() {
     // history before the damage is still served
     let h = s.events_after(&id, 0, 2).unwrap();
     assert_eq!(h.len(), 2);
+    assert_counters(&s);
+
+    // the reader's caller re-verifies the command: the damage becomes an
+    // explicit STORAGE_LOSS range with an open incident, not an error
+    let report = s.reverify_command(&id, RECEIPT).unwrap();
+    assert_eq!(report.segments_damaged, 1);
+    assert_eq!(report.events_lost, 1);
+    assert_eq!(
+        removed(&s, &id),
+        vec![(3, 3, wire::TruncationSource::StorageLoss as i32)]
+    );
+    let open = rvbox_store::incidents::open(s.db(), 10).unwrap();
+    assert_eq!(open.len(), 1);
+    assert!(open[0].data_loss);
+    let mut got = Collected::default();
+    page_all(&s, &id, &[STDOUT, STDERR], 1000, "", &mut got);
+    assert_eq!(got.all, expected([2, 4], 2000, &[STDOUT, STDERR]));
+    assert_eq!(got.retention.len(), 1);
+    // running it again finds nothing new
+    let again = s.reverify_command(&id, RECEIPT).unwrap();
+    assert_eq!(again.segments_damaged, 0);
+    assert_eq!(rvbox_store::incidents::open(s.db(), 10).unwrap().len(), 1);
     assert_counters(&s);
 }
 
