@@ -1181,8 +1181,30 @@ fn insert_tombstone(
     now_ms: i64,
     cap: u64,
 ) -> Result<(), StoreError> {
+    insert_tombstone_row(
+        tx,
+        issue,
+        &v.request_hash,
+        &v.client_id,
+        v.lifecycle,
+        now_ms,
+        cap,
+    )
+}
+
+/// Inserts a command's replay tombstone and enforces the FIFO cap, inside
+/// the caller's transaction (the one recording the terminal state).
+pub(crate) fn insert_tombstone_row(
+    tx: &Transaction<'_>,
+    issue: &[u8; 16],
+    request_hash: &[u8],
+    client_id: &str,
+    lifecycle: Lifecycle,
+    now_ms: i64,
+    cap: u64,
+) -> Result<(), StoreError> {
     tx.prepare_cached("INSERT INTO command_tombstones (issue_uuid, request_hash, client_id, lifecycle, terminal_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (issue_uuid) DO NOTHING").and_then(|mut st| st.execute(params![issue.as_slice(), v.request_hash, v.client_id, v.lifecycle.to_wire() as i32, now_ms]))
+         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (issue_uuid) DO NOTHING").and_then(|mut st| st.execute(params![issue.as_slice(), request_hash, client_id, lifecycle.to_wire() as i32, now_ms]))
     .map_err(|e| StoreError::sqlite("insert tombstone", e))?;
     let count: i64 = cached_row(tx, "SELECT COUNT(*) FROM command_tombstones", [], |r| {
         r.get(0)

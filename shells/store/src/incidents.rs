@@ -342,7 +342,7 @@ fn replay_or<T: prost::Message + Default>(stored: Stored) -> Result<T, OpError> 
     }
 }
 
-fn detail_to_error(d: &wire::ErrorDetail) -> DomainError {
+pub(crate) fn detail_to_error(d: &wire::ErrorDetail) -> DomainError {
     let code = Code::from_wire(d.code).unwrap_or(Code::Internal);
     let mut e = DomainError::new(code, &d.reason);
     if !d.field.is_empty() {

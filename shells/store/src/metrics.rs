@@ -45,6 +45,13 @@ pub struct CauseLabel {
     pub cause: &'static str,
 }
 
+/// A lifecycle a server-side transition moved a command to.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabel {
+    /// Target lifecycle (or `requeued`, `expired_pending`).
+    pub to: &'static str,
+}
+
 fn group_sizes() -> Histogram {
     Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0])
 }
@@ -68,6 +75,14 @@ pub struct StoreMetrics {
     pub segments_created: Counter,
     /// Groups made durable through the group journal.
     pub journal_groups: Counter,
+    /// Server-side command transitions, by target.
+    pub command_transitions: Family<TransitionLabel, Counter>,
+    /// Client sessions registered.
+    pub sessions_registered: Counter,
+    /// Live sessions fenced by a newer registration.
+    pub sessions_fenced: Counter,
+    /// Registrations rejected as a live conflict (pending claim recorded).
+    pub live_conflicts: Counter,
     /// Group journal checkpoints.
     pub journal_checkpoints: Counter,
     /// Commands created (`RunCommand`).
@@ -101,6 +116,10 @@ impl Default for StoreMetrics {
             group_events: group_sizes(),
             segments_created: Counter::default(),
             journal_groups: Counter::default(),
+            command_transitions: Family::default(),
+            sessions_registered: Counter::default(),
+            sessions_fenced: Counter::default(),
+            live_conflicts: Counter::default(),
             journal_checkpoints: Counter::default(),
             commands_created: Counter::default(),
             commands_refused: Family::default(),
@@ -116,6 +135,13 @@ impl Default for StoreMetrics {
 }
 
 impl StoreMetrics {
+    /// Counts a server-side command transition.
+    pub fn command_transition(&self, to: &'static str) {
+        self.command_transitions
+            .get_or_create(&TransitionLabel { to })
+            .inc();
+    }
+
     /// Registers every metric under the `rvbox_store` prefix.
     pub fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("rvbox_store");
@@ -158,6 +184,26 @@ impl StoreMetrics {
             "journal_groups",
             "Groups made durable through the group journal",
             self.journal_groups.clone(),
+        );
+        r.register(
+            "command_transitions",
+            "Server-side command transitions, by target lifecycle",
+            self.command_transitions.clone(),
+        );
+        r.register(
+            "sessions_registered",
+            "Client sessions registered",
+            self.sessions_registered.clone(),
+        );
+        r.register(
+            "sessions_fenced",
+            "Live sessions fenced by a newer registration",
+            self.sessions_fenced.clone(),
+        );
+        r.register(
+            "live_conflicts",
+            "Registrations rejected as a live conflict",
+            self.live_conflicts.clone(),
         );
         r.register(
             "journal_checkpoints",

@@ -1,0 +1,524 @@
+//! Client registration, sessions and takeover grants (plan §6.2, §5.2
+//! `clients`, `sessions`, `takeover_authorizations`).
+//!
+//! The session core decides (`rvbox-session`): accept with a new generation,
+//! fencing a prior session and consuming a grant, or reject a live conflict
+//! and record the pending claim. This module makes each decision durable in
+//! one transaction, and re-checks in that transaction what the decision
+//! was based on (the generation, the live session, the grant), so a decision
+//! taken on a stale view is refused with `CONFLICT` and nothing changes.
+//! Only after [`Store::register_session`] returns may a welcome be sent.
+
+use prost::Message as _;
+use rusqlite::{OptionalExtension, Transaction, TransactionBehavior, params};
+use rvbox_domain::error::{Code, DomainError};
+use rvbox_domain::hash::request_hash;
+use rvbox_domain::ids::Uuid7;
+use rvbox_proto::v1 as wire;
+
+use crate::error::StoreError;
+use crate::mutations::{self, Assigned, OpError, Owner, Stored};
+use crate::store::{Store, to_i64, to_u64};
+
+/// Longest close reason kept (the column's bound).
+pub const MAX_CLOSE_REASON_BYTES: usize = 4096;
+
+/// The live session of a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveSession {
+    /// Session id (16 random bytes; hex on the wire).
+    pub session_id: [u8; 16],
+    /// The client instance that opened it.
+    pub instance_id: [u8; 16],
+    /// Its generation.
+    pub generation: u64,
+    /// When it was installed (wall ms).
+    pub opened_ms: i64,
+}
+
+/// An unconsumed, unvoided takeover grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TakeoverGrant {
+    /// Row id (what a registration consumes).
+    pub id: i64,
+    /// The exact instance the grant admits.
+    pub instance_id: [u8; 16],
+    /// Created (wall ms).
+    pub created_ms: i64,
+    /// Expires (wall ms); a grant at or past it admits nobody.
+    pub expires_ms: i64,
+}
+
+/// What the store knows of a client, as the registration decision needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientRecord {
+    /// Client id.
+    pub client_id: String,
+    /// The instance of the last accepted registration.
+    pub instance_id: Option<[u8; 16]>,
+    /// Current generation (0 before the first registration).
+    pub generation: u64,
+    /// The live session, if any.
+    pub live: Option<LiveSession>,
+    /// The latest rejected live-conflict claim: instance and when it was seen.
+    pub pending_claim: Option<([u8; 16], i64)>,
+    /// The live takeover grant, if any (possibly expired: the decision
+    /// compares its expiry with the clock).
+    pub grant: Option<TakeoverGrant>,
+}
+
+/// An accepted registration to make durable (one transaction).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Registration {
+    /// Client id (validated by the session core).
+    pub client_id: String,
+    /// The registering instance.
+    pub instance_id: [u8; 16],
+    /// The generation the decision saw; the registration installs
+    /// `expected_generation + 1` and fails with `CONFLICT` if it changed.
+    pub expected_generation: u64,
+    /// The new session's id (from a CSPRNG).
+    pub session_id: [u8; 16],
+    /// The live session the decision fences, if any; it must still be the
+    /// live one.
+    pub fence: Option<[u8; 16]>,
+    /// The grant the decision consumes, if any; it must still be live and
+    /// unexpired and name this instance.
+    pub consume_grant: Option<i64>,
+    /// The client's capabilities, as sent.
+    pub capabilities: wire::Capabilities,
+    /// Its working-directory policy, as sent.
+    pub cwd_policy: Option<wire::CwdPolicy>,
+}
+
+fn blob16(v: Option<Vec<u8>>) -> Option<[u8; 16]> {
+    v.and_then(|b| <[u8; 16]>::try_from(b.as_slice()).ok())
+}
+
+fn conflict(reason: &str) -> OpError {
+    OpError::Refused(DomainError::new(Code::Conflict, reason))
+}
+
+/// `clients` columns: instance, generation, pending instance, pending time.
+type ClientRow = (Option<Vec<u8>>, i64, Option<Vec<u8>>, Option<i64>);
+
+fn load(tx: &rusqlite::Connection, client_id: &str) -> Result<Option<ClientRecord>, StoreError> {
+    let row: Option<ClientRow> = tx
+        .query_row(
+            "SELECT instance_id, generation, pending_instance_id, pending_seen_ms
+             FROM clients WHERE client_id = ?1",
+            params![client_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .optional()
+        .map_err(|e| StoreError::sqlite("load client", e))?;
+    let Some((instance, generation, pending, pending_ms)) = row else {
+        return Ok(None);
+    };
+    let live = tx
+        .query_row(
+            "SELECT session_id, instance_id, generation, opened_ms FROM sessions
+             WHERE client_id = ?1 AND live = 1",
+            params![client_id],
+            |r| {
+                Ok((
+                    r.get::<_, Vec<u8>>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, i64>(3)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(|e| StoreError::sqlite("load live session", e))?
+        .and_then(|(s, i, g, o)| {
+            Some(LiveSession {
+                session_id: blob16(Some(s))?,
+                instance_id: blob16(Some(i))?,
+                generation: to_u64(g),
+                opened_ms: o,
+            })
+        });
+    let grant = tx
+        .query_row(
+            "SELECT id, instance_id, created_ms, expires_ms FROM takeover_authorizations
+             WHERE client_id = ?1 AND consumed_ms IS NULL AND voided_ms IS NULL",
+            params![client_id],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, i64>(3)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(|e| StoreError::sqlite("load takeover grant", e))?
+        .and_then(|(id, i, c, x)| {
+            Some(TakeoverGrant {
+                id,
+                instance_id: blob16(Some(i))?,
+                created_ms: c,
+                expires_ms: x,
+            })
+        });
+    Ok(Some(ClientRecord {
+        client_id: client_id.to_owned(),
+        instance_id: blob16(instance),
+        generation: to_u64(generation),
+        live,
+        pending_claim: blob16(pending).zip(pending_ms),
+        grant,
+    }))
+}
+
+fn end_session(
+    tx: &Transaction<'_>,
+    session_id: &[u8; 16],
+    fenced: bool,
+    reason: &str,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let reason: String = reason.chars().take(MAX_CLOSE_REASON_BYTES / 4).collect();
+    let n = tx
+        .execute(
+            "UPDATE sessions SET live = 0, closed_ms = ?2,
+                 fenced_ms = CASE WHEN ?3 THEN ?2 ELSE fenced_ms END, close_reason = ?4
+             WHERE session_id = ?1 AND live = 1",
+            params![session_id.as_slice(), now_ms, fenced, reason],
+        )
+        .map_err(|e| StoreError::sqlite("end session", e))?;
+    Ok(n == 1)
+}
+
+impl Store {
+    /// The client's registration state, or `None` for a client never seen.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database failed.
+    pub fn client_record(&self, client_id: &str) -> Result<Option<ClientRecord>, StoreError> {
+        load(&self.conn, client_id)
+    }
+
+    /// Makes an accepted registration durable (plan §6.2, R-6.2-03/04/07):
+    /// in one transaction, checks that the generation, the live session and
+    /// the grant are still what the decision saw, fences the prior session,
+    /// consumes the grant, stores the client's capabilities and instance,
+    /// clears a pending claim of this instance, increments the generation
+    /// and installs the new live session. Returns the new generation; only
+    /// now may the welcome be sent.
+    ///
+    /// # Errors
+    /// `CONFLICT` when the state changed since the decision (nothing
+    /// written), `UNAVAILABLE` when the client's scope is not writable, or
+    /// a store failure.
+    pub fn register_session(&mut self, reg: &Registration, now_ms: i64) -> Result<u64, OpError> {
+        self.health
+            .check_writable(&[(wire::ScopeKind::Client, reg.client_id.as_str())])?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin registration", e))?;
+        let current = load(&tx, &reg.client_id)?;
+        let generation = current.as_ref().map_or(0, |c| c.generation);
+        if generation != reg.expected_generation {
+            return Err(conflict(
+                "the client's generation changed since the registration was decided",
+            ));
+        }
+        let live = current.as_ref().and_then(|c| c.live);
+        if live.map(|l| l.session_id) != reg.fence {
+            return Err(conflict(
+                "the client's live session changed since the registration was decided",
+            ));
+        }
+        if let Some(id) = reg.consume_grant {
+            let ok = current.as_ref().and_then(|c| c.grant).is_some_and(|g| {
+                g.id == id && g.instance_id == reg.instance_id && now_ms < g.expires_ms
+            });
+            if !ok {
+                return Err(conflict(
+                    "the takeover grant is no longer live, expired, or names another instance",
+                ));
+            }
+            tx.execute(
+                "UPDATE takeover_authorizations SET consumed_ms = ?2 WHERE id = ?1",
+                params![id, now_ms],
+            )
+            .map_err(|e| StoreError::sqlite("consume takeover grant", e))?;
+        }
+        if let Some(old) = reg.fence {
+            end_session(&tx, &old, true, "fenced by a newer registration", now_ms)?;
+        }
+        let next = generation
+            .checked_add(1)
+            .ok_or_else(|| StoreError::Integrity("client generation overflow".into()))?;
+        let caps = reg.capabilities.encode_to_vec();
+        let cwd = reg.cwd_policy.as_ref().map(prost::Message::encode_to_vec);
+        let platform = reg
+            .capabilities
+            .platform
+            .as_ref()
+            .map(|p| format!("{}/{}", p.os, p.arch));
+        tx.execute(
+            "INSERT INTO clients (client_id) VALUES (?1) ON CONFLICT (client_id) DO NOTHING",
+            params![reg.client_id],
+        )
+        .map_err(|e| StoreError::sqlite("register client", e))?;
+        tx.execute(
+            "UPDATE clients SET instance_id = ?2, generation = ?3, platform = ?4,
+                 software_version = ?5, capabilities = ?6, cwd_policy = ?7,
+                 connected_ms = ?8, last_seen_ms = ?8,
+                 pending_instance_id = CASE WHEN pending_instance_id = ?2 THEN NULL ELSE pending_instance_id END,
+                 pending_seen_ms = CASE WHEN pending_instance_id = ?2 THEN NULL ELSE pending_seen_ms END
+             WHERE client_id = ?1",
+            params![
+                reg.client_id,
+                reg.instance_id.as_slice(),
+                to_i64(next),
+                platform,
+                reg.capabilities.software_version,
+                caps,
+                cwd,
+                now_ms
+            ],
+        )
+        .map_err(|e| StoreError::sqlite("update client registration", e))?;
+        tx.execute(
+            "INSERT INTO sessions (session_id, client_id, instance_id, generation, opened_ms, live)
+             VALUES (?1, ?2, ?3, ?4, ?5, 1)",
+            params![
+                reg.session_id.as_slice(),
+                reg.client_id,
+                reg.instance_id.as_slice(),
+                to_i64(next),
+                now_ms
+            ],
+        )
+        .map_err(|e| StoreError::sqlite("install session", e))?;
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit registration", e))?;
+        self.metrics.sessions_registered.inc();
+        if reg.fence.is_some() {
+            self.metrics.sessions_fenced.inc();
+        }
+        tracing::info!(
+            client_id = %reg.client_id,
+            generation = next,
+            fenced = reg.fence.is_some(),
+            takeover = reg.consume_grant.is_some(),
+            "session registered"
+        );
+        Ok(next)
+    }
+
+    /// Records a rejected live-conflict claim (plan §6.2, R-6.2-06): the
+    /// exact instance and when it was seen, durable before the candidate's
+    /// socket is closed. The latest claim replaces an earlier one.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` when the client's scope is not writable, or a store
+    /// failure.
+    pub fn record_pending_claim(
+        &mut self,
+        client_id: &str,
+        instance_id: &[u8; 16],
+        now_ms: i64,
+    ) -> Result<(), OpError> {
+        self.health
+            .check_writable(&[(wire::ScopeKind::Client, client_id)])?;
+        self.conn
+            .execute(
+                "INSERT INTO clients (client_id, pending_instance_id, pending_seen_ms)
+                 VALUES (?1, ?2, ?3)
+                 ON CONFLICT (client_id) DO UPDATE SET
+                     pending_instance_id = excluded.pending_instance_id,
+                     pending_seen_ms = excluded.pending_seen_ms",
+                params![client_id, instance_id.as_slice(), now_ms],
+            )
+            .map_err(|e| StoreError::sqlite("record pending claim", e))?;
+        self.metrics.live_conflicts.inc();
+        tracing::warn!(
+            client_id,
+            "live-conflict registration rejected; claim recorded"
+        );
+        Ok(())
+    }
+
+    /// Ends a live session (closed, or `fenced`). Returns whether it was
+    /// live. Idempotent.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub fn close_session(
+        &mut self,
+        session_id: &[u8; 16],
+        fenced: bool,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin session close", e))?;
+        let ended = end_session(&tx, session_id, fenced, reason, now_ms)?;
+        if ended {
+            tx.execute(
+                "UPDATE clients SET last_seen_ms = ?2
+                 WHERE client_id = (SELECT client_id FROM sessions WHERE session_id = ?1)",
+                params![session_id.as_slice(), now_ms],
+            )
+            .map_err(|e| StoreError::sqlite("update last seen", e))?;
+        }
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit session close", e))?;
+        if ended {
+            tracing::info!(fenced, reason, "session closed");
+        }
+        Ok(ended)
+    }
+
+    /// `AuthorizeClientTakeover` (plan §6.2, R-6.2-11): the instance must
+    /// be exactly the client's pending claim; stores a one-shot grant for it
+    /// expiring `ttl_ms` from now, replacing (voiding) an earlier live
+    /// grant, and fences nothing. Idempotent by `request_id`: a replay
+    /// returns the same grant, the same id with another request is
+    /// `CONFLICT`.
+    ///
+    /// # Errors
+    /// `NOT_FOUND` for an unknown client, `FAILED_PRECONDITION` when the
+    /// instance is not the pending claim, `CONFLICT`, or a store failure.
+    pub fn authorize_takeover(
+        &mut self,
+        request_id: &Uuid7,
+        client_id: &str,
+        instance_id: &[u8; 16],
+        ttl_ms: u64,
+        now_ms: i64,
+    ) -> Result<TakeoverGrant, OpError> {
+        self.health
+            .check_writable(&[(wire::ScopeKind::Client, client_id)])?;
+        let request = wire::AuthorizeClientTakeoverRequest {
+            request_id: String::new(),
+            client_id: client_id.to_owned(),
+            client_instance_id: uuid::Uuid::from_bytes(*instance_id)
+                .hyphenated()
+                .to_string(),
+        };
+        let hash = request_hash("AuthorizeClientTakeover", &request);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin takeover grant", e))?;
+        let owner = Owner::Client(client_id);
+        if let Some(stored) =
+            mutations::lookup(&tx, request_id, "AuthorizeClientTakeover", &hash, owner)?
+        {
+            return match stored {
+                Ok(bytes) => decode_grant(&bytes),
+                Err(detail) => Err(OpError::Refused(crate::incidents::detail_to_error(&detail))),
+            };
+        }
+        let Some(record) = load(&tx, client_id)? else {
+            return Err(OpError::Refused(
+                DomainError::new(Code::NotFound, "no such client").with_field("client_id"),
+            ));
+        };
+        if record.pending_claim.map(|p| p.0) != Some(*instance_id) {
+            // never broadened to "the next instance" (R-6.2-12)
+            let refusal = DomainError::new(
+                Code::FailedPrecondition,
+                "client_instance_id is not the client's pending claim",
+            )
+            .with_field("client_instance_id");
+            let stored: Stored = Err(refusal.to_detail());
+            mutations::record(
+                &tx,
+                request_id,
+                "AuthorizeClientTakeover",
+                &hash,
+                owner,
+                &stored,
+                Assigned::default(),
+                now_ms,
+            )?;
+            tx.commit()
+                .map_err(|e| StoreError::sqlite("commit takeover refusal", e))?;
+            return Err(OpError::Refused(refusal));
+        }
+        tx.execute(
+            "UPDATE takeover_authorizations SET voided_ms = ?2
+             WHERE client_id = ?1 AND consumed_ms IS NULL AND voided_ms IS NULL",
+            params![client_id, now_ms],
+        )
+        .map_err(|e| StoreError::sqlite("void earlier grant", e))?;
+        let expires = now_ms.saturating_add(i64::try_from(ttl_ms).unwrap_or(i64::MAX).max(1));
+        tx.execute(
+            "INSERT INTO takeover_authorizations (client_id, instance_id, created_ms, expires_ms, request_id)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![
+                client_id,
+                instance_id.as_slice(),
+                now_ms,
+                expires,
+                request_id.as_bytes().as_slice()
+            ],
+        )
+        .map_err(|e| StoreError::sqlite("insert takeover grant", e))?;
+        let grant = TakeoverGrant {
+            id: tx.last_insert_rowid(),
+            instance_id: *instance_id,
+            created_ms: now_ms,
+            expires_ms: expires,
+        };
+        let stored: Stored = Ok(encode_grant(&grant));
+        mutations::record(
+            &tx,
+            request_id,
+            "AuthorizeClientTakeover",
+            &hash,
+            owner,
+            &stored,
+            Assigned::default(),
+            now_ms,
+        )?;
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit takeover grant", e))?;
+        tracing::info!(client_id, "takeover grant stored");
+        Ok(grant)
+    }
+}
+
+/// The stored result of a grant: id, instance, created, expires.
+fn encode_grant(g: &TakeoverGrant) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40);
+    out.extend_from_slice(&g.id.to_le_bytes());
+    out.extend_from_slice(&g.instance_id);
+    out.extend_from_slice(&g.created_ms.to_le_bytes());
+    out.extend_from_slice(&g.expires_ms.to_le_bytes());
+    out
+}
+
+fn decode_grant(b: &[u8]) -> Result<TakeoverGrant, OpError> {
+    let bad = || {
+        OpError::Store(StoreError::Integrity(
+            "stored takeover grant is malformed".into(),
+        ))
+    };
+    let i64_at = |at: usize| -> Result<i64, OpError> {
+        b.get(at..at + 8)
+            .and_then(|s| <[u8; 8]>::try_from(s).ok())
+            .map(i64::from_le_bytes)
+            .ok_or_else(bad)
+    };
+    Ok(TakeoverGrant {
+        id: i64_at(0)?,
+        instance_id: b
+            .get(8..24)
+            .and_then(|s| <[u8; 16]>::try_from(s).ok())
+            .ok_or_else(bad)?,
+        created_ms: i64_at(24)?,
+        expires_ms: i64_at(32)?,
+    })
+}

@@ -1,0 +1,272 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+//! Server-side command transitions for dispatch and reconciliation on
+//! real SQLite (plan §6.4).
+
+mod support;
+
+use rvbox_domain::error::Code;
+use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_proto::v1 as wire;
+use rvbox_store::Store;
+use rvbox_store::commands::{Knowledge, ServerTerminal, decode_rejection};
+use rvbox_store::incidents::NewIncident;
+use rvbox_store::mutations::OpError;
+use support::*;
+
+fn code(e: OpError) -> Code {
+    e.to_domain().code()
+}
+
+fn queued(s: &mut Store, client: &str, at: i64, ttl_ms: Option<u64>) -> [u8; 16] {
+    let id = new_id();
+    let mut req = run_request(&id, client, "true");
+    req.queue_ttl = ttl_ms.map(|ms| prost_types::Duration {
+        seconds: i64::try_from(ms / 1000).unwrap(),
+        nanos: 0,
+    });
+    s.run_command(&req, at).unwrap();
+    id
+}
+
+fn lifecycle(s: &Store, id: &[u8; 16]) -> Lifecycle {
+    s.command_view(id).unwrap().lifecycle
+}
+
+#[test]
+fn dispatch_order_and_compare_and_set_transitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let a = queued(&mut s, "web-1", NOW + 2, None);
+    let b = queued(&mut s, "web-1", NOW + 1, None);
+    let _other = queued(&mut s, "web-2", NOW, None);
+    let q = s.queued_commands("web-1", 10).unwrap();
+    assert_eq!(
+        q.iter().map(|c| c.issue_uuid).collect::<Vec<_>>(),
+        vec![b, a],
+        "issue time order, one client only"
+    );
+    assert_eq!(q[0].revision, 1);
+    assert_eq!(q[0].queue_expiry_ms, Some(NOW + 1 + 15 * 60_000));
+
+    s.mark_dispatched(&b, 1).unwrap();
+    assert_eq!(lifecycle(&s, &b), Lifecycle::Dispatched);
+    // a second dispatch decision on the same stale view changes nothing
+    assert_eq!(code(s.mark_dispatched(&b, 1).unwrap_err()), Code::Conflict);
+    assert_eq!(
+        code(s.record_accepted(&b, 2, 0).unwrap_err()),
+        Code::Conflict
+    );
+    s.requeue(&b, 1).unwrap();
+    assert_eq!(lifecycle(&s, &b), Lifecycle::Queued);
+    s.mark_dispatched(&b, 1).unwrap();
+    s.record_accepted(&b, 1, wire::ShellType::Sh as i32)
+        .unwrap();
+    assert_eq!(lifecycle(&s, &b), Lifecycle::Accepted);
+    assert_eq!(
+        code(s.requeue(&b, 1).unwrap_err()),
+        Code::Conflict,
+        "accepted work never returns to the queue"
+    );
+    let rows = s.non_terminal_commands("web-1").unwrap();
+    let mut sorted = vec![a, b];
+    sorted.sort_unstable();
+    assert_eq!(
+        rows.iter().map(|c| c.issue_uuid).collect::<Vec<_>>(),
+        sorted
+    );
+    assert_counters(&s);
+}
+
+#[test]
+fn server_terminal_decisions_release_headroom_and_leave_a_tombstone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let expired = queued(&mut s, "web-1", NOW, None);
+    let rejected = queued(&mut s, "web-1", NOW, None);
+    let held_before: i64 = s
+        .db()
+        .query_row(
+            "SELECT charged_bytes FROM clients WHERE client_id = 'web-1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+
+    s.finish_by_server(
+        &expired,
+        &[Lifecycle::Queued],
+        1,
+        ServerTerminal::Expired,
+        None,
+        None,
+        NOW + 10,
+    )
+    .unwrap();
+    assert_eq!(lifecycle(&s, &expired), Lifecycle::Expired);
+    assert!(matches!(
+        s.command_knowledge(&expired).unwrap(),
+        Knowledge::Terminal {
+            lifecycle: Lifecycle::Expired,
+            ..
+        }
+    ));
+
+    s.mark_dispatched(&rejected, 1).unwrap();
+    let reason = rvbox_domain::error::DomainError::new(Code::InvalidArgument, "cwd outside roots")
+        .with_field("spec.cwd")
+        .to_detail();
+    // a decision made on a stale lifecycle is refused
+    assert_eq!(
+        code(
+            s.finish_by_server(
+                &rejected,
+                &[Lifecycle::Queued],
+                1,
+                ServerTerminal::Rejected,
+                Some(&reason),
+                None,
+                NOW
+            )
+            .unwrap_err()
+        ),
+        Code::Conflict
+    );
+    s.finish_by_server(
+        &rejected,
+        &[Lifecycle::Dispatched],
+        1,
+        ServerTerminal::Rejected,
+        Some(&reason),
+        None,
+        NOW + 10,
+    )
+    .unwrap();
+    let stored: Vec<u8> = s
+        .db()
+        .query_row(
+            "SELECT rejection FROM commands WHERE issue_uuid = ?1",
+            [rejected.as_slice()],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(decode_rejection(&stored).unwrap(), reason);
+    let tombstones: i64 = s
+        .db()
+        .query_row("SELECT COUNT(*) FROM command_tombstones", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(tombstones, 2);
+    let held_after: i64 = s
+        .db()
+        .query_row(
+            "SELECT charged_bytes FROM clients WHERE client_id = 'web-1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        held_before - held_after,
+        2 * 64 * 1024,
+        "both commands' closeout headroom went back"
+    );
+    // an ended command cannot end again
+    assert_eq!(
+        code(
+            s.finish_by_server(
+                &expired,
+                &[Lifecycle::Expired],
+                1,
+                ServerTerminal::Cancelled,
+                None,
+                None,
+                NOW
+            )
+            .unwrap_err()
+        ),
+        Code::IllegalTransition
+    );
+    assert_counters(&s);
+}
+
+#[test]
+fn an_interruption_with_an_incident_makes_the_command_scope_dirty() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let id = running_command(&mut s, "web-1");
+    let incident = NewIncident {
+        kind: wire::IncidentKind::ClientStateLoss,
+        scope_kind: wire::ScopeKind::Command,
+        scope_key: text(&id),
+        client_id: Some("web-1".into()),
+        issue_uuid: Some(id),
+        summary: "the client's snapshot lacks a running command".into(),
+        evidence: Vec::new(),
+        data_loss: false,
+    };
+    s.finish_by_server(
+        &id,
+        &[Lifecycle::Accepted, Lifecycle::Running],
+        1,
+        ServerTerminal::Interrupted,
+        None,
+        Some(&incident),
+        NOW + 5,
+    )
+    .unwrap();
+    assert_eq!(lifecycle(&s, &id), Lifecycle::Interrupted);
+    let open = rvbox_store::incidents::open(s.db(), 10).unwrap();
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0].kind, wire::IncidentKind::ClientStateLoss);
+    assert_counters(&s);
+}
+
+#[test]
+fn expiry_lists_queued_and_dispatched_work_and_the_indicator_changes_no_lifecycle() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let q = queued(&mut s, "web-1", NOW, Some(1_000));
+    let d = queued(&mut s, "web-1", NOW, Some(2_000));
+    let never = queued(&mut s, "web-1", NOW, Some(0));
+    let later = queued(&mut s, "web-1", NOW, Some(60_000));
+    s.mark_dispatched(&d, 1).unwrap();
+    assert!(s.expiry_due(NOW + 999, 10).unwrap().is_empty());
+    let due = s.expiry_due(NOW + 2_000, 10).unwrap();
+    assert_eq!(
+        due.iter().map(|c| c.issue_uuid).collect::<Vec<_>>(),
+        vec![q, d]
+    );
+    assert_eq!(s.command_view(&never).unwrap().queue_expiry_ms, None);
+    assert_eq!(
+        s.command_view(&later).unwrap().queue_expiry_ms,
+        Some(NOW + 60_000)
+    );
+
+    s.mark_expired_pending(&d, 1).unwrap();
+    let v = s.command_view(&d).unwrap();
+    assert!(v.expired_pending);
+    assert_eq!(v.lifecycle, Lifecycle::Dispatched);
+    assert_eq!(
+        s.expiry_due(NOW + 2_000, 10)
+            .unwrap()
+            .iter()
+            .map(|c| c.issue_uuid)
+            .collect::<Vec<_>>(),
+        vec![q],
+        "an indicated command is not listed again"
+    );
+    // a kill of dispatched work: a higher revision first
+    assert_eq!(s.bump_revision(&d, 1).unwrap(), 2);
+    assert_eq!(code(s.bump_revision(&d, 1).unwrap_err()), Code::Conflict);
+    assert_eq!(s.command_view(&d).unwrap().revision, 2);
+}
+
+#[test]
+fn knowledge_of_unknown_commands_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    assert_eq!(s.command_knowledge(&new_id()).unwrap(), Knowledge::Missing);
+}
