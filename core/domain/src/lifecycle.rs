@@ -215,7 +215,9 @@ pub enum Edge {
     /// the race against launch authorization.
     Cancel,
     /// dispatched|accepted|launch_prepared|launch_authorized|running ->
-    /// interrupted: an invariant failed or the outcome is uncertain.
+    /// interrupted: an invariant failed or the outcome is uncertain; also
+    /// queued -> interrupted when reconciliation finds the client's matching
+    /// tombstone (plan §6.4: a stale server must not run it again).
     Interrupt,
     /// accepted -> launch_prepared: the blocked launcher's identity is durable.
     Prepare,
@@ -311,8 +313,15 @@ impl Phase {
             (P::Queued | P::Dispatched | P::Accepted | P::LaunchPrepared, P::Cancelled) => {
                 Edge::Cancel
             }
+            // plan §6.4: a queued command too, when reconciliation finds the
+            // client's matching tombstone (a stale server: it already ran)
             (
-                P::Dispatched | P::Accepted | P::LaunchPrepared | P::LaunchAuthorized | P::Running,
+                P::Queued
+                | P::Dispatched
+                | P::Accepted
+                | P::LaunchPrepared
+                | P::LaunchAuthorized
+                | P::Running,
                 P::Interrupted,
             ) => Edge::Interrupt,
             (P::Accepted, P::LaunchPrepared) => Edge::Prepare,
@@ -569,6 +578,7 @@ mod tests {
         (P::Queued, P::Dispatched),
         (P::Queued, P::Expired),
         (P::Queued, P::Cancelled),
+        (P::Queued, P::Interrupted),
         (P::Dispatched, P::Accepted),
         (P::Dispatched, P::Queued),
         (P::Dispatched, P::Rejected),
@@ -618,6 +628,7 @@ mod tests {
             (L::Queued, L::Dispatched),
             (L::Queued, L::Expired),
             (L::Queued, L::Cancelled),
+            (L::Queued, L::Interrupted),
             (L::Dispatched, L::Accepted),
             (L::Dispatched, L::Queued),
             (L::Dispatched, L::Rejected),

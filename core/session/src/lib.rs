@@ -1,0 +1,1 @@
+//! RVBox server session core (being written).
