@@ -1,0 +1,304 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+//! One client through the whole engine on a real store: hello, welcome,
+//! reconciliation, capacity, dispatch, acceptance, events and acks; then a
+//! same-instance replacement that fences the first connection, and a
+//! different instance rejected as a live conflict.
+
+use std::sync::Arc;
+
+use prost::Message as _;
+use rvbox_domain::ids::Uuid7;
+use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_engine::{Engine, Output};
+use rvbox_proto::v1 as wire;
+use rvbox_proto::v1::envelope::Payload;
+use rvbox_session::{ServerIdentity, SessionConfig};
+use rvbox_store::entropy::OsEntropy;
+use rvbox_store::layout::Layout;
+use rvbox_store::{Store, StoreOptions};
+
+const WALL: i64 = 1_800_000_000_000;
+const INSTANCE_A: &str = "6f1c2a4e-8b3d-4c5e-9f70-1a2b3c4d5e6f";
+const INSTANCE_B: &str = "7f1c2a4e-8b3d-4c5e-9f70-1a2b3c4d5e6f";
+
+fn engine(dir: &std::path::Path) -> Engine {
+    let mut store = Store::open(
+        Layout::new(dir),
+        Arc::new(rvbox_store::fs::RealFs),
+        Arc::new(OsEntropy),
+        StoreOptions::default(),
+        WALL,
+    )
+    .unwrap();
+    store.recover(WALL).unwrap();
+    let server_id = Uuid7::from_bytes("server_id", store.server_id()).unwrap();
+    let config = SessionConfig::new(ServerIdentity {
+        server_id,
+        software_version: "0.1.0".into(),
+        supported_minors: vec![0],
+    });
+    Engine::new(store, Arc::new(OsEntropy), config)
+}
+
+fn hello(instance: &str) -> Vec<u8> {
+    wire::Envelope {
+        session_id: String::new(),
+        generation: 0,
+        payload: Some(Payload::ClientHello(wire::ClientHello {
+            client_id: "web-1".into(),
+            client_instance_id: instance.into(),
+            protocol_major: 1,
+            supported_minors: vec![0],
+            capabilities: Some(wire::Capabilities {
+                platform: Some(wire::Platform {
+                    os: "linux".into(),
+                    arch: "x86_64".into(),
+                    os_release: String::new(),
+                }),
+                software_version: "1.0.0".into(),
+                shells: vec![wire::ShellCapability {
+                    shell_type: wire::ShellType::Sh as i32,
+                    platform_default: true,
+                }],
+                profiles: vec![],
+                max_running: 2,
+                max_queued: 0,
+                supervision_mode: wire::SupervisionMode::CgroupV2 as i32,
+            }),
+            cwd_policy: Some(wire::CwdPolicy {
+                default_cwd: "/srv".into(),
+                allowed_roots: vec!["/srv".into()],
+            }),
+        })),
+    }
+    .encode_to_vec()
+}
+
+/// Drains the engine; returns decoded frames per connection and closes.
+type Drained = (Vec<(u64, wire::Envelope)>, Vec<(u64, wire::CloseReason)>);
+
+fn drain(e: &mut Engine) -> Drained {
+    let mut frames = Vec::new();
+    let mut closes = Vec::new();
+    while let Some(o) = e.poll_output() {
+        match o {
+            Output::Frame { conn, bytes, .. } => {
+                frames.push((conn, wire::Envelope::decode(bytes.as_slice()).unwrap()));
+            }
+            Output::Close { conn, reason } => closes.push((conn, reason)),
+            Output::Ping { .. } => {}
+        }
+    }
+    (frames, closes)
+}
+
+fn env(session: &str, generation: u64, p: Payload) -> Vec<u8> {
+    wire::Envelope {
+        session_id: session.into(),
+        generation,
+        payload: Some(p),
+    }
+    .encode_to_vec()
+}
+
+fn run(e: &mut Engine, id: &[u8; 16]) {
+    let req = wire::RunCommandRequest {
+        request_id: Engine::uuid_text(id),
+        client_id: "web-1".into(),
+        spec: Some(wire::ExecutionSpec {
+            source: Some(wire::execution_spec::Source::CommandText("make".into())),
+            ..Default::default()
+        }),
+        script: Vec::new(),
+        queue_ttl: None,
+    };
+    e.store_mut().run_command(&req, WALL).unwrap();
+}
+
+fn new_id() -> [u8; 16] {
+    rvbox_store::entropy::uuid_v7(&OsEntropy, WALL).unwrap()
+}
+
+#[test]
+fn a_client_registers_reconciles_receives_work_and_gets_acks_only_when_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path());
+    let cmd = new_id();
+    run(&mut e, &cmd);
+
+    e.connect(0, 1);
+    e.frame(1, WALL, 1, hello(INSTANCE_A));
+    let (frames, closes) = drain(&mut e);
+    assert!(closes.is_empty(), "{closes:?}");
+    let Some(Payload::ServerWelcome(w)) = &frames[0].1.payload else {
+        panic!("{frames:?}")
+    };
+    assert_eq!(w.generation, 1);
+    let sid = w.session_id.clone();
+    let Some(Payload::ReconcileRequest(r)) = &frames[1].1.payload else {
+        panic!("{frames:?}")
+    };
+    assert_eq!(r.rows.len(), 1, "the queued command is listed");
+
+    // an empty, healthy snapshot: the queued command stays queued
+    e.frame(
+        2,
+        WALL,
+        1,
+        env(
+            &sid,
+            1,
+            Payload::ClientSnapshot(wire::ClientSnapshot {
+                round: r.round,
+                chunk_index: 0,
+                final_chunk: true,
+                store_health: wire::ScopeState::Ready as i32,
+                records: vec![],
+                tombstones: vec![],
+            }),
+        ),
+    );
+    let (frames, _) = drain(&mut e);
+    assert!(matches!(
+        frames[0].1.payload,
+        Some(Payload::ReconcileResult(_))
+    ));
+    // nothing is dispatched before capacity is known
+    assert_eq!(e.stats().dispatched, 0);
+    e.frame(
+        3,
+        WALL,
+        1,
+        env(
+            &sid,
+            1,
+            Payload::ClientCapacity(wire::ClientCapacity {
+                running: 0,
+                queued: 0,
+                max_running: 2,
+                max_queued: 0,
+            }),
+        ),
+    );
+    e.tick(4, WALL);
+    let (frames, _) = drain(&mut e);
+    let d = frames
+        .iter()
+        .find_map(|(_, f)| match &f.payload {
+            Some(Payload::Dispatch(d)) => Some(d.clone()),
+            _ => None,
+        })
+        .expect("dispatched");
+    assert_eq!(d.generation, 1);
+    assert_eq!(e.command(&cmd).unwrap().lifecycle, Lifecycle::Dispatched);
+
+    e.frame(
+        5,
+        WALL,
+        1,
+        env(
+            &sid,
+            1,
+            Payload::CommandAccepted(wire::CommandAccepted {
+                issue_uuid: d.issue_uuid.clone(),
+                revision: d.revision,
+                outcome: wire::AcceptOutcome::Positive as i32,
+                error: None,
+                resolved_shell: wire::ShellType::Sh as i32,
+            }),
+        ),
+    );
+    assert_eq!(e.command(&cmd).unwrap().lifecycle, Lifecycle::Accepted);
+    let event = |seq: u64, body: wire::command_event::Body| wire::CommandEvent {
+        issue_uuid: d.issue_uuid.clone(),
+        event_seq: seq,
+        observed_time: None,
+        body: Some(body),
+    };
+    e.frame(
+        6,
+        WALL,
+        1,
+        env(
+            &sid,
+            1,
+            Payload::CommandEvent(event(
+                1,
+                wire::command_event::Body::Lifecycle(wire::LifecycleChange {
+                    lifecycle: wire::Lifecycle::Running as i32,
+                    revision: 1,
+                    exit_result: None,
+                    reason: String::new(),
+                }),
+            )),
+        ),
+    );
+    let raw = b"hello\n".to_vec();
+    e.frame(
+        7,
+        WALL,
+        1,
+        env(
+            &sid,
+            1,
+            Payload::CommandEvent(event(
+                2,
+                wire::command_event::Body::Output(wire::OutputChunk {
+                    stream: wire::OutputStream::Stdout as i32,
+                    payload: zstd::bulk::compress(&raw, 1).unwrap(),
+                    raw_length: 6,
+                    stored_length: u32::try_from(zstd::bulk::compress(&raw, 1).unwrap().len())
+                        .unwrap(),
+                }),
+            )),
+        ),
+    );
+    let (frames, closes) = drain(&mut e);
+    assert!(closes.is_empty(), "{closes:?}");
+    let acks: Vec<u64> = frames
+        .iter()
+        .filter_map(|(_, f)| match &f.payload {
+            Some(Payload::EventAck(a)) => Some(a.durable_event_seq),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acks, vec![1, 2]);
+    assert_eq!(e.command(&cmd).unwrap().lifecycle, Lifecycle::Running);
+    assert_eq!(e.command(&cmd).unwrap().last_event_seq, 2);
+
+    // the same instance reconnects: the first connection is fenced
+    e.connect(10, 2);
+    e.frame(11, WALL + 10, 2, hello(INSTANCE_A));
+    let (frames, closes) = drain(&mut e);
+    assert!(
+        closes.contains(&(1, wire::CloseReason::SessionFenced)),
+        "{closes:?}"
+    );
+    let w2 = frames
+        .iter()
+        .find_map(|(c, f)| match &f.payload {
+            Some(Payload::ServerWelcome(w)) if *c == 2 => Some(w.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(w2.generation, 2);
+
+    // a different instance while 2 is live: rejected, claim recorded
+    e.connect(20, 3);
+    e.frame(21, WALL + 20, 3, hello(INSTANCE_B));
+    let (_, closes) = drain(&mut e);
+    assert!(
+        closes.contains(&(3, wire::CloseReason::HelloRejected)),
+        "{closes:?}"
+    );
+    let rec = e.store().client_record("web-1").unwrap().unwrap();
+    assert!(rec.pending_claim.is_some());
+    assert_eq!(rec.generation, 2);
+    let c = e.store().check_counters().unwrap();
+    assert!(c.consistent());
+}

@@ -1,0 +1,1 @@
+//! RVBox deterministic simulator (being written).
