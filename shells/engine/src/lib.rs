@@ -36,15 +36,15 @@ use rvbox_domain::lifecycle::{CommandState, Lifecycle, Phase, Revision};
 use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::envelope::Payload;
 use rvbox_reconcile::{
-    Action, Assembly, InterruptReason, ReconcileError, ServerCommand, ServerKnown,
-    SnapshotAssembler, Source, build_request, reconcile,
+    Action, Assembly, ReconcileError, ServerCommand, ServerKnown, SnapshotAssembler, Source,
+    build_request, reconcile,
 };
 use rvbox_session::{
     ClientMessage, Effect, Input, Registration as Decision, RegistrationToken, Session,
     SessionConfig, SessionId,
 };
 use rvbox_store::Store;
-use rvbox_store::commands::{CommandView, Knowledge, ServerTerminal};
+use rvbox_store::commands::{CommandView, Knowledge, ReconcileWrite, ServerTerminal};
 use rvbox_store::entropy::Entropy;
 use rvbox_store::events::EventOutcome;
 use rvbox_store::incidents::NewIncident;
@@ -624,16 +624,44 @@ impl Engine {
         let Some(client) = self.client_of(conn) else {
             return;
         };
-        // plan §6.4: every decision durable before the result is sent
+        // plan §6.4: every decision durable, in one transaction, before
+        // the result is sent
+        let mut writes = Vec::new();
         for a in outcome.actions() {
-            if let Err(e) = self.apply_action(&client, a.issue_uuid, a.action, &rows, wall_ms) {
-                tracing::error!(error = %e, "reconciliation decision not applied");
-                self.close(conn, wire::CloseReason::StorageUnavailable, wall_ms);
-                return;
+            let Some(row) = rows.iter().find(|r| r.issue_uuid == a.issue_uuid) else {
+                continue;
+            };
+            let issue = *a.issue_uuid.as_bytes();
+            let revision = row.revision.0;
+            match a.action {
+                Action::Requeue { from } if from == Phase::Dispatched => {
+                    writes.push(ReconcileWrite::Requeue { issue, revision });
+                }
+                Action::Requeue { .. }
+                | Action::Keep {
+                    advance_to: None, ..
+                } => {}
+                Action::Keep {
+                    advance_to: Some(to),
+                    ..
+                } => {
+                    if to != row.phase.lifecycle() {
+                        writes.push(ReconcileWrite::Advance {
+                            issue,
+                            revision,
+                            to,
+                        });
+                    }
+                }
+                Action::Interrupt { .. } => {
+                    writes.push(ReconcileWrite::Interrupt { issue, revision });
+                }
             }
         }
-        for i in outcome.incidents() {
-            let new = NewIncident {
+        let incidents: Vec<NewIncident> = outcome
+            .incidents()
+            .iter()
+            .map(|i| NewIncident {
                 kind: i.kind,
                 scope_kind: wire::ScopeKind::Command,
                 scope_key: i.issue_uuid.to_string(),
@@ -642,10 +670,18 @@ impl Engine {
                 summary: i.summary.clone(),
                 evidence: Vec::new(),
                 data_loss: false,
-            };
-            if let Err(e) = self.store.record_protocol_incident(&new, wall_ms) {
-                tracing::error!(error = %e, "reconciliation incident not recorded");
-            }
+            })
+            .collect();
+        if let Err(e) = self
+            .store
+            .apply_reconciliation(&client, &writes, &incidents, wall_ms)
+        {
+            // nothing was written; the client reconnects and a new round
+            // starts from the state as it is now
+            self.stats.stale_decisions += 1;
+            tracing::warn!(error = %e, "reconciliation not applied");
+            self.close(conn, wire::CloseReason::StorageUnavailable, wall_ms);
+            return;
         }
         self.stats.reconciled += 1;
         let result = outcome.result().clone();
@@ -685,66 +721,6 @@ impl Engine {
             _ => wire::CloseReason::ProtocolError,
         };
         self.close(conn, reason, wall_ms);
-    }
-
-    fn apply_action(
-        &mut self,
-        _client: &str,
-        issue: Uuid7,
-        action: Action,
-        rows: &[ServerCommand],
-        wall_ms: i64,
-    ) -> Result<(), OpError> {
-        let Some(row) = rows.iter().find(|r| r.issue_uuid == issue) else {
-            return Ok(());
-        };
-        let id = *issue.as_bytes();
-        let revision = row.revision.0;
-        let stale = |r: Result<(), OpError>| match r {
-            Err(OpError::Refused(e)) if e.code() == Code::Conflict => Ok(()),
-            other => other,
-        };
-        match action {
-            Action::Requeue { from } => {
-                if from == Phase::Dispatched {
-                    stale(self.store.requeue(&id, revision))?;
-                }
-            }
-            Action::Keep { advance_to, .. } => {
-                let Some(target) = advance_to else {
-                    return Ok(());
-                };
-                // walk the legal public edges from the stored lifecycle
-                for step in [Lifecycle::Accepted, Lifecycle::Running] {
-                    let now = self.store.command_view(&id)?.lifecycle;
-                    if now == target || now.check_transition(step).is_err() {
-                        continue;
-                    }
-                    stale(self.store.advance_lifecycle(&id, revision, step))?;
-                    if step == target {
-                        break;
-                    }
-                }
-            }
-            Action::Interrupt { from, reason } => {
-                let kind = match reason {
-                    InterruptReason::StaleServer => wire::IncidentKind::StaleServer,
-                    InterruptReason::ClientStateLoss => wire::IncidentKind::ClientStateLoss,
-                };
-                let _ = (from, kind);
-                let view = self.store.command_view(&id)?;
-                stale(self.store.finish_by_server(
-                    &id,
-                    &[view.lifecycle],
-                    revision,
-                    ServerTerminal::Interrupted,
-                    None,
-                    None,
-                    wall_ms,
-                ))?;
-            }
-        }
-        Ok(())
     }
 
     fn accepted(

@@ -97,6 +97,35 @@ impl ServerTerminal {
     }
 }
 
+/// One server-state decision of a reconciliation round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReconcileWrite {
+    /// dispatched -> queued (absent from a healthy complete snapshot).
+    Requeue {
+        /// Command.
+        issue: [u8; 16],
+        /// Revision the decision saw.
+        revision: u64,
+    },
+    /// Walk the legal public edges up to `to` (accepted or running): the
+    /// client's record is further along.
+    Advance {
+        /// Command.
+        issue: [u8; 16],
+        /// Revision the decision saw.
+        revision: u64,
+        /// Target lifecycle.
+        to: Lifecycle,
+    },
+    /// End it `interrupted` (stale server or client state loss).
+    Interrupt {
+        /// Command.
+        issue: [u8; 16],
+        /// Revision the decision saw.
+        revision: u64,
+    },
+}
+
 const VIEW_COLUMNS: &str = "c.issue_uuid, c.client_id, c.lifecycle, c.revision, c.request_hash,
     c.last_event_seq, c.issue_time_ms, c.queue_expiry_ms, c.expired_pending,
     COALESCE((SELECT SUM(p.raw_len) FROM command_payloads p
@@ -468,45 +497,7 @@ impl Store {
         view.lifecycle
             .check_transition(to)
             .map_err(|e| OpError::Refused(DomainError::from(e)))?;
-        let (charged, held): (i64, i64) = tx
-            .query_row(
-                "SELECT charged_bytes, closeout_held FROM commands WHERE issue_uuid = ?1",
-                params![issue.as_slice()],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .map_err(|e| StoreError::sqlite("load command usage", e))?;
-        let usage = Usage {
-            command: to_u64(charged),
-            held_closeout: to_u64(held),
-            owner: crate::store::client_charged(&tx, &view.client_id)?,
-            global: crate::store::global_charged(&tx)?,
-            free_space: 0,
-        };
-        let after = release_closeout(&usage).map_err(|e| StoreError::Integrity(e.to_string()))?;
-        tx.execute(
-            "UPDATE commands SET lifecycle = ?2, terminal_time_ms = MAX(?3, issue_time_ms),
-                 rejection = COALESCE(?4, rejection), charged_bytes = ?5, closeout_held = 0,
-                 output_charged = MIN(output_charged, ?5)
-             WHERE issue_uuid = ?1",
-            params![
-                issue.as_slice(),
-                to.to_wire() as i32,
-                now_ms,
-                rejection.map(prost::Message::encode_to_vec),
-                to_i64(after.command)
-            ],
-        )
-        .map_err(|e| StoreError::sqlite("finish command", e))?;
-        crate::store::apply_owner_global(&tx, &view.client_id, after.owner, after.global)?;
-        crate::events::insert_tombstone_row(
-            &tx,
-            issue,
-            &view.request_hash,
-            &view.client_id,
-            to,
-            now_ms,
-            cap,
-        )?;
+        finish_in(&tx, issue, &view, to, rejection, now_ms, cap)?;
         if let (Some(new), Some(id)) = (incident, incident_id) {
             crate::incidents::insert(&tx, id, new, now_ms)?;
         }
@@ -526,6 +517,126 @@ impl Store {
         Ok(())
     }
 
+    /// Persists every decision of a reconciliation round and its incidents
+    /// in one transaction (plan §6.4, R-6.4-28), before the result is sent.
+    /// Each write re-checks the revision (and, for a requeue, the
+    /// lifecycle) the decision saw: if any moved, nothing is written and
+    /// `CONFLICT` is returned, so the caller runs a new round. An incident
+    /// whose kind is already open for the same command is not opened again
+    /// (the same snapshot yields the same decisions).
+    ///
+    /// # Errors
+    /// `CONFLICT`, `UNAVAILABLE`, or a store failure; nothing committed.
+    pub fn apply_reconciliation(
+        &mut self,
+        client_id: &str,
+        writes: &[ReconcileWrite],
+        incidents: &[NewIncident],
+        now_ms: i64,
+    ) -> Result<usize, OpError> {
+        self.health
+            .check_writable(&[(wire::ScopeKind::Client, client_id)])?;
+        let mut ids = Vec::with_capacity(incidents.len());
+        for _ in incidents {
+            ids.push(
+                crate::entropy::uuid_v7(self.entropy.as_ref(), now_ms)
+                    .map_err(|e| StoreError::io("mint incident id", "", e))?,
+            );
+        }
+        let cap = self.opts.tombstone_cap;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin reconciliation", e))?;
+        for w in writes {
+            match *w {
+                ReconcileWrite::Requeue { issue, revision } => {
+                    let view = load_view(&tx, &issue)?;
+                    expect(&view, &[Lifecycle::Dispatched], revision)?;
+                    set_lifecycle(&tx, &issue, Lifecycle::Queued)?;
+                }
+                ReconcileWrite::Advance {
+                    issue,
+                    revision,
+                    to,
+                } => {
+                    let view = load_view(&tx, &issue)?;
+                    expect(&view, &[view.lifecycle], revision)?;
+                    let mut at = view.lifecycle;
+                    for step in [Lifecycle::Accepted, Lifecycle::Running] {
+                        if at == to {
+                            break;
+                        }
+                        if at.check_transition(step).is_ok() {
+                            at = step;
+                        }
+                    }
+                    if at != to {
+                        return Err(OpError::Refused(DomainError::new(
+                            Code::IllegalTransition,
+                            format!(
+                                "no legal path from {} to {}",
+                                view.lifecycle.as_str(),
+                                to.as_str()
+                            ),
+                        )));
+                    }
+                    set_lifecycle(&tx, &issue, to)?;
+                }
+                ReconcileWrite::Interrupt { issue, revision } => {
+                    let view = load_view(&tx, &issue)?;
+                    expect(&view, &[view.lifecycle], revision)?;
+                    view.lifecycle
+                        .check_transition(Lifecycle::Interrupted)
+                        .map_err(|e| OpError::Refused(DomainError::from(e)))?;
+                    finish_in(
+                        &tx,
+                        &issue,
+                        &view,
+                        Lifecycle::Interrupted,
+                        None,
+                        now_ms,
+                        cap,
+                    )?;
+                }
+            }
+        }
+        let mut opened = 0usize;
+        for (new, id) in incidents.iter().zip(ids) {
+            let open: bool = tx
+                .query_row(
+                    "SELECT EXISTS (SELECT 1 FROM storage_incidents
+                     WHERE state = 1 AND kind = ?1 AND scope_kind = ?2 AND scope_key = ?3)",
+                    params![new.kind as i32, new.scope_kind as i32, new.scope_key],
+                    |r| r.get(0),
+                )
+                .map_err(|e| StoreError::sqlite("find open incident", e))?;
+            if !open {
+                crate::incidents::insert(&tx, id, new, now_ms)?;
+                opened += 1;
+            }
+        }
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit reconciliation", e))?;
+        if opened > 0 {
+            self.health.refresh(&self.conn)?;
+        }
+        for w in writes {
+            self.metrics.command_transition(match w {
+                ReconcileWrite::Requeue { .. } => "requeued",
+                ReconcileWrite::Advance { to, .. } => to.as_str(),
+                ReconcileWrite::Interrupt { .. } => "interrupted",
+            });
+        }
+        tracing::info!(
+            client_id,
+            writes = writes.len(),
+            incidents = opened,
+            "reconciliation applied"
+        );
+        Ok(opened)
+    }
+
     /// Records a protocol incident (late after expiry, stale server, client
     /// state loss, reconciliation contradiction) against a command or a
     /// client; returns its id.
@@ -539,6 +650,60 @@ impl Store {
     ) -> Result<[u8; 16], StoreError> {
         self.record_incident(incident, now_ms, false)
     }
+}
+
+/// The terminal write of a server decision, inside the caller's
+/// transaction: lifecycle and terminal time, rejection reason, closeout
+/// headroom released, replay tombstone.
+fn finish_in(
+    tx: &Transaction<'_>,
+    issue: &[u8; 16],
+    view: &CommandView,
+    to: Lifecycle,
+    rejection: Option<&wire::ErrorDetail>,
+    now_ms: i64,
+    cap: u64,
+) -> Result<(), StoreError> {
+    let (charged, held): (i64, i64) = tx
+        .query_row(
+            "SELECT charged_bytes, closeout_held FROM commands WHERE issue_uuid = ?1",
+            params![issue.as_slice()],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .map_err(|e| StoreError::sqlite("load command usage", e))?;
+    let usage = Usage {
+        command: to_u64(charged),
+        held_closeout: to_u64(held),
+        owner: crate::store::client_charged(tx, &view.client_id)?,
+        global: crate::store::global_charged(tx)?,
+        free_space: 0,
+    };
+    let after = release_closeout(&usage).map_err(|e| StoreError::Integrity(e.to_string()))?;
+    tx.execute(
+        "UPDATE commands SET lifecycle = ?2, terminal_time_ms = MAX(?3, issue_time_ms),
+                 rejection = COALESCE(?4, rejection), charged_bytes = ?5, closeout_held = 0,
+                 output_charged = MIN(output_charged, ?5)
+             WHERE issue_uuid = ?1",
+        params![
+            issue.as_slice(),
+            to.to_wire() as i32,
+            now_ms,
+            rejection.map(prost::Message::encode_to_vec),
+            to_i64(after.command)
+        ],
+    )
+    .map_err(|e| StoreError::sqlite("finish command", e))?;
+    crate::store::apply_owner_global(tx, &view.client_id, after.owner, after.global)?;
+    crate::events::insert_tombstone_row(
+        tx,
+        issue,
+        &view.request_hash,
+        &view.client_id,
+        to,
+        now_ms,
+        cap,
+    )?;
+    Ok(())
 }
 
 /// The encoded rejection stored on a command, decoded.

@@ -270,3 +270,77 @@ fn knowledge_of_unknown_commands_is_missing() {
     let s = open(dir.path());
     assert_eq!(s.command_knowledge(&new_id()).unwrap(), Knowledge::Missing);
 }
+
+#[test]
+fn a_reconciliation_round_is_all_or_nothing_and_opens_each_incident_once() {
+    use rvbox_store::commands::ReconcileWrite;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let requeued = queued(&mut s, "web-1", NOW, None);
+    let advanced = queued(&mut s, "web-1", NOW, None);
+    let lost = running_command(&mut s, "web-1");
+    s.mark_dispatched(&requeued, 1).unwrap();
+    s.mark_dispatched(&advanced, 1).unwrap();
+    let incident = NewIncident {
+        kind: wire::IncidentKind::ClientStateLoss,
+        scope_kind: wire::ScopeKind::Command,
+        scope_key: text(&lost),
+        client_id: Some("web-1".into()),
+        issue_uuid: Some(lost),
+        summary: "running command absent from the snapshot".into(),
+        evidence: Vec::new(),
+        data_loss: false,
+    };
+    let writes = [
+        ReconcileWrite::Requeue {
+            issue: requeued,
+            revision: 1,
+        },
+        ReconcileWrite::Advance {
+            issue: advanced,
+            revision: 1,
+            to: Lifecycle::Running,
+        },
+        ReconcileWrite::Interrupt {
+            issue: lost,
+            revision: 1,
+        },
+    ];
+    // one stale write (a revision that moved) and nothing at all is written
+    let mut stale = writes;
+    stale[2] = ReconcileWrite::Interrupt {
+        issue: lost,
+        revision: 7,
+    };
+    assert_eq!(
+        code(
+            s.apply_reconciliation("web-1", &stale, std::slice::from_ref(&incident), NOW)
+                .unwrap_err()
+        ),
+        Code::Conflict
+    );
+    assert_eq!(lifecycle(&s, &requeued), Lifecycle::Dispatched);
+    assert_eq!(lifecycle(&s, &advanced), Lifecycle::Dispatched);
+    assert!(rvbox_store::incidents::open(s.db(), 10).unwrap().is_empty());
+
+    assert_eq!(
+        s.apply_reconciliation("web-1", &writes, std::slice::from_ref(&incident), NOW)
+            .unwrap(),
+        1
+    );
+    assert_eq!(lifecycle(&s, &requeued), Lifecycle::Queued);
+    assert_eq!(
+        lifecycle(&s, &advanced),
+        Lifecycle::Running,
+        "dispatched -> accepted -> running"
+    );
+    assert_eq!(lifecycle(&s, &lost), Lifecycle::Interrupted);
+    // the same decision again opens no second incident
+    assert_eq!(
+        s.apply_reconciliation("web-1", &[], std::slice::from_ref(&incident), NOW)
+            .unwrap(),
+        0
+    );
+    assert_eq!(rvbox_store::incidents::open(s.db(), 10).unwrap().len(), 1);
+    assert_counters(&s);
+}
