@@ -634,7 +634,9 @@ impl Engine {
             let issue = *a.issue_uuid.as_bytes();
             let revision = row.revision.0;
             match a.action {
-                Action::Requeue { from } if from == Phase::Dispatched => {
+                Action::Requeue {
+                    from: Phase::Dispatched,
+                } => {
                     writes.push(ReconcileWrite::Requeue { issue, revision });
                 }
                 Action::Requeue { .. }
