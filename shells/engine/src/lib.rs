@@ -904,7 +904,18 @@ impl Engine {
     }
 
     /// One fair turn per ready client: dispatch what its capacity allows.
+    /// Every client with a reconciled session takes part (new commands,
+    /// freed capacity and ended backoffs all make work ready).
     fn dispatch_pass(&mut self, now_ms: u64, wall_ms: i64) {
+        let live: Vec<String> = self
+            .clients
+            .iter()
+            .filter(|(_, st)| st.conn.is_some() && st.ready)
+            .map(|(c, _)| c.clone())
+            .collect();
+        for c in &live {
+            let _ = self.ready.mark_ready(c);
+        }
         let mut turns = self.clients.len().saturating_add(1);
         while turns > 0 {
             turns -= 1;

@@ -448,7 +448,12 @@ impl Store {
                         exit_signal,
                         ..
                     } => {
-                        if let Err(e) = view.lifecycle.check_transition(*to) {
+                        // plan §6.4: reconciliation may already have advanced
+                        // the command to this lifecycle from the client's
+                        // snapshot; the event itself is still stored
+                        if *to != view.lifecycle
+                            && let Err(e) = view.lifecycle.check_transition(*to)
+                        {
                             outcomes.push(refuse(Code::ProtocolError, e.to_string()));
                             continue;
                         }

@@ -344,3 +344,43 @@ fn a_reconciliation_round_is_all_or_nothing_and_opens_each_incident_once() {
     assert_eq!(rvbox_store::incidents::open(s.db(), 10).unwrap().len(), 1);
     assert_counters(&s);
 }
+
+#[test]
+fn a_lifecycle_event_reconciliation_already_applied_is_still_stored() {
+    use rvbox_store::commands::ReconcileWrite;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let id = queued(&mut s, "web-1", NOW, None);
+    s.mark_dispatched(&id, 1).unwrap();
+    // the client's snapshot says running: reconciliation advances it
+    s.apply_reconciliation(
+        "web-1",
+        &[ReconcileWrite::Advance {
+            issue: id,
+            revision: 1,
+            to: Lifecycle::Running,
+        }],
+        &[],
+        NOW,
+    )
+    .unwrap();
+    // then the client replays its RUNNING event, which the server never stored
+    let r = s
+        .append_events(&[support::lifecycle(&id, 1, Lifecycle::Running)], NOW)
+        .unwrap();
+    assert_eq!(
+        r.outcomes,
+        vec![rvbox_store::events::EventOutcome::Appended]
+    );
+    assert_eq!(lifecycle(&s, &id), Lifecycle::Running);
+    assert_eq!(s.command_view(&id).unwrap().last_event_seq, 1);
+    // a real regression is still refused
+    let r = s
+        .append_events(&[support::lifecycle(&id, 2, Lifecycle::Queued)], NOW)
+        .unwrap();
+    assert!(matches!(
+        r.outcomes[0],
+        rvbox_store::events::EventOutcome::Refused(_)
+    ));
+    assert_counters(&s);
+}

@@ -1,0 +1,821 @@
+//! One simulated run: the real engine over the real store (temporary
+//! directory behind the fault-injecting filesystem), simulated clients, the
+//! faulty network, server crashes at named store crash points and between
+//! steps, power cuts that lose or tear unsynced bytes, and wall-clock jumps;
+//! every invariant is checked after every step.
+//!
+//! One `u64` seed decides everything ([`crate::rng::Seeds`]); the same seed
+//! gives a byte-identical [`Report::trace`].
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use prost::Message as _;
+use rvbox_domain::ids::Uuid7;
+use rvbox_engine::{Engine, Output};
+use rvbox_proto::v1 as wire;
+use rvbox_session::{ServerIdentity, SessionConfig};
+use rvbox_store::crash::{CrashHook, points};
+use rvbox_store::fs::{CrashMode, FaultyFs, StoreFs};
+use rvbox_store::layout::Layout;
+use rvbox_store::{Store, StoreOptions};
+
+use crate::client::{Adversary, ClientConfig, ClientEffect, ClientInput, SimClient};
+use crate::invariants::Checker;
+use crate::net::{ClientSlot, ConnId, Delivery, Dir, Item, Net, NetConfig, NetEvent, Side};
+use crate::rng::{SeededEntropy, Seeds, SimRng};
+
+/// Wall-clock epoch of every run (ms).
+pub const WALL_EPOCH_MS: i64 = 1_800_000_000_000;
+/// Most trace lines kept (a run longer than this is cut, and says so).
+pub const MAX_TRACE_LINES: usize = 200_000;
+/// Most steps of one run.
+pub const MAX_STEPS: u64 = 400_000;
+/// Longest simulated run after the workload ends (ms) before a run that
+/// still has unfinished commands counts as stuck.
+pub const DRAIN_MS: u64 = 1_800_000;
+
+/// What a run does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Honest clients.
+    pub clients: u32,
+    /// Commands the workload creates.
+    pub commands: u32,
+    /// Simulated time over which they are created (ms).
+    pub workload_ms: u64,
+    /// Inject faults (network, crashes, clock jumps, adversaries).
+    pub faults: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            clients: 3,
+            commands: 12,
+            workload_ms: 60_000,
+            faults: true,
+        }
+    }
+}
+
+/// The outcome of one run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// Steps taken.
+    pub steps: u64,
+    /// The trace (deterministic: no paths, no real time).
+    pub trace: Vec<String>,
+    /// Fault and recovery-path counters (`kind` -> count).
+    pub counters: BTreeMap<String, u64>,
+    /// The first violated invariant or run failure, if any.
+    pub failure: Option<String>,
+}
+
+impl Report {
+    /// The trace as one text, first line `seed N`.
+    #[must_use]
+    pub fn trace_text(&self) -> String {
+        let mut s = format!("seed {}\n", self.seed);
+        for l in &self.trace {
+            s.push_str(l);
+            s.push('\n');
+        }
+        s
+    }
+}
+
+/// Panics at the `after`-th time the store passes `point`: a server crash
+/// at that effect boundary (caught by the world).
+#[derive(Debug)]
+struct StopAt {
+    point: &'static str,
+    after: u32,
+    hits: AtomicU32,
+}
+
+impl CrashHook for StopAt {
+    // the simulated crash unwinds out of the store mid-step on purpose; the
+    // world catches exactly this payload and restarts the server
+    #[allow(clippy::panic)]
+    fn at(&self, point: &'static str) {
+        if point == self.point && self.hits.fetch_add(1, Ordering::SeqCst) + 1 == self.after {
+            std::panic::panic_any(CrashedAt(point));
+        }
+    }
+}
+
+/// The panic payload of a simulated crash.
+#[derive(Debug)]
+struct CrashedAt(&'static str);
+
+/// Simulated crashes unwind by design; only other panics are reported.
+fn quiet_crash_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<CrashedAt>().is_none() {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// The run's data directory: on tmpfs when the host has one. The simulator
+/// models durability itself (the fault-injecting filesystem decides what a
+/// power cut keeps), so real flushes would only cost time.
+fn sim_tempdir() -> Result<tempfile::TempDir, String> {
+    let shm = std::path::Path::new("/dev/shm");
+    let r = if shm.is_dir() {
+        tempfile::Builder::new()
+            .prefix("rvbox-sim-")
+            .tempdir_in(shm)
+    } else {
+        tempfile::Builder::new().prefix("rvbox-sim-").tempdir()
+    };
+    r.map_err(|e| format!("temp dir: {e}"))
+}
+
+struct Server {
+    dir: tempfile::TempDir,
+    fs: FaultyFs,
+    engine: Option<Engine>,
+    entropy: Arc<SeededEntropy>,
+}
+
+/// One run in progress.
+pub struct World {
+    seed: u64,
+    config: SimConfig,
+    now: u64,
+    wall_offset: i64,
+    net: Net,
+    server: Server,
+    clients: Vec<SimClient>,
+    workload: SimRng,
+    faults: SimRng,
+    checker: Checker,
+    trace: Vec<String>,
+    counters: BTreeMap<String, u64>,
+    created: u32,
+    created_ids: Vec<[u8; 16]>,
+    next_workload_at: u64,
+    next_fault_at: u64,
+    failure: Option<String>,
+}
+
+impl std::fmt::Debug for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("World")
+            .field("seed", &self.seed)
+            .field("now", &self.now)
+            .finish_non_exhaustive()
+    }
+}
+
+fn store_options() -> StoreOptions {
+    let mut opts = StoreOptions::default();
+    // the free-space floor reads the real disk: keep it out of decisions
+    opts.tiers.free_space_floor = 0;
+    opts
+}
+
+fn open_store(
+    dir: &std::path::Path,
+    fs: &FaultyFs,
+    entropy: &Arc<SeededEntropy>,
+    wall: i64,
+) -> Result<(Store, rvbox_store::recovery::RecoveryReport), String> {
+    let fs_dyn: Arc<dyn StoreFs> = Arc::new(fs.clone());
+    let mut store = Store::open(
+        Layout::new(dir),
+        fs_dyn,
+        entropy.clone(),
+        store_options(),
+        wall,
+    )
+    .map_err(|e| format!("store open: {e}"))?;
+    let report = store.recover(wall).map_err(|e| format!("recovery: {e}"))?;
+    Ok((store, report))
+}
+
+fn engine_over(store: Store, entropy: &Arc<SeededEntropy>) -> Result<Engine, String> {
+    let server_id =
+        Uuid7::from_bytes("server_id", store.server_id()).map_err(|e| format!("server id: {e}"))?;
+    let config = SessionConfig::new(ServerIdentity {
+        server_id,
+        software_version: "0.1.0".into(),
+        supported_minors: vec![0],
+    });
+    Ok(Engine::new(store, entropy.clone(), config))
+}
+
+fn payload_name(bytes: &[u8]) -> String {
+    use rvbox_proto::v1::envelope::Payload;
+    match wire::Envelope::decode(bytes).ok().and_then(|e| e.payload) {
+        None => "malformed".into(),
+        Some(Payload::ControlError(e)) => format!(
+            "control_error [{}]",
+            e.detail.map(|d| d.reason).unwrap_or_default()
+        ),
+        Some(Payload::CommandEvent(e)) => {
+            let body = match e.body {
+                Some(wire::command_event::Body::Output(_)) => "output".to_owned(),
+                Some(wire::command_event::Body::Lifecycle(l)) => {
+                    format!("lifecycle {}", l.lifecycle)
+                }
+                Some(_) => "other".to_owned(),
+                None => "unset".to_owned(),
+            };
+            format!(
+                "command_event {} #{} {body}",
+                &e.issue_uuid.get(28..).unwrap_or_default(),
+                e.event_seq
+            )
+        }
+        Some(Payload::CommandAccepted(a)) => format!(
+            "command_accepted {} outcome {}{}",
+            &a.issue_uuid.get(28..).unwrap_or_default(),
+            a.outcome,
+            a.error
+                .map(|e| format!(" [{}]", e.reason))
+                .unwrap_or_default()
+        ),
+        Some(Payload::Dispatch(d)) => {
+            format!(
+                "dispatch {} rev {}",
+                &d.issue_uuid.get(28..).unwrap_or_default(),
+                d.revision
+            )
+        }
+        Some(Payload::EventAck(a)) => {
+            format!(
+                "event_ack {} #{}",
+                &a.issue_uuid.get(28..).unwrap_or_default(),
+                a.durable_event_seq
+            )
+        }
+        Some(p) => rvbox_session::payload_name(&p).to_owned(),
+    }
+}
+
+impl World {
+    /// A new run for `seed`.
+    ///
+    /// # Errors
+    /// When the temporary store cannot be created.
+    pub fn new(seed: u64, config: SimConfig) -> Result<Self, String> {
+        let seeds = Seeds::new(seed);
+        let mut faults = seeds.faults();
+        let net_config = if config.faults {
+            NetConfig::random(&mut faults)
+        } else {
+            NetConfig::calm()
+        };
+        quiet_crash_panics();
+        let dir = sim_tempdir()?;
+        let fs = FaultyFs::new();
+        let entropy = Arc::new(SeededEntropy::new(seeds.server()));
+        let (store, _) = open_store(dir.path(), &fs, &entropy, WALL_EPOCH_MS)?;
+        let engine = engine_over(store, &entropy)?;
+        let mut clients = Vec::new();
+        for i in 0..config.clients {
+            let mut c = ClientConfig::new(format!("host-{i}"));
+            c.max_running = 2;
+            c.max_queued = 2;
+            c.max_output_chunks = 4;
+            c.max_chunk_raw_bytes = 2_000;
+            c.max_step_ms = 2_000;
+            c.wall_epoch_ms = WALL_EPOCH_MS;
+            // one adversarial client per faulty run, of a seeded kind
+            if config.faults && i == 0 && faults.chance(500) {
+                let kinds = [
+                    Adversary::StaleGeneration,
+                    Adversary::ConflictingDuplicate,
+                    Adversary::WindowOverrun,
+                    Adversary::MalformedBytes,
+                ];
+                c.adversary = faults.pick(&kinds).copied();
+                c.adversary_permille = 50;
+            }
+            let client =
+                SimClient::new(c, seeds.client(i)).map_err(|e| format!("client config: {e}"))?;
+            clients.push(client);
+        }
+        Ok(Self {
+            seed,
+            config,
+            now: 0,
+            wall_offset: 0,
+            net: Net::new(seeds.network(), net_config),
+            server: Server {
+                dir,
+                fs,
+                engine: Some(engine),
+                entropy,
+            },
+            clients,
+            workload: seeds.workload(),
+            faults,
+            checker: Checker::new(),
+            trace: Vec::new(),
+            counters: BTreeMap::new(),
+            created: 0,
+            created_ids: Vec::new(),
+            next_workload_at: 0,
+            next_fault_at: 5_000,
+            failure: None,
+        })
+    }
+
+    fn wall(&self) -> i64 {
+        WALL_EPOCH_MS
+            .saturating_add(i64::try_from(self.now).unwrap_or(i64::MAX))
+            .saturating_add(self.wall_offset)
+    }
+
+    fn log(&mut self, line: String) {
+        if self.trace.len() < MAX_TRACE_LINES {
+            self.trace.push(format!("{:>9} {line}", self.now));
+        }
+    }
+
+    fn count(&mut self, key: &str) {
+        *self.counters.entry(key.to_owned()).or_default() += 1;
+    }
+
+    fn add(&mut self, key: &str, n: u64) {
+        if n > 0 {
+            *self.counters.entry(key.to_owned()).or_default() += n;
+        }
+    }
+
+    /// Runs the engine call `f`; a crash-point panic becomes a server crash.
+    fn with_engine(&mut self, f: impl FnOnce(&mut Engine, u64, i64)) {
+        let (now, wall) = (self.now, self.wall());
+        let Some(engine) = self.server.engine.as_mut() else {
+            return;
+        };
+        let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(engine, now, wall)));
+        if let Err(payload) = r {
+            let at = payload
+                .downcast_ref::<CrashedAt>()
+                .map_or("unexpected panic", |c| c.0);
+            if at == "unexpected panic" {
+                self.failure = Some(format!("the engine panicked at t={now}"));
+                return;
+            }
+            self.count(&format!("crash_point {at}"));
+            self.crash_server(at);
+            return;
+        }
+        self.flush_engine();
+    }
+
+    fn flush_engine(&mut self) {
+        let mut outs = Vec::new();
+        if let Some(e) = self.server.engine.as_mut() {
+            while let Some(o) = e.poll_output() {
+                outs.push(o);
+            }
+        }
+        for o in outs {
+            match o {
+                Output::Frame { conn, bytes, .. } => {
+                    let name = payload_name(&bytes);
+                    self.log(format!("s>c{conn} {name} {}B", bytes.len()));
+                    let _ =
+                        self.net
+                            .send(ConnId(conn), Dir::ToClient, Item::Binary(bytes), self.now);
+                }
+                Output::Ping { conn } => {
+                    let _ = self
+                        .net
+                        .send(ConnId(conn), Dir::ToClient, Item::Ping, self.now);
+                }
+                Output::Close { conn, reason } => {
+                    self.log(format!("s>c{conn} close {}", reason.as_str_name()));
+                    self.count(&format!("server_close {}", reason.as_str_name()));
+                    let code = rvbox_session::close_code(reason).unwrap_or(1000);
+                    let _ =
+                        self.net
+                            .send(ConnId(conn), Dir::ToClient, Item::Close { code }, self.now);
+                }
+            }
+        }
+    }
+
+    /// The server process dies: open connections die with it, unsynced
+    /// bytes are lost or torn, and the store is reopened and recovered.
+    fn crash_server(&mut self, at: &str) {
+        let mode = if self.faults.chance(500) {
+            CrashMode::LoseUnsynced
+        } else {
+            CrashMode::Tear {
+                keep: self.faults.below(4096),
+            }
+        };
+        self.log(format!("CRASH server at {at} ({mode:?})"));
+        self.count("server_crash");
+        drop(self.server.engine.take());
+        for (conn, _) in self.net.connections() {
+            self.net.crash(conn, Side::Server, self.now);
+        }
+        match self.server.fs.crash(mode) {
+            Ok(lost) => {
+                if lost > 0 {
+                    self.count("unsynced_bytes_lost");
+                }
+            }
+            Err(e) => {
+                self.failure = Some(format!("power cut simulation failed: {e}"));
+                return;
+            }
+        }
+        let wall = self.wall();
+        match open_store(
+            self.server.dir.path(),
+            &self.server.fs,
+            &self.server.entropy,
+            wall,
+        ) {
+            Ok((store, report)) => {
+                self.add("recovery tail_truncated", report.tails_truncated);
+                self.add("recovery journal_redone", report.journal_segments_redone);
+                self.add("recovery segments_damaged", report.segments_damaged);
+                self.add("recovery orphans_removed", report.orphans_removed);
+                self.add("recovery sessions_closed", report.sessions_closed);
+                if report.segments_damaged > 0 {
+                    // a journal or sync bug, never an honest power cut
+                    self.failure = Some(format!(
+                        "recovery found {} damaged committed segment(s) after a power cut",
+                        report.segments_damaged
+                    ));
+                }
+                match engine_over(store, &self.server.entropy) {
+                    Ok(e) => self.server.engine = Some(e),
+                    Err(e) => self.failure = Some(e),
+                }
+            }
+            Err(e) => self.failure = Some(format!("restart failed: {e}")),
+        }
+        self.checker_reset_generation();
+    }
+
+    fn checker_reset_generation(&mut self) {
+        // sessions were closed by recovery; nothing else to reset: the
+        // checker's memory of lifecycles, revisions and generations must
+        // survive the crash, that is the point
+    }
+
+    fn deliver(&mut self, d: Delivery) {
+        match d.dir {
+            Dir::ToServer => {
+                let conn = d.conn.0;
+                match d.event {
+                    NetEvent::Opened => {
+                        self.log(format!("c{conn} open (client {})", d.client.0));
+                        self.with_engine(|e, now, _| e.connect(now, conn));
+                    }
+                    NetEvent::Item(Item::Binary(b)) => {
+                        let name = payload_name(&b);
+                        self.log(format!("c{conn}>s {name} {}B", b.len()));
+                        self.with_engine(|e, now, wall| e.frame(now, wall, conn, b));
+                    }
+                    NetEvent::Item(Item::Pong) => {
+                        self.with_engine(|e, now, wall| e.pong(now, wall, conn));
+                    }
+                    NetEvent::Item(Item::Ping) => {
+                        let _ = self.net.send(d.conn, Dir::ToClient, Item::Pong, self.now);
+                    }
+                    NetEvent::Item(Item::Close { .. }) | NetEvent::Closed { .. } => {
+                        self.log(format!("c{conn} closed at server"));
+                        self.with_engine(|e, now, wall| e.disconnected(now, wall, conn));
+                    }
+                }
+            }
+            Dir::ToClient => {
+                let idx = usize::try_from(d.client.0).unwrap_or(usize::MAX);
+                if let Some(c) = self.clients.get_mut(idx) {
+                    c.handle(
+                        self.now,
+                        ClientInput::Delivered {
+                            conn: d.conn,
+                            event: d.event,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn drain_clients(&mut self) {
+        for _ in 0..10_000 {
+            let mut any = false;
+            for i in 0..self.clients.len() {
+                while let Some(e) = self.clients.get_mut(i).and_then(SimClient::poll_effect) {
+                    any = true;
+                    match e {
+                        ClientEffect::Connect => {
+                            let slot = ClientSlot(u32::try_from(i).unwrap_or(u32::MAX));
+                            let r = self.net.connect(slot, self.now);
+                            if let Some(c) = self.clients.get_mut(i) {
+                                match r {
+                                    Ok(conn) => c.handle(self.now, ClientInput::Connected(conn)),
+                                    Err(_) => c.handle(self.now, ClientInput::ConnectFailed),
+                                }
+                            }
+                        }
+                        ClientEffect::Send { conn, item } => {
+                            let _ = self.net.send(conn, Dir::ToServer, item, self.now);
+                        }
+                    }
+                }
+            }
+            if !any {
+                return;
+            }
+        }
+        self.failure = Some("clients never stopped producing effects".into());
+    }
+
+    fn create_command(&mut self) {
+        let n = u32::try_from(self.clients.len()).unwrap_or(1).max(1);
+        let i = self.workload.below(u64::from(n));
+        let id = self
+            .workload
+            .uuid_v7(u64::try_from(self.wall()).unwrap_or(0));
+        let text = format!("job-{}", self.workload.next_u32());
+        let ttl = if self.workload.chance(200) {
+            // a short TTL now and then, so expiry paths run
+            Some(prost_types::Duration {
+                seconds: i64::try_from(5 + self.workload.below(60)).unwrap_or(5),
+                nanos: 0,
+            })
+        } else {
+            None
+        };
+        let req = wire::RunCommandRequest {
+            request_id: crate::rng::uuid_text(&id),
+            client_id: format!("host-{i}"),
+            spec: Some(wire::ExecutionSpec {
+                source: Some(wire::execution_spec::Source::CommandText(text)),
+                ..Default::default()
+            }),
+            script: Vec::new(),
+            queue_ttl: ttl,
+        };
+        let mut created = false;
+        self.with_engine(|e, _, wall| created = e.store_mut().run_command(&req, wall).is_ok());
+        if created {
+            self.created += 1;
+            self.created_ids.push(id);
+            self.log(format!("run {} on host-{i}", crate::rng::uuid_text(&id)));
+            self.with_engine(|e, now, wall| e.tick(now, wall));
+        }
+    }
+
+    fn inject_fault(&mut self) {
+        let roll = self.faults.below(100);
+        match roll {
+            0..=14 => {
+                // a crash at the next pass of a named store point
+                let pts = [
+                    points::EVENT_BEFORE_FSYNC,
+                    points::EVENT_MID_RECORD,
+                    points::EVENT_AFTER_FSYNC,
+                    points::EVENT_AFTER_COMMIT,
+                    points::SEGMENT_CREATED,
+                ];
+                let point = self
+                    .faults
+                    .pick(&pts)
+                    .copied()
+                    .unwrap_or(points::EVENT_AFTER_FSYNC);
+                let after = u32::try_from(1 + self.faults.below(3)).unwrap_or(1);
+                self.log(format!("arm crash at {point} after {after}"));
+                if let Some(e) = self.server.engine.as_mut() {
+                    e.store_mut().set_crash_hook(Arc::new(StopAt {
+                        point,
+                        after,
+                        hits: AtomicU32::new(0),
+                    }));
+                }
+            }
+            15..=24 => self.crash_server("between steps"),
+            25..=39 => {
+                let i = self.faults.below(self.clients.len() as u64);
+                self.log(format!("CRASH client {i}"));
+                self.count("client_crash");
+                let now = self.now;
+                let conn = self
+                    .clients
+                    .get_mut(usize::try_from(i).unwrap_or(0))
+                    .and_then(|c| c.crash_restart(now));
+                if let Some(conn) = conn {
+                    self.net.crash(conn, Side::Client, self.now);
+                }
+            }
+            40..=49 => {
+                let i = self.faults.below(self.clients.len() as u64);
+                let ms = 5_000 + self.faults.below(40_000);
+                self.log(format!("PARTITION client {i} for {ms} ms"));
+                self.count("partition");
+                self.net.partition(
+                    ClientSlot(u32::try_from(i).unwrap_or(0)),
+                    self.now.saturating_add(ms),
+                    self.now,
+                );
+            }
+            50..=57 => {
+                // the wall clock steps (NTP): liveness must not care
+                // up to ten minutes either way: the client's clock does not
+                // move, so this is also clock skew between the two ends
+                let jump = i64::try_from(self.faults.below(1_200_000)).unwrap_or(0) - 600_000;
+                self.wall_offset = self.wall_offset.saturating_add(jump);
+                self.log(format!("WALL CLOCK jumps {jump} ms"));
+                self.count("wall_clock_jump");
+            }
+            58..=65 => {
+                let conns = self.net.connections();
+                if let Some((conn, _)) = self.faults.pick(&conns).copied() {
+                    self.log(format!("CUT c{}", conn.0));
+                    self.count("connection_cut");
+                    self.net.cut(conn, self.now);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn check(&mut self) {
+        let Some(engine) = self.server.engine.as_ref() else {
+            return;
+        };
+        let names: Vec<String> = self
+            .clients
+            .iter()
+            .map(|c| c.client_id().to_owned())
+            .collect();
+        let pairs = names
+            .iter()
+            .map(String::as_str)
+            .zip(self.clients.iter_mut().map(SimClient::ledger_mut));
+        match self.checker.check(engine.store(), pairs) {
+            Ok(v) if v.is_empty() => {}
+            Ok(v) => {
+                if let Some(first) = v.first() {
+                    self.failure = Some(format!("invariant violated: {first:?}"));
+                }
+            }
+            Err(e) => self.failure = Some(format!("checker failed: {e:?}")),
+        }
+        for c in &self.clients {
+            if c.counters().server_violations > 0
+                && let Some(note) = c.violation_notes().first()
+            {
+                self.failure = Some(format!(
+                    "client {} saw a server violation: {note}",
+                    c.client_id()
+                ));
+            }
+        }
+    }
+
+    fn all_done(&self) -> bool {
+        let Some(engine) = self.server.engine.as_ref() else {
+            return false;
+        };
+        self.created >= self.config.commands
+            && self.created_ids.iter().all(|id| {
+                engine
+                    .command(id)
+                    .map(|v| v.lifecycle.is_terminal())
+                    .unwrap_or(true)
+            })
+    }
+
+    /// Runs to the end; returns the report.
+    pub fn run(mut self) -> Report {
+        let mut steps = 0u64;
+        let spacing = self.config.workload_ms / u64::from(self.config.commands.max(1));
+        while steps < MAX_STEPS && self.failure.is_none() {
+            steps += 1;
+            if self.created < self.config.commands && self.now >= self.next_workload_at {
+                self.create_command();
+                self.next_workload_at = self.now.saturating_add(spacing.max(1));
+            }
+            if self.config.faults
+                && self.now >= self.next_fault_at
+                && self.created < self.config.commands
+            {
+                self.inject_fault();
+                self.next_fault_at = self.now.saturating_add(2_000 + self.faults.below(8_000));
+            }
+            if self.all_done() {
+                break;
+            }
+            if self.now > self.config.workload_ms.saturating_add(DRAIN_MS) {
+                self.failure = Some(format!(
+                    "stuck: {} of {} commands not terminal after {} ms",
+                    self.created_ids
+                        .iter()
+                        .filter(|id| self
+                            .server
+                            .engine
+                            .as_ref()
+                            .and_then(|e| e.command(id).ok())
+                            .is_some_and(|v| !v.lifecycle.is_terminal()))
+                        .count(),
+                    self.created,
+                    self.now
+                ));
+                break;
+            }
+            let next = [
+                self.net.next_due(),
+                self.clients
+                    .iter()
+                    .filter_map(SimClient::poll_timeout)
+                    .min(),
+                self.server.engine.as_ref().and_then(Engine::next_deadline),
+                Some(self.next_workload_at),
+                Some(self.now.saturating_add(1_000)),
+            ]
+            .into_iter()
+            .flatten()
+            // everything due at `now` was handled in the previous step
+            .filter(|t| *t > self.now)
+            .min()
+            .unwrap_or(self.now + 1);
+            self.now = next.max(self.now);
+            for d in self.net.deliver_due(self.now) {
+                self.deliver(d);
+                if self.failure.is_some() {
+                    break;
+                }
+            }
+            let now = self.now;
+            for c in &mut self.clients {
+                if c.poll_timeout().is_some_and(|t| t <= now) {
+                    c.handle_timeout(now);
+                }
+            }
+            self.drain_clients();
+            self.with_engine(|e, now, wall| e.tick(now, wall));
+            self.check();
+        }
+        if self.failure.is_none() && steps >= MAX_STEPS {
+            self.failure = Some(format!("no end after {MAX_STEPS} steps"));
+        }
+        let nc = *self.net.counters();
+        for (k, v) in [
+            ("net delayed", nc.delayed),
+            ("net stalled", nc.stalls),
+            ("net reordered", nc.reordered),
+            ("net lost", nc.lost),
+            ("net duplicated", nc.dup_cuts),
+            ("net partitions", nc.partitions),
+            ("net overflow_cuts", nc.overflow_cuts),
+            ("net cuts", nc.cuts),
+        ] {
+            self.add(k, v);
+        }
+        let stats = self
+            .server
+            .engine
+            .as_ref()
+            .map(|e| e.stats().clone())
+            .unwrap_or_default();
+        for (k, v) in [
+            ("engine fenced", stats.fenced),
+            ("engine live_conflicts", stats.live_conflicts),
+            ("engine reconciled", stats.reconciled),
+            ("engine requeued", stats.requeued),
+            ("engine expired", stats.expired),
+            ("engine events_refused", stats.events_refused),
+        ] {
+            self.add(k, v);
+        }
+        Report {
+            seed: self.seed,
+            steps,
+            trace: self.trace,
+            counters: self.counters,
+            failure: self.failure,
+        }
+    }
+}
+
+/// Runs one seed.
+///
+/// # Errors
+/// When the run cannot even start (temporary directory).
+pub fn run(seed: u64, config: &SimConfig) -> Result<Report, String> {
+    Ok(World::new(seed, config.clone())?.run())
+}
