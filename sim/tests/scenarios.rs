@@ -1,0 +1,627 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+//! Scripted scenarios of plan §6.5 on the simulator's server: the real
+//! engine over a real store, driven step by step by a scripted client, with
+//! the server's answers snapshotted (insta) as a readable effect trace.
+//! Everything random comes from a fixed seed, so the traces are stable.
+
+use std::sync::Arc;
+
+use prost::Message as _;
+use rvbox_domain::ids::Uuid7;
+use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_engine::{Engine, Output};
+use rvbox_proto::v1 as wire;
+use rvbox_proto::v1::envelope::Payload;
+use rvbox_session::{ServerIdentity, SessionConfig};
+use rvbox_sim::rng::{SeededEntropy, SimRng};
+use rvbox_store::fs::RealFs;
+use rvbox_store::layout::Layout;
+use rvbox_store::{Store, StoreOptions};
+
+const WALL: i64 = 1_800_000_000_000;
+const A: &str = "6f1c2a4e-8b3d-4c5e-9f70-1a2b3c4d5e6f";
+const B: &str = "7f1c2a4e-8b3d-4c5e-9f70-1a2b3c4d5e6f";
+
+struct Script {
+    _dir: tempfile::TempDir,
+    e: Engine,
+    ids: SimRng,
+    now: u64,
+    wall: i64,
+    log: Vec<String>,
+    /// Live (session id, generation) per connection, from its welcome.
+    sessions: std::collections::BTreeMap<u64, (String, u64)>,
+    dispatched: Vec<wire::Dispatch>,
+}
+
+fn short(uuid: &str) -> &str {
+    uuid.get(28..).unwrap_or(uuid)
+}
+
+impl Script {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let entropy = Arc::new(SeededEntropy::new(SimRng::new(65)));
+        let mut store = Store::open(
+            Layout::new(dir.path()),
+            Arc::new(RealFs),
+            entropy.clone(),
+            StoreOptions::default(),
+            WALL,
+        )
+        .unwrap();
+        store.recover(WALL).unwrap();
+        let server_id = Uuid7::from_bytes("server_id", store.server_id()).unwrap();
+        let config = SessionConfig::new(ServerIdentity {
+            server_id,
+            software_version: "0.1.0".into(),
+            supported_minors: vec![0, 1],
+        });
+        Self {
+            _dir: dir,
+            e: Engine::new(store, entropy, config),
+            ids: SimRng::new(66),
+            now: 0,
+            wall: WALL,
+            log: Vec::new(),
+            sessions: std::collections::BTreeMap::new(),
+            dispatched: Vec::new(),
+        }
+    }
+
+    fn note(&mut self, s: &str) {
+        self.log.push(format!("-- {s}"));
+    }
+
+    fn advance(&mut self, ms: u64) {
+        self.now += ms;
+        self.wall += i64::try_from(ms).unwrap();
+        self.e.tick(self.now, self.wall);
+        self.drain();
+    }
+
+    /// Lets `ms` pass in 5 s steps, the client answering every Ping.
+    fn idle(&mut self, conn: u64, ms: u64) {
+        let mut left = ms;
+        while left > 0 {
+            let step = left.min(5_000);
+            self.advance(step);
+            self.e.pong(self.now, self.wall, conn);
+            self.drain();
+            left -= step;
+        }
+    }
+
+    fn drain(&mut self) {
+        while let Some(o) = self.e.poll_output() {
+            let line = match o {
+                Output::Frame { conn, bytes, .. } => {
+                    let env = wire::Envelope::decode(bytes.as_slice()).unwrap();
+                    let what = match env.payload.unwrap() {
+                        Payload::ServerWelcome(w) => {
+                            self.sessions
+                                .insert(conn, (w.session_id.clone(), w.generation));
+                            format!(
+                                "server_welcome generation={} minor={}",
+                                w.generation, w.negotiated_minor
+                            )
+                        }
+                        Payload::ReconcileRequest(r) => {
+                            format!("reconcile_request round={} rows={}", r.round, r.rows.len())
+                        }
+                        Payload::ReconcileResult(r) => format!(
+                            "reconcile_result round={} terminate={} discard={} resume={}",
+                            r.round,
+                            r.terminate_local_issue_uuids.len(),
+                            r.discard_local_terminal_issue_uuids.len(),
+                            r.resume
+                                .iter()
+                                .map(|x| format!(
+                                    "{}@{}",
+                                    short(&x.issue_uuid),
+                                    x.durable_event_seq
+                                ))
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        ),
+                        Payload::Dispatch(d) => {
+                            let s = format!(
+                                "dispatch {} revision={} generation={}",
+                                short(&d.issue_uuid),
+                                d.revision,
+                                d.generation
+                            );
+                            self.dispatched.push(d);
+                            s
+                        }
+                        Payload::EventAck(a) => {
+                            format!(
+                                "event_ack {} #{}",
+                                short(&a.issue_uuid),
+                                a.durable_event_seq
+                            )
+                        }
+                        Payload::ControlError(c) => {
+                            let d = c.detail.unwrap_or_default();
+                            format!(
+                                "control_error {}: {}",
+                                wire::ErrorCode::try_from(d.code)
+                                    .map(|c| c.as_str_name().to_owned())
+                                    .unwrap_or_default(),
+                                d.reason
+                            )
+                        }
+                        other => rvbox_session::payload_name(&other).to_owned(),
+                    };
+                    format!("c{conn} <- {what}")
+                }
+                Output::Ping { conn } => format!("c{conn} <- ping"),
+                Output::Close { conn, reason } => {
+                    self.sessions.remove(&conn);
+                    format!("c{conn} <- close {}", reason.as_str_name())
+                }
+            };
+            self.log.push(format!("{:>7} {line}", self.now));
+        }
+    }
+
+    fn raw(&mut self, conn: u64, bytes: Vec<u8>) {
+        self.e.frame(self.now, self.wall, conn, bytes);
+        self.drain();
+    }
+
+    fn send(&mut self, conn: u64, p: Payload) {
+        let (sid, generation) = self.sessions.get(&conn).cloned().unwrap_or_default();
+        self.send_as(conn, &sid, generation, p);
+    }
+
+    fn send_as(&mut self, conn: u64, sid: &str, generation: u64, p: Payload) {
+        let bytes = wire::Envelope {
+            session_id: sid.into(),
+            generation,
+            payload: Some(p),
+        }
+        .encode_to_vec();
+        self.raw(conn, bytes);
+    }
+
+    fn hello_with(&mut self, conn: u64, instance: &str, minors: Vec<u32>, major: u32) {
+        self.e.connect(self.now, conn);
+        let h = wire::ClientHello {
+            client_id: "web-1".into(),
+            client_instance_id: instance.into(),
+            protocol_major: major,
+            supported_minors: minors,
+            capabilities: Some(wire::Capabilities {
+                platform: Some(wire::Platform {
+                    os: "linux".into(),
+                    arch: "x86_64".into(),
+                    os_release: String::new(),
+                }),
+                software_version: "1.0.0".into(),
+                shells: vec![wire::ShellCapability {
+                    shell_type: wire::ShellType::Sh as i32,
+                    platform_default: true,
+                }],
+                profiles: vec![],
+                max_running: 1,
+                max_queued: 0,
+                supervision_mode: wire::SupervisionMode::CgroupV2 as i32,
+            }),
+            cwd_policy: Some(wire::CwdPolicy {
+                default_cwd: "/srv".into(),
+                allowed_roots: vec!["/srv".into()],
+            }),
+        };
+        self.send_as(conn, "", 0, Payload::ClientHello(h));
+    }
+
+    fn hello(&mut self, conn: u64, instance: &str) {
+        self.hello_with(conn, instance, vec![0], 1);
+    }
+
+    /// Answers the open round with a snapshot, then reports capacity.
+    fn reconcile(&mut self, conn: u64, records: Vec<wire::SnapshotRecord>, running: u32) {
+        self.send(
+            conn,
+            Payload::ClientSnapshot(wire::ClientSnapshot {
+                round: 1,
+                chunk_index: 0,
+                final_chunk: true,
+                store_health: wire::ScopeState::Ready as i32,
+                records,
+                tombstones: vec![],
+            }),
+        );
+        self.send(
+            conn,
+            Payload::ClientCapacity(wire::ClientCapacity {
+                running,
+                queued: 0,
+                max_running: 1,
+                max_queued: 0,
+            }),
+        );
+    }
+
+    fn run_command(&mut self) -> [u8; 16] {
+        let id = self.ids.uuid_v7(u64::try_from(self.wall).unwrap());
+        let req = wire::RunCommandRequest {
+            request_id: rvbox_sim::rng::uuid_text(&id),
+            client_id: "web-1".into(),
+            spec: Some(wire::ExecutionSpec {
+                source: Some(wire::execution_spec::Source::CommandText(
+                    "make test".into(),
+                )),
+                ..Default::default()
+            }),
+            script: Vec::new(),
+            queue_ttl: None,
+        };
+        self.e.store_mut().run_command(&req, self.wall).unwrap();
+        self.log.push(format!(
+            "{:>7} RunCommand {}",
+            self.now,
+            short(&rvbox_sim::rng::uuid_text(&id))
+        ));
+        id
+    }
+
+    fn accept(&mut self, conn: u64, d: &wire::Dispatch, outcome: wire::AcceptOutcome) {
+        let error = (outcome != wire::AcceptOutcome::Positive).then(|| {
+            let (code, retry) = if outcome == wire::AcceptOutcome::Transient {
+                (
+                    wire::ErrorCode::CapacityExhausted,
+                    wire::RetryClass::Transient,
+                )
+            } else {
+                (
+                    wire::ErrorCode::InvalidArgument,
+                    wire::RetryClass::Permanent,
+                )
+            };
+            wire::ErrorDetail {
+                code: code as i32,
+                reason: "refused by the scripted client".into(),
+                retry_class: retry as i32,
+                ..Default::default()
+            }
+        });
+        self.send(
+            conn,
+            Payload::CommandAccepted(wire::CommandAccepted {
+                issue_uuid: d.issue_uuid.clone(),
+                revision: d.revision,
+                outcome: outcome as i32,
+                error,
+                resolved_shell: wire::ShellType::Sh as i32,
+            }),
+        );
+    }
+
+    fn event(&mut self, conn: u64, issue: &str, seq: u64, body: wire::command_event::Body) {
+        self.send(
+            conn,
+            Payload::CommandEvent(wire::CommandEvent {
+                issue_uuid: issue.into(),
+                event_seq: seq,
+                observed_time: None,
+                body: Some(body),
+            }),
+        );
+    }
+
+    fn lifecycle(&self, id: &[u8; 16]) -> Lifecycle {
+        self.e.command(id).unwrap().lifecycle
+    }
+
+    fn trace(&self) -> String {
+        self.log.join("\n")
+    }
+}
+
+fn running_body() -> wire::command_event::Body {
+    wire::command_event::Body::Lifecycle(wire::LifecycleChange {
+        lifecycle: wire::Lifecycle::Running as i32,
+        revision: 1,
+        exit_result: None,
+        reason: String::new(),
+    })
+}
+
+fn output_body(raw: &[u8]) -> wire::command_event::Body {
+    let z = zstd::bulk::compress(raw, 1).unwrap();
+    wire::command_event::Body::Output(wire::OutputChunk {
+        stream: wire::OutputStream::Stdout as i32,
+        raw_length: u32::try_from(raw.len()).unwrap(),
+        stored_length: u32::try_from(z.len()).unwrap(),
+        payload: z,
+    })
+}
+
+#[test]
+fn version_negotiation() {
+    let mut s = Script::new();
+    s.note("a client speaking minors 0..=3 gets the highest the server shares (1)");
+    s.hello_with(1, A, vec![0, 1, 2, 3], 1);
+    s.note("a client speaking only minor 7 is refused");
+    s.hello_with(2, B, vec![7], 1);
+    s.note("and so is major 2");
+    s.hello_with(3, B, vec![0], 2);
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn same_instance_replacement_fences_the_old_session() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    s.note("the same instance reconnects (its old socket is half-open)");
+    s.advance(1_000);
+    s.hello(2, A);
+    s.note("late output on the fenced connection is discarded: that connection is gone");
+    let (sid, _) = ("unknown".to_owned(), 1);
+    s.send_as(
+        1,
+        &sid,
+        1,
+        Payload::ClientCapacity(wire::ClientCapacity::default()),
+    );
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn different_instance_pending_claim_and_exact_one_shot_takeover() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    s.note("instance B while A is live: refused, its claim recorded");
+    s.hello(2, B);
+    let rec = s.e.store().client_record("web-1").unwrap().unwrap();
+    assert!(rec.pending_claim.is_some());
+    s.note("an operator authorizes exactly B");
+    let rid = Uuid7::from_bytes("request_id", s.ids.uuid_v7(1_800_000_000_000)).unwrap();
+    let b = *rvbox_domain::ids::InstanceId::parse("i", B)
+        .unwrap()
+        .as_bytes();
+    s.e.store_mut()
+        .authorize_takeover(&rid, "web-1", &b, 300_000, s.wall)
+        .unwrap();
+    s.note("B reconnects: the grant is consumed and A is fenced");
+    s.hello(3, B);
+    s.note("the grant was one-shot: A's comeback is a live conflict again");
+    s.hello(4, A);
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn an_expired_takeover_grant_admits_nobody() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    s.hello(2, B);
+    let rid = Uuid7::from_bytes("request_id", s.ids.uuid_v7(1_800_000_000_000)).unwrap();
+    let b = *rvbox_domain::ids::InstanceId::parse("i", B)
+        .unwrap()
+        .as_bytes();
+    s.e.store_mut()
+        .authorize_takeover(&rid, "web-1", &b, 300_000, s.wall)
+        .unwrap();
+    s.note("B comes back exactly five minutes later: the grant has expired");
+    s.now += 300_000;
+    s.wall += 300_000;
+    // keep A's session alive across the wait
+    s.hello(3, B);
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn stale_generation_late_output_and_malformed_envelopes_close() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let (sid, generation) = s.sessions[&1].clone();
+    s.note("output stamped with an older generation");
+    s.send_as(
+        1,
+        &sid,
+        generation - 1,
+        Payload::ClientCapacity(wire::ClientCapacity::default()),
+    );
+    s.hello(2, A);
+    s.reconcile(2, vec![], 0);
+    s.note("garbage bytes");
+    s.raw(2, vec![0xff, 0x00, 0x13]);
+    s.hello(3, A);
+    s.reconcile(3, vec![], 0);
+    s.note("a server-to-client message from the client");
+    s.send(3, Payload::EventAck(wire::EventAck::default()));
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn ping_after_exactly_ten_seconds_close_after_thirty_and_a_clock_jump_kills_nothing() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    s.note("the server's wall clock steps back an hour: nothing happens");
+    s.wall -= 3_600_000;
+    s.advance(9_999);
+    s.advance(1);
+    s.note("no inbound frame since: close at exactly 30 s");
+    s.advance(19_999);
+    s.advance(1);
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn a_full_client_queue_receives_nothing_until_capacity_frees() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.note("the client reports its one running slot taken");
+    s.reconcile(1, vec![], 1);
+    let id = s.run_command();
+    s.advance(1_000);
+    assert_eq!(s.lifecycle(&id), Lifecycle::Queued);
+    s.note("a slot frees");
+    s.send(
+        1,
+        Payload::ClientCapacity(wire::ClientCapacity {
+            running: 0,
+            queued: 0,
+            max_running: 1,
+            max_queued: 0,
+        }),
+    );
+    s.advance(1);
+    assert_eq!(s.lifecycle(&id), Lifecycle::Dispatched);
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn dispatch_is_retried_after_a_lost_acceptance_and_acks_follow_durable_events() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let id = s.run_command();
+    s.advance(1);
+    s.note("the connection dies before the CommandAccepted arrives");
+    s.e.disconnected(s.now, s.wall, 1);
+    s.drain();
+    assert_eq!(s.lifecycle(&id), Lifecycle::Dispatched);
+    s.hello(2, A);
+    s.note("the client never stored it: an absent dispatched command returns to the queue");
+    s.reconcile(2, vec![], 0);
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.accept(2, &d, wire::AcceptOutcome::Positive);
+    s.event(2, &d.issue_uuid, 1, running_body());
+    s.event(2, &d.issue_uuid, 2, output_body(b"compiling\n"));
+    s.note("an identical repeat is harmless and acknowledged again");
+    s.event(2, &d.issue_uuid, 2, output_body(b"compiling\n"));
+    s.note("a conflicting repeat fences the session");
+    s.event(2, &d.issue_uuid, 2, output_body(b"something else\n"));
+    assert_eq!(s.lifecycle(&id), Lifecycle::Running);
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn transient_rejection_requeues_with_backoff_and_permanent_rejection_is_terminal() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let id = s.run_command();
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.note("transient: back to the queue, retried after a jittered backoff");
+    s.accept(1, &d, wire::AcceptOutcome::Transient);
+    assert_eq!(s.lifecycle(&id), Lifecycle::Queued);
+    s.idle(1, 10_000);
+    assert_eq!(s.dispatched.len(), 2, "redispatched after the backoff");
+    let d = s.dispatched.last().unwrap().clone();
+    s.note("permanent: rejected, with its reason stored");
+    s.accept(1, &d, wire::AcceptOutcome::Permanent);
+    assert_eq!(s.lifecycle(&id), Lifecycle::Rejected, "{}", s.trace());
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn complete_reconciliation_of_active_and_terminal_unacknowledged_records_repeats_identically() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let id = s.run_command();
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.accept(1, &d, wire::AcceptOutcome::Positive);
+    s.event(1, &d.issue_uuid, 1, running_body());
+    s.note("the server loses the connection; the client ran on and holds more");
+    s.e.disconnected(s.now, s.wall, 1);
+    s.drain();
+    let record = wire::SnapshotRecord {
+        issue_uuid: d.issue_uuid.clone(),
+        request_hash: d.request_hash.clone(),
+        revision: 1,
+        lifecycle: wire::Lifecycle::Running as i32,
+        last_assigned_event_seq: 3,
+        acked_event_seq: 1,
+        script_received_bytes: 0,
+    };
+    s.hello(2, A);
+    s.reconcile(2, vec![record.clone()], 1);
+    s.note("the result is lost; the same snapshot on the next session gives the same result");
+    s.hello(3, A);
+    s.reconcile(3, vec![record], 1);
+    assert_eq!(s.lifecycle(&id), Lifecycle::Running);
+    let results: Vec<&String> = s
+        .log
+        .iter()
+        .filter(|l| l.contains("reconcile_result"))
+        .collect();
+    assert_eq!(results.len(), 3);
+    assert_eq!(
+        results[1].split("reconcile_result").nth(1),
+        results[2].split("reconcile_result").nth(1)
+    );
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn a_slow_client_cannot_delay_another_client() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    s.note("client web-1 never reads again; client web-2 connects and gets its work");
+    s.e.connect(s.now, 2);
+    let mut h = wire::ClientHello {
+        client_id: "web-2".into(),
+        client_instance_id: B.into(),
+        protocol_major: 1,
+        supported_minors: vec![0],
+        ..Default::default()
+    };
+    h.capabilities = Some(wire::Capabilities {
+        software_version: "1.0.0".into(),
+        shells: vec![wire::ShellCapability {
+            shell_type: wire::ShellType::Sh as i32,
+            platform_default: true,
+        }],
+        max_running: 1,
+        platform: Some(wire::Platform {
+            os: "linux".into(),
+            arch: "x86_64".into(),
+            os_release: String::new(),
+        }),
+        supervision_mode: wire::SupervisionMode::CgroupV2 as i32,
+        ..Default::default()
+    });
+    h.cwd_policy = Some(wire::CwdPolicy {
+        default_cwd: "/srv".into(),
+        allowed_roots: vec!["/srv".into()],
+    });
+    s.send_as(2, "", 0, Payload::ClientHello(h));
+    s.reconcile(2, vec![], 0);
+    for _ in 0..3 {
+        s.run_command(); // web-1's, piling up
+    }
+    let req_id = s.ids.uuid_v7(u64::try_from(s.wall).unwrap());
+    let req = wire::RunCommandRequest {
+        request_id: rvbox_sim::rng::uuid_text(&req_id),
+        client_id: "web-2".into(),
+        spec: Some(wire::ExecutionSpec {
+            source: Some(wire::execution_spec::Source::CommandText("uptime".into())),
+            ..Default::default()
+        }),
+        script: Vec::new(),
+        queue_ttl: None,
+    };
+    s.e.store_mut().run_command(&req, s.wall).unwrap();
+    s.advance(1);
+    assert_eq!(s.lifecycle(&req_id), Lifecycle::Dispatched);
+    insta::assert_snapshot!(s.trace());
+}
