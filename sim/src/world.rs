@@ -571,7 +571,7 @@ impl World {
             queue_ttl: ttl,
         };
         let mut created = false;
-        self.with_engine(|e, _, wall| created = e.store_mut().run_command(&req, wall).is_ok());
+        self.with_engine(|e, _, wall| created = e.run_command(&req, wall).is_ok());
         if created {
             self.created += 1;
             self.created_ids.push(id);

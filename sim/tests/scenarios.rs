@@ -263,7 +263,7 @@ impl Script {
             script: Vec::new(),
             queue_ttl: None,
         };
-        self.e.store_mut().run_command(&req, self.wall).unwrap();
+        self.e.run_command(&req, self.wall).unwrap();
         self.log.push(format!(
             "{:>7} RunCommand {}",
             self.now,
@@ -620,7 +620,7 @@ fn a_slow_client_cannot_delay_another_client() {
         script: Vec::new(),
         queue_ttl: None,
     };
-    s.e.store_mut().run_command(&req, s.wall).unwrap();
+    s.e.run_command(&req, s.wall).unwrap();
     s.advance(1);
     assert_eq!(s.lifecycle(&req_id), Lifecycle::Dispatched);
     insta::assert_snapshot!(s.trace());

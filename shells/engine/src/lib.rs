@@ -138,6 +138,8 @@ struct ClientState {
     capacity: SessionCapacity,
     in_flight: BTreeMap<Uuid7, DispatchedCommand>,
     backoff: BTreeMap<Uuid7, (i64, u32)>,
+    /// Earliest end of a backoff: the client has work again then.
+    wake_wall_ms: Option<i64>,
 }
 
 /// The engine (see the crate docs).
@@ -152,7 +154,13 @@ pub struct Engine {
     ready: ReadyQueue<String>,
     out: VecDeque<Output>,
     stats: EngineStats,
+    /// Monotonic time of the last queue-expiry pass.
+    last_expiry_ms: Option<u64>,
 }
+
+/// Queue expiry is decided at most this often (the TTL has second
+/// resolution; the pass reads an index).
+pub const EXPIRY_INTERVAL_MS: u64 = 1_000;
 
 fn uuid_text(b: &[u8; 16]) -> String {
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
@@ -200,6 +208,7 @@ impl Engine {
             ready: ReadyQueue::new(),
             out: VecDeque::new(),
             stats: EngineStats::default(),
+            last_expiry_ms: None,
         }
     }
 
@@ -308,7 +317,13 @@ impl Engine {
         for conn in due {
             self.input(now_ms, wall_ms, conn, Input::Timeout);
         }
-        self.expire(wall_ms);
+        if self
+            .last_expiry_ms
+            .is_none_or(|t| now_ms >= t.saturating_add(EXPIRY_INTERVAL_MS))
+        {
+            self.last_expiry_ms = Some(now_ms);
+            self.expire(wall_ms);
+        }
         self.dispatch_pass(now_ms, wall_ms);
     }
 
@@ -780,6 +795,10 @@ impl Engine {
                 if let Some(st) = self.clients.get_mut(&client) {
                     st.backoff
                         .insert(issue, (r.not_before_wall_ms, r.transient_rejections));
+                    st.wake_wall_ms = Some(
+                        st.wake_wall_ms
+                            .map_or(r.not_before_wall_ms, |w| w.min(r.not_before_wall_ms)),
+                    );
                 }
                 self.store.requeue(&id, revision)
             }
@@ -907,13 +926,19 @@ impl Engine {
     /// Every client with a reconciled session takes part (new commands,
     /// freed capacity and ended backoffs all make work ready).
     fn dispatch_pass(&mut self, now_ms: u64, wall_ms: i64) {
-        let live: Vec<String> = self
+        // a client has work again when a backoff ended; everything else
+        // that makes work ready (a new command, a capacity report, an
+        // answer, a written reconciliation) marks it where it happens
+        let woken: Vec<String> = self
             .clients
-            .iter()
-            .filter(|(_, st)| st.conn.is_some() && st.ready)
-            .map(|(c, _)| c.clone())
+            .iter_mut()
+            .filter(|(_, st)| st.wake_wall_ms.is_some_and(|w| w <= wall_ms))
+            .map(|(c, st)| {
+                st.wake_wall_ms = None;
+                c.clone()
+            })
             .collect();
-        for c in &live {
+        for c in &woken {
             let _ = self.ready.mark_ready(c);
         }
         let mut turns = self.clients.len().saturating_add(1);
@@ -1020,6 +1045,28 @@ impl Engine {
                 DispatchDecision::Wait(_) | DispatchDecision::NotDispatchable(_) => {}
             }
         }
+    }
+
+    /// `RunCommand` through the engine: the store persists the queued
+    /// command (plan §6.4: before this returns), and its client gets a
+    /// dispatch turn at the next tick.
+    ///
+    /// # Errors
+    /// As [`Store::run_command`].
+    pub fn run_command(
+        &mut self,
+        req: &wire::RunCommandRequest,
+        wall_ms: i64,
+    ) -> Result<wire::RunCommandResponse, OpError> {
+        let r = self.store.run_command(req, wall_ms)?;
+        if self
+            .clients
+            .get(&req.client_id)
+            .is_some_and(|st| st.conn.is_some())
+        {
+            let _ = self.ready.mark_ready(&req.client_id);
+        }
+        Ok(r)
     }
 
     /// The server's view of a known command (for callers and tests).

@@ -117,7 +117,7 @@ fn run(e: &mut Engine, id: &[u8; 16]) {
         script: Vec::new(),
         queue_ttl: None,
     };
-    e.store_mut().run_command(&req, WALL).unwrap();
+    e.run_command(&req, WALL).unwrap();
 }
 
 fn new_id() -> [u8; 16] {
