@@ -122,6 +122,14 @@ fn main() -> ExitCode {
         let mut failed = 0u64;
         let mut counters = std::collections::BTreeMap::<String, u64>::new();
         for seed in a..b {
+            let done = seed - a;
+            if done > 0 && done % 1000 == 0 {
+                let secs = start.elapsed().as_secs_f64();
+                println!(
+                    "progress: {done} seeds, {failed} failed, {:.1} seeds/s",
+                    done as f64 / secs.max(1e-9)
+                );
+            }
             match run(seed, &config) {
                 Ok(report) => {
                     for (k, v) in &report.counters {
