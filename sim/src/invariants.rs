@@ -38,24 +38,7 @@ pub const MAX_VIOLATIONS_PER_CHECK: usize = 256;
 pub const MAX_DIGEST_RAW_BYTES: usize = 64 * 1024;
 
 /// `CommandEvent.body` field numbers: the store's `command_events.body_kind`.
-pub mod body_kind {
-    /// `OutputChunk`.
-    pub const OUTPUT: u8 = 4;
-    /// `LifecycleChange`.
-    pub const LIFECYCLE: u8 = 5;
-    /// `OutputTruncation`.
-    pub const TRUNCATION: u8 = 6;
-    /// `OutputIncomplete`.
-    pub const INCOMPLETE: u8 = 7;
-    /// `SignalResult`.
-    pub const SIGNAL_RESULT: u8 = 8;
-    /// `StdinAck`.
-    pub const STDIN_ACK: u8 = 9;
-    /// `Diagnostics`.
-    pub const DIAGNOSTICS: u8 = 10;
-    /// `ProfileResult`.
-    pub const PROFILE_RESULT: u8 = 11;
-}
+pub use rvbox_store::events::body_kind;
 
 /// Content digest of a non-output body, as the store computes
 /// `command_events.content_sha256`: SHA-256 of the body kind byte followed

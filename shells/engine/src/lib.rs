@@ -105,6 +105,8 @@ pub struct EngineStats {
     pub dispatched: u64,
     /// Positive acceptances applied.
     pub accepted: u64,
+    /// Acceptances that arrived after the queue expiry (terminated).
+    pub late_acceptances: u64,
     /// Transient rejections (requeued with backoff).
     pub requeued: u64,
     /// Permanent rejections.
@@ -778,10 +780,51 @@ impl Engine {
         let id = *issue.as_bytes();
         let revision = dispatched.state.revision().0;
         let result = match &decision {
-            AcceptDecision::Accept(_) | AcceptDecision::Repeat => {
-                if matches!(decision, AcceptDecision::Accept(_)) {
-                    self.stats.accepted += 1;
+            AcceptDecision::Accept(acc) => {
+                self.stats.accepted += 1;
+                let r = match self
+                    .store
+                    .record_accepted(&id, revision, message.resolved_shell)
+                {
+                    Err(OpError::Refused(e)) if e.code() == Code::Conflict => Ok(()),
+                    other => other,
+                };
+                if let (Ok(()), Some(late)) = (&r, &acc.incident) {
+                    // plan §6.4: a late acceptance after the TTL passed: the
+                    // incident and a higher termination revision are durable
+                    // before the best-effort TERM is sent
+                    self.stats.late_acceptances += 1;
+                    let bumped = self.store.bump_revision(&id, revision);
+                    let incident = NewIncident {
+                        kind: late.kind,
+                        scope_kind: wire::ScopeKind::Command,
+                        scope_key: issue.to_string(),
+                        client_id: Some(client.clone()),
+                        issue_uuid: Some(id),
+                        summary: format!(
+                            "accepted after its queue expiry ({} ms) while dispatched; terminated",
+                            late.queue_expiry_ms
+                        ),
+                        evidence: Vec::new(),
+                        data_loss: false,
+                    };
+                    let recorded = self.store.record_protocol_incident(&incident, wall_ms);
+                    if let (Ok(new_revision), Ok(_), Some(signal)) =
+                        (bumped, recorded, acc.after_durable.clone())
+                        && let Some(c) = self.conns.get_mut(&conn)
+                    {
+                        let signal = wire::Signal {
+                            revision: new_revision,
+                            ..signal
+                        };
+                        if let Err(e) = c.session.send(Payload::Signal(signal)) {
+                            tracing::warn!(error = %e, "termination signal not queued");
+                        }
+                    }
                 }
+                r
+            }
+            AcceptDecision::Repeat => {
                 match self
                     .store
                     .record_accepted(&id, revision, message.resolved_shell)

@@ -142,7 +142,7 @@ impl Health {
     pub fn refresh(&self, conn: &Connection) -> Result<(), StoreError> {
         let open = incidents::open(conn, MAX_OPEN_INCIDENTS)?;
         let mut dirty: BTreeMap<(i32, String), Vec<String>> = BTreeMap::new();
-        for i in &open {
+        for i in open.iter().filter(|i| incidents::gates_scope(i.kind)) {
             let ids = dirty
                 .entry((i.scope_kind as i32, i.scope_key.clone()))
                 .or_default();

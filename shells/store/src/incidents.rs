@@ -254,7 +254,25 @@ pub fn open(conn: &Connection, limit: u32) -> Result<Vec<Incident>, StoreError> 
         .map_err(|e| StoreError::sqlite("list open incidents", e))
 }
 
-/// Whether a scope has an unresolved incident (derived dirty health).
+/// Whether an open incident of this kind makes its scope dirty. Storage
+/// incidents do (plan §5.5: unresolved rows derive dirty health); the
+/// protocol incidents of plan §6.4 (late after expiry, stale server, client
+/// state loss, reconciliation contradiction) record what happened for the
+/// operator and gate nothing: the command's actual events must still be
+/// stored ("retaining subsequent actual outcome events").
+#[must_use]
+pub fn gates_scope(kind: wire::IncidentKind) -> bool {
+    !matches!(
+        kind,
+        wire::IncidentKind::LateAfterExpiry
+            | wire::IncidentKind::StaleServer
+            | wire::IncidentKind::ClientStateLoss
+            | wire::IncidentKind::ReconciliationContradiction
+    )
+}
+
+/// Whether a scope has an unresolved incident that gates it (derived dirty
+/// health; see [`gates_scope`]).
 ///
 /// # Errors
 /// [`StoreError::Sqlite`].
@@ -265,8 +283,16 @@ pub fn is_dirty(
 ) -> Result<bool, StoreError> {
     conn.query_row(
         "SELECT EXISTS (SELECT 1 FROM storage_incidents
-                        WHERE state = 1 AND scope_kind = ?1 AND scope_key = ?2)",
-        params![scope_kind as i32, scope_key],
+                        WHERE state = 1 AND scope_kind = ?1 AND scope_key = ?2
+                          AND kind NOT IN (?3, ?4, ?5, ?6))",
+        params![
+            scope_kind as i32,
+            scope_key,
+            wire::IncidentKind::LateAfterExpiry as i32,
+            wire::IncidentKind::StaleServer as i32,
+            wire::IncidentKind::ClientStateLoss as i32,
+            wire::IncidentKind::ReconciliationContradiction as i32
+        ],
         |r| r.get(0),
     )
     .map_err(|e| StoreError::sqlite("derive dirty health", e))

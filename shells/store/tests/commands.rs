@@ -193,7 +193,7 @@ fn server_terminal_decisions_release_headroom_and_leave_a_tombstone() {
 }
 
 #[test]
-fn an_interruption_with_an_incident_makes_the_command_scope_dirty() {
+fn an_interruption_records_its_incident_in_the_same_transaction() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = open(dir.path());
     let id = running_command(&mut s, "web-1");
@@ -383,4 +383,45 @@ fn a_lifecycle_event_reconciliation_already_applied_is_still_stored() {
         rvbox_store::events::EventOutcome::Refused(_)
     ));
     assert_counters(&s);
+}
+
+#[test]
+fn protocol_incidents_are_recorded_but_gate_no_mutation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let id = running_command(&mut s, "web-1");
+    let late = NewIncident {
+        kind: wire::IncidentKind::LateAfterExpiry,
+        scope_kind: wire::ScopeKind::Command,
+        scope_key: text(&id),
+        client_id: Some("web-1".into()),
+        issue_uuid: Some(id),
+        summary: "accepted after its queue expiry".into(),
+        evidence: Vec::new(),
+        data_loss: false,
+    };
+    s.record_protocol_incident(&late, NOW).unwrap();
+    assert_eq!(rvbox_store::incidents::open(s.db(), 10).unwrap().len(), 1);
+    // plan §6.4: every actual event after a late acceptance is kept
+    let r = s
+        .append_events(&[output(&id, 2, b"still running")], NOW)
+        .unwrap();
+    assert_eq!(
+        r.outcomes,
+        vec![rvbox_store::events::EventOutcome::Appended]
+    );
+    assert!(
+        !rvbox_store::incidents::is_dirty(s.db(), wire::ScopeKind::Command, &text(&id)).unwrap()
+    );
+    // a storage incident on the same scope does gate it
+    let storage = NewIncident {
+        kind: wire::IncidentKind::ChecksumMismatch,
+        ..late
+    };
+    s.record_protocol_incident(&storage, NOW).unwrap();
+    let r = s.append_events(&[output(&id, 3, b"refused")], NOW).unwrap();
+    assert!(matches!(
+        r.outcomes[0],
+        rvbox_store::events::EventOutcome::Refused(_)
+    ));
 }
