@@ -721,19 +721,29 @@ impl World {
                 break;
             }
             if self.now > self.config.workload_ms.saturating_add(DRAIN_MS) {
+                let stuck: Vec<String> = self
+                    .created_ids
+                    .iter()
+                    .filter_map(|id| {
+                        let v = self.server.engine.as_ref()?.command(id).ok()?;
+                        (!v.lifecycle.is_terminal()).then(|| {
+                            format!(
+                                "{} {} on {} (revision {}, expired_pending {})",
+                                crate::rng::uuid_text(id),
+                                v.lifecycle.as_str(),
+                                v.client_id,
+                                v.revision,
+                                v.expired_pending
+                            )
+                        })
+                    })
+                    .collect();
                 self.failure = Some(format!(
-                    "stuck: {} of {} commands not terminal after {} ms",
-                    self.created_ids
-                        .iter()
-                        .filter(|id| self
-                            .server
-                            .engine
-                            .as_ref()
-                            .and_then(|e| e.command(id).ok())
-                            .is_some_and(|v| !v.lifecycle.is_terminal()))
-                        .count(),
+                    "stuck: {} of {} commands not terminal after {} ms: {}",
+                    stuck.len(),
                     self.created,
-                    self.now
+                    self.now,
+                    stuck.join("; ")
                 ));
                 break;
             }

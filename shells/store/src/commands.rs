@@ -183,6 +183,18 @@ fn set_lifecycle(tx: &Transaction<'_>, issue: &[u8; 16], to: Lifecycle) -> Resul
     Ok(())
 }
 
+/// A requeued command is certainly not held by the client any more: the
+/// "expired pending reconciliation" indicator no longer applies, and a
+/// queued command past its expiry simply expires.
+fn clear_expired_pending(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE commands SET expired_pending = 0 WHERE issue_uuid = ?1",
+        params![issue.as_slice()],
+    )
+    .map_err(|e| StoreError::sqlite("clear expired pending", e))?;
+    Ok(())
+}
+
 impl Store {
     /// One command, as dispatch and reconciliation see it.
     ///
@@ -254,7 +266,8 @@ impl Store {
             .prepare_cached(&format!(
                 "SELECT {VIEW_COLUMNS} FROM commands c
                  WHERE c.lifecycle IN (1, 2) AND c.queue_expiry_ms IS NOT NULL
-                   AND c.queue_expiry_ms <= ?1 AND c.expired_pending = 0
+                   AND c.queue_expiry_ms <= ?1
+                   AND (c.lifecycle = 1 OR c.expired_pending = 0)
                  ORDER BY c.queue_expiry_ms LIMIT ?2"
             ))
             .map_err(|e| StoreError::sqlite("list expired commands", e))?;
@@ -347,6 +360,7 @@ impl Store {
         let (tx, view) = self.begin_on(issue)?;
         expect(&view, &[Lifecycle::Dispatched], revision)?;
         set_lifecycle(&tx, issue, Lifecycle::Queued)?;
+        clear_expired_pending(&tx, issue)?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit requeue", e))?;
         self.metrics.command_transition("requeued");
@@ -554,6 +568,7 @@ impl Store {
                     let view = load_view(&tx, &issue)?;
                     expect(&view, &[Lifecycle::Dispatched], revision)?;
                     set_lifecycle(&tx, &issue, Lifecycle::Queued)?;
+                    clear_expired_pending(&tx, &issue)?;
                 }
                 ReconcileWrite::Advance {
                     issue,

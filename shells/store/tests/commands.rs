@@ -425,3 +425,41 @@ fn protocol_incidents_are_recorded_but_gate_no_mutation() {
         rvbox_store::events::EventOutcome::Refused(_)
     ));
 }
+
+#[test]
+fn a_requeued_command_past_its_expiry_is_expired_not_left_pending() {
+    use rvbox_store::commands::ReconcileWrite;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let id = queued(&mut s, "web-1", NOW, Some(1_000));
+    s.mark_dispatched(&id, 1).unwrap();
+    // past its TTL while dispatched: the indicator, no lifecycle change
+    s.mark_expired_pending(&id, 1).unwrap();
+    assert!(s.expiry_due(NOW + 5_000, 10).unwrap().is_empty());
+    // reconciliation finds the client does not hold it: back to the queue
+    s.apply_reconciliation(
+        "web-1",
+        &[ReconcileWrite::Requeue {
+            issue: id,
+            revision: 1,
+        }],
+        &[],
+        NOW + 5_000,
+    )
+    .unwrap();
+    let v = s.command_view(&id).unwrap();
+    assert_eq!(v.lifecycle, Lifecycle::Queued);
+    assert!(
+        !v.expired_pending,
+        "a requeued command is certainly not held"
+    );
+    // so the expiry pass sees it and it can end expired
+    assert_eq!(
+        s.expiry_due(NOW + 5_000, 10)
+            .unwrap()
+            .iter()
+            .map(|c| c.issue_uuid)
+            .collect::<Vec<_>>(),
+        vec![id]
+    );
+}
