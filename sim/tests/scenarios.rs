@@ -139,6 +139,14 @@ impl Script {
                             self.dispatched.push(d);
                             s
                         }
+                        Payload::Signal(g) => format!(
+                            "signal {} {} revision={}",
+                            short(&g.issue_uuid),
+                            wire::SignalKind::try_from(g.signal)
+                                .map(|k| k.as_str_name().to_owned())
+                                .unwrap_or_default(),
+                            g.revision
+                        ),
                         Payload::EventAck(a) => {
                             format!(
                                 "event_ack {} #{}",
@@ -623,5 +631,125 @@ fn a_slow_client_cannot_delay_another_client() {
     s.e.run_command(&req, s.wall).unwrap();
     s.advance(1);
     assert_eq!(s.lifecycle(&req_id), Lifecycle::Dispatched);
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn cancellation_before_launch_ends_a_never_dispatched_command_on_the_server() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.note("the client reports its one slot taken, so nothing is dispatched");
+    s.reconcile(1, vec![], 1);
+    let id = s.run_command();
+    s.advance(1_000);
+    s.note("kill before it was ever dispatched: cancelled here, no frame");
+    let (lifecycle, revision) =
+        s.e.signal(s.now, s.wall, &id, wire::SignalKind::Kill)
+            .unwrap();
+    s.drain();
+    assert_eq!((lifecycle, revision), (Lifecycle::Cancelled, 2));
+    assert_eq!(s.lifecycle(&id), Lifecycle::Cancelled);
+    s.log
+        .push(format!("{:>7} kill -> {}", s.now, lifecycle.as_str()));
+    s.note("a slot frees: the cancelled command is never dispatched");
+    s.send(
+        1,
+        Payload::ClientCapacity(wire::ClientCapacity {
+            running: 0,
+            queued: 0,
+            max_running: 1,
+            max_queued: 0,
+        }),
+    );
+    s.advance(1);
+    assert!(s.dispatched.is_empty());
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn the_launch_cancel_race_is_resolved_by_the_client_at_the_new_revision() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let won = s.run_command();
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.accept(1, &d, wire::AcceptOutcome::Positive);
+    s.note("kill while accepted: a higher revision, then the revisioned signal; still accepted");
+    let (lifecycle, revision) =
+        s.e.signal(s.now, s.wall, &won, wire::SignalKind::Kill)
+            .unwrap();
+    s.drain();
+    assert_eq!((lifecycle, revision), (Lifecycle::Accepted, 2));
+    assert_eq!(s.lifecycle(&won), Lifecycle::Accepted);
+    s.note("launch was not authorized yet: the client answers cancelled at revision 2");
+    s.event(
+        1,
+        &d.issue_uuid,
+        1,
+        wire::command_event::Body::Lifecycle(wire::LifecycleChange {
+            lifecycle: wire::Lifecycle::Cancelled as i32,
+            revision: 2,
+            exit_result: Some(wire::ExitResult {
+                lifecycle: wire::Lifecycle::Cancelled as i32,
+                ..Default::default()
+            }),
+            reason: "cancelled before launch".into(),
+        }),
+    );
+    assert_eq!(s.lifecycle(&won), Lifecycle::Cancelled);
+
+    s.note("the other side of the race: already running when the kill lands");
+    s.send(
+        1,
+        Payload::ClientCapacity(wire::ClientCapacity {
+            running: 0,
+            queued: 0,
+            max_running: 1,
+            max_queued: 0,
+        }),
+    );
+    let lost = s.run_command();
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.accept(1, &d, wire::AcceptOutcome::Positive);
+    s.event(1, &d.issue_uuid, 1, running_body());
+    s.e.signal(s.now, s.wall, &lost, wire::SignalKind::Kill)
+        .unwrap();
+    s.drain();
+    assert_eq!(
+        s.lifecycle(&lost),
+        Lifecycle::Running,
+        "visible lifecycle unchanged"
+    );
+    s.note("the client reports the signal result and the actual outcome");
+    s.event(
+        1,
+        &d.issue_uuid,
+        2,
+        wire::command_event::Body::SignalResult(wire::SignalResult {
+            revision: 2,
+            signal: wire::SignalKind::Kill as i32,
+            outcome: wire::SignalOutcome::Delivered as i32,
+            ..Default::default()
+        }),
+    );
+    s.event(
+        1,
+        &d.issue_uuid,
+        3,
+        wire::command_event::Body::Lifecycle(wire::LifecycleChange {
+            lifecycle: wire::Lifecycle::Terminated as i32,
+            revision: 2,
+            exit_result: Some(wire::ExitResult {
+                lifecycle: wire::Lifecycle::Terminated as i32,
+                signal_number: Some(9),
+                signal_name: "SIGKILL".into(),
+                ..Default::default()
+            }),
+            reason: String::new(),
+        }),
+    );
+    assert_eq!(s.lifecycle(&lost), Lifecycle::Terminated);
     insta::assert_snapshot!(s.trace());
 }

@@ -1112,6 +1112,64 @@ impl Engine {
         Ok(r)
     }
 
+    /// A kill or signal from the control plane (plan §6.4, R-6.4-35..37):
+    /// a never-dispatched command ends `cancelled` on the server; dispatched,
+    /// accepted or running work first takes a higher revision durably, then
+    /// the revisioned `Signal` goes to the client's live, reconciled session,
+    /// and the visible lifecycle stays until the client resolves the race.
+    /// Returns the lifecycle to answer with and the revision assigned.
+    ///
+    /// # Errors
+    /// `NOT_FOUND`, `FAILED_PRECONDITION` for a terminal command or an
+    /// unspecified signal, `CONFLICT` when the command moved meanwhile, or a
+    /// store failure.
+    pub fn signal(
+        &mut self,
+        now_ms: u64,
+        wall_ms: i64,
+        issue: &[u8; 16],
+        kind: wire::SignalKind,
+    ) -> Result<(Lifecycle, u64), OpError> {
+        let v = self.store.command_view(issue)?;
+        let id = Uuid7::from_bytes("issue_uuid", *issue).map_err(DomainError::from)?;
+        let decision =
+            rvbox_dispatch::decide_signal(id, state_of(&v), kind as i32).map_err(|e| {
+                OpError::Refused(DomainError::new(Code::FailedPrecondition, e.to_string()))
+            })?;
+        match &decision {
+            rvbox_dispatch::SignalDecision::CancelQueued { revision, .. } => {
+                self.store.bump_revision(issue, v.revision)?;
+                self.store.finish_by_server(
+                    issue,
+                    &[Lifecycle::Queued],
+                    revision.0,
+                    ServerTerminal::Cancelled,
+                    None,
+                    None,
+                    wall_ms,
+                )?;
+            }
+            rvbox_dispatch::SignalDecision::Deliver { after_durable, .. } => {
+                self.store.bump_revision(issue, v.revision)?;
+                let live = self
+                    .clients
+                    .get(&v.client_id)
+                    .filter(|st| st.ready)
+                    .and_then(|st| st.conn);
+                if let Some(conn) = live {
+                    if let Some(c) = self.conns.get_mut(&conn)
+                        && let Err(e) = c.session.send(Payload::Signal(after_durable.clone()))
+                    {
+                        tracing::warn!(error = %e, "signal not queued");
+                    }
+                    self.drain(now_ms, wall_ms, conn);
+                }
+            }
+        }
+        tracing::info!(kind = kind.as_str_name(), "signal decided");
+        Ok((decision.lifecycle(), decision.revision().0))
+    }
+
     /// The server's view of a known command (for callers and tests).
     ///
     /// # Errors
