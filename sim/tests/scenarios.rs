@@ -246,6 +246,11 @@ impl Script {
                 tombstones: vec![],
             }),
         );
+        self.capacity(conn, running);
+    }
+
+    /// Reports capacity: `running` of one slot taken, no queue.
+    fn capacity(&mut self, conn: u64, running: u32) {
         self.send(
             conn,
             Payload::ClientCapacity(wire::ClientCapacity {
@@ -477,15 +482,7 @@ fn a_full_client_queue_receives_nothing_until_capacity_frees() {
     s.advance(1_000);
     assert_eq!(s.lifecycle(&id), Lifecycle::Queued);
     s.note("a slot frees");
-    s.send(
-        1,
-        Payload::ClientCapacity(wire::ClientCapacity {
-            running: 0,
-            queued: 0,
-            max_running: 1,
-            max_queued: 0,
-        }),
-    );
+    s.capacity(1, 0);
     s.advance(1);
     assert_eq!(s.lifecycle(&id), Lifecycle::Dispatched);
     insta::assert_snapshot!(s.trace());
@@ -652,15 +649,7 @@ fn cancellation_before_launch_ends_a_never_dispatched_command_on_the_server() {
     s.log
         .push(format!("{:>7} kill -> {}", s.now, lifecycle.as_str()));
     s.note("a slot frees: the cancelled command is never dispatched");
-    s.send(
-        1,
-        Payload::ClientCapacity(wire::ClientCapacity {
-            running: 0,
-            queued: 0,
-            max_running: 1,
-            max_queued: 0,
-        }),
-    );
+    s.capacity(1, 0);
     s.advance(1);
     assert!(s.dispatched.is_empty());
     insta::assert_snapshot!(s.trace());
@@ -700,15 +689,7 @@ fn the_launch_cancel_race_is_resolved_by_the_client_at_the_new_revision() {
     assert_eq!(s.lifecycle(&won), Lifecycle::Cancelled);
 
     s.note("the other side of the race: already running when the kill lands");
-    s.send(
-        1,
-        Payload::ClientCapacity(wire::ClientCapacity {
-            running: 0,
-            queued: 0,
-            max_running: 1,
-            max_queued: 0,
-        }),
-    );
+    s.capacity(1, 0);
     let lost = s.run_command();
     s.advance(1);
     let d = s.dispatched.last().unwrap().clone();
