@@ -36,6 +36,11 @@ pub const MAX_STEPS: u64 = 400_000;
 /// Longest simulated run after the workload ends (ms) before a run that
 /// still has unfinished commands counts as stuck.
 pub const DRAIN_MS: u64 = 1_800_000;
+/// Connection numbers of second instances start here (the network's own
+/// connections stay far below).
+const TWIN_CONN_BASE: u64 = 1 << 40;
+/// Most answered `SignalCommand` requests one run keeps for replays.
+const MAX_KEPT_SIGNALS: usize = 256;
 
 /// What a run does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,6 +169,13 @@ pub struct World {
     counters: BTreeMap<String, u64>,
     created: u32,
     created_ids: Vec<[u8; 16]>,
+    /// Answered `SignalCommand` requests, for replays.
+    signals: Vec<(wire::SignalCommandRequest, wire::SignalCommandResponse)>,
+    /// Second instances sent so far (their connections are numbered from
+    /// [`TWIN_CONN_BASE`]).
+    twins: u64,
+    /// Engine outputs addressed to a second instance's connection.
+    twin_outputs: Vec<Output>,
     next_workload_at: u64,
     next_fault_at: u64,
     failure: Option<String>,
@@ -327,6 +339,9 @@ impl World {
             counters: BTreeMap::new(),
             created: 0,
             created_ids: Vec::new(),
+            signals: Vec::new(),
+            twins: 0,
+            twin_outputs: Vec::new(),
             next_workload_at: 0,
             next_fault_at: 5_000,
             failure: None,
@@ -385,6 +400,15 @@ impl World {
             }
         }
         for o in outs {
+            let to = match &o {
+                Output::Frame { conn, .. } | Output::Ping { conn } | Output::Close { conn, .. } => {
+                    *conn
+                }
+            };
+            if to >= TWIN_CONN_BASE {
+                self.twin_outputs.push(o);
+                continue;
+            }
             match o {
                 Output::Frame { conn, bytes, .. } => {
                     let name = payload_name(&bytes);
@@ -578,6 +602,92 @@ impl World {
             self.log(format!("run {} on host-{i}", crate::rng::uuid_text(&id)));
             self.with_engine(|e, now, wall| e.tick(now, wall));
         }
+        if self.workload.chance(150) {
+            self.operator_signal();
+        }
+    }
+
+    /// An operator's `SignalCommand` on a command created earlier, at any
+    /// stage; now and then an earlier request is replayed, which must be
+    /// answered exactly as the first time (across crashes too).
+    fn operator_signal(&mut self) {
+        if self.workload.chance(250)
+            && let Some((req, first)) = self.workload.pick(&self.signals).cloned()
+        {
+            let mut again = None;
+            self.with_engine(|e, now, wall| again = Some(e.signal_command(now, wall, &req)));
+            if let Some(Ok(resp)) = again {
+                self.count("operator_signal_replayed");
+                if resp != first {
+                    self.failure = Some(format!(
+                        "SignalCommand {} replayed as {resp:?}, first answered {first:?}",
+                        req.request_id
+                    ));
+                }
+            }
+            return;
+        }
+        // mostly work that has not ended, where a signal does something
+        let live: Vec<[u8; 16]> = self
+            .server
+            .engine
+            .as_ref()
+            .map(|e| {
+                self.created_ids
+                    .iter()
+                    .filter(|id| e.command(id).is_ok_and(|v| !v.lifecycle.is_terminal()))
+                    .copied()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let pool = if live.is_empty() || self.workload.chance(100) {
+            &self.created_ids
+        } else {
+            &live
+        };
+        let Some(id) = self.workload.pick(pool).copied() else {
+            return;
+        };
+        let kinds = [
+            wire::SignalKind::Term,
+            wire::SignalKind::Kill,
+            wire::SignalKind::Int,
+            wire::SignalKind::Hup,
+        ];
+        let kind = self
+            .workload
+            .pick(&kinds)
+            .copied()
+            .unwrap_or(wire::SignalKind::Term);
+        let request_id = self
+            .workload
+            .uuid_v7(u64::try_from(self.wall()).unwrap_or(0));
+        let req = wire::SignalCommandRequest {
+            request_id: crate::rng::uuid_text(&request_id),
+            issue_uuid: crate::rng::uuid_text(&id),
+            signal: kind as i32,
+        };
+        let mut answer = None;
+        self.with_engine(|e, now, wall| answer = Some(e.signal_command(now, wall, &req)));
+        match answer {
+            Some(Ok(resp)) => {
+                self.count("operator_signal");
+                self.log(format!(
+                    "signal {} {} -> revision {}",
+                    req.issue_uuid,
+                    kind.as_str_name(),
+                    resp.revision
+                ));
+                if self.signals.len() < MAX_KEPT_SIGNALS {
+                    self.signals.push((req, resp));
+                }
+            }
+            Some(Err(e)) => {
+                self.count("operator_signal_refused");
+                self.log(format!("signal {} refused: {e}", req.issue_uuid));
+            }
+            None => {}
+        }
     }
 
     fn inject_fault(&mut self) {
@@ -641,6 +751,7 @@ impl World {
                 self.log(format!("WALL CLOCK jumps {jump} ms"));
                 self.count("wall_clock_jump");
             }
+            66..=71 => self.second_instance(),
             58..=65 => {
                 let conns = self.net.connections();
                 if let Some((conn, _)) = self.faults.pick(&conns).copied() {
@@ -651,6 +762,86 @@ impl World {
             }
             _ => {}
         }
+    }
+
+    /// A second installation claims a client id whose first instance has
+    /// a live session (plan §6.2): it must be refused with `LIVE_CONFLICT`
+    /// and recorded as the pending claim, and the live session must stay.
+    /// It hellos straight into the engine, in the same step as the check
+    /// that the first instance is live: over the faulty network it could
+    /// arrive after that session ended, be admitted as a new instance, and
+    /// legitimately run again what the first instance ran.
+    fn second_instance(&mut self) {
+        let i = self.faults.below(self.clients.len() as u64);
+        let Some(first) = self.clients.get(usize::try_from(i).unwrap_or(usize::MAX)) else {
+            return;
+        };
+        let client_id = first.client_id().to_owned();
+        let twin = first.second_instance(SimRng::new(self.faults.next_u64()));
+        let live_before = self
+            .server
+            .engine
+            .as_ref()
+            .and_then(|e| e.store().client_record(&client_id).ok().flatten())
+            .and_then(|r| r.live);
+        let Some(live_before) = live_before else {
+            return;
+        };
+        self.flush_engine();
+        self.twin_outputs.clear();
+        self.twins = self.twins.wrapping_add(1);
+        let conn = TWIN_CONN_BASE + self.twins;
+        let hello = wire::Envelope {
+            session_id: String::new(),
+            generation: 0,
+            payload: Some(wire::envelope::Payload::ClientHello(twin.hello())),
+        }
+        .encode_to_vec();
+        self.log(format!(
+            "c{conn} second instance {} of {client_id} says hello",
+            twin.instance_id()
+        ));
+        self.with_engine(|e, now, wall| {
+            e.connect(now, conn);
+            e.frame(now, wall, conn, hello);
+        });
+        if self.server.engine.is_none() {
+            return;
+        }
+        let outputs = std::mem::take(&mut self.twin_outputs);
+        let welcomed = outputs.iter().any(|o| {
+            matches!(o, Output::Frame { bytes, .. } if matches!(
+                wire::Envelope::decode(bytes.as_slice()).ok().and_then(|e| e.payload),
+                Some(wire::envelope::Payload::ServerWelcome(_))
+            ))
+        });
+        let rejected = outputs.iter().any(|o| {
+            matches!(o, Output::Close { reason, .. } if *reason == wire::CloseReason::HelloRejected)
+        });
+        let record = self
+            .server
+            .engine
+            .as_ref()
+            .and_then(|e| e.store().client_record(&client_id).ok().flatten());
+        let claim_recorded = record
+            .as_ref()
+            .and_then(|r| r.pending_claim)
+            .is_some_and(|(inst, _)| crate::rng::uuid_text(&inst) == twin.instance_id());
+        let still_live = record
+            .as_ref()
+            .and_then(|r| r.live)
+            .is_some_and(|l| l.session_id == live_before.session_id);
+        if welcomed || !rejected || !claim_recorded || !still_live {
+            self.failure = Some(format!(
+                "a second instance of {client_id} against a live session: welcomed {welcomed}, rejected {rejected}, claim recorded {claim_recorded}, first session kept {still_live}"
+            ));
+            return;
+        }
+        self.count("second_instance_refused");
+        if !outputs.iter().any(|o| matches!(o, Output::Close { .. })) {
+            self.with_engine(|e, now, wall| e.disconnected(now, wall, conn));
+        }
+        self.twin_outputs.clear();
     }
 
     fn check(&mut self) {
@@ -809,6 +1000,7 @@ impl World {
             ("engine requeued", stats.requeued),
             ("engine expired", stats.expired),
             ("engine events_refused", stats.events_refused),
+            ("engine signals_sent_again", stats.signals_sent_again),
         ] {
             self.add(k, v);
         }

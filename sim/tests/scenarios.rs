@@ -329,6 +329,65 @@ impl Script {
         );
     }
 
+    /// `SignalCommand` with a fresh `request_id`; returns (lifecycle,
+    /// revision) and the request, for replays.
+    fn signal(
+        &mut self,
+        id: &[u8; 16],
+        kind: wire::SignalKind,
+    ) -> (Lifecycle, u64, wire::SignalCommandRequest) {
+        let request_id = self.ids.uuid_v7(u64::try_from(self.wall).unwrap());
+        let req = wire::SignalCommandRequest {
+            request_id: rvbox_sim::rng::uuid_text(&request_id),
+            issue_uuid: rvbox_sim::rng::uuid_text(id),
+            signal: kind as i32,
+        };
+        let r = self.e.signal_command(self.now, self.wall, &req).unwrap();
+        let lifecycle = Lifecycle::from_wire(r.lifecycle).unwrap();
+        self.log.push(format!(
+            "{:>7} SignalCommand {} {} -> {} revision={}",
+            self.now,
+            short(&req.issue_uuid),
+            kind.as_str_name(),
+            lifecycle.as_str(),
+            r.revision
+        ));
+        self.drain();
+        (lifecycle, r.revision, req)
+    }
+
+    /// The client's answer to a KILL at `revision` on a running command:
+    /// the signal result (event `seq`), then `terminated` (event `seq + 1`).
+    fn killed(&mut self, conn: u64, issue: &str, seq: u64, revision: u64, reason: &str) {
+        self.event(
+            conn,
+            issue,
+            seq,
+            wire::command_event::Body::SignalResult(wire::SignalResult {
+                revision,
+                signal: wire::SignalKind::Kill as i32,
+                outcome: wire::SignalOutcome::Delivered as i32,
+                ..Default::default()
+            }),
+        );
+        self.event(
+            conn,
+            issue,
+            seq + 1,
+            wire::command_event::Body::Lifecycle(wire::LifecycleChange {
+                lifecycle: wire::Lifecycle::Terminated as i32,
+                revision,
+                exit_result: Some(wire::ExitResult {
+                    lifecycle: wire::Lifecycle::Terminated as i32,
+                    signal_number: Some(9),
+                    signal_name: "SIGKILL".into(),
+                    ..Default::default()
+                }),
+                reason: reason.into(),
+            }),
+        );
+    }
+
     fn lifecycle(&self, id: &[u8; 16]) -> Lifecycle {
         self.e.command(id).unwrap().lifecycle
     }
@@ -640,14 +699,9 @@ fn cancellation_before_launch_ends_a_never_dispatched_command_on_the_server() {
     let id = s.run_command();
     s.advance(1_000);
     s.note("kill before it was ever dispatched: cancelled here, no frame");
-    let (lifecycle, revision) =
-        s.e.signal(s.now, s.wall, &id, wire::SignalKind::Kill)
-            .unwrap();
-    s.drain();
+    let (lifecycle, revision, _) = s.signal(&id, wire::SignalKind::Kill);
     assert_eq!((lifecycle, revision), (Lifecycle::Cancelled, 2));
     assert_eq!(s.lifecycle(&id), Lifecycle::Cancelled);
-    s.log
-        .push(format!("{:>7} kill -> {}", s.now, lifecycle.as_str()));
     s.note("a slot frees: the cancelled command is never dispatched");
     s.capacity(1, 0);
     s.advance(1);
@@ -665,10 +719,7 @@ fn the_launch_cancel_race_is_resolved_by_the_client_at_the_new_revision() {
     let d = s.dispatched.last().unwrap().clone();
     s.accept(1, &d, wire::AcceptOutcome::Positive);
     s.note("kill while accepted: a higher revision, then the revisioned signal; still accepted");
-    let (lifecycle, revision) =
-        s.e.signal(s.now, s.wall, &won, wire::SignalKind::Kill)
-            .unwrap();
-    s.drain();
+    let (lifecycle, revision, _) = s.signal(&won, wire::SignalKind::Kill);
     assert_eq!((lifecycle, revision), (Lifecycle::Accepted, 2));
     assert_eq!(s.lifecycle(&won), Lifecycle::Accepted);
     s.note("launch was not authorized yet: the client answers cancelled at revision 2");
@@ -695,42 +746,108 @@ fn the_launch_cancel_race_is_resolved_by_the_client_at_the_new_revision() {
     let d = s.dispatched.last().unwrap().clone();
     s.accept(1, &d, wire::AcceptOutcome::Positive);
     s.event(1, &d.issue_uuid, 1, running_body());
-    s.e.signal(s.now, s.wall, &lost, wire::SignalKind::Kill)
-        .unwrap();
-    s.drain();
+    s.signal(&lost, wire::SignalKind::Kill);
     assert_eq!(
         s.lifecycle(&lost),
         Lifecycle::Running,
         "visible lifecycle unchanged"
     );
     s.note("the client reports the signal result and the actual outcome");
-    s.event(
-        1,
-        &d.issue_uuid,
-        2,
-        wire::command_event::Body::SignalResult(wire::SignalResult {
-            revision: 2,
-            signal: wire::SignalKind::Kill as i32,
-            outcome: wire::SignalOutcome::Delivered as i32,
-            ..Default::default()
-        }),
-    );
-    s.event(
-        1,
-        &d.issue_uuid,
-        3,
-        wire::command_event::Body::Lifecycle(wire::LifecycleChange {
-            lifecycle: wire::Lifecycle::Terminated as i32,
-            revision: 2,
-            exit_result: Some(wire::ExitResult {
-                lifecycle: wire::Lifecycle::Terminated as i32,
-                signal_number: Some(9),
-                signal_name: "SIGKILL".into(),
-                ..Default::default()
-            }),
-            reason: String::new(),
-        }),
-    );
+    s.killed(1, &d.issue_uuid, 2, 2, "");
     assert_eq!(s.lifecycle(&lost), Lifecycle::Terminated);
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn a_signal_decided_while_the_client_is_away_is_sent_after_reconciliation() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let id = s.run_command();
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.accept(1, &d, wire::AcceptOutcome::Positive);
+    s.event(1, &d.issue_uuid, 1, running_body());
+    s.note("the connection drops; the operator kills the running command meanwhile");
+    s.e.disconnected(s.now, s.wall, 1);
+    s.drain();
+    let (lifecycle, revision, _) = s.signal(&id, wire::SignalKind::Kill);
+    assert_eq!((lifecycle, revision), (Lifecycle::Running, 2));
+    assert!(
+        !s.log.iter().any(|l| l.contains("<- signal")),
+        "no session to send it on"
+    );
+    s.note("the client comes back still running at revision 1: the kill follows the result");
+    s.hello(2, A);
+    s.reconcile(
+        2,
+        vec![wire::SnapshotRecord {
+            issue_uuid: d.issue_uuid.clone(),
+            request_hash: d.request_hash.clone(),
+            revision: 1,
+            lifecycle: wire::Lifecycle::Running as i32,
+            last_assigned_event_seq: 1,
+            acked_event_seq: 1,
+            script_received_bytes: 0,
+        }],
+        1,
+    );
+    let result_at = s
+        .log
+        .iter()
+        .position(|l| l.contains("reconcile_result"))
+        .unwrap();
+    let signal_at = s.log.iter().position(|l| l.contains("<- signal")).unwrap();
+    assert!(
+        signal_at > result_at,
+        "the signal follows the durable result"
+    );
+    s.note("the client reports the kill's result and the outcome; nothing is sent again");
+    s.killed(2, &d.issue_uuid, 2, 2, "killed");
+    assert_eq!(s.lifecycle(&id), Lifecycle::Terminated);
+    assert!(s.e.store().pending_signals(&id).unwrap().is_empty());
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn a_signal_request_id_is_answered_once_and_replayed_identically() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let id = s.run_command();
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.accept(1, &d, wire::AcceptOutcome::Positive);
+    s.event(1, &d.issue_uuid, 1, running_body());
+    let (_, revision, req) = s.signal(&id, wire::SignalKind::Term);
+    assert_eq!(revision, 2);
+    s.note("the operator retries with the same request_id: the same answer, no new signal");
+    let signals_before = s.log.iter().filter(|l| l.contains("<- signal")).count();
+    let again = s.e.signal_command(s.now, s.wall, &req).unwrap();
+    s.drain();
+    assert_eq!(again.revision, 2);
+    assert_eq!(again.lifecycle, wire::Lifecycle::Running as i32);
+    assert_eq!(
+        s.log.iter().filter(|l| l.contains("<- signal")).count(),
+        signals_before
+    );
+    assert_eq!(s.e.command(&id).unwrap().revision, 2);
+    s.note("the same request_id for another signal is a conflict and changes nothing");
+    let other = wire::SignalCommandRequest {
+        signal: wire::SignalKind::Kill as i32,
+        ..req.clone()
+    };
+    let err = s.e.signal_command(s.now, s.wall, &other).unwrap_err();
+    assert_eq!(err.to_domain().code(), rvbox_domain::error::Code::Conflict);
+    assert_eq!(s.e.command(&id).unwrap().revision, 2);
+    s.log.push(format!(
+        "{:>7} reused request_id -> {}",
+        s.now,
+        err.to_domain().code().as_str()
+    ));
+    s.note("a second signal takes the next revision; both stay pending until the command ends");
+    let (_, revision, _) = s.signal(&id, wire::SignalKind::Kill);
+    assert_eq!(revision, 3);
+    assert_eq!(s.e.store().pending_signals(&id).unwrap().len(), 2);
     insta::assert_snapshot!(s.trace());
 }

@@ -40,6 +40,10 @@ const MUST_HAPPEN: &[&str] = &[
     "engine reconciled",
     "engine requeued",
     "engine expired",
+    "engine signals_sent_again",
+    "operator_signal",
+    "operator_signal_replayed",
+    "second_instance_refused",
     "server_close CLOSE_REASON_PROTOCOL_ERROR",
     "server_close CLOSE_REASON_STALE_SESSION",
 ];

@@ -49,6 +49,7 @@ use rvbox_store::entropy::Entropy;
 use rvbox_store::events::EventOutcome;
 use rvbox_store::incidents::NewIncident;
 use rvbox_store::mutations::OpError;
+use rvbox_store::signals::SignalPlan;
 
 pub use convert::event_append;
 
@@ -119,6 +120,11 @@ pub struct EngineStats {
     pub events_refused: u64,
     /// Decisions refused by the store's compare-and-set (stale view).
     pub stale_decisions: u64,
+    /// `SignalCommand` requests answered (fresh or replayed).
+    pub signals: u64,
+    /// Pending signals queued again after an acceptance or a
+    /// reconciliation.
+    pub signals_sent_again: u64,
 }
 
 #[derive(Debug)]
@@ -707,6 +713,13 @@ impl Engine {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.session.handle(now_ms, Input::ReconcileWritten(result));
         }
+        // plan §6.4: a signal decided while the client was away (or whose
+        // frame was lost with the connection) goes again, after the result
+        for a in outcome.actions() {
+            if matches!(a.action, Action::Keep { .. }) {
+                self.resend_signals(conn, a.issue_uuid.as_bytes());
+            }
+        }
         if let Some(st) = self.clients.get_mut(&client)
             && st.conn == Some(conn)
         {
@@ -794,7 +807,6 @@ impl Engine {
                     // incident and a higher termination revision are durable
                     // before the best-effort TERM is sent
                     self.stats.late_acceptances += 1;
-                    let bumped = self.store.bump_revision(&id, revision);
                     let incident = NewIncident {
                         kind: late.kind,
                         scope_kind: wire::ScopeKind::Command,
@@ -808,30 +820,29 @@ impl Engine {
                         evidence: Vec::new(),
                         data_loss: false,
                     };
-                    let recorded = self.store.record_protocol_incident(&incident, wall_ms);
-                    if let (Ok(new_revision), Ok(_), Some(signal)) =
-                        (bumped, recorded, acc.after_durable.clone())
-                        && let Some(c) = self.conns.get_mut(&conn)
-                    {
-                        let signal = wire::Signal {
-                            revision: new_revision,
-                            ..signal
-                        };
-                        if let Err(e) = c.session.send(Payload::Signal(signal)) {
-                            tracing::warn!(error = %e, "termination signal not queued");
-                        }
+                    if let Err(e) = self.store.terminate_late(&id, revision, &incident, wall_ms) {
+                        tracing::warn!(error = %e, "late-acceptance termination not recorded");
                     }
+                }
+                if r.is_ok() {
+                    // every signal still pending for it, a late TERM
+                    // included: the client ignores revisions it has seen
+                    self.resend_signals(conn, &id);
                 }
                 r
             }
             AcceptDecision::Repeat => {
-                match self
+                let r = match self
                     .store
                     .record_accepted(&id, revision, message.resolved_shell)
                 {
                     Err(OpError::Refused(e)) if e.code() == Code::Conflict => Ok(()),
                     other => other,
+                };
+                if r.is_ok() {
+                    self.resend_signals(conn, &id);
                 }
+                r
             }
             AcceptDecision::Requeue(r) => {
                 self.stats.requeued += 1;
@@ -1112,62 +1123,83 @@ impl Engine {
         Ok(r)
     }
 
-    /// A kill or signal from the control plane (plan §6.4, R-6.4-35..37):
-    /// a never-dispatched command ends `cancelled` on the server; dispatched,
-    /// accepted or running work first takes a higher revision durably, then
-    /// the revisioned `Signal` goes to the client's live, reconciled session,
-    /// and the visible lifecycle stays until the client resolves the race.
-    /// Returns the lifecycle to answer with and the revision assigned.
+    /// `SignalCommand` from the control plane (plan §6.4, R-6.4-35..38),
+    /// idempotent by `request_id`: a never-dispatched command ends
+    /// `cancelled` on the server; dispatched, accepted or running work
+    /// first takes a higher revision and a pending signal durably, then the
+    /// revisioned `Signal` goes to the client's live, reconciled session
+    /// (or after its next reconciliation or acceptance), and the visible
+    /// lifecycle stays until the client resolves the race. A replay
+    /// returns the stored response and sends nothing new.
     ///
     /// # Errors
-    /// `NOT_FOUND`, `FAILED_PRECONDITION` for a terminal command or an
-    /// unspecified signal, `CONFLICT` when the command moved meanwhile, or a
-    /// store failure.
-    pub fn signal(
+    /// `INVALID_ARGUMENT`, `NOT_FOUND`, `FAILED_PRECONDITION` for a terminal
+    /// command, `CONFLICT` for a reused `request_id`, `CAPACITY_EXHAUSTED`
+    /// for too many unresolved signals, or a store failure.
+    pub fn signal_command(
         &mut self,
         now_ms: u64,
         wall_ms: i64,
-        issue: &[u8; 16],
-        kind: wire::SignalKind,
-    ) -> Result<(Lifecycle, u64), OpError> {
-        let v = self.store.command_view(issue)?;
-        let id = Uuid7::from_bytes("issue_uuid", *issue).map_err(DomainError::from)?;
-        let decision =
-            rvbox_dispatch::decide_signal(id, state_of(&v), kind as i32).map_err(|e| {
-                OpError::Refused(DomainError::new(Code::FailedPrecondition, e.to_string()))
-            })?;
-        match &decision {
-            rvbox_dispatch::SignalDecision::CancelQueued { revision, .. } => {
-                self.store.bump_revision(issue, v.revision)?;
-                self.store.finish_by_server(
-                    issue,
-                    &[Lifecycle::Queued],
-                    revision.0,
-                    ServerTerminal::Cancelled,
-                    None,
-                    None,
-                    wall_ms,
-                )?;
-            }
-            rvbox_dispatch::SignalDecision::Deliver { after_durable, .. } => {
-                self.store.bump_revision(issue, v.revision)?;
-                let live = self
-                    .clients
-                    .get(&v.client_id)
-                    .filter(|st| st.ready)
-                    .and_then(|st| st.conn);
-                if let Some(conn) = live {
-                    if let Some(c) = self.conns.get_mut(&conn)
-                        && let Err(e) = c.session.send(Payload::Signal(after_durable.clone()))
-                    {
-                        tracing::warn!(error = %e, "signal not queued");
+        req: &wire::SignalCommandRequest,
+    ) -> Result<wire::SignalCommandResponse, OpError> {
+        let outcome = self.store.signal_command(
+            req,
+            |v| {
+                let id = Uuid7::from_bytes("issue_uuid", v.issue_uuid)?;
+                match rvbox_dispatch::decide_signal(id, state_of(v), req.signal) {
+                    Ok(rvbox_dispatch::SignalDecision::CancelQueued { .. }) => {
+                        Ok(SignalPlan::CancelQueued)
                     }
-                    self.drain(now_ms, wall_ms, conn);
+                    Ok(rvbox_dispatch::SignalDecision::Deliver { .. }) => Ok(SignalPlan::Deliver),
+                    Err(e) => Err(DomainError::new(Code::FailedPrecondition, e.to_string())
+                        .with_field("issue_uuid")),
                 }
+            },
+            wall_ms,
+        )?;
+        self.stats.signals += 1;
+        if let Some(frame) = outcome.deliver {
+            let issue = *Uuid7::parse("issue_uuid", &frame.issue_uuid)
+                .map_err(DomainError::from)?
+                .as_bytes();
+            let client = self.store.command_view(&issue)?.client_id;
+            let live = self
+                .clients
+                .get(&client)
+                .filter(|st| st.ready)
+                .and_then(|st| st.conn);
+            if let Some(conn) = live {
+                if let Some(c) = self.conns.get_mut(&conn)
+                    && let Err(e) = c.session.send(Payload::Signal(frame))
+                {
+                    tracing::warn!(error = %e, "signal not queued; sent after the next reconciliation");
+                }
+                self.drain(now_ms, wall_ms, conn);
             }
         }
-        tracing::info!(kind = kind.as_str_name(), "signal decided");
-        Ok((decision.lifecycle(), decision.revision().0))
+        Ok(outcome.response)
+    }
+
+    /// Queues every signal still pending for `issue` on `conn` (at least
+    /// once; the client ignores a revision it has handled).
+    fn resend_signals(&mut self, conn: ConnId, issue: &[u8; 16]) {
+        let pending = match self.store.pending_signals(issue) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "pending signals not readable");
+                return;
+            }
+        };
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        for frame in pending {
+            self.stats.signals_sent_again += 1;
+            if let Err(e) = c.session.send(Payload::Signal(frame)) {
+                tracing::warn!(error = %e, "pending signal not queued; sent after the next reconciliation");
+                return;
+            }
+        }
     }
 
     /// The server's view of a known command (for callers and tests).

@@ -160,7 +160,11 @@ fn load_view(tx: &rusqlite::Connection, issue: &[u8; 16]) -> Result<CommandView,
 }
 
 /// The compare-and-set every write starts with.
-fn expect(view: &CommandView, lifecycle: &[Lifecycle], revision: u64) -> Result<(), OpError> {
+pub(crate) fn expect(
+    view: &CommandView,
+    lifecycle: &[Lifecycle],
+    revision: u64,
+) -> Result<(), OpError> {
     if !lifecycle.contains(&view.lifecycle) || view.revision != revision {
         return Err(OpError::Refused(DomainError::new(
             Code::Conflict,
@@ -318,7 +322,10 @@ impl Store {
     }
 
     /// Begins a write on one command: scope check, transaction, current view.
-    fn begin_on(&mut self, issue: &[u8; 16]) -> Result<(Transaction<'_>, CommandView), OpError> {
+    pub(crate) fn begin_on(
+        &mut self,
+        issue: &[u8; 16],
+    ) -> Result<(Transaction<'_>, CommandView), OpError> {
         let client = load_view(&self.conn, issue)?.client_id;
         let key = uuid::Uuid::from_bytes(*issue).hyphenated().to_string();
         self.health.check_writable(&[
@@ -670,7 +677,7 @@ impl Store {
 /// The terminal write of a server decision, inside the caller's
 /// transaction: lifecycle and terminal time, rejection reason, closeout
 /// headroom released, replay tombstone.
-fn finish_in(
+pub(crate) fn finish_in(
     tx: &Transaction<'_>,
     issue: &[u8; 16],
     view: &CommandView,

@@ -163,10 +163,16 @@ pub struct Migration {
 }
 
 /// Every migration this binary knows, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: include_str!("migrations/0001_initial.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: include_str!("migrations/0001_initial.sql"),
+    },
+    Migration {
+        version: 2,
+        sql: include_str!("migrations/0002_command_signals.sql"),
+    },
+];
 
 /// SHA-256 of a migration's SQL text.
 #[must_use]
@@ -292,7 +298,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.sqlite3");
         let mut c = open(&path, DbOptions::default()).unwrap();
-        assert_eq!(migrate(&mut c, 1).unwrap(), vec![1]);
+        assert_eq!(migrate(&mut c, 1).unwrap(), vec![1, 2]);
         assert_eq!(migrate(&mut c, 2).unwrap(), Vec::<i64>::new());
         quick_check(&c).unwrap();
         // a tampered record refuses to open
@@ -315,7 +321,7 @@ mod tests {
             migrate(&mut c, 3),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 1
+                known: 2
             })
         ));
     }

@@ -41,3 +41,4 @@ pub mod reader;
 pub mod recovery;
 pub mod retention;
 pub mod sessions;
+pub mod signals;

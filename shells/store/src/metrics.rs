@@ -85,6 +85,9 @@ pub struct StoreMetrics {
     pub live_conflicts: Counter,
     /// Group journal checkpoints.
     pub journal_checkpoints: Counter,
+    /// Signals recorded for delivery (operator signals and late-acceptance
+    /// terminations).
+    pub signals_recorded: Counter,
     /// Commands created (`RunCommand`).
     pub commands_created: Counter,
     /// Commands refused, by code.
@@ -121,6 +124,7 @@ impl Default for StoreMetrics {
             sessions_fenced: Counter::default(),
             live_conflicts: Counter::default(),
             journal_checkpoints: Counter::default(),
+            signals_recorded: Counter::default(),
             commands_created: Counter::default(),
             commands_refused: Family::default(),
             quota_refusals: Family::default(),
@@ -209,6 +213,11 @@ impl StoreMetrics {
             "journal_checkpoints",
             "Group journal checkpoints",
             self.journal_checkpoints.clone(),
+        );
+        r.register(
+            "signals_recorded",
+            "Signals recorded for delivery to a client",
+            self.signals_recorded.clone(),
         );
         r.register(
             "commands_created",
