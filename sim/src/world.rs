@@ -701,6 +701,7 @@ impl World {
                     points::EVENT_AFTER_FSYNC,
                     points::EVENT_AFTER_COMMIT,
                     points::SEGMENT_CREATED,
+                    points::CONTROL_AFTER_COMMIT,
                 ];
                 let point = self
                     .faults
@@ -1001,6 +1002,7 @@ impl World {
             ("engine expired", stats.expired),
             ("engine events_refused", stats.events_refused),
             ("engine signals_sent_again", stats.signals_sent_again),
+            ("engine late_acceptances", stats.late_acceptances),
         ] {
             self.add(k, v);
         }

@@ -359,13 +359,31 @@ impl Script {
     /// The client's answer to a KILL at `revision` on a running command:
     /// the signal result (event `seq`), then `terminated` (event `seq + 1`).
     fn killed(&mut self, conn: u64, issue: &str, seq: u64, revision: u64, reason: &str) {
+        self.ended_by(conn, issue, seq, revision, wire::SignalKind::Kill, reason);
+    }
+
+    /// As [`Self::killed`], for a KILL or TERM.
+    fn ended_by(
+        &mut self,
+        conn: u64,
+        issue: &str,
+        seq: u64,
+        revision: u64,
+        kind: wire::SignalKind,
+        reason: &str,
+    ) {
+        let (number, name) = if kind == wire::SignalKind::Term {
+            (15, "SIGTERM")
+        } else {
+            (9, "SIGKILL")
+        };
         self.event(
             conn,
             issue,
             seq,
             wire::command_event::Body::SignalResult(wire::SignalResult {
                 revision,
-                signal: wire::SignalKind::Kill as i32,
+                signal: kind as i32,
                 outcome: wire::SignalOutcome::Delivered as i32,
                 ..Default::default()
             }),
@@ -379,8 +397,8 @@ impl Script {
                 revision,
                 exit_result: Some(wire::ExitResult {
                     lifecycle: wire::Lifecycle::Terminated as i32,
-                    signal_number: Some(9),
-                    signal_name: "SIGKILL".into(),
+                    signal_number: Some(number),
+                    signal_name: name.into(),
                     ..Default::default()
                 }),
                 reason: reason.into(),
@@ -849,5 +867,87 @@ fn a_signal_request_id_is_answered_once_and_replayed_identically() {
     let (_, revision, _) = s.signal(&id, wire::SignalKind::Kill);
     assert_eq!(revision, 3);
     assert_eq!(s.e.store().pending_signals(&id).unwrap().len(), 2);
+    insta::assert_snapshot!(s.trace());
+}
+
+#[test]
+fn a_late_acceptance_is_kept_recorded_and_terminated_and_the_term_survives_a_reconnect() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let id = s.ids.uuid_v7(u64::try_from(s.wall).unwrap());
+    let req = wire::RunCommandRequest {
+        request_id: rvbox_sim::rng::uuid_text(&id),
+        client_id: "web-1".into(),
+        spec: Some(wire::ExecutionSpec {
+            source: Some(wire::execution_spec::Source::CommandText(
+                "make deploy".into(),
+            )),
+            ..Default::default()
+        }),
+        script: Vec::new(),
+        queue_ttl: Some(prost_types::Duration {
+            seconds: 10,
+            nanos: 0,
+        }),
+    };
+    s.e.run_command(&req, s.wall).unwrap();
+    s.note("a 10 s queue TTL; dispatched, and the acceptance is slow");
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.idle(1, 12_000);
+    let v = s.e.command(&id).unwrap();
+    assert_eq!(
+        v.lifecycle,
+        Lifecycle::Dispatched,
+        "no false terminal state"
+    );
+    assert!(
+        v.expired_pending,
+        "the late-pending-reconciliation indicator"
+    );
+    s.note("the client accepts after the TTL: accepted, an incident, a higher revision, then TERM");
+    s.accept(1, &d, wire::AcceptOutcome::Positive);
+    let v = s.e.command(&id).unwrap();
+    assert_eq!((v.lifecycle, v.revision), (Lifecycle::Accepted, 2));
+    let incidents = s.e.store().list_incidents(None, None, 10).unwrap();
+    assert_eq!(incidents.len(), 1);
+    assert_eq!(incidents[0].kind, wire::IncidentKind::LateAfterExpiry);
+    assert!(s.log.last().unwrap().contains("signal"));
+    s.note("the connection drops before the client saw the TERM; it is sent again after reconciliation");
+    s.e.disconnected(s.now, s.wall, 1);
+    s.drain();
+    s.hello(2, A);
+    s.reconcile(
+        2,
+        vec![wire::SnapshotRecord {
+            issue_uuid: d.issue_uuid.clone(),
+            request_hash: d.request_hash.clone(),
+            revision: 1,
+            lifecycle: wire::Lifecycle::Running as i32,
+            last_assigned_event_seq: 0,
+            acked_event_seq: 0,
+            script_received_bytes: 0,
+        }],
+        1,
+    );
+    assert!(
+        s.log
+            .iter()
+            .rev()
+            .take_while(|l| !l.contains("reconcile_result"))
+            .any(|l| l.contains("signal") && l.contains("TERM revision=2"))
+    );
+    s.note("every event after the late acceptance is kept; the outcome follows the client");
+    s.event(2, &d.issue_uuid, 1, running_body());
+    s.ended_by(
+        2,
+        &d.issue_uuid,
+        2,
+        2,
+        wire::SignalKind::Term,
+        "terminated after a late acceptance",
+    );
+    assert_eq!(s.lifecycle(&id), Lifecycle::Terminated);
     insta::assert_snapshot!(s.trace());
 }

@@ -30,6 +30,7 @@ const MUST_HAPPEN: &[&str] = &[
     "crash_point store.event.after_fsync",
     "crash_point store.event.after_commit",
     "crash_point store.segment.after_create",
+    "crash_point store.control.after_commit",
     "net delayed",
     "net stalled",
     "net reordered",

@@ -795,35 +795,37 @@ impl Engine {
         let result = match &decision {
             AcceptDecision::Accept(acc) => {
                 self.stats.accepted += 1;
-                let r = match self
-                    .store
-                    .record_accepted(&id, revision, message.resolved_shell)
-                {
+                let written = match &acc.incident {
+                    // plan §6.4: a late acceptance after the TTL passed: the
+                    // acceptance, the incident and a higher termination
+                    // revision are durable together before the TERM is sent
+                    Some(late) => {
+                        self.stats.late_acceptances += 1;
+                        let incident = NewIncident {
+                            kind: late.kind,
+                            scope_kind: wire::ScopeKind::Command,
+                            scope_key: issue.to_string(),
+                            client_id: Some(client.clone()),
+                            issue_uuid: Some(id),
+                            summary: format!(
+                                "accepted after its queue expiry ({} ms) while dispatched; terminated",
+                                late.queue_expiry_ms
+                            ),
+                            evidence: Vec::new(),
+                            data_loss: false,
+                        };
+                        self.store
+                            .accept_late(&id, revision, message.resolved_shell, &incident, wall_ms)
+                            .map(|_| ())
+                    }
+                    None => self
+                        .store
+                        .record_accepted(&id, revision, message.resolved_shell),
+                };
+                let r = match written {
                     Err(OpError::Refused(e)) if e.code() == Code::Conflict => Ok(()),
                     other => other,
                 };
-                if let (Ok(()), Some(late)) = (&r, &acc.incident) {
-                    // plan §6.4: a late acceptance after the TTL passed: the
-                    // incident and a higher termination revision are durable
-                    // before the best-effort TERM is sent
-                    self.stats.late_acceptances += 1;
-                    let incident = NewIncident {
-                        kind: late.kind,
-                        scope_kind: wire::ScopeKind::Command,
-                        scope_key: issue.to_string(),
-                        client_id: Some(client.clone()),
-                        issue_uuid: Some(id),
-                        summary: format!(
-                            "accepted after its queue expiry ({} ms) while dispatched; terminated",
-                            late.queue_expiry_ms
-                        ),
-                        evidence: Vec::new(),
-                        data_loss: false,
-                    };
-                    if let Err(e) = self.store.terminate_late(&id, revision, &incident, wall_ms) {
-                        tracing::warn!(error = %e, "late-acceptance termination not recorded");
-                    }
-                }
                 if r.is_ok() {
                     // every signal still pending for it, a late TERM
                     // included: the client ignores revisions it has seen

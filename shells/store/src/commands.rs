@@ -352,6 +352,7 @@ impl Store {
         set_lifecycle(&tx, issue, Lifecycle::Dispatched)?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit dispatch", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
         self.metrics.command_transition("dispatched");
         tracing::debug!(revision, "command dispatched");
         Ok(())
@@ -370,6 +371,7 @@ impl Store {
         clear_expired_pending(&tx, issue)?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit requeue", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
         self.metrics.command_transition("requeued");
         tracing::info!(revision, "command returned to the queue");
         Ok(())
@@ -387,15 +389,10 @@ impl Store {
         resolved_shell: i32,
     ) -> Result<(), OpError> {
         let (tx, view) = self.begin_on(issue)?;
-        expect(&view, &[Lifecycle::Dispatched], revision)?;
-        set_lifecycle(&tx, issue, Lifecycle::Accepted)?;
-        tx.execute(
-            "UPDATE commands SET resolved_shell = ?2 WHERE issue_uuid = ?1",
-            params![issue.as_slice(), resolved_shell],
-        )
-        .map_err(|e| StoreError::sqlite("record resolved shell", e))?;
+        accept_in(&tx, &view, revision, resolved_shell)?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit acceptance", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
         self.metrics.command_transition("accepted");
         tracing::info!(revision, "command accepted by its client");
         Ok(())
@@ -427,6 +424,7 @@ impl Store {
         set_lifecycle(&tx, issue, to)?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit transition", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
         self.metrics.command_transition(to.as_str());
         Ok(())
     }
@@ -447,6 +445,7 @@ impl Store {
         .map_err(|e| StoreError::sqlite("mark expired pending", e))?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit expired pending", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
         self.metrics.command_transition("expired_pending");
         tracing::warn!(
             revision,
@@ -481,6 +480,7 @@ impl Store {
         .map_err(|e| StoreError::sqlite("bump revision", e))?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit revision", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
         Ok(next)
     }
 
@@ -524,6 +524,7 @@ impl Store {
         }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit server terminal", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
         if let Some(new) = incident {
             self.metrics
                 .incidents
@@ -640,6 +641,7 @@ impl Store {
         }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit reconciliation", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
         if opened > 0 {
             self.health.refresh(&self.conn)?;
         }
@@ -672,6 +674,24 @@ impl Store {
     ) -> Result<[u8; 16], StoreError> {
         self.record_incident(incident, now_ms, false)
     }
+}
+
+/// dispatched -> accepted at `revision` with the client's resolved shell,
+/// inside the caller's transaction.
+pub(crate) fn accept_in(
+    tx: &Transaction<'_>,
+    view: &CommandView,
+    revision: u64,
+    resolved_shell: i32,
+) -> Result<(), OpError> {
+    expect(view, &[Lifecycle::Dispatched], revision)?;
+    set_lifecycle(tx, &view.issue_uuid, Lifecycle::Accepted)?;
+    tx.execute(
+        "UPDATE commands SET resolved_shell = ?2 WHERE issue_uuid = ?1",
+        params![view.issue_uuid.as_slice(), resolved_shell],
+    )
+    .map_err(|e| StoreError::sqlite("record resolved shell", e))?;
+    Ok(())
 }
 
 /// The terminal write of a server decision, inside the caller's

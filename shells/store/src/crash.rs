@@ -18,6 +18,10 @@ pub mod points {
     pub const EVENT_AFTER_COMMIT: &str = "store.event.after_commit";
     /// A new segment file exists; its directory is not yet synced.
     pub const SEGMENT_CREATED: &str = "store.segment.after_create";
+    /// A command, session, reconciliation or control-mutation transaction
+    /// committed; the caller has not acted on it yet (no frame sent, no
+    /// response returned, no follow-up write).
+    pub const CONTROL_AFTER_COMMIT: &str = "store.control.after_commit";
     /// A large script's blob segment is durable; the command is not committed.
     pub const BLOB_AFTER_SYNC: &str = "store.blob.after_sync";
     /// Every point of the event append path, for tests that iterate them.

@@ -299,6 +299,7 @@ impl Store {
         .map_err(|e| StoreError::sqlite("install session", e))?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit registration", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
         self.metrics.sessions_registered.inc();
         if reg.fence.is_some() {
             self.metrics.sessions_fenced.inc();
@@ -373,6 +374,7 @@ impl Store {
         }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit session close", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
         if ended {
             tracing::info!(fenced, reason, "session closed");
         }
@@ -445,6 +447,7 @@ impl Store {
             )?;
             tx.commit()
                 .map_err(|e| StoreError::sqlite("commit takeover refusal", e))?;
+            self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
             return Err(OpError::Refused(refusal));
         }
         tx.execute(
@@ -485,6 +488,7 @@ impl Store {
         )?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit takeover grant", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
         tracing::info!(client_id, "takeover grant stored");
         Ok(grant)
     }

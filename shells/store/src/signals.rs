@@ -224,6 +224,7 @@ impl Store {
         )?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit signal", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
         if lifecycle == Lifecycle::Cancelled {
             self.metrics.command_transition(lifecycle.as_str());
         } else {
@@ -242,28 +243,33 @@ impl Store {
         })
     }
 
-    /// A late acceptance (plan §6.4, R-6.4-11): the late-after-expiry
-    /// incident, a higher termination revision and the pending TERM, all in
-    /// one transaction, from `revision`. Returns the Signal to send.
+    /// A late acceptance (plan §6.4, R-6.4-11): dispatched -> accepted at
+    /// `revision`, the late-after-expiry incident, the next (termination)
+    /// revision and the pending TERM, all in one transaction, so a crash
+    /// never leaves late work accepted without its termination. Returns
+    /// the Signal to send.
     ///
     /// # Errors
-    /// `CONFLICT` when the command is not accepted or running at
-    /// `revision`, `NOT_FOUND`, `UNAVAILABLE`, or a store failure.
-    pub fn terminate_late(
+    /// `CONFLICT` when the command is not dispatched at `revision`,
+    /// `NOT_FOUND`, `UNAVAILABLE`, or a store failure.
+    pub fn accept_late(
         &mut self,
         issue: &[u8; 16],
         revision: u64,
+        resolved_shell: i32,
         incident: &NewIncident,
         now_ms: i64,
     ) -> Result<wire::Signal, OpError> {
         let id = crate::entropy::uuid_v7(self.entropy.as_ref(), now_ms)
             .map_err(|e| StoreError::io("mint incident id", "", e))?;
         let (tx, view) = self.begin_on(issue)?;
-        crate::commands::expect(&view, &[Lifecycle::Accepted, Lifecycle::Running], revision)?;
+        crate::commands::accept_in(&tx, &view, revision, resolved_shell)?;
         let next = raise_revision(&tx, &view, Some(wire::SignalKind::Term), now_ms)?;
         crate::incidents::insert(&tx, id, incident, now_ms)?;
         tx.commit()
-            .map_err(|e| StoreError::sqlite("commit late termination", e))?;
+            .map_err(|e| StoreError::sqlite("commit late acceptance", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.metrics.command_transition("accepted");
         self.metrics
             .incidents
             .get_or_create(&crate::metrics::KindLabel {
@@ -272,7 +278,10 @@ impl Store {
             .inc();
         self.metrics.signals_recorded.inc();
         self.health.refresh(&self.conn)?;
-        tracing::warn!(revision = next, "late acceptance: termination recorded");
+        tracing::warn!(
+            revision = next,
+            "late acceptance: accepted and termination recorded"
+        );
         Ok(wire::Signal {
             issue_uuid: uuid_text(issue),
             revision: next,

@@ -202,10 +202,13 @@ fn pending_signals_are_bounded_and_end_with_the_command() {
 }
 
 #[test]
-fn a_late_acceptance_commits_incident_revision_and_term_together() {
+fn a_late_acceptance_commits_acceptance_incident_revision_and_term_together() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = open(dir.path());
-    let id = accepted(&mut s);
+    let id = new_id();
+    s.run_command(&run_request(&id, "web-1", "sleep 60"), NOW)
+        .unwrap();
+    s.mark_dispatched(&id, 1).unwrap();
     let incident = NewIncident {
         kind: wire::IncidentKind::LateAfterExpiry,
         scope_kind: wire::ScopeKind::Command,
@@ -216,18 +219,24 @@ fn a_late_acceptance_commits_incident_revision_and_term_together() {
         evidence: Vec::new(),
         data_loss: false,
     };
+    let shell = wire::ShellType::Sh as i32;
     // a stale view changes nothing
     assert_eq!(
-        code(s.terminate_late(&id, 7, &incident, NOW).unwrap_err()),
+        code(s.accept_late(&id, 7, shell, &incident, NOW).unwrap_err()),
         Code::Conflict
     );
-    assert!(s.pending_signals(&id).unwrap().is_empty());
-    let term = s.terminate_late(&id, 1, &incident, NOW).unwrap();
+    assert_eq!(
+        s.command_view(&id).unwrap().lifecycle,
+        Lifecycle::Dispatched
+    );
+    assert!(s.list_incidents(None, None, 10).unwrap().is_empty());
+    let term = s.accept_late(&id, 1, shell, &incident, NOW).unwrap();
     assert_eq!(
         (term.revision, term.signal),
         (2, wire::SignalKind::Term as i32)
     );
-    assert_eq!(s.command_view(&id).unwrap().revision, 2);
+    let v = s.command_view(&id).unwrap();
+    assert_eq!((v.lifecycle, v.revision), (Lifecycle::Accepted, 2));
     assert_eq!(s.pending_signals(&id).unwrap(), vec![term]);
     let incidents = s.list_incidents(None, None, 10).unwrap();
     assert_eq!(incidents.len(), 1);
