@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use prost::Message as _;
+use rvbox_domain::error::Code;
 use rvbox_domain::ids::Uuid7;
 use rvbox_engine::{Engine, Output};
 use rvbox_proto::v1 as wire;
@@ -20,6 +21,7 @@ use rvbox_session::{ServerIdentity, SessionConfig};
 use rvbox_store::crash::{CrashHook, points};
 use rvbox_store::fs::{CrashMode, FaultyFs, StoreFs};
 use rvbox_store::layout::Layout;
+use rvbox_store::mutations::OpError;
 use rvbox_store::{Store, StoreOptions};
 
 use crate::client::{Adversary, ClientConfig, ClientEffect, ClientInput, SimClient};
@@ -171,6 +173,8 @@ pub struct World {
     created_ids: Vec<[u8; 16]>,
     /// Answered `SignalCommand` requests, for replays.
     signals: Vec<(wire::SignalCommandRequest, wire::SignalCommandResponse)>,
+    /// `SignalCommand` requests whose answer a server crash swallowed.
+    unanswered: Vec<wire::SignalCommandRequest>,
     /// Second instances sent so far (their connections are numbered from
     /// [`TWIN_CONN_BASE`]).
     twins: u64,
@@ -340,6 +344,7 @@ impl World {
             created: 0,
             created_ids: Vec::new(),
             signals: Vec::new(),
+            unanswered: Vec::new(),
             twins: 0,
             twin_outputs: Vec::new(),
             next_workload_at: 0,
@@ -611,19 +616,40 @@ impl World {
     /// stage; now and then an earlier request is replayed, which must be
     /// answered exactly as the first time (across crashes too).
     fn operator_signal(&mut self) {
+        // a request whose answer a server crash swallowed is sent again,
+        // as an operator's retry would: the stored answer, or the first
+        if let Some(req) = self.unanswered.pop() {
+            let mut again = None;
+            self.with_engine(|e, now, wall| again = Some(e.signal_command(now, wall, &req)));
+            match again {
+                None => self.unanswered.push(req),
+                Some(Ok(resp)) => {
+                    self.count("operator_signal_retried");
+                    if self.signals.len() < MAX_KEPT_SIGNALS {
+                        self.signals.push((req, resp));
+                    }
+                }
+                Some(Err(e)) => self.check_replay_refusal(&req, &e),
+            }
+            return;
+        }
         if self.workload.chance(250)
             && let Some((req, first)) = self.workload.pick(&self.signals).cloned()
         {
             let mut again = None;
             self.with_engine(|e, now, wall| again = Some(e.signal_command(now, wall, &req)));
-            if let Some(Ok(resp)) = again {
-                self.count("operator_signal_replayed");
-                if resp != first {
-                    self.failure = Some(format!(
-                        "SignalCommand {} replayed as {resp:?}, first answered {first:?}",
-                        req.request_id
-                    ));
+            match again {
+                Some(Ok(resp)) => {
+                    self.count("operator_signal_replayed");
+                    if resp != first {
+                        self.failure = Some(format!(
+                            "SignalCommand {} replayed as {resp:?}, first answered {first:?}",
+                            req.request_id
+                        ));
+                    }
                 }
+                Some(Err(e)) => self.check_replay_refusal(&req, &e),
+                None => {}
             }
             return;
         }
@@ -686,7 +712,35 @@ impl World {
                 self.count("operator_signal_refused");
                 self.log(format!("signal {} refused: {e}", req.issue_uuid));
             }
-            None => {}
+            None => {
+                if self.unanswered.len() < MAX_KEPT_SIGNALS {
+                    self.unanswered.push(req);
+                }
+            }
+        }
+    }
+
+    /// A repeated `SignalCommand` may only fail transiently (the store is
+    /// unavailable), because its command is gone, or because the first
+    /// attempt never committed and the command has ended since; never
+    /// with a conflict or anything else.
+    fn check_replay_refusal(&mut self, req: &wire::SignalCommandRequest, e: &OpError) {
+        let code = e.to_domain().code();
+        let acceptable = matches!(
+            code,
+            Code::Unavailable | Code::NotFound | Code::FailedPrecondition
+        );
+        self.log(format!(
+            "signal {} again refused: {}",
+            req.request_id,
+            code.as_str()
+        ));
+        if !acceptable {
+            self.failure = Some(format!(
+                "SignalCommand {} sent again was refused with {}: {e}",
+                req.request_id,
+                code.as_str()
+            ));
         }
     }
 

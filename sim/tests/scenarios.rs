@@ -951,3 +951,56 @@ fn a_late_acceptance_is_kept_recorded_and_terminated_and_the_term_survives_a_rec
     assert_eq!(s.lifecycle(&id), Lifecycle::Terminated);
     insta::assert_snapshot!(s.trace());
 }
+
+#[test]
+fn a_signal_on_dispatched_work_is_resolved_by_the_acceptance_or_cancels_work_never_held() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let held = s.run_command();
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.note("TERM while dispatched: the next revision, the frame follows the dispatch");
+    let (lifecycle, revision, _) = s.signal(&held, wire::SignalKind::Term);
+    assert_eq!((lifecycle, revision), (Lifecycle::Dispatched, 2));
+    s.note("the acceptance answers the dispatch (revision 1) and is recorded at revision 2");
+    s.accept(1, &d, wire::AcceptOutcome::Positive);
+    let v = s.e.command(&held).unwrap();
+    assert_eq!((v.lifecycle, v.revision), (Lifecycle::Accepted, 2));
+    s.note("it had not launched when the TERM arrived: the client answers cancelled at revision 2");
+    s.event(
+        1,
+        &d.issue_uuid,
+        1,
+        wire::command_event::Body::Lifecycle(wire::LifecycleChange {
+            lifecycle: wire::Lifecycle::Cancelled as i32,
+            revision: 2,
+            exit_result: Some(wire::ExitResult {
+                lifecycle: wire::Lifecycle::Cancelled as i32,
+                ..Default::default()
+            }),
+            reason: "cancelled before launch".into(),
+        }),
+    );
+    assert_eq!(s.lifecycle(&held), Lifecycle::Cancelled);
+
+    s.note("KILL while dispatched, then the connection drops before any answer");
+    s.capacity(1, 0);
+    let never = s.run_command();
+    s.advance(1);
+    s.signal(&never, wire::SignalKind::Kill);
+    s.e.disconnected(s.now, s.wall, 1);
+    s.drain();
+    s.note("the client comes back without it: launch was never authorized, so cancelled");
+    s.hello(2, A);
+    s.reconcile(2, vec![], 0);
+    assert_eq!(s.lifecycle(&never), Lifecycle::Cancelled);
+    s.advance(1_000);
+    let redispatched = s
+        .dispatched
+        .iter()
+        .filter(|x| x.issue_uuid == rvbox_sim::rng::uuid_text(&never))
+        .count();
+    assert_eq!(redispatched, 1, "never dispatched again");
+    insta::assert_snapshot!(s.trace());
+}

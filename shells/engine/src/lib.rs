@@ -791,7 +791,12 @@ impl Engine {
             }
         };
         let id = *issue.as_bytes();
-        let revision = dispatched.state.revision().0;
+        // a signal decided while the command was in flight raised the
+        // stored revision; the acceptance answers the dispatch either way
+        let revision = match self.store.command_view(&id) {
+            Ok(v) if v.lifecycle == Lifecycle::Dispatched => v.revision,
+            _ => dispatched.state.revision().0,
+        };
         let result = match &decision {
             AcceptDecision::Accept(acc) => {
                 self.stats.accepted += 1;
@@ -856,21 +861,25 @@ impl Engine {
                             .map_or(r.not_before_wall_ms, |w| w.min(r.not_before_wall_ms)),
                     );
                 }
-                self.store.requeue(&id, revision)
+                self.store.requeue(&id, revision, wall_ms).map(|_| ())
             }
             AcceptDecision::Expire(_) => {
                 self.stats.expired += 1;
-                self.store.requeue(&id, revision).and_then(|()| {
-                    self.store.finish_by_server(
-                        &id,
-                        &[Lifecycle::Queued],
-                        revision,
-                        ServerTerminal::Expired,
-                        None,
-                        None,
-                        wall_ms,
-                    )
-                })
+                self.store
+                    .requeue(&id, revision, wall_ms)
+                    .and_then(|to| match to {
+                        Lifecycle::Queued => self.store.finish_by_server(
+                            &id,
+                            &[Lifecycle::Queued],
+                            revision,
+                            ServerTerminal::Expired,
+                            None,
+                            None,
+                            wall_ms,
+                        ),
+                        // signalled meanwhile: it ended cancelled instead
+                        _ => Ok(()),
+                    })
             }
             AcceptDecision::Reject(r) => {
                 self.stats.rejected += 1;
@@ -1161,13 +1170,9 @@ impl Engine {
         )?;
         self.stats.signals += 1;
         if let Some(frame) = outcome.deliver {
-            let issue = *Uuid7::parse("issue_uuid", &frame.issue_uuid)
-                .map_err(DomainError::from)?
-                .as_bytes();
-            let client = self.store.command_view(&issue)?.client_id;
             let live = self
                 .clients
-                .get(&client)
+                .get(&outcome.client_id)
                 .filter(|st| st.ready)
                 .and_then(|st| st.conn);
             if let Some(conn) = live {

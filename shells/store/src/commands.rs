@@ -364,17 +364,33 @@ impl Store {
     ///
     /// # Errors
     /// As [`Store::mark_dispatched`].
-    pub fn requeue(&mut self, issue: &[u8; 16], revision: u64) -> Result<(), OpError> {
+    pub fn requeue(
+        &mut self,
+        issue: &[u8; 16],
+        revision: u64,
+        now_ms: i64,
+    ) -> Result<Lifecycle, OpError> {
+        let cap = self.opts.tombstone_cap;
         let (tx, view) = self.begin_on(issue)?;
-        expect(&view, &[Lifecycle::Dispatched], revision)?;
-        set_lifecycle(&tx, issue, Lifecycle::Queued)?;
-        clear_expired_pending(&tx, issue)?;
+        let to = requeue_in(&tx, &view, revision, now_ms, cap)?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit requeue", e))?;
         self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
-        self.metrics.command_transition("requeued");
-        tracing::info!(revision, "command returned to the queue");
-        Ok(())
+        self.note_requeue(to, revision);
+        Ok(to)
+    }
+
+    fn note_requeue(&self, to: Lifecycle, revision: u64) {
+        if to == Lifecycle::Queued {
+            self.metrics.command_transition("requeued");
+            tracing::info!(revision, "command returned to the queue");
+        } else {
+            self.metrics.command_transition(to.as_str());
+            tracing::info!(
+                revision,
+                "command never held by its client and signalled: cancelled instead of requeued"
+            );
+        }
     }
 
     /// dispatched -> accepted: a positive `CommandAccepted` at the
@@ -566,6 +582,7 @@ impl Store {
             );
         }
         let cap = self.opts.tombstone_cap;
+        let mut requeued = Vec::new();
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -574,9 +591,7 @@ impl Store {
             match *w {
                 ReconcileWrite::Requeue { issue, revision } => {
                     let view = load_view(&tx, &issue)?;
-                    expect(&view, &[Lifecycle::Dispatched], revision)?;
-                    set_lifecycle(&tx, &issue, Lifecycle::Queued)?;
-                    clear_expired_pending(&tx, &issue)?;
+                    requeued.push((requeue_in(&tx, &view, revision, now_ms, cap)?, revision));
                 }
                 ReconcileWrite::Advance {
                     issue,
@@ -646,11 +661,14 @@ impl Store {
             self.health.refresh(&self.conn)?;
         }
         for w in writes {
-            self.metrics.command_transition(match w {
-                ReconcileWrite::Requeue { .. } => "requeued",
-                ReconcileWrite::Advance { to, .. } => to.as_str(),
-                ReconcileWrite::Interrupt { .. } => "interrupted",
-            });
+            match w {
+                ReconcileWrite::Requeue { .. } => {}
+                ReconcileWrite::Advance { to, .. } => self.metrics.command_transition(to.as_str()),
+                ReconcileWrite::Interrupt { .. } => self.metrics.command_transition("interrupted"),
+            }
+        }
+        for (to, revision) in requeued {
+            self.note_requeue(to, revision);
         }
         tracing::info!(
             client_id,
@@ -674,6 +692,35 @@ impl Store {
     ) -> Result<[u8; 16], StoreError> {
         self.record_incident(incident, now_ms, false)
     }
+}
+
+/// dispatched -> queued at `revision`, inside the caller's transaction:
+/// the client certainly does not hold the command. If a signal is pending
+/// for it, launch was never authorized and the command ends `cancelled`
+/// instead (plan §6.4, R-6.4-37). Returns the lifecycle it moved to.
+pub(crate) fn requeue_in(
+    tx: &Transaction<'_>,
+    view: &CommandView,
+    revision: u64,
+    now_ms: i64,
+    cap: u64,
+) -> Result<Lifecycle, OpError> {
+    expect(view, &[Lifecycle::Dispatched], revision)?;
+    clear_expired_pending(tx, &view.issue_uuid)?;
+    if crate::signals::has_pending(tx, &view.issue_uuid)? {
+        finish_in(
+            tx,
+            &view.issue_uuid,
+            view,
+            Lifecycle::Cancelled,
+            None,
+            now_ms,
+            cap,
+        )?;
+        return Ok(Lifecycle::Cancelled);
+    }
+    set_lifecycle(tx, &view.issue_uuid, Lifecycle::Queued)?;
+    Ok(Lifecycle::Queued)
 }
 
 /// dispatched -> accepted at `revision` with the client's resolved shell,

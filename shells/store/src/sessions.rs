@@ -339,6 +339,7 @@ impl Store {
                 params![client_id, instance_id.as_slice(), now_ms],
             )
             .map_err(|e| StoreError::sqlite("record pending claim", e))?;
+        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
         self.metrics.live_conflicts.inc();
         tracing::warn!(
             client_id,

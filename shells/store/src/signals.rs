@@ -27,9 +27,9 @@ use crate::incidents::NewIncident;
 use crate::mutations::{self, Assigned, OpError, Owner, Stored};
 use crate::store::{Store, to_i64, to_u64};
 
-/// Most undelivered signals one command keeps; one more is refused with
-/// `CAPACITY_EXHAUSTED` until the command ends.
-pub const MAX_PENDING_SIGNALS: u64 = 16;
+/// Most pending signals one command holds: one per signal kind (a newer
+/// signal of a kind replaces the older, as pending POSIX signals coalesce).
+pub const MAX_PENDING_SIGNALS: u64 = 6;
 
 /// What the dispatch core decided for a signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,21 +50,24 @@ pub struct SignalOutcome {
     pub deliver: Option<wire::Signal>,
     /// True when this was a replay of an earlier request.
     pub replayed: bool,
+    /// The command's client (where `deliver` goes).
+    pub client_id: String,
 }
 
 fn uuid_text(b: &[u8; 16]) -> String {
     uuid::Uuid::from_bytes(*b).hyphenated().to_string()
 }
 
-fn pending_count(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<u64, StoreError> {
-    let n: i64 = tx
-        .query_row(
-            "SELECT COUNT(*) FROM command_signals WHERE issue_uuid = ?1",
-            params![issue.as_slice()],
-            |r| r.get(0),
-        )
-        .map_err(|e| StoreError::sqlite("count pending signals", e))?;
-    Ok(to_u64(n))
+/// True when the command holds a pending signal: work that goes back to
+/// the queue with one is cancelled instead (launch was never authorized,
+/// plan §6.4 R-6.4-37).
+pub(crate) fn has_pending(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError> {
+    tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM command_signals WHERE issue_uuid = ?1)",
+        params![issue.as_slice()],
+        |r| r.get(0),
+    )
+    .map_err(|e| StoreError::sqlite("look up pending signals", e))
 }
 
 /// Raises the revision from `view.revision` by one and, for a delivered
@@ -85,24 +88,15 @@ fn raise_revision(
     )
     .map_err(|e| StoreError::sqlite("raise revision", e))?;
     if let Some(kind) = signal {
-        if pending_count(tx, &view.issue_uuid)? >= MAX_PENDING_SIGNALS {
-            return Err(OpError::Refused(
-                DomainError::new(
-                    Code::CapacityExhausted,
-                    format!(
-                        "the command already has {MAX_PENDING_SIGNALS} signals the client has not resolved; wait for it to end"
-                    ),
-                )
-                .with_field("issue_uuid"),
-            ));
-        }
         tx.execute(
-            "INSERT INTO command_signals (issue_uuid, revision, signal, created_ms)
-             VALUES (?1, ?2, ?3, ?4)",
+            "INSERT INTO command_signals (issue_uuid, signal, revision, created_ms)
+             VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (issue_uuid, signal) DO UPDATE
+                 SET revision = excluded.revision, created_ms = excluded.created_ms",
             params![
                 view.issue_uuid.as_slice(),
-                to_i64(next),
                 kind as i32,
+                to_i64(next),
                 now_ms
             ],
         )
@@ -120,8 +114,7 @@ impl Store {
     /// `INVALID_ARGUMENT` for a malformed id or signal, `NOT_FOUND`,
     /// `CONFLICT` for a `request_id` used for another request, the
     /// decision's refusal (e.g. `FAILED_PRECONDITION` for a terminal
-    /// command), `CAPACITY_EXHAUSTED` past [`MAX_PENDING_SIGNALS`],
-    /// `UNAVAILABLE`, or a store failure.
+    /// command), `UNAVAILABLE`, or a store failure.
     pub fn signal_command(
         &mut self,
         req: &wire::SignalCommandRequest,
@@ -161,6 +154,7 @@ impl Store {
                         response,
                         deliver: None,
                         replayed: true,
+                        client_id: view.client_id,
                     })
                 }
                 Err(detail) => Err(OpError::Refused(crate::incidents::detail_to_error(&detail))),
@@ -240,6 +234,7 @@ impl Store {
             response,
             deliver,
             replayed: false,
+            client_id: view.client_id,
         })
     }
 

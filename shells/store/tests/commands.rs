@@ -61,14 +61,14 @@ fn dispatch_order_and_compare_and_set_transitions() {
         code(s.record_accepted(&b, 2, 0).unwrap_err()),
         Code::Conflict
     );
-    s.requeue(&b, 1).unwrap();
+    assert_eq!(s.requeue(&b, 1, NOW).unwrap(), Lifecycle::Queued);
     assert_eq!(lifecycle(&s, &b), Lifecycle::Queued);
     s.mark_dispatched(&b, 1).unwrap();
     s.record_accepted(&b, 1, wire::ShellType::Sh as i32)
         .unwrap();
     assert_eq!(lifecycle(&s, &b), Lifecycle::Accepted);
     assert_eq!(
-        code(s.requeue(&b, 1).unwrap_err()),
+        code(s.requeue(&b, 1, NOW).unwrap_err()),
         Code::Conflict,
         "accepted work never returns to the queue"
     );

@@ -163,35 +163,41 @@ fn malformed_requests_name_the_field() {
 }
 
 #[test]
-fn pending_signals_are_bounded_and_end_with_the_command() {
+fn pending_signals_coalesce_by_kind_and_end_with_the_command() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = open(dir.path());
     let id = accepted(&mut s);
-    for i in 0..MAX_PENDING_SIGNALS {
+    // many signals of one kind keep one row, at the newest revision
+    for i in 0..40u64 {
         let r = s
             .signal_command(&request(&id, wire::SignalKind::Hup), plan, NOW + 1)
             .unwrap();
         assert_eq!(r.response.revision, i + 2);
     }
-    let over = s
+    // a kill is never refused, however many signals came before
+    let kill = s
         .signal_command(&request(&id, wire::SignalKind::Kill), plan, NOW + 2)
-        .unwrap_err();
-    assert_eq!(code(over), Code::CapacityExhausted);
-    assert_eq!(
-        s.command_view(&id).unwrap().revision,
-        MAX_PENDING_SIGNALS + 1,
-        "the refused signal raised nothing"
-    );
+        .unwrap();
+    assert_eq!(kill.response.revision, 42);
     let pending = s.pending_signals(&id).unwrap();
-    assert_eq!(pending.len(), usize::try_from(MAX_PENDING_SIGNALS).unwrap());
-    assert!(pending.windows(2).all(|w| w[0].revision < w[1].revision));
+    assert_eq!(
+        pending
+            .iter()
+            .map(|p| (p.signal, p.revision))
+            .collect::<Vec<_>>(),
+        vec![
+            (wire::SignalKind::Hup as i32, 41),
+            (wire::SignalKind::Kill as i32, 42)
+        ],
+        "oldest first, one per kind"
+    );
+    assert!(u64::try_from(pending.len()).unwrap() <= MAX_PENDING_SIGNALS);
 
-    // the client ends it: nothing is pending any more
-    let rev = MAX_PENDING_SIGNALS + 1;
+    // the command ends: nothing is pending any more
     s.finish_by_server(
         &id,
         &[Lifecycle::Accepted],
-        rev,
+        42,
         rvbox_store::commands::ServerTerminal::Interrupted,
         None,
         None,
@@ -199,6 +205,55 @@ fn pending_signals_are_bounded_and_end_with_the_command() {
     )
     .unwrap();
     assert!(s.pending_signals(&id).unwrap().is_empty());
+}
+
+#[test]
+fn signalled_work_the_client_never_held_is_cancelled_not_requeued() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let id = new_id();
+    s.run_command(&run_request(&id, "web-1", "sleep 60"), NOW)
+        .unwrap();
+    s.mark_dispatched(&id, 1).unwrap();
+    let out = s
+        .signal_command(&request(&id, wire::SignalKind::Term), plan, NOW + 1)
+        .unwrap();
+    assert_eq!(out.response.lifecycle, wire::Lifecycle::Dispatched as i32);
+    // the client proves it never held it (a transient refusal, or absence
+    // from its snapshot): launch was never authorized
+    assert_eq!(s.requeue(&id, 2, NOW + 2).unwrap(), Lifecycle::Cancelled);
+    let v = s.command_view(&id).unwrap();
+    assert_eq!((v.lifecycle, v.revision), (Lifecycle::Cancelled, 2));
+    assert!(s.queued_commands("web-1", 10).unwrap().is_empty());
+
+    // the same through a reconciliation round
+    let other = new_id();
+    s.run_command(&run_request(&other, "web-1", "sleep 60"), NOW)
+        .unwrap();
+    s.mark_dispatched(&other, 1).unwrap();
+    s.signal_command(&request(&other, wire::SignalKind::Kill), plan, NOW + 3)
+        .unwrap();
+    s.apply_reconciliation(
+        "web-1",
+        &[rvbox_store::commands::ReconcileWrite::Requeue {
+            issue: other,
+            revision: 2,
+        }],
+        &[],
+        NOW + 4,
+    )
+    .unwrap();
+    assert_eq!(
+        s.command_view(&other).unwrap().lifecycle,
+        Lifecycle::Cancelled
+    );
+
+    // without a pending signal a requeue is a requeue
+    let plain = new_id();
+    s.run_command(&run_request(&plain, "web-1", "true"), NOW)
+        .unwrap();
+    s.mark_dispatched(&plain, 1).unwrap();
+    assert_eq!(s.requeue(&plain, 1, NOW + 5).unwrap(), Lifecycle::Queued);
 }
 
 #[test]
