@@ -356,6 +356,25 @@ impl Script {
         (lifecycle, r.revision, req)
     }
 
+    /// The client's answer to a signal that arrived before launch was
+    /// authorized: `cancelled` at `revision` (event `seq`).
+    fn cancelled_before_launch(&mut self, conn: u64, issue: &str, seq: u64, revision: u64) {
+        self.event(
+            conn,
+            issue,
+            seq,
+            wire::command_event::Body::Lifecycle(wire::LifecycleChange {
+                lifecycle: wire::Lifecycle::Cancelled as i32,
+                revision,
+                exit_result: Some(wire::ExitResult {
+                    lifecycle: wire::Lifecycle::Cancelled as i32,
+                    ..Default::default()
+                }),
+                reason: "cancelled before launch".into(),
+            }),
+        );
+    }
+
     /// The client's answer to a KILL at `revision` on a running command:
     /// the signal result (event `seq`), then `terminated` (event `seq + 1`).
     fn killed(&mut self, conn: u64, issue: &str, seq: u64, revision: u64, reason: &str) {
@@ -741,20 +760,7 @@ fn the_launch_cancel_race_is_resolved_by_the_client_at_the_new_revision() {
     assert_eq!((lifecycle, revision), (Lifecycle::Accepted, 2));
     assert_eq!(s.lifecycle(&won), Lifecycle::Accepted);
     s.note("launch was not authorized yet: the client answers cancelled at revision 2");
-    s.event(
-        1,
-        &d.issue_uuid,
-        1,
-        wire::command_event::Body::Lifecycle(wire::LifecycleChange {
-            lifecycle: wire::Lifecycle::Cancelled as i32,
-            revision: 2,
-            exit_result: Some(wire::ExitResult {
-                lifecycle: wire::Lifecycle::Cancelled as i32,
-                ..Default::default()
-            }),
-            reason: "cancelled before launch".into(),
-        }),
-    );
+    s.cancelled_before_launch(1, &d.issue_uuid, 1, 2);
     assert_eq!(s.lifecycle(&won), Lifecycle::Cancelled);
 
     s.note("the other side of the race: already running when the kill lands");
@@ -968,20 +974,7 @@ fn a_signal_on_dispatched_work_is_resolved_by_the_acceptance_or_cancels_work_nev
     let v = s.e.command(&held).unwrap();
     assert_eq!((v.lifecycle, v.revision), (Lifecycle::Accepted, 2));
     s.note("it had not launched when the TERM arrived: the client answers cancelled at revision 2");
-    s.event(
-        1,
-        &d.issue_uuid,
-        1,
-        wire::command_event::Body::Lifecycle(wire::LifecycleChange {
-            lifecycle: wire::Lifecycle::Cancelled as i32,
-            revision: 2,
-            exit_result: Some(wire::ExitResult {
-                lifecycle: wire::Lifecycle::Cancelled as i32,
-                ..Default::default()
-            }),
-            reason: "cancelled before launch".into(),
-        }),
-    );
+    s.cancelled_before_launch(1, &d.issue_uuid, 1, 2);
     assert_eq!(s.lifecycle(&held), Lifecycle::Cancelled);
 
     s.note("KILL while dispatched, then the connection drops before any answer");
