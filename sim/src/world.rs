@@ -416,6 +416,7 @@ impl World {
             }
             match o {
                 Output::Frame { conn, bytes, .. } => {
+                    self.check_dispatch(&bytes);
                     let name = payload_name(&bytes);
                     self.log(format!("s>c{conn} {name} {}B", bytes.len()));
                     let _ =
@@ -436,6 +437,34 @@ impl World {
                             .send(ConnId(conn), Dir::ToClient, Item::Close { code }, self.now);
                 }
             }
+        }
+    }
+
+    /// A `Dispatch` never carries work with a pending signal: such work
+    /// was never held by the client, and a signal before launch cancels it
+    /// (plan §6.4, R-6.4-37), so sending it again would let a killed
+    /// command start.
+    fn check_dispatch(&mut self, bytes: &[u8]) {
+        let Some(wire::envelope::Payload::Dispatch(d)) =
+            wire::Envelope::decode(bytes).ok().and_then(|e| e.payload)
+        else {
+            return;
+        };
+        let Ok(issue) = Uuid7::parse("issue_uuid", &d.issue_uuid) else {
+            self.failure = Some(format!("a dispatch with issue_uuid {:?}", d.issue_uuid));
+            return;
+        };
+        let pending = self
+            .server
+            .engine
+            .as_ref()
+            .and_then(|e| e.store().pending_signals(issue.as_bytes()).ok())
+            .unwrap_or_default();
+        if let Some(p) = pending.first() {
+            self.failure = Some(format!(
+                "{} dispatched at revision {} with a pending signal at revision {}",
+                d.issue_uuid, d.revision, p.revision
+            ));
         }
     }
 
