@@ -10,10 +10,13 @@
 //!
 //! - [`DurableState`] survives [`SimClient::crash_restart`]: the instance
 //!   id, accepted command records with their spool (unsequenced events,
-//!   and sequenced events pinned until acknowledged), and the tombstone
-//!   FIFO. Every durable change is one atomic step taken before anything
-//!   that depends on it is sent (acceptance before `CommandAccepted`, the
-//!   launch before `RUNNING`, a tombstone only after the terminal ack).
+//!   and sequenced events pinned until acknowledged) and, for a script
+//!   command, its upload (descriptor, received prefix, committed flag),
+//!   and the tombstone FIFO. Every durable change is one atomic step
+//!   taken before anything that depends on it is sent (acceptance before
+//!   `CommandAccepted`, a script chunk before its `ScriptUploadStatus`,
+//!   the launch before `RUNNING`, a tombstone only after the terminal
+//!   ack). A script command launches only once its script is committed.
 //! - Everything else (connection, session, timers, running processes) is
 //!   volatile and lost on a crash. A command whose process was running
 //!   when the daemon died ends `INTERRUPTED` (outcome uncertain) and is
@@ -43,7 +46,7 @@ use rvbox_domain::limits::{
     DEFAULT_CLIENT_MAX_QUEUED, DEFAULT_CLIENT_MAX_RUNNING, DEFAULT_COMMAND_SEND_WINDOW_BYTES,
     DEFAULT_HEARTBEAT_IDLE_MS, DEFAULT_LIVENESS_TIMEOUT_MS, DEFAULT_RECONNECT_INITIAL_MS,
     DEFAULT_RECONNECT_MAX_MS, DEFAULT_RECONNECT_STABLE_RESET_MS, DEFAULT_SESSION_SEND_WINDOW_BYTES,
-    MAX_ENVELOPE_BYTES, MAX_RAW_CHUNK_BYTES,
+    MAX_ENVELOPE_BYTES, MAX_RAW_CHUNK_BYTES, MAX_SCRIPT_BYTES, MAX_SCRIPT_CHUNK_BYTES,
 };
 use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::command_event::Body;
@@ -498,8 +501,15 @@ pub struct ClientCounters {
     pub misbehaviours: u64,
     /// Protocol violations by the server seen by this client.
     pub server_violations: u64,
-    /// Messages this client does not implement (script chunks, PTY).
+    /// Messages this client does not implement (PTY).
     pub unsupported_messages: u64,
+    /// Script chunks accepted (appending or exact replays).
+    pub script_chunks_accepted: u64,
+    /// Accepted script chunks that started below the durable prefix (an
+    /// exact replay of stored bytes, possibly extending past them).
+    pub script_chunk_replays: u64,
+    /// Scripts whose whole length and SHA-256 were verified (committed).
+    pub scripts_committed: u64,
     /// Items for a connection that is no longer current.
     pub stale_connection_items: u64,
     /// Effects dropped because nobody drained them (a world bug).
@@ -525,6 +535,32 @@ struct AssignedEvent {
     digest: [u8; 32],
 }
 
+/// The upload of a script command's bytes (durable, part of its
+/// [`Record`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ScriptUpload {
+    /// `ScriptDescriptor.size_bytes` (1..=10 MiB).
+    size: u64,
+    /// `ScriptDescriptor.sha256`.
+    sha256: [u8; 32],
+    /// The received contiguous prefix (never longer than `size`); released
+    /// once committed (the real daemon has materialized its file then).
+    data: Vec<u8>,
+    /// Whole length and SHA-256 verified: the command may launch.
+    committed: bool,
+}
+
+impl ScriptUpload {
+    /// The durable contiguous prefix in raw bytes.
+    fn received(&self) -> u64 {
+        if self.committed {
+            self.size
+        } else {
+            to_u64(self.data.len())
+        }
+    }
+}
+
 /// One retained command (durable).
 #[derive(Debug, Clone, PartialEq)]
 struct Record {
@@ -545,6 +581,8 @@ struct Record {
     assigned: VecDeque<AssignedEvent>,
     last_assigned: u64,
     acked: u64,
+    /// The script upload of a script command; `None` for command text.
+    script: Option<ScriptUpload>,
 }
 
 impl Record {
@@ -556,6 +594,12 @@ impl Record {
 
     fn spool_full(&self) -> bool {
         self.pending.len().saturating_add(self.assigned.len()) >= MAX_SPOOL_EVENTS_PER_COMMAND
+    }
+
+    /// Whether its source allows a launch: command text, or a committed
+    /// script.
+    fn launchable(&self) -> bool {
+        self.script.as_ref().is_none_or(|s| s.committed)
     }
 
     fn fully_acked_terminal(&self) -> bool {
@@ -586,6 +630,19 @@ pub struct RecordView {
     pub pending_events: usize,
     /// Sequenced, unacknowledged events.
     pub assigned_events: usize,
+    /// The script upload, for a script command.
+    pub script: Option<ScriptView>,
+}
+
+/// A read-only view of one command's script upload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScriptView {
+    /// Declared size (`ScriptDescriptor.size_bytes`).
+    pub size_bytes: u64,
+    /// Durable contiguous prefix received (the size once committed).
+    pub received_bytes: u64,
+    /// Length and SHA-256 verified; launch-eligible.
+    pub committed: bool,
 }
 
 /// The client's durable store: what survives [`SimClient::crash_restart`].
@@ -629,6 +686,17 @@ impl DurableState {
         self.records.get(issue).map(view)
     }
 
+    /// The received prefix of an uncommitted script upload (`None` for
+    /// command text, a committed script or an unknown command).
+    #[must_use]
+    pub fn script_prefix(&self, issue: &Uuid7) -> Option<&[u8]> {
+        self.records
+            .get(issue)
+            .and_then(|r| r.script.as_ref())
+            .filter(|s| !s.committed)
+            .map(|s| s.data.as_slice())
+    }
+
     /// Whether the command is in the tombstone FIFO.
     #[must_use]
     pub fn is_tombstoned(&self, issue: &Uuid7) -> bool {
@@ -670,6 +738,11 @@ fn view(r: &Record) -> RecordView {
         acked_event_seq: r.acked,
         pending_events: r.pending.len(),
         assigned_events: r.assigned.len(),
+        script: r.script.as_ref().map(|s| ScriptView {
+            size_bytes: s.size,
+            received_bytes: s.received(),
+            committed: s.committed,
+        }),
     }
 }
 
@@ -1393,8 +1466,8 @@ impl SimClient {
                     resolved_shell: wire::ShellType::Unspecified as i32,
                 }));
             }
-            Payload::ScriptChunk(_)
-            | Payload::PtyInput(_)
+            Payload::ScriptChunk(c) => self.on_script_chunk(now, &c),
+            Payload::PtyInput(_)
             | Payload::PtyResize(_)
             | Payload::PtyAttach(_)
             | Payload::PtyOutputAck(_)
@@ -1466,7 +1539,7 @@ impl SimClient {
                 lifecycle: r.local.to_wire() as i32,
                 last_assigned_event_seq: r.last_assigned,
                 acked_event_seq: r.acked,
-                script_received_bytes: 0,
+                script_received_bytes: r.script.as_ref().map_or(0, ScriptUpload::received),
             })
             .collect();
         let requested: BTreeSet<Uuid7> = rows
@@ -1781,8 +1854,8 @@ impl SimClient {
             }
             return;
         }
-        let shell = match self.check_spec(spec) {
-            Ok(shell) => shell,
+        let (shell, script) = match self.check_spec(spec) {
+            Ok(checked) => checked,
             Err(error) => {
                 self.refuse(d, wire::AcceptOutcome::Permanent, error);
                 return;
@@ -1842,6 +1915,7 @@ impl SimClient {
                 assigned: VecDeque::new(),
                 last_assigned: 0,
                 acked: 0,
+                script,
             },
         );
         self.ledger.note_accept(issue);
@@ -1849,25 +1923,24 @@ impl SimClient {
         self.accept(d, shell);
     }
 
-    /// Shell, profile and working-directory policy (plan §7.3 step 1);
-    /// returns the resolved shell.
-    fn check_spec(&self, spec: &wire::ExecutionSpec) -> Result<i32, DomainError> {
-        match &spec.source {
-            Some(wire::execution_spec::Source::CommandText(t)) if !t.is_empty() => {}
-            Some(wire::execution_spec::Source::Script(_)) => {
-                return Err(DomainError::new(
-                    Code::Unsupported,
-                    "the simulated client does not take script uploads",
-                )
-                .with_field("spec.script"));
-            }
+    /// Source, shell, profile and working-directory policy (plan §7.3
+    /// step 1); returns the resolved shell and, for a script source, its
+    /// empty upload.
+    fn check_spec(
+        &self,
+        spec: &wire::ExecutionSpec,
+    ) -> Result<(i32, Option<ScriptUpload>), DomainError> {
+        let script = match &spec.source {
+            Some(wire::execution_spec::Source::CommandText(t)) if !t.is_empty() => None,
+            Some(wire::execution_spec::Source::Script(d)) => Some(check_descriptor(d)?),
             _ => {
-                return Err(
-                    DomainError::new(Code::InvalidArgument, "spec has no command text")
-                        .with_field("spec.source"),
-                );
+                return Err(DomainError::new(
+                    Code::InvalidArgument,
+                    "spec has no command text or script",
+                )
+                .with_field("spec.source"));
             }
-        }
+        };
         let shell = match wire::ShellType::try_from(spec.shell_type) {
             Ok(wire::ShellType::Unspecified) => wire::ShellType::Sh,
             Ok(s @ (wire::ShellType::Sh | wire::ShellType::Bash)) => s,
@@ -1903,7 +1976,7 @@ impl SimClient {
             )
             .with_field("spec.cwd"));
         }
-        Ok(shell as i32)
+        Ok((shell as i32, script))
     }
 
     // ---- processes ------------------------------------------------------
@@ -1918,7 +1991,9 @@ impl SimClient {
                 .durable
                 .records
                 .iter()
-                .filter(|(_, r)| r.local == Lifecycle::Accepted && !r.started && !r.orphaned)
+                .filter(|(_, r)| {
+                    r.local == Lifecycle::Accepted && !r.started && !r.orphaned && r.launchable()
+                })
                 .min_by_key(|(_, r)| r.accept_order)
                 .map(|(id, _)| *id);
             let Some(issue) = next else {
@@ -2212,6 +2287,139 @@ impl SimClient {
         };
         let digest = body_digest(body_kind::STDIN_ACK, &ack.encode_to_vec());
         self.push_event(now, issue, Body::StdinAck(ack), digest);
+    }
+
+    // ---- script uploads -----------------------------------------------------
+
+    /// A `ScriptChunk` (plan §7.3 script dispatch): accepted only at the
+    /// durable contiguous prefix or as an exact replay of stored bytes
+    /// (anything past the prefix is appended); every accepted chunk is
+    /// answered with the cumulative prefix, and the full length is
+    /// verified against the descriptor's SHA-256 before the command may
+    /// launch.
+    fn on_script_chunk(&mut self, now: u64, c: &wire::ScriptChunk) {
+        let Ok(issue) = Uuid7::parse("script_chunk.issue_uuid", &c.issue_uuid) else {
+            self.violation(
+                now,
+                format!("script chunk with issue_uuid {:?}", c.issue_uuid),
+                close_code::PROTOCOL_ERROR,
+            );
+            return;
+        };
+        // unknown or tombstoned (no record), or ended by reconciliation:
+        // the server's upload is stale, nothing to do
+        let Some(rec) = self.durable.records.get(&issue) else {
+            return;
+        };
+        if rec.orphaned {
+            return;
+        }
+        let Some(script) = rec.script.as_ref() else {
+            self.note_violation(format!(
+                "script chunk for {issue}, a command without a script"
+            ));
+            return;
+        };
+        if script.committed {
+            // a re-sent upload (e.g. after a repeated acceptance): say it
+            // is whole again, so the server ends it
+            let size = script.size;
+            self.send_payload(Payload::ScriptUploadStatus(wire::ScriptUploadStatus {
+                issue_uuid: c.issue_uuid.clone(),
+                received_bytes: size,
+                state: wire::ScriptUploadState::Committed as i32,
+                error: None,
+            }));
+            return;
+        }
+        let raw = match decode_chunk(c, script.size) {
+            Ok(raw) => raw,
+            Err(e) => {
+                self.violation(
+                    now,
+                    format!("script chunk {issue} at {}: {e}", c.offset),
+                    close_code::PROTOCOL_ERROR,
+                );
+                return;
+            }
+        };
+        let prefix = to_u64(script.data.len());
+        if c.offset > prefix {
+            self.violation(
+                now,
+                format!(
+                    "script chunk {issue} at {} leaves a hole after the prefix {prefix}",
+                    c.offset
+                ),
+                close_code::PROTOCOL_ERROR,
+            );
+            return;
+        }
+        // the part below the prefix must be exactly the stored bytes
+        let overlap = usize::try_from(prefix.saturating_sub(c.offset))
+            .unwrap_or(usize::MAX)
+            .min(raw.len());
+        let start = usize::try_from(c.offset).unwrap_or(usize::MAX);
+        let stored = script.data.get(start..start.saturating_add(overlap));
+        if stored.is_none() || stored != raw.get(..overlap) {
+            self.violation(
+                now,
+                format!(
+                    "script chunk {issue} at {} changes bytes already received",
+                    c.offset
+                ),
+                close_code::PROTOCOL_ERROR,
+            );
+            return;
+        }
+        let replay = c.offset < prefix;
+        let Some(script) = self
+            .durable
+            .records
+            .get_mut(&issue)
+            .and_then(|r| r.script.as_mut())
+        else {
+            return;
+        };
+        // durable (appended and synced) before the status reports it
+        if let Some(tail) = raw.get(overlap..) {
+            script.data.extend_from_slice(tail);
+        }
+        let received = to_u64(script.data.len());
+        let complete = received == script.size;
+        let verified = complete && rvbox_segment::sha256(&script.data) == script.sha256;
+        if verified {
+            // the launch gate opens; the bytes now live in the (simulated)
+            // materialized file, so the copy is released
+            script.committed = true;
+            script.data = Vec::new();
+        }
+        self.counters.script_chunks_accepted =
+            self.counters.script_chunks_accepted.saturating_add(1);
+        if replay {
+            self.counters.script_chunk_replays =
+                self.counters.script_chunk_replays.saturating_add(1);
+        }
+        if complete && !verified {
+            self.violation(
+                now,
+                format!("script {issue}: the {received} bytes received do not match the descriptor's SHA-256"),
+                close_code::PROTOCOL_ERROR,
+            );
+            return;
+        }
+        let state = if verified {
+            self.counters.scripts_committed = self.counters.scripts_committed.saturating_add(1);
+            wire::ScriptUploadState::Committed
+        } else {
+            wire::ScriptUploadState::Receiving
+        };
+        self.send_payload(Payload::ScriptUploadStatus(wire::ScriptUploadStatus {
+            issue_uuid: c.issue_uuid.clone(),
+            received_bytes: received,
+            state: state as i32,
+            error: None,
+        }));
     }
 
     // ---- acknowledgements -------------------------------------------------
@@ -2519,6 +2727,105 @@ fn payload_name(p: &Payload) -> &'static str {
         Payload::PtyClose(_) => "PtyClose",
         Payload::PtyClosed(_) => "PtyClosed",
     }
+}
+
+/// The client's check of a script source (common.proto
+/// `ScriptDescriptor`): a non-empty display name, a size of 1..=10 MiB
+/// and a 32-byte SHA-256. Returns the (empty) upload to keep.
+fn check_descriptor(d: &wire::ScriptDescriptor) -> Result<ScriptUpload, DomainError> {
+    if d.display_basename.is_empty() {
+        return Err(
+            DomainError::new(Code::InvalidArgument, "the script display name is empty")
+                .with_field("spec.script.display_basename"),
+        );
+    }
+    if !(1..=MAX_SCRIPT_BYTES).contains(&d.size_bytes) {
+        return Err(DomainError::new(
+            Code::InvalidArgument,
+            format!(
+                "script size {} is not in 1..={MAX_SCRIPT_BYTES}",
+                d.size_bytes
+            ),
+        )
+        .with_field("spec.script.size_bytes"));
+    }
+    let Ok(sha256) = <[u8; 32]>::try_from(d.sha256.as_slice()) else {
+        return Err(DomainError::new(
+            Code::InvalidArgument,
+            format!("script sha256 is {} bytes, not 32", d.sha256.len()),
+        )
+        .with_field("spec.script.sha256"));
+    };
+    Ok(ScriptUpload {
+        size: d.size_bytes,
+        sha256,
+        data: Vec::new(),
+        committed: false,
+    })
+}
+
+/// Validates one `ScriptChunk` of a script of `size` bytes (agent.proto
+/// `ScriptChunk`) and returns its raw bytes: compression NONE or ZSTD,
+/// `stored_length` equal to the payload (checked before decoding),
+/// `raw_length` in 1..=256 KiB and equal to the decoded length (zstd is
+/// decoded with `raw_length` as its bound), the chunk's SHA-256,
+/// `declared_size` equal to the descriptor's, and `offset + raw_length`
+/// within it without overflow. Where the chunk lands relative to the
+/// prefix is the caller's check.
+fn decode_chunk(c: &wire::ScriptChunk, size: u64) -> Result<Vec<u8>, String> {
+    let compression =
+        wire::Compression::try_from(c.compression).unwrap_or(wire::Compression::Unspecified);
+    if compression == wire::Compression::Unspecified {
+        return Err(format!("compression value {}", c.compression));
+    }
+    if usize::try_from(c.stored_length).ok() != Some(c.payload.len()) {
+        return Err(format!(
+            "stored_length {} but the payload has {} bytes",
+            c.stored_length,
+            c.payload.len()
+        ));
+    }
+    let raw_length = u64::from(c.raw_length);
+    if !(1..=MAX_SCRIPT_CHUNK_BYTES).contains(&raw_length) {
+        return Err(format!(
+            "raw_length {} is not in 1..={MAX_SCRIPT_CHUNK_BYTES}",
+            c.raw_length
+        ));
+    }
+    if c.declared_size != size {
+        return Err(format!(
+            "declared_size {} differs from the descriptor's {size}",
+            c.declared_size
+        ));
+    }
+    if c.offset
+        .checked_add(raw_length)
+        .is_none_or(|end| end > size)
+    {
+        return Err(format!(
+            "offset {} + raw_length {} passes the declared size {size}",
+            c.offset, c.raw_length
+        ));
+    }
+    let raw = match compression {
+        wire::Compression::Zstd => {
+            let bound = usize::try_from(c.raw_length).map_err(|e| e.to_string())?;
+            zstd::bulk::decompress(&c.payload, bound)
+                .map_err(|e| format!("the zstd payload does not decode within raw_length: {e}"))?
+        }
+        _ => c.payload.clone(),
+    };
+    if to_u64(raw.len()) != raw_length {
+        return Err(format!(
+            "decodes to {} bytes but raw_length is {}",
+            raw.len(),
+            c.raw_length
+        ));
+    }
+    if rvbox_segment::sha256(&raw).as_slice() != c.raw_sha256.as_slice() {
+        return Err("raw_sha256 does not match the chunk's bytes".into());
+    }
+    Ok(raw)
 }
 
 /// A `ReconcileResult` the client checked.

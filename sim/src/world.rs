@@ -43,6 +43,8 @@ pub const DRAIN_MS: u64 = 1_800_000;
 const TWIN_CONN_BASE: u64 = 1 << 40;
 /// Most answered `SignalCommand` requests one run keeps for replays.
 const MAX_KEPT_SIGNALS: usize = 256;
+/// Largest script the workload creates (a script command is 1 in 10).
+const MAX_WORKLOAD_SCRIPT_BYTES: u64 = 1_500_000;
 
 /// What a run does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -618,14 +620,36 @@ impl World {
         } else {
             None
         };
+        // drawn before the script choice (and its bytes) so that the
+        // earlier draws keep their values; the signal is still sent after
+        // the command is created
+        let signal = self.workload.chance(150);
+        let (source, script) = if self.workload.chance(100) {
+            // a script upload now and then: incompressible bytes, so one
+            // over 64 KiB goes to the store's blob segment and the client
+            // receives it in several chunks
+            let size = self.workload.range_inclusive(1..=MAX_WORKLOAD_SCRIPT_BYTES);
+            let bytes = self
+                .workload
+                .bytes(usize::try_from(size).unwrap_or(1).max(1));
+            let descriptor = wire::ScriptDescriptor {
+                display_basename: "job.sh".into(),
+                size_bytes: u64::try_from(bytes.len()).unwrap_or(size),
+                sha256: rvbox_segment::sha256(&bytes).to_vec(),
+            };
+            (wire::execution_spec::Source::Script(descriptor), bytes)
+        } else {
+            (wire::execution_spec::Source::CommandText(text), Vec::new())
+        };
+        let script_bytes = script.len();
         let req = wire::RunCommandRequest {
             request_id: crate::rng::uuid_text(&id),
             client_id: format!("host-{i}"),
             spec: Some(wire::ExecutionSpec {
-                source: Some(wire::execution_spec::Source::CommandText(text)),
+                source: Some(source),
                 ..Default::default()
             }),
-            script: Vec::new(),
+            script,
             queue_ttl: ttl,
         };
         let mut created = false;
@@ -633,10 +657,18 @@ impl World {
         if created {
             self.created += 1;
             self.created_ids.push(id);
-            self.log(format!("run {} on host-{i}", crate::rng::uuid_text(&id)));
+            if script_bytes > 0 {
+                self.count("workload scripts");
+                self.log(format!(
+                    "run {} on host-{i} (script of {script_bytes} bytes)",
+                    crate::rng::uuid_text(&id)
+                ));
+            } else {
+                self.log(format!("run {} on host-{i}", crate::rng::uuid_text(&id)));
+            }
             self.with_engine(|e, now, wall| e.tick(now, wall));
         }
-        if self.workload.chance(150) {
+        if signal {
             self.operator_signal();
         }
     }
@@ -1064,6 +1096,20 @@ impl World {
         if self.failure.is_none() && steps >= MAX_STEPS {
             self.failure = Some(format!("no end after {MAX_STEPS} steps"));
         }
+        let (mut chunks, mut replays, mut committed) = (0u64, 0u64, 0u64);
+        for c in &self.clients {
+            let k = c.counters();
+            chunks = chunks.saturating_add(k.script_chunks_accepted);
+            replays = replays.saturating_add(k.script_chunk_replays);
+            committed = committed.saturating_add(k.scripts_committed);
+        }
+        for (k, v) in [
+            ("client script_chunks", chunks),
+            ("client script_chunk_replays", replays),
+            ("client scripts_committed", committed),
+        ] {
+            self.add(k, v);
+        }
         let nc = *self.net.counters();
         for (k, v) in [
             ("net delayed", nc.delayed),
@@ -1092,6 +1138,7 @@ impl World {
             ("engine events_refused", stats.events_refused),
             ("engine signals_sent_again", stats.signals_sent_again),
             ("engine late_acceptances", stats.late_acceptances),
+            ("engine script_uploads", stats.script_uploads),
         ] {
             self.add(k, v);
         }

@@ -1,6 +1,6 @@
 //! The simulated client against a scripted server: valid frames, the
 //! reconnect order, windows, idempotent acceptance across crashes,
-//! signals, adversarial modes and determinism.
+//! signals, adversarial modes, determinism and script uploads.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -12,8 +12,9 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{Harness, Seen, accepted, events, lifecycle_of, snapshots};
+use common::{Harness, Seen, ServerCmd, WALL_EPOCH_MS, accepted, events, lifecycle_of, snapshots};
 use prost::Message as _;
+use rvbox_domain::hash::command_hash;
 use rvbox_domain::ids::{ClientId, InstanceId, Uuid7};
 use rvbox_domain::lifecycle::Lifecycle;
 use rvbox_proto::v1 as wire;
@@ -663,4 +664,609 @@ fn config_bounds_are_checked() {
     assert!(c.validate().is_err());
     assert!(config().validate().is_ok());
     let _ = snapshots(&[]);
+}
+
+// ---- script uploads --------------------------------------------------------
+
+/// The server's per-command script window (bytes beyond the last
+/// `received_bytes` in flight).
+const SCRIPT_WINDOW: usize = 1_048_576;
+/// The largest raw script chunk.
+const SCRIPT_CHUNK: usize = 262_144;
+
+fn script_body(len: usize, seed: u64) -> Vec<u8> {
+    rvbox_sim::rng::SimRng::new(seed).bytes(len)
+}
+
+fn script_spec(body: &[u8]) -> wire::ExecutionSpec {
+    wire::ExecutionSpec {
+        source: Some(wire::execution_spec::Source::Script(
+            wire::ScriptDescriptor {
+                display_basename: "job.sh".into(),
+                size_bytes: body.len() as u64,
+                sha256: rvbox_segment::sha256(body).to_vec(),
+            },
+        )),
+        ..Default::default()
+    }
+}
+
+/// A fresh script command for this client, dispatched at revision 1.
+fn dispatch_script(h: &mut Harness, body: &[u8]) -> (String, Vec<Seen>) {
+    let issue = h
+        .rng
+        .uuid_v7_text(u64::try_from(WALL_EPOCH_MS).unwrap() + h.now);
+    let spec = script_spec(body);
+    let hash = command_hash(&h.client_id(), &spec).0.to_vec();
+    h.server.insert(
+        issue.clone(),
+        ServerCmd {
+            hash,
+            revision: 1,
+            durable: 0,
+            terminal: false,
+            spec: Some(spec),
+        },
+    );
+    let seen = h.redispatch(&issue);
+    (issue, seen)
+}
+
+/// An honest uncompressed chunk of `body[offset..offset + len]`.
+fn chunk(issue: &str, body: &[u8], offset: usize, len: usize) -> wire::ScriptChunk {
+    let raw = &body[offset..offset + len];
+    wire::ScriptChunk {
+        issue_uuid: issue.into(),
+        offset: offset as u64,
+        declared_size: body.len() as u64,
+        compression: wire::Compression::None as i32,
+        payload: raw.to_vec(),
+        raw_length: len as u32,
+        stored_length: len as u32,
+        raw_sha256: rvbox_segment::sha256(raw).to_vec(),
+    }
+}
+
+fn send_chunk(h: &mut Harness, c: wire::ScriptChunk) -> Vec<Seen> {
+    h.deliver(Payload::ScriptChunk(c))
+}
+
+fn statuses(seen: &[Seen]) -> Vec<wire::ScriptUploadStatus> {
+    seen.iter()
+        .filter_map(|s| match s.payload() {
+            Some(Payload::ScriptUploadStatus(st)) => Some(st.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn status(issue: &str, received: u64, state: wire::ScriptUploadState) -> wire::ScriptUploadStatus {
+    wire::ScriptUploadStatus {
+        issue_uuid: issue.into(),
+        received_bytes: received,
+        state: state as i32,
+        error: None,
+    }
+}
+
+/// Serves `body` from `from` as the server does: contiguous chunks of at
+/// most 256 KiB, at most 1 MiB beyond the last reported `received_bytes`
+/// in flight, more after each batch of statuses; until COMMITTED.
+fn serve_script(h: &mut Harness, issue: &str, body: &[u8], from: usize) -> Vec<Seen> {
+    let (mut sent, mut received) = (from, from);
+    let mut all = Vec::new();
+    for _ in 0..100 {
+        let limit = body.len().min(received + SCRIPT_WINDOW);
+        assert!(sent < limit, "the window is closed at {sent}");
+        let mut batch = Vec::new();
+        while sent < limit {
+            let len = SCRIPT_CHUNK.min(limit - sent);
+            batch.extend(send_chunk(h, chunk(issue, body, sent, len)));
+            sent += len;
+        }
+        let last = statuses(&batch).last().cloned().expect("no status");
+        all.extend(batch);
+        if last.state == wire::ScriptUploadState::Committed as i32 {
+            return all;
+        }
+        assert!(last.received_bytes as usize > received, "no progress");
+        received = last.received_bytes as usize;
+    }
+    panic!("the upload never committed");
+}
+
+fn record(h: &Harness, issue: &str) -> rvbox_sim::client::RecordView {
+    h.client
+        .durable()
+        .record(&Uuid7::parse("t", issue).unwrap())
+        .unwrap()
+}
+
+fn started(h: &Harness, issue: &str) -> bool {
+    h.client
+        .ledger()
+        .starts()
+        .contains_key(&Uuid7::parse("t", issue).unwrap())
+}
+
+#[test]
+fn a_script_in_order_reports_its_prefix_commits_then_launches() {
+    let mut cfg = config();
+    cfg.max_running = 1;
+    let mut h = Harness::new(cfg, 20);
+    h.connect();
+    h.reconcile();
+    let body = script_body(600_000, 1);
+    let (issue, seen) = dispatch_script(&mut h, &body);
+    let acc = accepted(&seen);
+    assert_eq!(acc.len(), 1);
+    assert_eq!(acc[0].outcome, wire::AcceptOutcome::Positive as i32);
+    assert_eq!(acc[0].resolved_shell, wire::ShellType::Sh as i32);
+    assert!(
+        events(&seen).is_empty(),
+        "launched before the upload: {seen:?}"
+    );
+    // accepted, waiting for its bytes: queued, never started
+    assert_eq!(h.client.capacity(), (0, 1));
+    let v = record(&h, &issue);
+    assert_eq!(v.lifecycle, Lifecycle::Accepted);
+    assert!(!v.started);
+    let s = v.script.unwrap();
+    assert_eq!(
+        (s.size_bytes, s.received_bytes, s.committed),
+        (600_000, 0, false)
+    );
+
+    let mut seen = send_chunk(&mut h, chunk(&issue, &body, 0, SCRIPT_CHUNK));
+    seen.extend(send_chunk(
+        &mut h,
+        chunk(&issue, &body, SCRIPT_CHUNK, SCRIPT_CHUNK),
+    ));
+    assert_eq!(
+        statuses(&seen),
+        vec![
+            status(&issue, 262_144, wire::ScriptUploadState::Receiving),
+            status(&issue, 524_288, wire::ScriptUploadState::Receiving),
+        ]
+    );
+    // the status travels on the live session
+    for s in &seen {
+        let Seen::Env(e) = s else { panic!("{s:?}") };
+        assert_eq!(
+            (e.session_id.as_str(), e.generation),
+            (h.session_id.as_str(), h.generation)
+        );
+    }
+    // a text command behind it runs; the script does not, however long
+    // it waits (no launch before commit, no head-of-line blocking)
+    let (text, s) = h.dispatch_new("echo behind");
+    seen.extend(s);
+    seen.extend(h.advance(h.now + 60_000));
+    h.ack_all(&seen);
+    assert!(started(&h, &text));
+    assert!(!started(&h, &issue));
+    assert!(events(&seen).iter().all(|e| e.issue_uuid != issue));
+    assert_eq!(record(&h, &issue).lifecycle, Lifecycle::Accepted);
+    assert_eq!(
+        h.client
+            .durable()
+            .script_prefix(&Uuid7::parse("t", &issue).unwrap()),
+        Some(&body[..524_288])
+    );
+
+    // the last chunk: COMMITTED with the size, then RUNNING
+    let seen = send_chunk(&mut h, chunk(&issue, &body, 524_288, 600_000 - 524_288));
+    let st = statuses(&seen);
+    assert_eq!(
+        st,
+        vec![status(&issue, 600_000, wire::ScriptUploadState::Committed)]
+    );
+    let status_at = seen
+        .iter()
+        .position(|s| matches!(s.payload(), Some(Payload::ScriptUploadStatus(_))))
+        .unwrap();
+    let running_at = seen
+        .iter()
+        .position(
+            |s| matches!(s.payload(), Some(Payload::CommandEvent(e)) if e.issue_uuid == issue),
+        )
+        .expect("not launched after the commit");
+    assert!(status_at < running_at);
+    assert_eq!(lifecycle_of(&events(&seen)[0]), Some(Lifecycle::Running));
+    assert!(started(&h, &issue));
+    let s = record(&h, &issue).script.unwrap();
+    assert_eq!((s.received_bytes, s.committed), (600_000, true));
+    let c = h.client.counters();
+    assert_eq!(c.script_chunks_accepted, 3);
+    assert_eq!(c.script_chunk_replays, 0);
+    assert_eq!(c.scripts_committed, 1);
+    // a chunk after the commit (a re-sent upload) stores nothing and is
+    // answered COMMITTED again, so the server ends that upload
+    let again = send_chunk(&mut h, chunk(&issue, &body, 0, 10));
+    assert_eq!(
+        statuses(&again),
+        vec![status(&issue, 600_000, wire::ScriptUploadState::Committed)]
+    );
+    assert_eq!(h.client.counters().script_chunks_accepted, 3);
+    // it runs to the end like any command and becomes a tombstone
+    h.run_to_quiet(seen, h.now + 60_000);
+    assert!(h.client.durable().records().is_empty());
+    assert_eq!(h.client.counters().server_violations, 0);
+    assert_eq!(h.client.counters().unsupported_messages, 0);
+}
+
+#[test]
+fn exact_replays_are_accepted_and_may_extend_the_prefix() {
+    let mut h = Harness::new(config(), 21);
+    h.connect();
+    h.reconcile();
+    let body = script_body(5_000, 2);
+    let (issue, _) = dispatch_script(&mut h, &body);
+    let id = Uuid7::parse("t", &issue).unwrap();
+    let mut seen = send_chunk(&mut h, chunk(&issue, &body, 0, 1_000));
+    // the same chunk again (a re-send after a reconnect or re-acceptance)
+    seen.extend(send_chunk(&mut h, chunk(&issue, &body, 0, 1_000)));
+    // a chunk inside the prefix
+    seen.extend(send_chunk(&mut h, chunk(&issue, &body, 200, 300)));
+    // a chunk overlapping the prefix exactly and running past it
+    seen.extend(send_chunk(&mut h, chunk(&issue, &body, 500, 1_500)));
+    // a zstd chunk at the prefix
+    let mut z = chunk(&issue, &body, 2_000, 1_000);
+    z.compression = wire::Compression::Zstd as i32;
+    z.payload = zstd::bulk::compress(&body[2_000..3_000], 3).unwrap();
+    z.stored_length = z.payload.len() as u32;
+    seen.extend(send_chunk(&mut h, z));
+    let got: Vec<(u64, i32)> = statuses(&seen)
+        .iter()
+        .map(|s| (s.received_bytes, s.state))
+        .collect();
+    let recv = wire::ScriptUploadState::Receiving as i32;
+    assert_eq!(
+        got,
+        vec![
+            (1_000, recv),
+            (1_000, recv),
+            (1_000, recv),
+            (2_000, recv),
+            (3_000, recv)
+        ]
+    );
+    assert_eq!(h.client.durable().script_prefix(&id), Some(&body[..3_000]));
+    assert_eq!(h.client.counters().script_chunk_replays, 3);
+    assert_eq!(h.client.counters().script_chunks_accepted, 5);
+    assert!(!started(&h, &issue));
+    let seen = send_chunk(&mut h, chunk(&issue, &body, 3_000, 2_000));
+    assert_eq!(
+        statuses(&seen),
+        vec![status(&issue, 5_000, wire::ScriptUploadState::Committed)]
+    );
+    assert!(started(&h, &issue));
+    assert_eq!(h.client.durable().script_prefix(&id), None, "released");
+    assert_eq!(h.client.counters().server_violations, 0);
+}
+
+#[test]
+fn a_changed_overlap_or_a_hole_is_a_server_violation() {
+    let mut h = Harness::new(config(), 22);
+    h.connect();
+    h.reconcile();
+    let body = script_body(10_000, 3);
+    let (issue, _) = dispatch_script(&mut h, &body);
+    let id = Uuid7::parse("t", &issue).unwrap();
+    send_chunk(&mut h, chunk(&issue, &body, 0, 4_000));
+
+    // a changed overlap: consistent in itself (its own SHA-256 matches)
+    let mut other = body.clone();
+    other[3_500] ^= 0xff;
+    let seen = send_chunk(&mut h, chunk(&issue, &other, 3_000, 2_000));
+    assert!(seen.contains(&Seen::Close(1002)), "{seen:?}");
+    assert!(statuses(&seen).is_empty());
+    assert_eq!(h.client.counters().server_violations, 1);
+    assert!(h.client.violation_notes()[0].contains("changes bytes already received"));
+    assert_eq!(h.client.phase(), LinkPhase::Backoff);
+    assert_eq!(h.client.durable().script_prefix(&id), Some(&body[..4_000]));
+    h.conn = None;
+
+    // after the reconnect the snapshot reports the untouched prefix
+    h.connect();
+    let (chunks, _) = h.reconcile();
+    assert_eq!(chunks[0].records[0].script_received_bytes, 4_000);
+    // a hole: an offset past the prefix
+    let seen = send_chunk(&mut h, chunk(&issue, &body, 5_000, 1_000));
+    assert!(seen.contains(&Seen::Close(1002)), "{seen:?}");
+    assert_eq!(h.client.counters().server_violations, 2);
+    assert!(h.client.violation_notes()[1].contains("leaves a hole after the prefix 4000"));
+    assert_eq!(h.client.durable().script_prefix(&id), Some(&body[..4_000]));
+    h.conn = None;
+
+    // the honest rest still commits and launches
+    h.connect();
+    h.reconcile();
+    let seen = serve_script(&mut h, &issue, &body, 4_000);
+    assert!(!seen.contains(&Seen::Close(1002)));
+    assert!(started(&h, &issue));
+    assert_eq!(h.client.counters().server_violations, 2);
+    assert_eq!(h.client.counters().script_chunk_replays, 0);
+}
+
+#[test]
+fn malformed_chunks_are_server_violations_and_change_nothing() {
+    let mut h = Harness::new(config(), 23);
+    h.connect();
+    h.reconcile();
+    let body = script_body(300_000, 4);
+    let (issue, _) = dispatch_script(&mut h, &body);
+    let id = Uuid7::parse("t", &issue).unwrap();
+    send_chunk(&mut h, chunk(&issue, &body, 0, 1_000));
+    let good = || chunk(&issue, &body, 1_000, 1_000);
+    type Edit = Box<dyn Fn(&mut wire::ScriptChunk)>;
+    let cases: Vec<(&str, &str, Edit)> = vec![
+        (
+            "unspecified compression",
+            "compression value 0",
+            Box::new(|c| c.compression = wire::Compression::Unspecified as i32),
+        ),
+        (
+            "unknown compression",
+            "compression value 9",
+            Box::new(|c| c.compression = 9),
+        ),
+        (
+            "stored_length",
+            "stored_length",
+            Box::new(|c| c.stored_length += 1),
+        ),
+        (
+            "raw_length above the payload",
+            "decodes to 1000 bytes",
+            Box::new(|c| c.raw_length += 1),
+        ),
+        (
+            "raw_length 0",
+            "raw_length 0 is not",
+            Box::new(|c| c.raw_length = 0),
+        ),
+        (
+            "raw_sha256",
+            "raw_sha256",
+            Box::new(|c| c.raw_sha256[0] ^= 1),
+        ),
+        (
+            "raw_sha256 length",
+            "raw_sha256",
+            Box::new(|c| c.raw_sha256.truncate(31)),
+        ),
+        (
+            "declared_size",
+            "declared_size",
+            Box::new(|c| c.declared_size += 1),
+        ),
+        (
+            "past the declared size",
+            "passes the declared size",
+            Box::new(|c| c.offset = 300_000 - 999),
+        ),
+        (
+            "offset overflow",
+            "passes the declared size",
+            Box::new(|c| c.offset = u64::MAX - 10),
+        ),
+        (
+            "zstd that is not zstd",
+            "zstd payload",
+            Box::new(|c| c.compression = wire::Compression::Zstd as i32),
+        ),
+        (
+            "zstd larger than raw_length",
+            "zstd payload",
+            Box::new(|c| {
+                let bigger = vec![7u8; 2_000];
+                c.compression = wire::Compression::Zstd as i32;
+                c.payload = zstd::bulk::compress(&bigger, 3).unwrap();
+                c.stored_length = c.payload.len() as u32;
+            }),
+        ),
+    ];
+    let mut violations = 0;
+    for (name, want, edit) in &cases {
+        let mut c = good();
+        edit(&mut c);
+        let seen = send_chunk(&mut h, c);
+        violations += 1;
+        assert!(seen.contains(&Seen::Close(1002)), "{name}: {seen:?}");
+        assert!(statuses(&seen).is_empty(), "{name}");
+        assert_eq!(h.client.counters().server_violations, violations, "{name}");
+        let note = h.client.violation_notes().last().unwrap();
+        assert!(note.contains(want), "{name}: {note}");
+        assert_eq!(
+            h.client.durable().script_prefix(&id),
+            Some(&body[..1_000]),
+            "{name}"
+        );
+        h.conn = None;
+        h.connect();
+        h.reconcile();
+    }
+    // a raw chunk above 256 KiB
+    let seen = send_chunk(&mut h, chunk(&issue, &body, 1_000, SCRIPT_CHUNK + 1));
+    assert!(seen.contains(&Seen::Close(1002)), "{seen:?}");
+    let note = h.client.violation_notes().last().unwrap();
+    assert!(note.contains("raw_length 262145 is not"), "{note}");
+    h.conn = None;
+    h.connect();
+    h.reconcile();
+    // chunks for unknown or tombstoned commands are ignored; a chunk for
+    // a command-text command is a noted violation without a close
+    let before = h.client.counters().server_violations;
+    let unknown = h.rng.uuid_v7_text(u64::try_from(WALL_EPOCH_MS).unwrap());
+    let seen = send_chunk(&mut h, chunk(&unknown, &body, 0, 10));
+    assert!(seen.is_empty(), "{seen:?}");
+    assert_eq!(h.client.counters().server_violations, before);
+    let (text, _) = h.dispatch_new("echo text");
+    let seen = send_chunk(&mut h, chunk(&text, &body, 0, 10));
+    assert!(!seen.contains(&Seen::Close(1002)), "{seen:?}");
+    assert!(statuses(&seen).is_empty());
+    assert_eq!(h.client.counters().server_violations, before + 1);
+    let note = h.client.violation_notes().last().unwrap();
+    assert!(note.contains("a command without a script"), "{note}");
+    assert_eq!(h.client.phase(), LinkPhase::Active);
+    assert!(!started(&h, &issue));
+    assert_eq!(h.client.counters().script_chunks_accepted, 1);
+}
+
+#[test]
+fn a_wrong_whole_script_is_a_violation_and_never_launches() {
+    let mut h = Harness::new(config(), 24);
+    h.connect();
+    h.reconcile();
+    let body = script_body(2_000, 5);
+    // the descriptor promises other bytes of the same length
+    let mut promised = body.clone();
+    promised[0] ^= 1;
+    let (issue, _) = dispatch_script(&mut h, &promised);
+    send_chunk(&mut h, chunk(&issue, &body, 0, 1_000));
+    let seen = send_chunk(&mut h, chunk(&issue, &body, 1_000, 1_000));
+    assert!(seen.contains(&Seen::Close(1002)), "{seen:?}");
+    assert!(statuses(&seen).is_empty());
+    assert_eq!(h.client.counters().server_violations, 1);
+    assert_eq!(h.client.counters().scripts_committed, 0);
+    assert!(h.client.violation_notes()[0].contains("do not match the descriptor's SHA-256"));
+    let s = record(&h, &issue).script.unwrap();
+    assert!(!s.committed);
+    h.conn = None;
+    h.advance(h.now + 60_000);
+    assert!(!started(&h, &issue));
+}
+
+#[test]
+fn a_signal_before_the_commit_cancels_before_launch() {
+    let mut h = Harness::new(config(), 25);
+    h.connect();
+    h.reconcile();
+    let body = script_body(100_000, 6);
+    let (issue, _) = dispatch_script(&mut h, &body);
+    send_chunk(&mut h, chunk(&issue, &body, 0, 50_000));
+    let seen = h.deliver(Payload::Signal(wire::Signal {
+        issue_uuid: issue.clone(),
+        revision: 2,
+        signal: wire::SignalKind::Term as i32,
+    }));
+    let evs = events(&seen);
+    assert_eq!(evs.len(), 1);
+    assert_eq!(lifecycle_of(&evs[0]), Some(Lifecycle::Cancelled));
+    assert_eq!(h.client.counters().cancelled_before_launch, 1);
+    // the rest of the upload commits but the command never launches
+    let seen = send_chunk(&mut h, chunk(&issue, &body, 50_000, 50_000));
+    assert_eq!(
+        statuses(&seen),
+        vec![status(&issue, 100_000, wire::ScriptUploadState::Committed)]
+    );
+    h.advance(h.now + 60_000);
+    assert!(!started(&h, &issue));
+    assert_eq!(h.client.counters().server_violations, 0);
+}
+
+#[test]
+fn script_state_survives_a_crash_and_the_snapshot_reports_the_prefix() {
+    let mut h = Harness::new(config(), 26);
+    h.connect();
+    h.reconcile();
+    let body = script_body(700_000, 7);
+    let (issue, _) = dispatch_script(&mut h, &body);
+    let (text, _) = h.dispatch_new("sleep 1");
+    let id = Uuid7::parse("t", &issue).unwrap();
+    send_chunk(&mut h, chunk(&issue, &body, 0, SCRIPT_CHUNK));
+    send_chunk(&mut h, chunk(&issue, &body, SCRIPT_CHUNK, 37_856));
+    assert_eq!(record(&h, &issue).script.unwrap().received_bytes, 300_000);
+
+    h.client.crash_restart(h.now);
+    h.conn = None;
+    // durable: the prefix and the descriptor, not started
+    let v = record(&h, &issue);
+    assert_eq!(v.lifecycle, Lifecycle::Accepted);
+    assert!(!v.started);
+    let s = v.script.unwrap();
+    assert_eq!(
+        (s.size_bytes, s.received_bytes, s.committed),
+        (700_000, 300_000, false)
+    );
+    assert_eq!(
+        h.client.durable().script_prefix(&id),
+        Some(&body[..300_000])
+    );
+    h.connect();
+    let (chunks, after) = h.reconcile();
+    let by_id: BTreeMap<&str, u64> = chunks
+        .iter()
+        .flat_map(|c| c.records.iter())
+        .map(|r| (r.issue_uuid.as_str(), r.script_received_bytes))
+        .collect();
+    assert_eq!(by_id[issue.as_str()], 300_000);
+    assert_eq!(by_id[text.as_str()], 0);
+    // the client only waits: nothing for the script is sent by itself
+    assert!(statuses(&after).is_empty());
+    assert!(events(&after).iter().all(|e| e.issue_uuid != issue));
+    // the server resumes from the reported prefix (one replayed chunk
+    // first, as after a re-acceptance)
+    let mut seen = send_chunk(&mut h, chunk(&issue, &body, 200_000, 100_000));
+    seen.extend(serve_script(&mut h, &issue, &body, 300_000));
+    assert_eq!(statuses(&seen)[0].received_bytes, 300_000);
+    assert!(started(&h, &issue));
+    assert_eq!(h.client.counters().script_chunk_replays, 1);
+
+    // once committed, a crash keeps it committed and reports the size
+    h.client.crash_restart(h.now);
+    h.conn = None;
+    let v = record(&h, &issue);
+    assert_eq!(v.lifecycle, Lifecycle::Interrupted);
+    let s = v.script.unwrap();
+    assert_eq!((s.received_bytes, s.committed), (700_000, true));
+    h.connect();
+    let (chunks, _) = h.reconcile();
+    let rec = chunks
+        .iter()
+        .flat_map(|c| c.records.iter())
+        .find(|r| r.issue_uuid == issue)
+        .unwrap();
+    assert_eq!(rec.script_received_bytes, 700_000);
+    assert_eq!(h.client.ledger().starts()[&id], 1);
+    assert_eq!(h.client.counters().server_violations, 0);
+}
+
+#[test]
+fn a_one_and_a_half_megabyte_script_arrives_in_windowed_chunks() {
+    let mut h = Harness::new(config(), 27);
+    h.connect();
+    h.reconcile();
+    let body = script_body(1_500_000, 8);
+    let (issue, _) = dispatch_script(&mut h, &body);
+    let seen = serve_script(&mut h, &issue, &body, 0);
+    let st = statuses(&seen);
+    // six chunks: five of 256 KiB and one of 189,280 bytes
+    assert_eq!(st.len(), 6);
+    assert_eq!(h.client.counters().script_chunks_accepted, 6);
+    for (i, s) in st.iter().enumerate() {
+        assert_eq!(s.issue_uuid, issue);
+        assert!(s.error.is_none());
+        let want = ((i + 1) * SCRIPT_CHUNK).min(1_500_000) as u64;
+        assert_eq!(s.received_bytes, want);
+        let state = if i == 5 {
+            wire::ScriptUploadState::Committed
+        } else {
+            wire::ScriptUploadState::Receiving
+        };
+        assert_eq!(s.state, state as i32);
+    }
+    // every frame fits the envelope limit
+    for s in &h.log {
+        if let Seen::Env(e) = s {
+            assert!(e.encoded_len() <= 1 << 20);
+        }
+    }
+    assert!(started(&h, &issue));
+    assert_eq!(h.client.counters().scripts_committed, 1);
+    h.run_to_quiet(seen, h.now + 60_000);
+    let id = Uuid7::parse("t", &issue).unwrap();
+    assert!(h.client.durable().is_tombstoned(&id));
+    assert_eq!(h.client.counters().server_violations, 0);
 }

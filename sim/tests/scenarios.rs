@@ -139,6 +139,13 @@ impl Script {
                             self.dispatched.push(d);
                             s
                         }
+                        Payload::ScriptChunk(c) => format!(
+                            "script_chunk {} @{} +{} of {}",
+                            short(&c.issue_uuid),
+                            c.offset,
+                            c.raw_length,
+                            c.declared_size
+                        ),
                         Payload::Signal(g) => format!(
                             "signal {} {} revision={}",
                             short(&g.issue_uuid),
@@ -995,5 +1002,107 @@ fn a_signal_on_dispatched_work_is_resolved_by_the_acceptance_or_cancels_work_nev
         .filter(|x| x.issue_uuid == rvbox_sim::rng::uuid_text(&never))
         .count();
     assert_eq!(redispatched, 1, "never dispatched again");
+    insta::assert_snapshot!(s.trace());
+}
+
+/// A script of `len` pseudo-random bytes.
+fn script_body(len: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()[0]
+        })
+        .collect()
+}
+
+#[test]
+fn a_script_is_uploaded_in_a_window_acknowledged_by_the_client_and_resumed_after_a_reconnect() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let body = script_body(1_500_000);
+    let id = s.ids.uuid_v7(u64::try_from(s.wall).unwrap());
+    let req = wire::RunCommandRequest {
+        request_id: rvbox_sim::rng::uuid_text(&id),
+        client_id: "web-1".into(),
+        spec: Some(wire::ExecutionSpec {
+            source: Some(wire::execution_spec::Source::Script(
+                wire::ScriptDescriptor {
+                    display_basename: "deploy.sh".into(),
+                    size_bytes: body.len() as u64,
+                    sha256: rvbox_segment::sha256(&body).to_vec(),
+                },
+            )),
+            ..Default::default()
+        }),
+        script: body.clone(),
+        queue_ttl: None,
+    };
+    s.e.run_command(&req, s.wall).unwrap();
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.note("accepted: chunks of 256 KiB up to 1 MiB beyond what the client holds");
+    s.accept(1, &d, wire::AcceptOutcome::Positive);
+    let status = |received: u64, state: wire::ScriptUploadState| {
+        Payload::ScriptUploadStatus(wire::ScriptUploadStatus {
+            issue_uuid: d.issue_uuid.clone(),
+            received_bytes: received,
+            state: state as i32,
+            error: None,
+        })
+    };
+    s.note("the client holds 512 KiB: the window moves by that much");
+    s.send(1, status(524_288, wire::ScriptUploadState::Receiving));
+    s.note("the connection drops; the client comes back holding 768 KiB");
+    s.e.disconnected(s.now, s.wall, 1);
+    s.drain();
+    s.hello(2, A);
+    s.reconcile(
+        2,
+        vec![wire::SnapshotRecord {
+            issue_uuid: d.issue_uuid.clone(),
+            request_hash: d.request_hash.clone(),
+            revision: 1,
+            lifecycle: wire::Lifecycle::Accepted as i32,
+            last_assigned_event_seq: 0,
+            acked_event_seq: 0,
+            script_received_bytes: 786_432,
+        }],
+        1,
+    );
+    s.note("the rest, then the client commits the whole script");
+    s.send(2, status(1_500_000, wire::ScriptUploadState::Committed));
+    let stats = s.e.stats().clone();
+    assert_eq!(stats.scripts_committed, 1);
+    assert_eq!(stats.script_uploads, 2);
+    s.note("a prefix beyond the script's size is a protocol error");
+    s.capacity(2, 0);
+    let other = s.ids.uuid_v7(u64::try_from(s.wall).unwrap());
+    let req2 = wire::RunCommandRequest {
+        request_id: rvbox_sim::rng::uuid_text(&other),
+        ..req
+    };
+    s.e.run_command(&req2, s.wall).unwrap();
+    s.advance(1);
+    let d2 = s.dispatched.last().unwrap().clone();
+    s.accept(2, &d2, wire::AcceptOutcome::Positive);
+    s.send(
+        2,
+        Payload::ScriptUploadStatus(wire::ScriptUploadStatus {
+            issue_uuid: d2.issue_uuid.clone(),
+            received_bytes: 1_500_001,
+            state: wire::ScriptUploadState::Receiving as i32,
+            error: None,
+        }),
+    );
+    assert!(
+        s.log
+            .last()
+            .unwrap()
+            .contains("close CLOSE_REASON_PROTOCOL_ERROR")
+    );
     insta::assert_snapshot!(s.trace());
 }

@@ -45,6 +45,7 @@ const MUST_HAPPEN: &[&str] = &[
     "operator_signal",
     "operator_signal_replayed",
     "second_instance_refused",
+    "client scripts_committed",
     "server_close CLOSE_REASON_PROTOCOL_ERROR",
     "server_close CLOSE_REASON_STALE_SESSION",
 ];

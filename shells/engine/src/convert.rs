@@ -61,8 +61,9 @@ pub(crate) fn server_command(v: &CommandView) -> Option<ServerCommand> {
         } else {
             Source::Script {
                 size_bytes: v.script_bytes,
-                // a stored script is committed once the command is accepted
-                upload_committed: !matches!(v.lifecycle, Lifecycle::Queued | Lifecycle::Dispatched),
+                // the client launches only a committed script; before
+                // that, the upload resumes from the client's prefix
+                upload_committed: v.lifecycle == Lifecycle::Running,
             }
         },
     })

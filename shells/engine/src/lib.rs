@@ -125,6 +125,12 @@ pub struct EngineStats {
     /// Pending signals queued again after an acceptance or a
     /// reconciliation.
     pub signals_sent_again: u64,
+    /// Script uploads started (after an acceptance or a reconciliation).
+    pub script_uploads: u64,
+    /// Script chunks sent.
+    pub script_chunks: u64,
+    /// Script uploads the client committed.
+    pub scripts_committed: u64,
 }
 
 #[derive(Debug)]
@@ -137,6 +143,20 @@ struct Conn {
     round: u64,
     assembler: Option<SnapshotAssembler>,
     rows: Vec<ServerCommand>,
+    /// Script uploads in progress on this connection (plan §7.3 "script
+    /// dispatch"), by command.
+    uploads: BTreeMap<Uuid7, Upload>,
+}
+
+/// One script upload to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Upload {
+    /// Total raw size.
+    size: u64,
+    /// Next raw offset to send.
+    sent: u64,
+    /// The client's durable contiguous prefix, as last reported.
+    received: u64,
 }
 
 #[derive(Debug, Default)]
@@ -165,6 +185,18 @@ pub struct Engine {
     /// Monotonic time of the last queue-expiry pass.
     last_expiry_ms: Option<u64>,
 }
+
+/// Raw bytes of one `ScriptChunk` (the protocol's per-chunk ceiling).
+pub const SCRIPT_CHUNK_BYTES: u64 = 256 * 1024;
+/// Script bytes in flight per command beyond the client's durable prefix:
+/// the server never streams a script without progress acknowledgements.
+pub const SCRIPT_WINDOW_BYTES: u64 = 1024 * 1024;
+/// Script bytes in flight on one connection, over all its uploads (the
+/// 8 MiB per-session data window).
+pub const SCRIPT_SESSION_WINDOW_BYTES: u64 = 8 * 1024 * 1024;
+/// Most script uploads one connection runs at once (a client's accepted
+/// commands are bounded far below this).
+pub const MAX_UPLOADS_PER_CONNECTION: usize = 1024;
 
 /// Queue expiry is decided at most this often (the TTL has second
 /// resolution; the pass reads an index).
@@ -284,6 +316,7 @@ impl Engine {
                         round: 0,
                         assembler: None,
                         rows: Vec::new(),
+                        uploads: BTreeMap::new(),
                     },
                 );
             }
@@ -590,9 +623,10 @@ impl Engine {
                 self.accepted(now_ms, wall_ms, conn, issue, &message);
             }
             ClientMessage::CommandEvent(desc) => self.event(now_ms, wall_ms, conn, desc),
-            ClientMessage::ScriptUploadStatus { .. }
-            | ClientMessage::Pty { .. }
-            | ClientMessage::ControlError(_) => {}
+            ClientMessage::ScriptUploadStatus { issue, message } => {
+                self.upload_status(wall_ms, conn, issue, &message);
+            }
+            ClientMessage::Pty { .. } | ClientMessage::ControlError(_) => {}
         }
     }
 
@@ -720,6 +754,26 @@ impl Engine {
                 self.resend_signals(conn, a.issue_uuid.as_bytes());
             }
         }
+        // and script uploads not yet committed resume from the client's
+        // durable prefix
+        for resume in &outcome.result().resume {
+            let Ok(issue) = Uuid7::parse("resume.issue_uuid", &resume.issue_uuid) else {
+                continue;
+            };
+            let uploading = rows.iter().any(|r| {
+                r.issue_uuid == issue
+                    && matches!(
+                        r.source,
+                        Source::Script {
+                            upload_committed: false,
+                            ..
+                        }
+                    )
+            });
+            if uploading {
+                self.start_upload(conn, issue, resume.script_resume_offset);
+            }
+        }
         if let Some(st) = self.clients.get_mut(&client)
             && st.conn == Some(conn)
         {
@@ -835,6 +889,7 @@ impl Engine {
                     // every signal still pending for it, a late TERM
                     // included: the client ignores revisions it has seen
                     self.resend_signals(conn, &id);
+                    self.start_upload(conn, issue, 0);
                 }
                 r
             }
@@ -848,6 +903,7 @@ impl Engine {
                 };
                 if r.is_ok() {
                     self.resend_signals(conn, &id);
+                    self.start_upload(conn, issue, 0);
                 }
                 r
             }
@@ -1185,6 +1241,196 @@ impl Engine {
             }
         }
         Ok(outcome.response)
+    }
+
+    /// Starts (or restarts) the script upload of `issue` on `conn` from raw
+    /// offset `from`; nothing for a command that runs command text or whose
+    /// script the client already holds whole.
+    fn start_upload(&mut self, conn: ConnId, issue: Uuid7, from: u64) {
+        let size = match self.store.script_range(issue.as_bytes(), from, 0) {
+            Ok(Some((size, _))) => size,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "script not readable for upload");
+                return;
+            }
+        };
+        if from >= size {
+            return;
+        }
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.uploads.len() >= MAX_UPLOADS_PER_CONNECTION && !c.uploads.contains_key(&issue) {
+            tracing::warn!(
+                "too many script uploads on one connection; this one waits for a reconnect"
+            );
+            return;
+        }
+        self.stats.script_uploads += 1;
+        c.uploads.insert(
+            issue,
+            Upload {
+                size,
+                sent: from,
+                received: from,
+            },
+        );
+        tracing::info!(offset = from, size, "script upload started");
+        self.pump_upload(conn, issue);
+    }
+
+    fn upload(&self, conn: ConnId, issue: Uuid7) -> Option<Upload> {
+        self.conns
+            .get(&conn)
+            .and_then(|c| c.uploads.get(&issue))
+            .copied()
+    }
+
+    /// Sends script chunks of `issue` while its window has room.
+    fn pump_upload(&mut self, conn: ConnId, issue: Uuid7) {
+        loop {
+            let Some(up) = self.upload(conn, issue) else {
+                return;
+            };
+            let limit = up.size.min(up.received.saturating_add(SCRIPT_WINDOW_BYTES));
+            let session_room = self.conns.get(&conn).map_or(0, |c| {
+                SCRIPT_SESSION_WINDOW_BYTES.saturating_sub(
+                    c.uploads
+                        .values()
+                        .map(|u| u.sent.saturating_sub(u.received))
+                        .sum(),
+                )
+            });
+            if up.sent >= limit || session_room == 0 {
+                return;
+            }
+            let len = SCRIPT_CHUNK_BYTES.min(limit - up.sent).min(session_room);
+            let bytes = match self.store.script_range(
+                issue.as_bytes(),
+                up.sent,
+                usize::try_from(len).unwrap_or(0),
+            ) {
+                Ok(Some((_, b))) if !b.is_empty() => b,
+                Ok(_) => {
+                    tracing::error!("script shorter than its descriptor; upload stopped");
+                    self.end_upload(conn, issue);
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "script chunk not readable; upload stopped");
+                    self.end_upload(conn, issue);
+                    return;
+                }
+            };
+            let raw_length = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+            let chunk = wire::ScriptChunk {
+                issue_uuid: issue.to_string(),
+                offset: up.sent,
+                declared_size: up.size,
+                compression: wire::Compression::None as i32,
+                raw_sha256: rvbox_segment::sha256(&bytes).to_vec(),
+                raw_length,
+                stored_length: raw_length,
+                payload: bytes,
+            };
+            let Some(c) = self.conns.get_mut(&conn) else {
+                return;
+            };
+            if let Err(e) = c.session.send(Payload::ScriptChunk(chunk)) {
+                tracing::warn!(error = %e, "script chunk not queued; the upload resumes after a reconnect");
+                c.uploads.remove(&issue);
+                return;
+            }
+            self.stats.script_chunks += 1;
+            if let Some(u) = c.uploads.get_mut(&issue) {
+                u.sent = up.sent.saturating_add(u64::from(raw_length));
+            }
+        }
+    }
+
+    fn end_upload(&mut self, conn: ConnId, issue: Uuid7) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.uploads.remove(&issue);
+        }
+    }
+
+    /// `ScriptUploadStatus`: the client's durable prefix opens the window
+    /// (and skips what it already holds); `COMMITTED` or `REJECTED` ends
+    /// the upload. A prefix beyond the script's size, a commit short of it,
+    /// or an unset state is a protocol error.
+    fn upload_status(
+        &mut self,
+        wall_ms: i64,
+        conn: ConnId,
+        issue: Uuid7,
+        m: &wire::ScriptUploadStatus,
+    ) {
+        let Some(up) = self.upload(conn, issue) else {
+            // no upload running here (it ended, or a restart lost it): the
+            // next reconciliation resumes it from the client's prefix
+            return;
+        };
+        let state = wire::ScriptUploadState::try_from(m.state)
+            .unwrap_or(wire::ScriptUploadState::Unspecified);
+        // the client may hold more than this upload sent (an earlier
+        // connection's chunks); never more than the script
+        let valid = m.received_bytes <= up.size
+            && match state {
+                wire::ScriptUploadState::Receiving => true,
+                wire::ScriptUploadState::Committed => m.received_bytes == up.size,
+                wire::ScriptUploadState::Rejected => true,
+                wire::ScriptUploadState::Unspecified => false,
+            };
+        if !valid {
+            tracing::warn!(
+                received = m.received_bytes,
+                sent = up.sent,
+                state = state.as_str_name(),
+                "script upload status refused"
+            );
+            self.close(conn, wire::CloseReason::ProtocolError, wall_ms);
+            return;
+        }
+        match state {
+            wire::ScriptUploadState::Committed => {
+                self.stats.scripts_committed += 1;
+                tracing::info!(size = up.size, "script upload committed by the client");
+                self.end_upload(conn, issue);
+            }
+            wire::ScriptUploadState::Rejected => {
+                tracing::warn!(
+                    reason = m.error.as_ref().map_or("", |e| e.reason.as_str()),
+                    "script upload rejected by the client"
+                );
+                self.end_upload(conn, issue);
+            }
+            _ => {
+                if let Some(u) = self
+                    .conns
+                    .get_mut(&conn)
+                    .and_then(|c| c.uploads.get_mut(&issue))
+                {
+                    // a durable prefix never shrinks: an older report changes nothing
+                    u.received = u.received.max(m.received_bytes);
+                    u.sent = u.sent.max(u.received);
+                }
+                // the freed window may let any upload of this connection on
+                self.pump_uploads(conn);
+            }
+        }
+    }
+
+    /// Pumps every upload of `conn`, in command order.
+    fn pump_uploads(&mut self, conn: ConnId) {
+        let issues: Vec<Uuid7> = self
+            .conns
+            .get(&conn)
+            .map(|c| c.uploads.keys().copied().collect())
+            .unwrap_or_default();
+        for issue in issues {
+            self.pump_upload(conn, issue);
+        }
     }
 
     /// Queues every signal still pending for `issue` on `conn` (at least

@@ -182,15 +182,23 @@ fn integrity(what: &str) -> OpError {
     )))
 }
 
+/// One stored script chunk row: ordinal, raw length, stored length,
+/// SHA-256 of the raw bytes, inline zstd bytes, or its offset in the blob
+/// segment.
+type ChunkRow = (i64, i64, i64, Vec<u8>, Option<Vec<u8>>, Option<i64>);
+
+/// A script's descriptor and chunk rows, with its blob segment opened when
+/// a row lives there.
+struct StoredScript {
+    desc: wire::ScriptDescriptor,
+    rows: Vec<ChunkRow>,
+    file: Option<Box<dyn crate::fs::SegmentFile>>,
+}
+
 impl Store {
-    /// The script bytes of a scripted command, verified chunk by chunk and
-    /// as a whole against the descriptor's SHA-256 and size; `None` for a
-    /// command that runs command text.
-    ///
-    /// # Errors
-    /// `NOT_FOUND` for an unknown command; a store integrity error when a
-    /// stored chunk is missing or fails its checks.
-    pub fn script(&self, issue: &[u8; 16]) -> Result<Option<Vec<u8>>, OpError> {
+    /// The descriptor and chunk rows of a scripted command; `None` for one
+    /// that runs command text.
+    fn stored_script(&self, issue: &[u8; 16]) -> Result<Option<StoredScript>, OpError> {
         let spec: Option<(Vec<u8>,)> = self
             .conn
             .query_row(
@@ -215,16 +223,14 @@ impl Store {
         let Some(wire::execution_spec::Source::Script(desc)) = spec.source else {
             return Ok(None);
         };
-        let max = usize::try_from(limits::MAX_SCRIPT_BYTES).unwrap_or(0);
         let mut stmt = self
             .conn
-            .prepare(
-                "SELECT ordinal, compression, raw_len, stored_len, sha256, inline_bytes, segment_offset
+            .prepare_cached(
+                "SELECT ordinal, raw_len, stored_len, sha256, inline_bytes, segment_offset
                  FROM command_payloads WHERE issue_uuid = ?1 AND kind = ?2 ORDER BY ordinal",
             )
             .map_err(|e| StoreError::sqlite("read script", e))?;
-        type Row = (i64, i64, i64, i64, Vec<u8>, Option<Vec<u8>>, Option<i64>);
-        let rows: Vec<Row> = stmt
+        let rows: Vec<ChunkRow> = stmt
             .query_map(params![issue.as_slice(), Kind::Script.as_u8()], |r| {
                 Ok((
                     r.get(0)?,
@@ -233,13 +239,12 @@ impl Store {
                     r.get(3)?,
                     r.get(4)?,
                     r.get(5)?,
-                    r.get(6)?,
                 ))
             })
             .map_err(|e| StoreError::sqlite("read script", e))?
             .collect::<Result<_, _>>()
             .map_err(|e| StoreError::sqlite("read script", e))?;
-        let file = if rows.iter().any(|r| r.6.is_some()) {
+        let file = if rows.iter().any(|r| r.5.is_some()) {
             let name = segment_file_name(issue, BLOB_ORDINAL)
                 .ok_or_else(|| integrity("blob segment name"))?;
             Some(
@@ -250,51 +255,123 @@ impl Store {
         } else {
             None
         };
-        let lim = script_limits();
+        Ok(Some(StoredScript { desc, rows, file }))
+    }
+
+    /// Decodes and verifies chunk `i` of `script`.
+    fn script_chunk(
+        issue: &[u8; 16],
+        script: &StoredScript,
+        i: usize,
+        row: &ChunkRow,
+    ) -> Result<Vec<u8>, OpError> {
+        let max = usize::try_from(limits::MAX_SCRIPT_BYTES).unwrap_or(0);
+        let (ordinal, raw_len, stored_len, digest, inline, offset) = row;
+        if to_u64(*ordinal) != i as u64 {
+            return Err(integrity("a chunk is missing"));
+        }
+        let raw_len = usize::try_from(*raw_len).map_err(|_| integrity("chunk length"))?;
+        if raw_len > max {
+            return Err(integrity("the script is larger than 10 MiB"));
+        }
+        let raw = match (inline, offset, &script.file) {
+            (Some(z), _, _) => {
+                zstd::bulk::decompress(z, max).map_err(|_| integrity("inline bytes"))?
+            }
+            (None, Some(off), Some(f)) => {
+                let len = rvbox_segment::encoded_len(
+                    u32::try_from(*stored_len).map_err(|_| integrity("chunk length"))?,
+                );
+                let mut buf =
+                    vec![0u8; usize::try_from(len).map_err(|_| integrity("chunk length"))?];
+                f.read_exact_at(&mut buf, to_u64(*off))
+                    .map_err(|_| integrity("short blob segment"))?;
+                let rec = decode(&buf, &script_limits()).map_err(|e| integrity(e.code()))?;
+                if rec.meta.issue_uuid != *issue
+                    || rec.meta.seq != i as u64
+                    || rec.meta.kind != Kind::Script
+                {
+                    return Err(integrity("record identity"));
+                }
+                zstd::bulk::decompress(rec.payload, raw_len)
+                    .map_err(|_| integrity("chunk bytes"))?
+            }
+            _ => return Err(integrity("a chunk has no bytes")),
+        };
+        if raw.len() != raw_len || sha256(&raw).as_slice() != digest.as_slice() {
+            return Err(integrity("chunk digest"));
+        }
+        Ok(raw)
+    }
+
+    /// The script bytes of a scripted command, verified chunk by chunk and
+    /// as a whole against the descriptor's SHA-256 and size; `None` for a
+    /// command that runs command text.
+    ///
+    /// # Errors
+    /// `NOT_FOUND` for an unknown command; a store integrity error when a
+    /// stored chunk is missing or fails its checks.
+    pub fn script(&self, issue: &[u8; 16]) -> Result<Option<Vec<u8>>, OpError> {
+        let Some(script) = self.stored_script(issue)? else {
+            return Ok(None);
+        };
+        let max = usize::try_from(limits::MAX_SCRIPT_BYTES).unwrap_or(0);
         let mut out = Vec::new();
-        for (i, (ordinal, _, raw_len, stored_len, digest, inline, offset)) in
-            rows.into_iter().enumerate()
-        {
-            if to_u64(ordinal) != i as u64 {
-                return Err(integrity("a chunk is missing"));
-            }
-            let raw_len = usize::try_from(raw_len).map_err(|_| integrity("chunk length"))?;
-            if out.len().saturating_add(raw_len) > max {
+        for (i, row) in script.rows.iter().enumerate() {
+            let raw = Self::script_chunk(issue, &script, i, row)?;
+            if out.len().saturating_add(raw.len()) > max {
                 return Err(integrity("the script is larger than 10 MiB"));
-            }
-            let raw = match (inline, offset, &file) {
-                (Some(z), _, _) => {
-                    zstd::bulk::decompress(&z, max).map_err(|_| integrity("inline bytes"))?
-                }
-                (None, Some(off), Some(f)) => {
-                    let len = rvbox_segment::encoded_len(
-                        u32::try_from(stored_len).map_err(|_| integrity("chunk length"))?,
-                    );
-                    let mut buf =
-                        vec![0u8; usize::try_from(len).map_err(|_| integrity("chunk length"))?];
-                    f.read_exact_at(&mut buf, to_u64(off))
-                        .map_err(|_| integrity("short blob segment"))?;
-                    let rec = decode(&buf, &lim).map_err(|e| integrity(e.code()))?;
-                    if rec.meta.issue_uuid != *issue
-                        || rec.meta.seq != i as u64
-                        || rec.meta.kind != Kind::Script
-                    {
-                        return Err(integrity("record identity"));
-                    }
-                    zstd::bulk::decompress(rec.payload, raw_len)
-                        .map_err(|_| integrity("chunk bytes"))?
-                }
-                _ => return Err(integrity("a chunk has no bytes")),
-            };
-            if raw.len() != raw_len || sha256(&raw).as_slice() != digest.as_slice() {
-                return Err(integrity("chunk digest"));
             }
             out.extend_from_slice(&raw);
         }
+        let desc = &script.desc;
         if out.len() as u64 != desc.size_bytes || sha256(&out).as_slice() != desc.sha256.as_slice()
         {
             return Err(integrity("size or SHA-256 differs from the descriptor"));
         }
         Ok(Some(out))
+    }
+
+    /// Up to `max_len` script bytes from raw offset `from` (for the upload
+    /// to the client), reading and verifying only the stored chunks that
+    /// overlap the range; with the script's total size. `None` for a
+    /// command that runs command text. Empty at or past the end.
+    ///
+    /// # Errors
+    /// As [`Store::script`].
+    pub fn script_range(
+        &self,
+        issue: &[u8; 16],
+        from: u64,
+        max_len: usize,
+    ) -> Result<Option<(u64, Vec<u8>)>, OpError> {
+        let Some(script) = self.stored_script(issue)? else {
+            return Ok(None);
+        };
+        let size = script.desc.size_bytes;
+        let end = from.saturating_add(max_len as u64).min(size);
+        let mut out = Vec::new();
+        let mut at = 0u64;
+        for (i, row) in script.rows.iter().enumerate() {
+            if at >= end {
+                break;
+            }
+            let len = to_u64(row.1);
+            let next = at.saturating_add(len);
+            if next > from {
+                let raw = Self::script_chunk(issue, &script, i, row)?;
+                let lo = usize::try_from(from.saturating_sub(at)).unwrap_or(usize::MAX);
+                let hi = usize::try_from(end.min(next).saturating_sub(at)).unwrap_or(0);
+                let part = raw.get(lo..hi).ok_or_else(|| integrity("chunk length"))?;
+                out.extend_from_slice(part);
+            }
+            at = next;
+        }
+        if at < end {
+            return Err(integrity(
+                "the stored chunks are shorter than the descriptor",
+            ));
+        }
+        Ok(Some((size, out)))
     }
 }

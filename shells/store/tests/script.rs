@@ -185,3 +185,54 @@ fn evicting_a_finished_command_removes_its_blob_segment() {
     assert!(!blob_path(dir.path(), &id).exists());
     assert_counters(&s);
 }
+
+#[test]
+fn script_ranges_read_only_the_overlapping_chunks_and_join_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let big = new_id();
+    let body = chunk(11, 3 * 1024 * 1024 + 123); // 13 stored chunks
+    s.run_command(&script_request(&big, &body), NOW).unwrap();
+    let size = body.len() as u64;
+    // windows that start and end inside, on and across chunk boundaries
+    for (from, len) in [
+        (0u64, 1usize),
+        (0, 256 * 1024),
+        (256 * 1024 - 1, 2),
+        (300_000, 1024 * 1024),
+        (size - 10, 1024 * 1024),
+        (size, 100),
+        (size + 5, 100),
+    ] {
+        let (total, got) = s.script_range(&big, from, len).unwrap().unwrap();
+        assert_eq!(total, size);
+        let lo = usize::try_from(from.min(size)).unwrap();
+        let hi = usize::try_from((from + len as u64).min(size)).unwrap();
+        assert_eq!(got, body[lo..hi.max(lo)], "range {from}+{len}");
+    }
+    // consecutive windows rebuild the script
+    let mut rebuilt = Vec::new();
+    while (rebuilt.len() as u64) < size {
+        let (_, part) = s
+            .script_range(&big, rebuilt.len() as u64, 200_000)
+            .unwrap()
+            .unwrap();
+        assert!(!part.is_empty());
+        rebuilt.extend_from_slice(&part);
+    }
+    assert_eq!(rebuilt, body);
+
+    // an inline script, and a text command
+    let small = new_id();
+    let inline = b"#!/bin/sh\necho hello\n".to_vec();
+    s.run_command(&script_request(&small, &inline), NOW)
+        .unwrap();
+    assert_eq!(
+        s.script_range(&small, 3, 5).unwrap(),
+        Some((inline.len() as u64, inline[3..8].to_vec()))
+    );
+    let text_cmd = new_id();
+    s.run_command(&run_request(&text_cmd, "web-1", "uptime"), NOW)
+        .unwrap();
+    assert_eq!(s.script_range(&text_cmd, 0, 10).unwrap(), None);
+}
