@@ -435,6 +435,8 @@ impl Ledger {
 /// Counters of what the client did and saw (conventions rule 7).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClientCounters {
+    /// Script chunks refused for a command the client does not hold.
+    pub script_chunks_refused: u64,
     /// Connection attempts.
     pub connects: u64,
     /// Failed connection attempts.
@@ -805,6 +807,10 @@ struct Volatile {
     misbehaved: bool,
     last_sent: Option<wire::CommandEvent>,
     largest_sent: Option<(u64, wire::CommandEvent)>,
+    /// Script windows on this connection: per command, the largest prefix
+    /// reported (snapshot or status) and the end of the furthest chunk
+    /// received, to check the server's 1 MiB / 8 MiB windows.
+    script_window: BTreeMap<Uuid7, (u64, u64)>,
 }
 
 impl Volatile {
@@ -823,9 +829,18 @@ impl Volatile {
             misbehaved: false,
             last_sent: None,
             largest_sent: None,
+            script_window: BTreeMap::new(),
         }
     }
 }
+
+/// Script bytes the server may have in flight per command beyond the
+/// prefix the client reported (plan §7.3).
+const SCRIPT_WINDOW_BYTES: u64 = 1024 * 1024;
+/// The same over all commands of one connection.
+const SCRIPT_SESSION_WINDOW_BYTES: u64 = 8 * 1024 * 1024;
+/// Received script bytes between two progress reports.
+const SCRIPT_STATUS_EVERY_BYTES: u64 = 512 * 1024;
 
 /// A simulated client daemon.
 #[derive(Debug, Clone)]
@@ -1211,6 +1226,7 @@ impl SimClient {
             self.send_item(conn, Item::Close { code });
         }
         self.vol.sent_upto.clear();
+        self.vol.script_window.clear();
         self.vol.last_capacity = None;
         self.vol.misbehaved = false;
         self.vol.last_sent = None;
@@ -1513,6 +1529,13 @@ impl SimClient {
         };
         self.vol.last_capacity = None;
         let chunks = self.snapshot_chunks(req.round, &req.rows);
+        // the prefixes reported here are the base of the server's windows
+        for (id, r) in &self.durable.records {
+            if let Some(script) = r.script.as_ref().filter(|s| !s.committed) {
+                let prefix = script.received();
+                self.vol.script_window.insert(*id, (prefix, prefix));
+            }
+        }
         self.counters.snapshots = self.counters.snapshots.saturating_add(1);
         for chunk in chunks {
             self.counters.snapshot_chunks = self.counters.snapshot_chunks.saturating_add(1);
@@ -1542,6 +1565,7 @@ impl SimClient {
                 script_received_bytes: r.script.as_ref().map_or(0, ScriptUpload::received),
             })
             .collect();
+
         let requested: BTreeSet<Uuid7> = rows
             .iter()
             .filter_map(|row| Uuid7::parse("reconcile_request.rows", &row.issue_uuid).ok())
@@ -2307,13 +2331,30 @@ impl SimClient {
             return;
         };
         // unknown or tombstoned (no record), or ended by reconciliation:
-        // the server's upload is stale, nothing to do
+        // the server's upload is stale; refuse it so the server ends it
+        let held = self
+            .durable
+            .records
+            .get(&issue)
+            .filter(|r| !r.orphaned)
+            .is_some();
+        if !held {
+            self.counters.script_chunks_refused =
+                self.counters.script_chunks_refused.saturating_add(1);
+            self.send_payload(Payload::ScriptUploadStatus(wire::ScriptUploadStatus {
+                issue_uuid: c.issue_uuid.clone(),
+                received_bytes: 0,
+                state: wire::ScriptUploadState::Rejected as i32,
+                error: Some(
+                    DomainError::new(Code::NotFound, "the client does not hold this command")
+                        .to_detail(),
+                ),
+            }));
+            return;
+        }
         let Some(rec) = self.durable.records.get(&issue) else {
             return;
         };
-        if rec.orphaned {
-            return;
-        }
         let Some(script) = rec.script.as_ref() else {
             self.note_violation(format!(
                 "script chunk for {issue}, a command without a script"
@@ -2343,6 +2384,33 @@ impl SimClient {
                 return;
             }
         };
+        // the server keeps at most 1 MiB per command, and 8 MiB per
+        // connection, beyond the prefix this client reported
+        let end = c.offset.saturating_add(u64::from(c.raw_length));
+        let (reported, seen) = self
+            .vol
+            .script_window
+            .get(&issue)
+            .copied()
+            .unwrap_or((0, 0));
+        let mut in_flight = end.saturating_sub(reported);
+        for (id, (r, s)) in &self.vol.script_window {
+            if *id != issue {
+                in_flight = in_flight.saturating_add(s.saturating_sub(*r));
+            }
+        }
+        if end > reported.saturating_add(SCRIPT_WINDOW_BYTES)
+            || in_flight > SCRIPT_SESSION_WINDOW_BYTES
+        {
+            self.violation(
+                now,
+                format!(
+                    "script chunk {issue} ending at {end} is past the window (prefix reported {reported}, {in_flight} bytes in flight on the connection)"
+                ),
+                close_code::PROTOCOL_ERROR,
+            );
+            return;
+        }
         let prefix = to_u64(script.data.len());
         if c.offset > prefix {
             self.violation(
@@ -2408,11 +2476,24 @@ impl SimClient {
             );
             return;
         }
+        // progress is reported every 512 KiB (half the window, so the
+        // server never waits on it), at once for a replay (the server may
+        // be resending what this client holds and must learn to skip
+        // ahead), and at the end
         let state = if verified {
             self.counters.scripts_committed = self.counters.scripts_committed.saturating_add(1);
+            self.vol.script_window.remove(&issue);
             wire::ScriptUploadState::Committed
-        } else {
+        } else if replay || received.saturating_sub(reported) >= SCRIPT_STATUS_EVERY_BYTES {
+            self.vol
+                .script_window
+                .insert(issue, (reported.max(received), seen.max(end)));
             wire::ScriptUploadState::Receiving
+        } else {
+            self.vol
+                .script_window
+                .insert(issue, (reported, seen.max(end)));
+            return;
         };
         self.send_payload(Payload::ScriptUploadStatus(wire::ScriptUploadStatus {
             issue_uuid: c.issue_uuid.clone(),

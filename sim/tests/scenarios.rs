@@ -1025,22 +1025,7 @@ fn a_script_is_uploaded_in_a_window_acknowledged_by_the_client_and_resumed_after
     s.reconcile(1, vec![], 0);
     let body = script_body(1_500_000);
     let id = s.ids.uuid_v7(u64::try_from(s.wall).unwrap());
-    let req = wire::RunCommandRequest {
-        request_id: rvbox_sim::rng::uuid_text(&id),
-        client_id: "web-1".into(),
-        spec: Some(wire::ExecutionSpec {
-            source: Some(wire::execution_spec::Source::Script(
-                wire::ScriptDescriptor {
-                    display_basename: "deploy.sh".into(),
-                    size_bytes: body.len() as u64,
-                    sha256: rvbox_segment::sha256(&body).to_vec(),
-                },
-            )),
-            ..Default::default()
-        }),
-        script: body.clone(),
-        queue_ttl: None,
-    };
+    let req = script_request(&id, &body);
     s.e.run_command(&req, s.wall).unwrap();
     s.advance(1);
     let d = s.dispatched.last().unwrap().clone();
@@ -1105,4 +1090,99 @@ fn a_script_is_uploaded_in_a_window_acknowledged_by_the_client_and_resumed_after
             .contains("close CLOSE_REASON_PROTOCOL_ERROR")
     );
     insta::assert_snapshot!(s.trace());
+}
+
+/// A `RunCommand` of `body` as a script on web-1.
+fn script_request(id: &[u8; 16], body: &[u8]) -> wire::RunCommandRequest {
+    wire::RunCommandRequest {
+        request_id: rvbox_sim::rng::uuid_text(id),
+        client_id: "web-1".into(),
+        spec: Some(wire::ExecutionSpec {
+            source: Some(wire::execution_spec::Source::Script(
+                wire::ScriptDescriptor {
+                    display_basename: "job.sh".into(),
+                    size_bytes: body.len() as u64,
+                    sha256: rvbox_segment::sha256(body).to_vec(),
+                },
+            )),
+            ..Default::default()
+        }),
+        script: body.to_vec(),
+        queue_ttl: None,
+    }
+}
+
+#[test]
+fn many_uploads_share_the_connection_window_and_a_finished_one_hands_its_room_on() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    s.note("the client has room for 40 commands; 40 scripts of 256 KiB each");
+    s.send(
+        1,
+        Payload::ClientCapacity(wire::ClientCapacity {
+            running: 0,
+            queued: 0,
+            max_running: 40,
+            max_queued: 0,
+        }),
+    );
+    let mut ids = Vec::new();
+    for i in 0..40u8 {
+        let id = s.ids.uuid_v7(u64::try_from(s.wall).unwrap());
+        let body = vec![i; 262_144];
+        s.e.run_command(&script_request(&id, &body), s.wall)
+            .unwrap();
+        ids.push(id);
+    }
+    s.advance(1);
+    let dispatches: Vec<wire::Dispatch> = s.dispatched.clone();
+    assert_eq!(dispatches.len(), 40);
+    let chunks_before = s.e.stats().script_chunks;
+    for d in &dispatches {
+        s.accept(1, d, wire::AcceptOutcome::Positive);
+    }
+    let sent = s.e.stats().script_chunks - chunks_before;
+    assert_eq!(sent, 32, "8 MiB on one connection, no more");
+    s.note("each commit hands its 256 KiB on to a waiting upload");
+    for d in dispatches.iter().take(8) {
+        s.send(
+            1,
+            Payload::ScriptUploadStatus(wire::ScriptUploadStatus {
+                issue_uuid: d.issue_uuid.clone(),
+                received_bytes: 262_144,
+                state: wire::ScriptUploadState::Committed as i32,
+                error: None,
+            }),
+        );
+    }
+    assert_eq!(
+        s.e.stats().script_chunks - chunks_before,
+        40,
+        "every script sent"
+    );
+    assert_eq!(s.e.stats().scripts_committed, 8);
+    s.note("a launched command's upload ends with its running event");
+    let last = dispatches.last().unwrap();
+    s.event(1, &last.issue_uuid, 1, running_body());
+    s.note("the client refuses an upload for a command it does not hold; it ends");
+    let other = &dispatches[20];
+    s.send(
+        1,
+        Payload::ScriptUploadStatus(wire::ScriptUploadStatus {
+            issue_uuid: other.issue_uuid.clone(),
+            received_bytes: 0,
+            state: wire::ScriptUploadState::Rejected as i32,
+            error: None,
+        }),
+    );
+    assert_eq!(s.e.stats().scripts_refused, 1);
+    // the summary only: forty chunk lines say nothing more
+    let lines: Vec<String> = s
+        .log
+        .iter()
+        .filter(|l| !l.contains("script_chunk") && !l.contains("<- dispatch"))
+        .cloned()
+        .collect();
+    insta::assert_snapshot!(lines.join("\n"));
 }

@@ -131,6 +131,12 @@ pub struct EngineStats {
     pub script_chunks: u64,
     /// Script uploads the client committed.
     pub scripts_committed: u64,
+    /// Script uploads the client refused, or ended for a command that
+    /// launched or ended meanwhile.
+    pub scripts_refused: u64,
+    /// Script reads that failed (the connection closed; the upload resumes
+    /// after the client reconnects).
+    pub script_upload_failures: u64,
 }
 
 #[derive(Debug)]
@@ -771,7 +777,7 @@ impl Engine {
                     )
             });
             if uploading {
-                self.start_upload(conn, issue, resume.script_resume_offset);
+                self.start_upload(wall_ms, conn, issue, resume.script_resume_offset);
             }
         }
         if let Some(st) = self.clients.get_mut(&client)
@@ -889,7 +895,7 @@ impl Engine {
                     // every signal still pending for it, a late TERM
                     // included: the client ignores revisions it has seen
                     self.resend_signals(conn, &id);
-                    self.start_upload(conn, issue, 0);
+                    self.start_upload(wall_ms, conn, issue, 0);
                 }
                 r
             }
@@ -903,7 +909,7 @@ impl Engine {
                 };
                 if r.is_ok() {
                     self.resend_signals(conn, &id);
-                    self.start_upload(conn, issue, 0);
+                    self.start_upload(wall_ms, conn, issue, 0);
                 }
                 r
             }
@@ -976,6 +982,7 @@ impl Engine {
                 Ok(report) => match report.outcomes.first() {
                     Some(EventOutcome::Appended | EventOutcome::Duplicate) => {
                         self.stats.events_durable += 1;
+                        self.end_upload_unless_accepted(wall_ms, conn, issue);
                         Input::EventsDurable {
                             issue,
                             durable_seq: report.acked.get(issue.as_bytes()).copied().unwrap_or(seq),
@@ -1246,12 +1253,23 @@ impl Engine {
     /// Starts (or restarts) the script upload of `issue` on `conn` from raw
     /// offset `from`; nothing for a command that runs command text or whose
     /// script the client already holds whole.
-    fn start_upload(&mut self, conn: ConnId, issue: Uuid7, from: u64) {
-        let size = match self.store.script_range(issue.as_bytes(), from, 0) {
-            Ok(Some((size, _))) => size,
+    fn start_upload(&mut self, wall_ms: i64, conn: ConnId, issue: Uuid7, from: u64) {
+        // only work the client holds and has not launched: a launched
+        // command's script is whole, an ended one needs none
+        let accepted = self
+            .store
+            .command_view(issue.as_bytes())
+            .is_ok_and(|v| v.lifecycle == Lifecycle::Accepted);
+        if !accepted {
+            return;
+        }
+        let size = match self.store.script_size(issue.as_bytes()) {
+            Ok(Some(size)) => size,
             Ok(None) => return,
             Err(e) => {
-                tracing::error!(error = %e, "script not readable for upload");
+                tracing::error!(error = %e, "script not readable for upload; the connection closes");
+                self.stats.script_upload_failures += 1;
+                self.close(conn, wire::CloseReason::StorageUnavailable, wall_ms);
                 return;
             }
         };
@@ -1277,7 +1295,7 @@ impl Engine {
             },
         );
         tracing::info!(offset = from, size, "script upload started");
-        self.pump_upload(conn, issue);
+        self.pump_upload(wall_ms, conn, issue);
     }
 
     fn upload(&self, conn: ConnId, issue: Uuid7) -> Option<Upload> {
@@ -1288,7 +1306,7 @@ impl Engine {
     }
 
     /// Sends script chunks of `issue` while its window has room.
-    fn pump_upload(&mut self, conn: ConnId, issue: Uuid7) {
+    fn pump_upload(&mut self, wall_ms: i64, conn: ConnId, issue: Uuid7) {
         loop {
             let Some(up) = self.upload(conn, issue) else {
                 return;
@@ -1313,13 +1331,18 @@ impl Engine {
             ) {
                 Ok(Some((_, b))) if !b.is_empty() => b,
                 Ok(_) => {
-                    tracing::error!("script shorter than its descriptor; upload stopped");
-                    self.end_upload(conn, issue);
+                    tracing::error!("script shorter than its descriptor; the connection closes");
+                    self.stats.script_upload_failures += 1;
+                    self.close(conn, wire::CloseReason::StorageUnavailable, wall_ms);
                     return;
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "script chunk not readable; upload stopped");
-                    self.end_upload(conn, issue);
+                    // the upload resumes from the client's prefix after it
+                    // reconnects; a damaged script is found by the store's
+                    // verification and recovery
+                    tracing::error!(error = %e, "script chunk not readable; the connection closes");
+                    self.stats.script_upload_failures += 1;
+                    self.close(conn, wire::CloseReason::StorageUnavailable, wall_ms);
                     return;
                 }
             };
@@ -1338,6 +1361,8 @@ impl Engine {
                 return;
             };
             if let Err(e) = c.session.send(Payload::ScriptChunk(chunk)) {
+                // only a closing or not yet reconciled session refuses: the
+                // upload resumes after the next reconciliation
                 tracing::warn!(error = %e, "script chunk not queued; the upload resumes after a reconnect");
                 c.uploads.remove(&issue);
                 return;
@@ -1349,9 +1374,27 @@ impl Engine {
         }
     }
 
-    fn end_upload(&mut self, conn: ConnId, issue: Uuid7) {
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.uploads.remove(&issue);
+    /// An upload lives only while its command is accepted and not launched:
+    /// once the client reports it running or ended, the upload ends.
+    fn end_upload_unless_accepted(&mut self, wall_ms: i64, conn: ConnId, issue: Uuid7) {
+        if self.upload(conn, issue).is_none() {
+            return;
+        }
+        let accepted = self
+            .store
+            .command_view(issue.as_bytes())
+            .is_ok_and(|v| v.lifecycle == Lifecycle::Accepted);
+        if !accepted {
+            self.end_upload(wall_ms, conn, issue);
+        }
+    }
+
+    /// Ends an upload and lets the room it held go to the others.
+    fn end_upload(&mut self, wall_ms: i64, conn: ConnId, issue: Uuid7) {
+        if let Some(c) = self.conns.get_mut(&conn)
+            && c.uploads.remove(&issue).is_some()
+        {
+            self.pump_uploads(wall_ms, conn);
         }
     }
 
@@ -1396,14 +1439,15 @@ impl Engine {
             wire::ScriptUploadState::Committed => {
                 self.stats.scripts_committed += 1;
                 tracing::info!(size = up.size, "script upload committed by the client");
-                self.end_upload(conn, issue);
+                self.end_upload(wall_ms, conn, issue);
             }
             wire::ScriptUploadState::Rejected => {
+                self.stats.scripts_refused += 1;
                 tracing::warn!(
                     reason = m.error.as_ref().map_or("", |e| e.reason.as_str()),
                     "script upload rejected by the client"
                 );
-                self.end_upload(conn, issue);
+                self.end_upload(wall_ms, conn, issue);
             }
             _ => {
                 if let Some(u) = self
@@ -1416,20 +1460,20 @@ impl Engine {
                     u.sent = u.sent.max(u.received);
                 }
                 // the freed window may let any upload of this connection on
-                self.pump_uploads(conn);
+                self.pump_uploads(wall_ms, conn);
             }
         }
     }
 
     /// Pumps every upload of `conn`, in command order.
-    fn pump_uploads(&mut self, conn: ConnId) {
+    fn pump_uploads(&mut self, wall_ms: i64, conn: ConnId) {
         let issues: Vec<Uuid7> = self
             .conns
             .get(&conn)
             .map(|c| c.uploads.keys().copied().collect())
             .unwrap_or_default();
         for issue in issues {
-            self.pump_upload(conn, issue);
+            self.pump_upload(wall_ms, conn, issue);
         }
     }
 

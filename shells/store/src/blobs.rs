@@ -198,7 +198,10 @@ struct StoredScript {
 impl Store {
     /// The descriptor and chunk rows of a scripted command; `None` for one
     /// that runs command text.
-    fn stored_script(&self, issue: &[u8; 16]) -> Result<Option<StoredScript>, OpError> {
+    fn script_descriptor(
+        &self,
+        issue: &[u8; 16],
+    ) -> Result<Option<wire::ScriptDescriptor>, OpError> {
         let spec: Option<(Vec<u8>,)> = self
             .conn
             .query_row(
@@ -221,6 +224,13 @@ impl Store {
             .and_then(|raw| <wire::ExecutionSpec as prost::Message>::decode(raw.as_slice()).ok())
             .ok_or_else(|| integrity("the execution spec does not decode"))?;
         let Some(wire::execution_spec::Source::Script(desc)) = spec.source else {
+            return Ok(None);
+        };
+        Ok(Some(desc))
+    }
+
+    fn stored_script(&self, issue: &[u8; 16]) -> Result<Option<StoredScript>, OpError> {
+        let Some(desc) = self.script_descriptor(issue)? else {
             return Ok(None);
         };
         let mut stmt = self
@@ -330,6 +340,16 @@ impl Store {
             return Err(integrity("size or SHA-256 differs from the descriptor"));
         }
         Ok(Some(out))
+    }
+
+    /// The script size of a scripted command, from its descriptor alone;
+    /// `None` for a command that runs command text.
+    ///
+    /// # Errors
+    /// `NOT_FOUND` for an unknown command; a store integrity error when the
+    /// stored spec does not decode.
+    pub fn script_size(&self, issue: &[u8; 16]) -> Result<Option<u64>, OpError> {
+        Ok(self.script_descriptor(issue)?.map(|d| d.size_bytes))
     }
 
     /// Up to `max_len` script bytes from raw offset `from` (for the upload

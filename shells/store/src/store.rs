@@ -316,7 +316,8 @@ impl Store {
         let spec_raw = valid.spec.encode_to_vec();
         let spec_zstd = zstd::bulk::compress(&spec_raw, 3)
             .map_err(|e| StoreError::io("compress execution spec", "", e))?;
-        // A small script stays inline in its payload row; a larger one goes
+        // A small script (at most 64 KiB compressed and 256 KiB raw) stays
+        // inline in its payload row; a larger one goes
         // to the command's blob segment (blobs.rs), written durably below
         // before this transaction names it.
         let (script, blob) = if req.script.is_empty() {
@@ -324,7 +325,11 @@ impl Store {
         } else {
             let z = zstd::bulk::compress(&req.script, 3)
                 .map_err(|e| StoreError::io("compress script", "", e))?;
-            if z.len() <= crate::blobs::INLINE_SCRIPT_MAX {
+            // inline only what is one upload chunk raw, so reading a range
+            // of an inline script never decodes more than 256 KiB
+            if z.len() <= crate::blobs::INLINE_SCRIPT_MAX
+                && req.script.len() as u64 <= rvbox_domain::limits::MAX_SCRIPT_CHUNK_BYTES
+            {
                 (Some(z), None)
             } else {
                 let blob = crate::blobs::prepare_script(&issue, &req.script, now_ms)?;

@@ -235,4 +235,18 @@ fn script_ranges_read_only_the_overlapping_chunks_and_join_exactly() {
     s.run_command(&run_request(&text_cmd, "web-1", "uptime"), NOW)
         .unwrap();
     assert_eq!(s.script_range(&text_cmd, 0, 10).unwrap(), None);
+    assert_eq!(s.script_size(&text_cmd).unwrap(), None);
+    assert_eq!(s.script_size(&big).unwrap(), Some(size));
+
+    // a script that compresses well but is over one chunk raw is not kept
+    // inline: a range of it never decodes more than 256 KiB
+    let repetitive = new_id();
+    let body = vec![b'#'; 300_000];
+    s.run_command(&script_request(&repetitive, &body), NOW)
+        .unwrap();
+    assert!(blob_path(dir.path(), &repetitive).exists());
+    assert_eq!(
+        s.script_range(&repetitive, 299_990, 100).unwrap(),
+        Some((300_000, body[299_990..].to_vec()))
+    );
 }
