@@ -694,6 +694,18 @@ impl Store {
     }
 }
 
+/// True when the command holds a pending signal: work that goes back to
+/// the queue with one is cancelled instead (launch was never authorized,
+/// plan §6.4 R-6.4-37).
+fn has_pending_signal(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError> {
+    tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM command_signals WHERE issue_uuid = ?1)",
+        params![issue.as_slice()],
+        |r| r.get(0),
+    )
+    .map_err(|e| StoreError::sqlite("look up pending signals", e))
+}
+
 /// dispatched -> queued at `revision`, inside the caller's transaction:
 /// the client certainly does not hold the command. If a signal is pending
 /// for it, launch was never authorized and the command ends `cancelled`
@@ -707,7 +719,7 @@ pub(crate) fn requeue_in(
 ) -> Result<Lifecycle, OpError> {
     expect(view, &[Lifecycle::Dispatched], revision)?;
     clear_expired_pending(tx, &view.issue_uuid)?;
-    if crate::signals::has_pending(tx, &view.issue_uuid)? {
+    if has_pending_signal(tx, &view.issue_uuid)? {
         finish_in(
             tx,
             &view.issue_uuid,

@@ -58,18 +58,6 @@ fn uuid_text(b: &[u8; 16]) -> String {
     uuid::Uuid::from_bytes(*b).hyphenated().to_string()
 }
 
-/// True when the command holds a pending signal: work that goes back to
-/// the queue with one is cancelled instead (launch was never authorized,
-/// plan §6.4 R-6.4-37).
-pub(crate) fn has_pending(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError> {
-    tx.query_row(
-        "SELECT EXISTS (SELECT 1 FROM command_signals WHERE issue_uuid = ?1)",
-        params![issue.as_slice()],
-        |r| r.get(0),
-    )
-    .map_err(|e| StoreError::sqlite("look up pending signals", e))
-}
-
 /// Raises the revision from `view.revision` by one and, for a delivered
 /// signal, keeps it pending; inside the caller's transaction.
 fn raise_revision(
