@@ -810,19 +810,7 @@ fn a_signal_decided_while_the_client_is_away_is_sent_after_reconciliation() {
     );
     s.note("the client comes back still running at revision 1: the kill follows the result");
     s.hello(2, A);
-    s.reconcile(
-        2,
-        vec![wire::SnapshotRecord {
-            issue_uuid: d.issue_uuid.clone(),
-            request_hash: d.request_hash.clone(),
-            revision: 1,
-            lifecycle: wire::Lifecycle::Running as i32,
-            last_assigned_event_seq: 1,
-            acked_event_seq: 1,
-            script_received_bytes: 0,
-        }],
-        1,
-    );
+    s.reconcile(2, vec![held(&d, wire::Lifecycle::Running, 1, 0)], 1);
     let result_at = s
         .log
         .iter()
@@ -931,19 +919,7 @@ fn a_late_acceptance_is_kept_recorded_and_terminated_and_the_term_survives_a_rec
     s.e.disconnected(s.now, s.wall, 1);
     s.drain();
     s.hello(2, A);
-    s.reconcile(
-        2,
-        vec![wire::SnapshotRecord {
-            issue_uuid: d.issue_uuid.clone(),
-            request_hash: d.request_hash.clone(),
-            revision: 1,
-            lifecycle: wire::Lifecycle::Running as i32,
-            last_assigned_event_seq: 0,
-            acked_event_seq: 0,
-            script_received_bytes: 0,
-        }],
-        1,
-    );
+    s.reconcile(2, vec![held(&d, wire::Lifecycle::Running, 0, 0)], 1);
     assert!(
         s.log
             .iter()
@@ -1045,19 +1021,7 @@ fn a_script_is_uploaded_in_a_window_acknowledged_by_the_client_and_resumed_after
     s.e.disconnected(s.now, s.wall, 1);
     s.drain();
     s.hello(2, A);
-    s.reconcile(
-        2,
-        vec![wire::SnapshotRecord {
-            issue_uuid: d.issue_uuid.clone(),
-            request_hash: d.request_hash.clone(),
-            revision: 1,
-            lifecycle: wire::Lifecycle::Accepted as i32,
-            last_assigned_event_seq: 0,
-            acked_event_seq: 0,
-            script_received_bytes: 786_432,
-        }],
-        1,
-    );
+    s.reconcile(2, vec![held(&d, wire::Lifecycle::Accepted, 0, 786_432)], 1);
     s.note("the rest, then the client commits the whole script");
     s.send(2, status(1_500_000, wire::ScriptUploadState::Committed));
     let stats = s.e.stats().clone();
@@ -1185,4 +1149,23 @@ fn many_uploads_share_the_connection_window_and_a_finished_one_hands_its_room_on
         .cloned()
         .collect();
     insta::assert_snapshot!(lines.join("\n"));
+}
+
+/// The client's snapshot record of dispatched `d` at revision 1: in
+/// `lifecycle`, `seq` events assigned and acknowledged, `script` bytes held.
+fn held(
+    d: &wire::Dispatch,
+    lifecycle: wire::Lifecycle,
+    seq: u64,
+    script: u64,
+) -> wire::SnapshotRecord {
+    wire::SnapshotRecord {
+        issue_uuid: d.issue_uuid.clone(),
+        request_hash: d.request_hash.clone(),
+        revision: 1,
+        lifecycle: lifecycle as i32,
+        last_assigned_event_seq: seq,
+        acked_event_seq: seq,
+        script_received_bytes: script,
+    }
 }
