@@ -2,14 +2,7 @@
 //! page-token key. Production draws from the OS CSPRNG; the simulator
 //! supplies a seeded source so one seed gives one run.
 
-/// A source of random bytes.
-pub trait Entropy: Send + Sync + std::fmt::Debug {
-    /// Fills `buf` with random bytes.
-    ///
-    /// # Errors
-    /// When the source cannot produce bytes (the OS CSPRNG failed).
-    fn fill(&self, buf: &mut [u8]) -> std::io::Result<()>;
-}
+pub use rvbox_store_port::entropy::Entropy;
 
 /// The operating system's CSPRNG.
 #[derive(Debug, Default, Clone, Copy)]

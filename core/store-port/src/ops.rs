@@ -1,0 +1,313 @@
+//! The store operations the server core asks for and the completions that
+//! answer them (conventions rule 3: a store write is an output with a
+//! token; its completion is a later input).
+//!
+//! Every operation is one atomic step of the backend (one transaction, or
+//! one group commit for appends): it either happened whole or not at all,
+//! and the core learns which only from the [`Completion`] carrying its
+//! token. A backend may perform operations of different connections in
+//! any order that keeps each connection's own order, and may group the
+//! [`StoreOp::AppendEvents`] of many connections into one durable commit.
+
+use rvbox_domain::error::DomainError;
+use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_proto::v1 as wire;
+
+use crate::commands::{CommandView, Knowledge, ReconcileWrite, ServerTerminal};
+use crate::events::{AppendReport, EventAppend};
+use crate::incidents::NewIncident;
+use crate::sessions::{ClientRecord, Registration};
+use crate::signals::SignalOutcome;
+
+/// Identifies one operation until its completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpToken(pub u64);
+
+/// One operation on the store.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreOp {
+    /// Reads a client's record. -> [`Completion::Client`]
+    LoadClient {
+        /// Client id.
+        client_id: String,
+    },
+    /// Installs a registration (re-checked in its transaction).
+    /// -> [`Completion::Registered`]
+    Register(Registration),
+    /// Records a refused live-conflict claim. -> [`Completion::Done`]
+    RecordPendingClaim {
+        /// Client id.
+        client_id: String,
+        /// The refused instance.
+        instance_id: [u8; 16],
+    },
+    /// Ends a session row. -> [`Completion::Done`]
+    CloseSession {
+        /// Session id.
+        session_id: [u8; 16],
+        /// Why (bounded text).
+        reason: String,
+    },
+    /// Every non-terminal command of a client. -> [`Completion::Commands`]
+    NonTerminalCommands {
+        /// Client id.
+        client_id: String,
+    },
+    /// What the server knows of commands absent from a client's
+    /// non-terminal rows. -> [`Completion::Knowledge`]
+    Knowledge {
+        /// Commands, in the order the answer keeps.
+        issues: Vec<[u8; 16]>,
+    },
+    /// A reconciliation round's decisions and incidents, all or nothing.
+    /// -> [`Completion::Done`]
+    ApplyReconciliation {
+        /// Client id.
+        client_id: String,
+        /// Decisions.
+        writes: Vec<ReconcileWrite>,
+        /// Incidents the round opens.
+        incidents: Vec<NewIncident>,
+    },
+    /// Records an incident that gates no scope. -> [`Completion::Done`]
+    RecordIncident(NewIncident),
+    /// Queued commands of a client in dispatch order, then its dispatched
+    /// ones. -> [`Completion::Commands`]
+    DispatchCandidates {
+        /// Client id.
+        client_id: String,
+        /// Most rows of each kind.
+        limit: usize,
+    },
+    /// queued -> dispatched at `revision` (when `write`), and the stored
+    /// spec of the command. -> [`Completion::Spec`]
+    Dispatch {
+        /// Command.
+        issue: [u8; 16],
+        /// Revision the decision saw.
+        revision: u64,
+        /// Whether the transition is written (false: a dispatched command
+        /// sent again).
+        write: bool,
+    },
+    /// Reads one command. -> [`Completion::View`]
+    CommandView {
+        /// Command.
+        issue: [u8; 16],
+    },
+    /// dispatched -> accepted. -> [`Completion::Done`]
+    RecordAccepted {
+        /// Command.
+        issue: [u8; 16],
+        /// Dispatched revision.
+        revision: u64,
+        /// The shell the client resolved.
+        resolved_shell: i32,
+    },
+    /// A late acceptance, its incident, a higher revision and a pending
+    /// TERM, in one transaction. -> [`Completion::Done`]
+    AcceptLate {
+        /// Command.
+        issue: [u8; 16],
+        /// Dispatched revision.
+        revision: u64,
+        /// The shell the client resolved.
+        resolved_shell: i32,
+        /// The `LATE_AFTER_EXPIRY` incident.
+        incident: NewIncident,
+    },
+    /// dispatched -> queued (or cancelled when signalled).
+    /// -> [`Completion::Requeued`]
+    Requeue {
+        /// Command.
+        issue: [u8; 16],
+        /// Revision the decision saw.
+        revision: u64,
+    },
+    /// A server decision that ends a command. -> [`Completion::Done`]
+    FinishByServer {
+        /// Command.
+        issue: [u8; 16],
+        /// Lifecycles it may end from.
+        from: Vec<Lifecycle>,
+        /// Revision the decision saw.
+        revision: u64,
+        /// How it ends.
+        how: ServerTerminal,
+        /// The rejection detail, for `Rejected`.
+        rejection: Option<wire::ErrorDetail>,
+    },
+    /// Sets the "expired pending reconciliation" indicator.
+    /// -> [`Completion::Done`]
+    MarkExpiredPending {
+        /// Command.
+        issue: [u8; 16],
+        /// Revision the decision saw.
+        revision: u64,
+    },
+    /// Commands whose queue expiry passed. -> [`Completion::Commands`]
+    ExpiryDue {
+        /// Most rows.
+        limit: usize,
+    },
+    /// Makes sequenced events durable; a backend may group these across
+    /// connections into one commit. -> [`Completion::Appended`]
+    AppendEvents {
+        /// The events, in order.
+        events: Vec<EventAppend>,
+    },
+    /// `SignalCommand`, idempotent by `request_id`: the backend applies
+    /// the dispatch core's signal rule to the command as the operation's
+    /// transaction reads it. -> [`Completion::Signal`]
+    SignalCommand(wire::SignalCommandRequest),
+    /// Signals still pending for commands. -> [`Completion::PendingSignals`]
+    PendingSignals {
+        /// Commands.
+        issues: Vec<[u8; 16]>,
+    },
+    /// A command's lifecycle and raw script size. -> [`Completion::Script`]
+    ScriptInfo {
+        /// Command.
+        issue: [u8; 16],
+    },
+    /// Raw script bytes from `offset`, at most `len`.
+    /// -> [`Completion::ScriptBytes`]
+    ScriptRange {
+        /// Command.
+        issue: [u8; 16],
+        /// Raw offset.
+        offset: u64,
+        /// Most bytes.
+        len: u64,
+    },
+    /// `RunCommand`, idempotent by `request_id`. -> [`Completion::RunCommand`]
+    RunCommand(wire::RunCommandRequest),
+}
+
+impl StoreOp {
+    /// A bounded name for logs, metrics and traces.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::LoadClient { .. } => "load_client",
+            Self::Register(_) => "register",
+            Self::RecordPendingClaim { .. } => "record_pending_claim",
+            Self::CloseSession { .. } => "close_session",
+            Self::NonTerminalCommands { .. } => "non_terminal_commands",
+            Self::Knowledge { .. } => "knowledge",
+            Self::ApplyReconciliation { .. } => "apply_reconciliation",
+            Self::RecordIncident(_) => "record_incident",
+            Self::DispatchCandidates { .. } => "dispatch_candidates",
+            Self::Dispatch { .. } => "dispatch",
+            Self::CommandView { .. } => "command_view",
+            Self::RecordAccepted { .. } => "record_accepted",
+            Self::AcceptLate { .. } => "accept_late",
+            Self::Requeue { .. } => "requeue",
+            Self::FinishByServer { .. } => "finish_by_server",
+            Self::MarkExpiredPending { .. } => "mark_expired_pending",
+            Self::ExpiryDue { .. } => "expiry_due",
+            Self::AppendEvents { .. } => "append_events",
+            Self::SignalCommand(_) => "signal_command",
+            Self::PendingSignals { .. } => "pending_signals",
+            Self::ScriptInfo { .. } => "script_info",
+            Self::ScriptRange { .. } => "script_range",
+            Self::RunCommand(_) => "run_command",
+        }
+    }
+
+    /// Whether the operation only reads.
+    #[must_use]
+    pub fn is_read(&self) -> bool {
+        matches!(
+            self,
+            Self::LoadClient { .. }
+                | Self::NonTerminalCommands { .. }
+                | Self::Knowledge { .. }
+                | Self::DispatchCandidates { .. }
+                | Self::CommandView { .. }
+                | Self::ExpiryDue { .. }
+                | Self::PendingSignals { .. }
+                | Self::ScriptInfo { .. }
+                | Self::ScriptRange { .. }
+        )
+    }
+}
+
+/// The successful answer to one operation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Completion {
+    /// The operation committed; it has no value.
+    Done,
+    /// [`StoreOp::LoadClient`].
+    Client(Option<ClientRecord>),
+    /// [`StoreOp::Register`]: the installed generation.
+    Registered {
+        /// Generation.
+        generation: u64,
+    },
+    /// Rows, in the order the operation defines.
+    Commands(Vec<CommandView>),
+    /// [`StoreOp::Knowledge`], in request order.
+    Knowledge(Vec<([u8; 16], Knowledge)>),
+    /// [`StoreOp::Dispatch`]: the stored spec.
+    Spec(Box<wire::ExecutionSpec>),
+    /// [`StoreOp::CommandView`].
+    View(CommandView),
+    /// [`StoreOp::Requeue`]: where the command went.
+    Requeued(Lifecycle),
+    /// [`StoreOp::AppendEvents`].
+    Appended(AppendReport),
+    /// [`StoreOp::SignalCommand`].
+    Signal(SignalOutcome),
+    /// [`StoreOp::PendingSignals`], in request order.
+    PendingSignals(Vec<wire::Signal>),
+    /// [`StoreOp::ScriptInfo`].
+    Script {
+        /// Lifecycle.
+        lifecycle: Lifecycle,
+        /// Raw script size; `None` for command text.
+        size: Option<u64>,
+    },
+    /// [`StoreOp::ScriptRange`]: the bytes (empty past the end).
+    ScriptBytes(Vec<u8>),
+    /// [`StoreOp::RunCommand`].
+    RunCommand(wire::RunCommandResponse),
+}
+
+/// Why an operation did not happen. Either way nothing of it committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortError {
+    /// The domain refused it (a stale compare-and-set, a refused request);
+    /// stable, part of the operation's result.
+    Refused(DomainError),
+    /// The backend failed (I/O, corruption, unavailable scope); the detail
+    /// is for logs, never for a peer.
+    Unavailable(String),
+}
+
+impl PortError {
+    /// The domain view: a backend failure is `UNAVAILABLE` for the caller,
+    /// with no internal detail.
+    #[must_use]
+    pub fn to_domain(&self) -> DomainError {
+        match self {
+            Self::Refused(e) => e.clone(),
+            Self::Unavailable(_) => DomainError::new(
+                rvbox_domain::error::Code::Unavailable,
+                "the server store could not complete the operation; retry with the same request_id",
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for PortError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused(e) => write!(f, "{e}"),
+            Self::Unavailable(s) => write!(f, "store unavailable: {s}"),
+        }
+    }
+}
+
+/// One operation's outcome.
+pub type OpResult = Result<Completion, PortError>;
