@@ -21,8 +21,8 @@ use rvbox_session::{ServerIdentity, SessionConfig};
 use rvbox_store::crash::{CrashHook, points};
 use rvbox_store::fs::{CrashMode, FaultyFs, StoreFs};
 use rvbox_store::layout::Layout;
-use rvbox_store::mutations::OpError;
 use rvbox_store::{Store, StoreOptions};
+use rvbox_store_port::ops::PortError;
 
 use crate::client::{Adversary, ClientConfig, ClientEffect, ClientInput, SimClient};
 use crate::invariants::Checker;
@@ -785,7 +785,7 @@ impl World {
     /// unavailable), because its command is gone, or because the first
     /// attempt never committed and the command has ended since; never
     /// with a conflict or anything else.
-    fn check_replay_refusal(&mut self, req: &wire::SignalCommandRequest, e: &OpError) {
+    fn check_replay_refusal(&mut self, req: &wire::SignalCommandRequest, e: &PortError) {
         let code = e.to_domain().code();
         let acceptable = matches!(
             code,

@@ -196,19 +196,17 @@ struct StoredScript {
 }
 
 impl Store {
-    /// The descriptor and chunk rows of a scripted command; `None` for one
-    /// that runs command text.
-    fn script_descriptor(
-        &self,
-        issue: &[u8; 16],
-    ) -> Result<Option<wire::ScriptDescriptor>, OpError> {
+    /// The stored execution spec of a command (what its `Dispatch`
+    /// carries).
+    ///
+    /// # Errors
+    /// `NOT_FOUND`, an integrity failure when the stored spec does not
+    /// decode, or a store failure.
+    pub fn execution_spec(&self, issue: &[u8; 16]) -> Result<wire::ExecutionSpec, OpError> {
         let spec: Option<(Vec<u8>,)> = self
             .conn
-            .query_row(
-                "SELECT spec_zstd FROM commands WHERE issue_uuid = ?1",
-                params![issue.as_slice()],
-                |r| Ok((r.get(0)?,)),
-            )
+            .prepare_cached("SELECT spec_zstd FROM commands WHERE issue_uuid = ?1")
+            .and_then(|mut st| st.query_row(params![issue.as_slice()], |r| Ok((r.get(0)?,))))
             .map(Some)
             .or_else(|e| match e {
                 rusqlite::Error::QueryReturnedNoRows => Ok(None),
@@ -219,10 +217,19 @@ impl Store {
             return Err(DomainError::new(Code::NotFound, "no such command").into());
         };
         let cap = usize::try_from(limits::MAX_EXECUTION_SPEC_BYTES).unwrap_or(0);
-        let spec = zstd::bulk::decompress(&spec_zstd, cap)
+        zstd::bulk::decompress(&spec_zstd, cap)
             .ok()
             .and_then(|raw| <wire::ExecutionSpec as prost::Message>::decode(raw.as_slice()).ok())
-            .ok_or_else(|| integrity("the execution spec does not decode"))?;
+            .ok_or_else(|| integrity("the execution spec does not decode"))
+    }
+
+    /// The descriptor and chunk rows of a scripted command; `None` for one
+    /// that runs command text.
+    fn script_descriptor(
+        &self,
+        issue: &[u8; 16],
+    ) -> Result<Option<wire::ScriptDescriptor>, OpError> {
+        let spec = self.execution_spec(issue)?;
         let Some(wire::execution_spec::Source::Script(desc)) = spec.source else {
             return Ok(None);
         };

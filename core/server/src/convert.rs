@@ -1,21 +1,56 @@
-//! Conversions between the store's rows, the cores' inputs and wire
-//! messages.
+//! Conversions between the store port's values, the cores' inputs and
+//! wire messages.
 
 use prost::Message as _;
-use rusqlite_free::spec_of;
 use rvbox_domain::error::{Code, DomainError};
 use rvbox_domain::hash::RequestHash;
 use rvbox_domain::ids::{InstanceId, Uuid7};
-use rvbox_domain::lifecycle::{Lifecycle, Revision};
-use rvbox_domain::limits::MAX_EXECUTION_SPEC_BYTES;
+use rvbox_domain::lifecycle::{CommandState, Lifecycle, Phase, Revision};
 use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::command_event::Body;
 use rvbox_reconcile::{ServerCommand, ServerKnown, Source};
 use rvbox_segment::{Compression, Stream};
 use rvbox_session::{ClientRecord, LiveSession, PendingClaim, SessionId, TakeoverGrant};
-use rvbox_store::Store;
-use rvbox_store::commands::{CommandView, Knowledge};
-use rvbox_store::events::{EventAppend, EventBody, body_kind};
+use rvbox_store_port::commands::{CommandView, Knowledge};
+use rvbox_store_port::events::{EventAppend, EventBody, body_kind};
+
+/// Canonical text of a UUID's bytes.
+#[must_use]
+pub fn uuid_text(b: &[u8; 16]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        h.get(0..8).unwrap_or_default(),
+        h.get(8..12).unwrap_or_default(),
+        h.get(12..16).unwrap_or_default(),
+        h.get(16..20).unwrap_or_default(),
+        h.get(20..32).unwrap_or_default()
+    )
+}
+
+/// The internal phase of a public lifecycle.
+#[must_use]
+pub fn phase_of(l: Lifecycle) -> Phase {
+    match l {
+        Lifecycle::Queued => Phase::Queued,
+        Lifecycle::Dispatched => Phase::Dispatched,
+        Lifecycle::Accepted => Phase::Accepted,
+        Lifecycle::Running => Phase::Running,
+        Lifecycle::Succeeded => Phase::Succeeded,
+        Lifecycle::Failed => Phase::Failed,
+        Lifecycle::Terminated => Phase::Terminated,
+        Lifecycle::Interrupted => Phase::Interrupted,
+        Lifecycle::Expired => Phase::Expired,
+        Lifecycle::Rejected => Phase::Rejected,
+        Lifecycle::Cancelled => Phase::Cancelled,
+    }
+}
+
+/// A stored command's state as the dispatch core takes it.
+#[must_use]
+pub fn state_of(v: &CommandView) -> CommandState {
+    CommandState::from_parts(phase_of(v.lifecycle), Revision(v.revision))
+}
 
 fn session_id_of(key: &[u8; 16]) -> Option<SessionId> {
     let text: String = key.iter().map(|x| format!("{x:02x}")).collect();
@@ -23,7 +58,7 @@ fn session_id_of(key: &[u8; 16]) -> Option<SessionId> {
 }
 
 /// The session core's view of a stored client record.
-pub(crate) fn client_record(r: Option<&rvbox_store::sessions::ClientRecord>) -> ClientRecord {
+pub(crate) fn client_record(r: Option<&rvbox_store_port::sessions::ClientRecord>) -> ClientRecord {
     let Some(r) = r else {
         return ClientRecord::default();
     };
@@ -53,7 +88,7 @@ pub(crate) fn server_command(v: &CommandView) -> Option<ServerCommand> {
     Some(ServerCommand {
         issue_uuid: Uuid7::from_bytes("issue_uuid", v.issue_uuid).ok()?,
         request_hash: RequestHash(v.request_hash),
-        phase: crate::phase_of(v.lifecycle),
+        phase: phase_of(v.lifecycle),
         revision: Revision(v.revision),
         durable_event_seq: v.last_event_seq,
         source: if v.script_bytes == 0 {
@@ -70,7 +105,8 @@ pub(crate) fn server_command(v: &CommandView) -> Option<ServerCommand> {
 }
 
 /// Store knowledge as the reconciliation core takes it.
-pub(crate) fn knowledge(k: &Knowledge) -> ServerKnown {
+#[must_use]
+pub fn knowledge(k: &Knowledge) -> ServerKnown {
     match k {
         Knowledge::Terminal {
             request_hash,
@@ -153,48 +189,22 @@ fn other(kind: u8, encoded: Vec<u8>) -> EventBody {
     EventBody::Other { kind, encoded }
 }
 
-/// The `Dispatch` frame of a stored command.
-///
-/// # Errors
-/// When the stored spec cannot be read back.
+/// The `Dispatch` frame of a stored command at `revision`.
 pub(crate) fn dispatch_frame(
-    store: &Store,
     v: &CommandView,
+    revision: u64,
     generation: u64,
-) -> Result<wire::Dispatch, String> {
-    let spec = spec_of(store, &v.issue_uuid)?;
-    Ok(wire::Dispatch {
-        issue_uuid: crate::uuid_text(&v.issue_uuid),
+    spec: wire::ExecutionSpec,
+) -> wire::Dispatch {
+    wire::Dispatch {
+        issue_uuid: uuid_text(&v.issue_uuid),
         generation,
-        revision: v.revision,
+        revision,
         request_hash: v.request_hash.to_vec(),
         spec: Some(spec),
         queue_expiry_time: v.queue_expiry_ms.map(|ms| prost_types::Timestamp {
             seconds: ms.div_euclid(1000),
             nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
         }),
-    })
-}
-
-mod rusqlite_free {
-    //! Reads the stored spec through the store's read connection.
-    use super::{MAX_EXECUTION_SPEC_BYTES, Store, wire};
-    use prost::Message as _;
-
-    pub(crate) fn spec_of(store: &Store, issue: &[u8; 16]) -> Result<wire::ExecutionSpec, String> {
-        let (z, raw_len): (Vec<u8>, i64) = store
-            .db()
-            .query_row(
-                "SELECT spec_zstd, spec_raw_len FROM commands WHERE issue_uuid = ?1",
-                [issue.as_slice()],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .map_err(|e| format!("read spec: {e}"))?;
-        let cap = usize::try_from(raw_len)
-            .ok()
-            .filter(|n| (*n as u64) <= MAX_EXECUTION_SPEC_BYTES)
-            .ok_or("stored spec length out of bounds")?;
-        let raw = zstd::bulk::decompress(&z, cap).map_err(|e| format!("decompress spec: {e}"))?;
-        wire::ExecutionSpec::decode(raw.as_slice()).map_err(|e| format!("decode spec: {e}"))
     }
 }

@@ -1,0 +1,532 @@
+//! RVBox server core (plan §6.1-§6.4).
+//!
+//! Owns: the composition of the pure cores for every connection of one
+//! server: a [`rvbox_session::Session`] per connection, registration and
+//! fencing, reconciliation rounds ([`rvbox_reconcile`]), capacity, dispatch
+//! and acceptance ([`rvbox_dispatch`]), event ingest, operator signals and
+//! script uploads. It is sans-IO in the session core's shape:
+//!
+//! ```text
+//! input:   core.handle(now_ms, wall_ms, Input)   // a frame, a completion, a control call, a timer
+//! output:  core.poll_output() -> Option<Output>  // a frame on a lane, a store operation with a
+//!                                                // token, a control answer, a close, an audit record
+//! time:    core.poll_timeout() -> Option<u64>    // one monotonic deadline; the shell arms one timer
+//! ```
+//!
+//! Every store read or write is an [`Output::Store`] with an [`OpToken`],
+//! answered later by [`Input::Completion`] with the same token (the store
+//! port, [`rvbox_store_port::ops`]). Nothing that depends on a write is
+//! sent before its completion: the welcome after the registration, a
+//! `Dispatch` after `dispatched`, an `EventAck` after the append, the
+//! `ReconcileResult` after its decisions. A crash between an operation and
+//! its completion, or between a completion and the frame it announces,
+//! loses only what the protocol retries.
+//!
+//! After every [`ServerCore::handle`] the caller drains
+//! [`ServerCore::poll_output`] until it returns `None` and performs the
+//! outputs in order; there is one output queue and no re-entrant drain.
+//!
+//! Must never: read a clock or the OS RNG (time comes with every input,
+//! randomness from the injected [`Entropy`]), perform I/O, send a frame
+//! before the completion it announces, or iterate a `HashMap` into
+//! anything observable.
+
+mod accept;
+mod connections;
+mod convert;
+mod dispatch;
+mod ingest;
+mod reconcile;
+mod registration;
+mod signals;
+pub mod upload;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use rvbox_dispatch::{ReadyQueue, RetryPolicy};
+use rvbox_proto::v1 as wire;
+use rvbox_session::SessionConfig;
+use rvbox_store_port::entropy::Entropy;
+use rvbox_store_port::ops::{OpResult, OpToken, PortError, StoreOp};
+
+pub use connections::ConnId;
+pub use convert::{event_append, knowledge, phase_of, state_of, uuid_text};
+pub use signals::signal_plan;
+
+use connections::{ClientState, Conn};
+
+/// Most connections the core tracks.
+pub const MAX_CONNECTIONS: usize = 65_536;
+/// Most queued commands one dispatch turn looks at for one client.
+pub const DISPATCH_SCAN: usize = 64;
+/// Most commands one expiry pass handles.
+pub const EXPIRY_BATCH: usize = 256;
+/// Queue expiry is decided at most this often (the TTL has second
+/// resolution; the pass reads an index).
+pub const EXPIRY_INTERVAL_MS: u64 = 1_000;
+/// Most store operations in flight at once. A connection's own operations
+/// are bounded by its session windows; this bounds them all, and an input
+/// that would need more closes its connection (`INGRESS_OVERLOAD`)
+/// instead of queueing without limit.
+pub const MAX_PENDING_OPS: usize = 1 << 20;
+
+/// Identifies one control call until its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestId(pub u64);
+
+/// A control-plane call the core answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ControlCall {
+    /// `RunCommand` (plan §9.1), idempotent by `request_id`.
+    RunCommand(wire::RunCommandRequest),
+    /// `SignalCommand` (plan §6.4, R-6.4-35..38), idempotent by
+    /// `request_id`.
+    SignalCommand(wire::SignalCommandRequest),
+}
+
+/// The answer to a [`ControlCall`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum ControlAnswer {
+    /// `RunCommand`.
+    RunCommand(Result<wire::RunCommandResponse, PortError>),
+    /// `SignalCommand`.
+    SignalCommand(Result<wire::SignalCommandResponse, PortError>),
+}
+
+/// Something that happened, for the core to handle.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// A new connection (after the WebSocket upgrade).
+    Connected {
+        /// Connection.
+        conn: ConnId,
+    },
+    /// A complete binary WebSocket message.
+    Frame {
+        /// Connection.
+        conn: ConnId,
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
+    /// A WebSocket Pong.
+    Pong {
+        /// Connection.
+        conn: ConnId,
+    },
+    /// The peer closed, or the transport failed.
+    Disconnected {
+        /// Connection.
+        conn: ConnId,
+    },
+    /// The connection's writer could not queue a frame: its data lane is
+    /// full (a slow reader) or its control lane is.
+    LaneFull {
+        /// Connection.
+        conn: ConnId,
+        /// Whether the control lane was full (session-fatal).
+        control: bool,
+    },
+    /// The persistence queue of the connection is full: the shell could
+    /// not take a delivered event.
+    IngressQueueFull {
+        /// Connection.
+        conn: ConnId,
+    },
+    /// A store operation finished.
+    Completion {
+        /// The operation's token.
+        token: OpToken,
+        /// Its outcome.
+        result: OpResult,
+    },
+    /// A control-plane call.
+    Control {
+        /// Identifies the answer.
+        request: RequestId,
+        /// The call.
+        call: ControlCall,
+    },
+    /// The timer armed at [`ServerCore::poll_timeout`] fired (or any
+    /// wake-up: handling it early is harmless).
+    Timeout,
+}
+
+/// Something the caller must do, in order.
+// The queue is drained after every input, so it stays short; boxing the
+// store operation would cost an allocation per operation instead.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Send this binary WebSocket message (an encoded envelope).
+    Frame {
+        /// Connection.
+        conn: ConnId,
+        /// Control or data lane (the writer drains control first).
+        control: bool,
+        /// The encoded envelope.
+        bytes: Vec<u8>,
+    },
+    /// Send a WebSocket Ping.
+    Ping {
+        /// Connection.
+        conn: ConnId,
+    },
+    /// Close the connection with this reason (the core has forgotten it).
+    Close {
+        /// Connection.
+        conn: ConnId,
+        /// Why.
+        reason: wire::CloseReason,
+    },
+    /// Perform this store operation; answer with [`Input::Completion`]
+    /// carrying `token`.
+    Store {
+        /// The token of the completion.
+        token: OpToken,
+        /// Wall-clock time of the decision (ms), for the rows it writes.
+        wall_ms: i64,
+        /// The operation.
+        op: StoreOp,
+    },
+    /// The answer to a control call.
+    Reply {
+        /// The call.
+        request: RequestId,
+        /// The answer.
+        answer: ControlAnswer,
+    },
+    /// A session audit record.
+    Audit {
+        /// Connection.
+        conn: ConnId,
+        /// Client id, once known.
+        client: Option<String>,
+        /// The record.
+        audit: rvbox_session::Audit,
+    },
+    /// A session counter increment.
+    Metric(rvbox_session::Metric),
+}
+
+/// What the core counts (bounded names; the shell exports them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Registrations accepted.
+    pub registered: u64,
+    /// Live-conflict rejections.
+    pub live_conflicts: u64,
+    /// Sessions fenced by a newer one.
+    pub fenced: u64,
+    /// Reconciliation rounds written.
+    pub reconciled: u64,
+    /// Reconciliation snapshots refused (invalid, or client store not ready).
+    pub reconcile_refused: u64,
+    /// Dispatch frames sent.
+    pub dispatched: u64,
+    /// Positive acceptances applied.
+    pub accepted: u64,
+    /// Acceptances that arrived after the queue expiry (terminated).
+    pub late_acceptances: u64,
+    /// Transient rejections (requeued with backoff).
+    pub requeued: u64,
+    /// Permanent rejections.
+    pub rejected: u64,
+    /// Commands expired by the server.
+    pub expired: u64,
+    /// Events made durable.
+    pub events_durable: u64,
+    /// Events refused by the store.
+    pub events_refused: u64,
+    /// Decisions refused by the store's compare-and-set (stale view).
+    pub stale_decisions: u64,
+    /// `SignalCommand` requests answered (fresh or replayed).
+    pub signals: u64,
+    /// Pending signals queued again after an acceptance or a
+    /// reconciliation.
+    pub signals_sent_again: u64,
+    /// Script uploads started (after an acceptance or a reconciliation).
+    pub script_uploads: u64,
+    /// Script chunks sent.
+    pub script_chunks: u64,
+    /// Script uploads the client committed.
+    pub scripts_committed: u64,
+    /// Script uploads the client refused, or ended for a command that
+    /// launched or ended meanwhile.
+    pub scripts_refused: u64,
+    /// Script reads that failed (the connection closed; the upload resumes
+    /// after the client reconnects).
+    pub script_upload_failures: u64,
+    /// Store operations that failed (not refusals).
+    pub store_failures: u64,
+    /// Completions whose token the core did not issue, or that did not
+    /// match the operation (counted, never trusted).
+    pub foreign_completions: u64,
+    /// Randomness the injected source could not give.
+    pub entropy_failures: u64,
+}
+
+/// What the core waits for, by token.
+#[derive(Debug)]
+enum Pending {
+    Registration(registration::Pending),
+    Reconcile(reconcile::Pending),
+    Dispatch(dispatch::Pending),
+    Accept(accept::Pending),
+    Ingest(ingest::Pending),
+    Signal(signals::Pending),
+    Upload(upload::Pending),
+    /// A write whose outcome changes nothing but a log line and a counter.
+    Background(&'static str),
+}
+
+/// The server core (see the crate docs).
+#[derive(Debug)]
+pub struct ServerCore {
+    entropy: Arc<dyn Entropy>,
+    config: SessionConfig,
+    retry: RetryPolicy,
+    conns: BTreeMap<ConnId, Conn>,
+    clients: BTreeMap<String, ClientState>,
+    ready: ReadyQueue<String>,
+    out: VecDeque<Output>,
+    pending: BTreeMap<OpToken, Pending>,
+    next_token: u64,
+    /// Connections whose session has effects to drain.
+    dirty: BTreeSet<ConnId>,
+    stats: EngineStats,
+    /// Monotonic time of the last queue-expiry pass.
+    last_expiry_ms: Option<u64>,
+    /// An expiry read is in flight.
+    expiry_running: bool,
+    now_ms: u64,
+    wall_ms: i64,
+}
+
+impl ServerCore {
+    /// A core for a server whose store has recovered.
+    #[must_use]
+    pub fn new(entropy: Arc<dyn Entropy>, config: SessionConfig, retry: RetryPolicy) -> Self {
+        Self {
+            entropy,
+            config,
+            retry,
+            conns: BTreeMap::new(),
+            clients: BTreeMap::new(),
+            ready: ReadyQueue::new(),
+            out: VecDeque::new(),
+            pending: BTreeMap::new(),
+            next_token: 1,
+            dirty: BTreeSet::new(),
+            stats: EngineStats::default(),
+            last_expiry_ms: None,
+            expiry_running: false,
+            now_ms: 0,
+            wall_ms: 0,
+        }
+    }
+
+    /// Counters.
+    #[must_use]
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// Connections currently open.
+    #[must_use]
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Store operations issued and not yet completed.
+    #[must_use]
+    pub fn pending_ops(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The next output to perform, in order.
+    #[must_use]
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    /// The earliest monotonic deadline: a session timer, the next queue
+    /// expiry pass, or the end of a dispatch backoff.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let sessions = self
+            .conns
+            .values()
+            .filter_map(|c| c.session.poll_timeout())
+            .min();
+        let expiry = if self.expiry_running {
+            None
+        } else {
+            Some(
+                self.last_expiry_ms
+                    .map_or(self.now_ms, |t| t.saturating_add(EXPIRY_INTERVAL_MS)),
+            )
+        };
+        let wake = self
+            .clients
+            .values()
+            .filter_map(|s| s.wake_wall_ms)
+            .min()
+            .map(|w| {
+                let wait = u64::try_from(w.saturating_sub(self.wall_ms)).unwrap_or(0);
+                self.now_ms.saturating_add(wait)
+            });
+        [sessions, expiry, wake].into_iter().flatten().min()
+    }
+
+    /// Handles one input at monotonic `now_ms` and wall-clock `wall_ms`.
+    /// A `now_ms` earlier than a previous one is taken as the previous one.
+    pub fn handle(&mut self, now_ms: u64, wall_ms: i64, input: Input) {
+        self.now_ms = now_ms.max(self.now_ms);
+        self.wall_ms = wall_ms;
+        match input {
+            Input::Connected { conn } => self.connect(conn),
+            Input::Frame { conn, bytes } => {
+                self.session_input(conn, rvbox_session::Input::Binary(bytes));
+            }
+            Input::Pong { conn } => self.session_input(conn, rvbox_session::Input::Pong),
+            Input::Disconnected { conn } => self.disconnected(conn),
+            Input::LaneFull { conn, control } => {
+                let input = if control {
+                    rvbox_session::Input::ControlLaneFull
+                } else {
+                    // a reader too slow for its data lane: the session is
+                    // closed rather than buffered without limit
+                    rvbox_session::Input::IngressQueueFull
+                };
+                self.session_input(conn, input);
+            }
+            Input::IngressQueueFull { conn } => {
+                self.session_input(conn, rvbox_session::Input::IngressQueueFull);
+            }
+            Input::Completion { token, result } => self.complete(token, result),
+            Input::Control { request, call } => self.control(request, call),
+            Input::Timeout => self.timeout(),
+        }
+        // every session effect the input caused, then a fair dispatch turn
+        // for each client that became ready (a turn only issues reads)
+        self.drain_sessions();
+        self.dispatch_pass();
+    }
+
+    fn timeout(&mut self) {
+        let now = self.now_ms;
+        let due: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.session.poll_timeout().is_some_and(|d| d <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        for conn in due {
+            self.session_input(conn, rvbox_session::Input::Timeout);
+        }
+        if !self.expiry_running
+            && self
+                .last_expiry_ms
+                .is_none_or(|t| now >= t.saturating_add(EXPIRY_INTERVAL_MS))
+        {
+            self.last_expiry_ms = Some(now);
+            self.expiry_running = true;
+            self.store(
+                StoreOp::ExpiryDue {
+                    limit: EXPIRY_BATCH,
+                },
+                Pending::Dispatch(dispatch::Pending::ExpiryDue),
+            );
+        }
+        self.wake_backoffs();
+    }
+
+    fn control(&mut self, request: RequestId, call: ControlCall) {
+        match call {
+            ControlCall::RunCommand(req) => {
+                let client = req.client_id.clone();
+                self.store(
+                    StoreOp::RunCommand(req),
+                    Pending::Dispatch(dispatch::Pending::RunCommand { request, client }),
+                );
+            }
+            ControlCall::SignalCommand(req) => {
+                self.store(
+                    StoreOp::SignalCommand(req),
+                    Pending::Signal(signals::Pending::Command { request }),
+                );
+            }
+        }
+    }
+
+    /// Issues a store operation and remembers what its completion is for.
+    /// Returns false (and issues nothing) when the pending-operation bound
+    /// is reached.
+    fn store(&mut self, op: StoreOp, pending: Pending) -> bool {
+        if self.pending.len() >= MAX_PENDING_OPS {
+            tracing::error!(
+                op = op.name(),
+                limit = MAX_PENDING_OPS,
+                "too many store operations in flight; not issued"
+            );
+            self.stats.store_failures += 1;
+            return false;
+        }
+        let token = OpToken(self.next_token);
+        self.next_token += 1;
+        self.pending.insert(token, pending);
+        self.out.push_back(Output::Store {
+            token,
+            wall_ms: self.wall_ms,
+            op,
+        });
+        true
+    }
+
+    fn complete(&mut self, token: OpToken, result: OpResult) {
+        let Some(pending) = self.pending.remove(&token) else {
+            tracing::warn!(token = token.0, "completion for an operation not in flight");
+            self.stats.foreign_completions += 1;
+            return;
+        };
+        if let Err(PortError::Unavailable(detail)) = &result {
+            self.stats.store_failures += 1;
+            tracing::error!(detail = %detail, "store operation failed");
+        }
+        match pending {
+            Pending::Registration(p) => self.registration_done(p, result),
+            Pending::Reconcile(p) => self.reconcile_done(p, result),
+            Pending::Dispatch(p) => self.dispatch_done(p, result),
+            Pending::Accept(p) => self.accept_done(p, result),
+            Pending::Ingest(p) => self.ingest_done(p, result),
+            Pending::Signal(p) => self.signal_done(p, result),
+            Pending::Upload(p) => self.upload_done(p, result),
+            Pending::Background(what) => {
+                if let Err(e) = result {
+                    self.stats.stale_decisions += 1;
+                    tracing::warn!(error = %e, what, "store write not applied");
+                }
+            }
+        }
+    }
+
+    /// A completion of the wrong shape for its operation: counted, and the
+    /// operation treated as failed.
+    fn mismatch(&mut self, what: &'static str) {
+        self.stats.foreign_completions += 1;
+        tracing::error!(what, "completion does not match its operation");
+    }
+
+    fn random_u64(&mut self) -> Option<u64> {
+        let mut b = [0u8; 8];
+        match self.entropy.fill(&mut b) {
+            Ok(()) => Some(u64::from_le_bytes(b)),
+            Err(e) => {
+                self.stats.entropy_failures += 1;
+                tracing::error!(error = %e, "no randomness");
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! The store executor: performs the server core's store operations
+//! against the real [`Store`] and returns their completions. It decides
+//! nothing of the protocol; every decision arrived with the operation
+//! (the signal rule is the core's [`rvbox_server_core::signal_plan`]).
+//!
+//! Appends of many connections are grouped: [`Executor::perform_batch`]
+//! performs a batch of operations in order, and every run of consecutive
+//! [`StoreOp::AppendEvents`] in it becomes one [`Store::append_events`]
+//! call, that is one durable commit for the group; each operation still
+//! gets its own completion with its own outcomes and acknowledgements.
+
+use std::collections::BTreeMap;
+
+use rvbox_store::Store;
+use rvbox_store::error::StoreError;
+use rvbox_store::mutations::OpError;
+use rvbox_store_port::commands::{CommandView, Knowledge};
+use rvbox_store_port::events::{AppendReport, EventAppend};
+use rvbox_store_port::ops::{Completion, OpResult, OpToken, PortError, StoreOp};
+
+/// Performs store operations.
+#[derive(Debug)]
+pub struct Executor {
+    store: Store,
+    groups: u64,
+    grouped_ops: u64,
+}
+
+fn port(e: OpError) -> PortError {
+    match e {
+        OpError::Refused(d) => PortError::Refused(d),
+        OpError::Store(s) => PortError::Unavailable(s.to_string()),
+    }
+}
+
+fn port_store(e: StoreError) -> PortError {
+    PortError::Unavailable(e.to_string())
+}
+
+fn done<T>(r: Result<T, OpError>) -> OpResult {
+    r.map(|_| Completion::Done).map_err(port)
+}
+
+impl Executor {
+    /// An executor over a recovered store.
+    #[must_use]
+    pub fn new(store: Store) -> Self {
+        Self {
+            store,
+            groups: 0,
+            grouped_ops: 0,
+        }
+    }
+
+    /// The store (read access for callers and checkers).
+    #[must_use]
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The store, for what is not yet an operation of the port.
+    pub fn store_mut(&mut self) -> &mut Store {
+        &mut self.store
+    }
+
+    /// Gives the store back.
+    #[must_use]
+    pub fn into_store(self) -> Store {
+        self.store
+    }
+
+    /// Append groups committed, and the append operations they carried.
+    #[must_use]
+    pub fn group_stats(&self) -> (u64, u64) {
+        (self.groups, self.grouped_ops)
+    }
+
+    /// Performs `ops` in order, grouping each run of consecutive appends
+    /// into one durable commit; returns one completion per operation, in
+    /// the same order.
+    pub fn perform_batch(&mut self, ops: Vec<(OpToken, i64, StoreOp)>) -> Vec<(OpToken, OpResult)> {
+        let mut out = Vec::with_capacity(ops.len());
+        let mut group: Vec<(OpToken, Vec<EventAppend>)> = Vec::new();
+        let mut group_wall = 0i64;
+        for (token, wall_ms, op) in ops {
+            match op {
+                StoreOp::AppendEvents { events } => {
+                    group_wall = wall_ms;
+                    group.push((token, events));
+                }
+                other => {
+                    if !group.is_empty() {
+                        out.extend(self.append_group(std::mem::take(&mut group), group_wall));
+                    }
+                    out.push((token, self.perform(wall_ms, other)));
+                }
+            }
+        }
+        if !group.is_empty() {
+            out.extend(self.append_group(group, group_wall));
+        }
+        out
+    }
+
+    /// One durable commit for the appends of a group; each request gets
+    /// its own outcomes and the acknowledgements of the commands it
+    /// touched.
+    fn append_group(
+        &mut self,
+        group: Vec<(OpToken, Vec<EventAppend>)>,
+        wall_ms: i64,
+    ) -> Vec<(OpToken, OpResult)> {
+        self.groups += 1;
+        self.grouped_ops += group.len() as u64;
+        let all: Vec<EventAppend> = group.iter().flat_map(|(_, e)| e.iter().cloned()).collect();
+        match self.store.append_events(&all, wall_ms) {
+            Ok(report) => {
+                let mut outcomes = report.outcomes.into_iter();
+                group
+                    .into_iter()
+                    .map(|(token, events)| {
+                        let mine: Vec<_> = outcomes.by_ref().take(events.len()).collect();
+                        let acked: BTreeMap<[u8; 16], u64> = events
+                            .iter()
+                            .filter_map(|e| {
+                                report.acked.get(&e.issue_uuid).map(|s| (e.issue_uuid, *s))
+                            })
+                            .collect();
+                        (
+                            token,
+                            Ok(Completion::Appended(AppendReport {
+                                outcomes: mine,
+                                acked,
+                            })),
+                        )
+                    })
+                    .collect()
+            }
+            Err(e) => {
+                tracing::error!(error = %e, events = all.len(), "group commit failed; nothing acknowledged");
+                let msg = e.to_string();
+                group
+                    .into_iter()
+                    .map(|(token, _)| (token, Err(PortError::Unavailable(msg.clone()))))
+                    .collect()
+            }
+        }
+    }
+
+    /// Performs one operation.
+    pub fn perform(&mut self, wall_ms: i64, op: StoreOp) -> OpResult {
+        let s = &mut self.store;
+        match op {
+            StoreOp::LoadClient { client_id } => s
+                .client_record(&client_id)
+                .map(Completion::Client)
+                .map_err(port_store),
+            StoreOp::Register(reg) => s
+                .register_session(&reg, wall_ms)
+                .map(|generation| Completion::Registered { generation })
+                .map_err(port),
+            StoreOp::RecordPendingClaim {
+                client_id,
+                instance_id,
+            } => done(s.record_pending_claim(&client_id, &instance_id, wall_ms)),
+            StoreOp::CloseSession { session_id, reason } => s
+                .close_session(&session_id, false, &reason, wall_ms)
+                .map(|_| Completion::Done)
+                .map_err(port_store),
+            StoreOp::NonTerminalCommands { client_id } => s
+                .non_terminal_commands(&client_id)
+                .map(Completion::Commands)
+                .map_err(port_store),
+            StoreOp::Knowledge { issues } => {
+                let mut known: Vec<([u8; 16], Knowledge)> = Vec::with_capacity(issues.len());
+                for issue in issues {
+                    known.push((issue, s.command_knowledge(&issue).map_err(port_store)?));
+                }
+                Ok(Completion::Knowledge(known))
+            }
+            StoreOp::ApplyReconciliation {
+                client_id,
+                writes,
+                incidents,
+            } => done(s.apply_reconciliation(&client_id, &writes, &incidents, wall_ms)),
+            StoreOp::RecordIncident(incident) => s
+                .record_protocol_incident(&incident, wall_ms)
+                .map(|_| Completion::Done)
+                .map_err(port_store),
+            StoreOp::DispatchCandidates { client_id, limit } => {
+                let mut rows: Vec<CommandView> =
+                    s.queued_commands(&client_id, limit).map_err(port_store)?;
+                // dispatched commands not in flight on the session go again
+                rows.extend(
+                    s.non_terminal_commands(&client_id)
+                        .map_err(port_store)?
+                        .into_iter()
+                        .filter(|v| v.lifecycle == rvbox_domain::lifecycle::Lifecycle::Dispatched)
+                        .take(limit),
+                );
+                Ok(Completion::Commands(rows))
+            }
+            StoreOp::Dispatch {
+                issue,
+                revision,
+                write,
+            } => {
+                if write {
+                    s.mark_dispatched(&issue, revision).map_err(port)?;
+                }
+                s.execution_spec(&issue)
+                    .map(|spec| Completion::Spec(Box::new(spec)))
+                    .map_err(port)
+            }
+            StoreOp::CommandView { issue } => {
+                s.command_view(&issue).map(Completion::View).map_err(port)
+            }
+            StoreOp::RecordAccepted {
+                issue,
+                revision,
+                resolved_shell,
+            } => done(s.record_accepted(&issue, revision, resolved_shell)),
+            StoreOp::AcceptLate {
+                issue,
+                revision,
+                resolved_shell,
+                incident,
+            } => done(s.accept_late(&issue, revision, resolved_shell, &incident, wall_ms)),
+            StoreOp::Requeue { issue, revision } => s
+                .requeue(&issue, revision, wall_ms)
+                .map(Completion::Requeued)
+                .map_err(port),
+            StoreOp::FinishByServer {
+                issue,
+                from,
+                revision,
+                how,
+                rejection,
+            } => done(s.finish_by_server(
+                &issue,
+                &from,
+                revision,
+                how,
+                rejection.as_ref(),
+                None,
+                wall_ms,
+            )),
+            StoreOp::MarkExpiredPending { issue, revision } => {
+                done(s.mark_expired_pending(&issue, revision))
+            }
+            StoreOp::ExpiryDue { limit } => s
+                .expiry_due(wall_ms, limit)
+                .map(Completion::Commands)
+                .map_err(port_store),
+            StoreOp::AppendEvents { events } => s
+                .append_events(&events, wall_ms)
+                .map(Completion::Appended)
+                .map_err(port_store),
+            StoreOp::SignalCommand(req) => {
+                let signal = req.signal;
+                s.signal_command(&req, |v| rvbox_server_core::signal_plan(v, signal), wall_ms)
+                    .map(Completion::Signal)
+                    .map_err(port)
+            }
+            StoreOp::PendingSignals { issues } => {
+                let mut all = Vec::new();
+                for issue in issues {
+                    all.extend(s.pending_signals(&issue).map_err(port_store)?);
+                }
+                Ok(Completion::PendingSignals(all))
+            }
+            StoreOp::ScriptInfo { issue } => {
+                let lifecycle = s.command_view(&issue).map_err(port)?.lifecycle;
+                let size = s.script_size(&issue).map_err(port)?;
+                Ok(Completion::Script { lifecycle, size })
+            }
+            StoreOp::ScriptRange { issue, offset, len } => {
+                let len = usize::try_from(len).map_err(|_| {
+                    PortError::Unavailable("script range length out of bounds".into())
+                })?;
+                match s.script_range(&issue, offset, len).map_err(port)? {
+                    Some((_, bytes)) => Ok(Completion::ScriptBytes(bytes)),
+                    None => Ok(Completion::ScriptBytes(Vec::new())),
+                }
+            }
+            StoreOp::RunCommand(req) => s
+                .run_command(&req, wall_ms)
+                .map(Completion::RunCommand)
+                .map_err(port),
+        }
+    }
+}

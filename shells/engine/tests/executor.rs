@@ -1,0 +1,124 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+//! The executor on a real store: consecutive appends of many commands
+//! (as many connections send them) become one durable group, each
+//! operation keeps its own outcomes and acknowledgements, and any other
+//! operation between them ends the group so the order of the batch holds.
+
+#[path = "../../store/tests/support/mod.rs"]
+mod support;
+
+use rvbox_engine::Executor;
+use rvbox_store::events::EventOutcome;
+use rvbox_store_port::ops::{Completion, OpToken, StoreOp};
+use support::*;
+
+fn appended(r: &rvbox_store_port::ops::OpResult) -> &rvbox_store_port::events::AppendReport {
+    match r {
+        Ok(Completion::Appended(a)) => a,
+        other => panic!("not an append: {other:?}"),
+    }
+}
+
+#[test]
+fn appends_of_many_commands_share_one_group_and_keep_their_own_acks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let ids: Vec<[u8; 16]> = (0..8)
+        .map(|n| running_command(&mut store, &format!("web-{n}")))
+        .collect();
+    let mut exec = Executor::new(store);
+    let ops: Vec<(OpToken, i64, StoreOp)> = ids
+        .iter()
+        .enumerate()
+        .map(|(n, id)| {
+            (
+                OpToken(n as u64 + 1),
+                NOW,
+                StoreOp::AppendEvents {
+                    events: vec![output(id, 2, &chunk(2, 1000)), output(id, 3, &chunk(3, 1000))],
+                },
+            )
+        })
+        .collect();
+    let done = exec.perform_batch(ops);
+    assert_eq!(exec.group_stats(), (1, 8), "eight operations, one durable group");
+    assert_eq!(done.len(), 8);
+    for (n, (token, result)) in done.iter().enumerate() {
+        assert_eq!(*token, OpToken(n as u64 + 1), "completions keep the batch order");
+        let a = appended(result);
+        assert_eq!(a.outcomes, vec![EventOutcome::Appended, EventOutcome::Appended]);
+        assert_eq!(a.acked.len(), 1, "only its own command's acknowledgement");
+        assert_eq!(a.acked.get(&ids[n]), Some(&3));
+    }
+    for id in &ids {
+        assert_eq!(verify_output(exec.store(), id), vec![2, 3]);
+    }
+    assert_counters(exec.store());
+}
+
+#[test]
+fn another_operation_ends_the_group_so_order_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let a = running_command(&mut store, "web-1");
+    let b = running_command(&mut store, "web-2");
+    let mut exec = Executor::new(store);
+    let done = exec.perform_batch(vec![
+        (
+            OpToken(1),
+            NOW,
+            StoreOp::AppendEvents {
+                events: vec![output(&a, 2, &chunk(2, 100))],
+            },
+        ),
+        (OpToken(2), NOW, StoreOp::CommandView { issue: a }),
+        (
+            OpToken(3),
+            NOW,
+            StoreOp::AppendEvents {
+                events: vec![output(&b, 2, &chunk(2, 100))],
+            },
+        ),
+    ]);
+    assert_eq!(exec.group_stats(), (2, 2));
+    match &done[1].1 {
+        Ok(Completion::View(v)) => assert_eq!(v.last_event_seq, 2, "the view reads the append before it"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(appended(&done[2].1).acked.get(&b), Some(&2));
+}
+
+#[test]
+fn a_refused_event_in_a_group_refuses_only_its_own_operation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let a = running_command(&mut store, "web-1");
+    let b = running_command(&mut store, "web-2");
+    let mut exec = Executor::new(store);
+    let done = exec.perform_batch(vec![
+        (
+            OpToken(1),
+            NOW,
+            StoreOp::AppendEvents {
+                // a gap: sequence 5 after 1
+                events: vec![output(&a, 5, &chunk(5, 100))],
+            },
+        ),
+        (
+            OpToken(2),
+            NOW,
+            StoreOp::AppendEvents {
+                events: vec![output(&b, 2, &chunk(2, 100))],
+            },
+        ),
+    ]);
+    assert!(matches!(appended(&done[0].1).outcomes[0], EventOutcome::Refused(_)));
+    assert_eq!(appended(&done[1].1).outcomes, vec![EventOutcome::Appended]);
+    assert_eq!(appended(&done[1].1).acked.get(&b), Some(&2));
+    assert_eq!(verify_output(exec.store(), &b), vec![2]);
+}
