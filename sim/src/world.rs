@@ -184,6 +184,11 @@ pub struct World {
     twin_outputs: Vec<Output>,
     next_workload_at: u64,
     next_fault_at: u64,
+    /// When the simulated executor next performs queued store operations
+    /// and hands completions to the core.
+    exec_at: Option<u64>,
+    /// The executor's delays and batch sizes.
+    exec: SimRng,
     failure: Option<String>,
 }
 
@@ -230,7 +235,11 @@ fn engine_over(store: Store, entropy: &Arc<SeededEntropy>) -> Result<Engine, Str
         software_version: "0.1.0".into(),
         supported_minors: vec![0],
     });
-    Ok(Engine::new(store, entropy.clone(), config))
+    let mut engine = Engine::new(store, entropy.clone(), config);
+    // the world performs store operations and hands their completions to
+    // the core later, so a crash can fall between them
+    engine.set_deferred(true);
+    Ok(engine)
 }
 
 fn payload_name(bytes: &[u8]) -> String {
@@ -351,6 +360,8 @@ impl World {
             twin_outputs: Vec::new(),
             next_workload_at: 0,
             next_fault_at: 5_000,
+            exec_at: None,
+            exec: seeds.stream(crate::rng::Stream::Named("executor")),
             failure: None,
         })
     }
@@ -482,7 +493,18 @@ impl World {
         };
         self.log(format!("CRASH server at {at} ({mode:?})"));
         self.count("server_crash");
-        drop(self.server.engine.take());
+        if let Some(e) = self.server.engine.take() {
+            // what the core had issued and not yet learned is lost with it
+            if e.queued_ops() > 0 {
+                self.count("crash_with ops_queued");
+            }
+            if e.undelivered() > 0 {
+                self.count("crash_with completions_undelivered");
+            }
+            let stats = e.stats().clone();
+            self.absorb_engine_stats(&stats, e.group_stats());
+        }
+        self.exec_at = None;
         for (conn, _) in self.net.connections() {
             self.net.crash(conn, Side::Server, self.now);
         }
@@ -525,6 +547,89 @@ impl World {
             Err(e) => self.failure = Some(format!("restart failed: {e}")),
         }
         self.checker_reset_generation();
+    }
+
+    /// Adds an engine's counters to the run's: they survive a crash.
+    fn absorb_engine_stats(&mut self, stats: &rvbox_engine::EngineStats, groups: (u64, u64)) {
+        self.add("executor append_groups", groups.0);
+        // appends that shared a durable group with another connection's
+        self.add(
+            "executor appends_grouped",
+            groups.1.saturating_sub(groups.0),
+        );
+        for (k, v) in [
+            ("engine fenced", stats.fenced),
+            ("engine live_conflicts", stats.live_conflicts),
+            ("engine reconciled", stats.reconciled),
+            ("engine requeued", stats.requeued),
+            ("engine expired", stats.expired),
+            ("engine events_refused", stats.events_refused),
+            ("engine signals_sent_again", stats.signals_sent_again),
+            ("engine late_acceptances", stats.late_acceptances),
+            ("engine script_uploads", stats.script_uploads),
+            ("engine store_failures", stats.store_failures),
+            ("engine foreign_completions", stats.foreign_completions),
+        ] {
+            self.add(k, v);
+        }
+    }
+
+    /// The simulated executor: store operations are performed a little
+    /// after the core issued them, several at once (appends of many
+    /// connections in one group), and their completions reach the core
+    /// later still; a crash in between loses the completions.
+    fn executor_step(&mut self) {
+        let Some(e) = self.server.engine.as_ref() else {
+            return;
+        };
+        let (queued, undelivered) = (e.queued_ops(), e.undelivered());
+        if queued == 0 && undelivered == 0 {
+            self.exec_at = None;
+            return;
+        }
+        match self.exec_at {
+            None => {
+                let delay = if self.exec.chance(100) {
+                    self.exec.range_inclusive(5..=40)
+                } else {
+                    self.exec.below(3)
+                };
+                self.exec_at = Some(self.now.saturating_add(delay.max(1)));
+                return;
+            }
+            Some(t) if t > self.now => return,
+            Some(_) => {}
+        }
+        self.exec_at = None;
+        // a group of any size; completions of what was performed earlier
+        // may still be in transit
+        let perform = if self.exec.chance(700) {
+            usize::MAX
+        } else {
+            usize::try_from(self.exec.range_inclusive(1..=8)).unwrap_or(1)
+        };
+        let deliver = if self.exec.chance(800) {
+            usize::MAX
+        } else {
+            usize::try_from(self.exec.below(4)).unwrap_or(0)
+        };
+        let mut moved = (0, 0);
+        // completions of an earlier step reach the core first; what is
+        // performed now is answered at a later step, so a crash between
+        // steps can fall after the commit and before the core learns of it
+        self.with_engine(|e, now, wall| {
+            moved.1 = e.deliver(now, wall, deliver);
+            moved.0 = e.perform(perform);
+        });
+        self.log(format!("exec performed {} delivered {}", moved.0, moved.1));
+        if self
+            .server
+            .engine
+            .as_ref()
+            .is_some_and(|e| e.queued_ops() > 0 || e.undelivered() > 0)
+        {
+            self.exec_at = Some(self.now.saturating_add(1));
+        }
     }
 
     fn checker_reset_generation(&mut self) {
@@ -921,6 +1026,9 @@ impl World {
         self.with_engine(|e, now, wall| {
             e.connect(now, conn);
             e.frame(now, wall, conn, hello);
+            // the registration's reads and writes complete in this step:
+            // the check below compares with the live session as it is now
+            e.run_until_idle(now, wall);
         });
         if self.server.engine.is_none() || self.counters.get("server_crash").copied() != crashes {
             // the server crashed mid-registration (a crash point after the
@@ -1067,6 +1175,7 @@ impl World {
                     .filter_map(SimClient::poll_timeout)
                     .min(),
                 self.server.engine.as_ref().and_then(Engine::next_deadline),
+                self.exec_at,
                 Some(self.next_workload_at),
                 Some(self.now.saturating_add(1_000)),
             ]
@@ -1091,6 +1200,7 @@ impl World {
             }
             self.drain_clients();
             self.with_engine(|e, now, wall| e.tick(now, wall));
+            self.executor_step();
             self.check();
         }
         if self.failure.is_none() && steps >= MAX_STEPS {
@@ -1123,24 +1233,13 @@ impl World {
         ] {
             self.add(k, v);
         }
-        let stats = self
+        if let Some((stats, groups)) = self
             .server
             .engine
             .as_ref()
-            .map(|e| e.stats().clone())
-            .unwrap_or_default();
-        for (k, v) in [
-            ("engine fenced", stats.fenced),
-            ("engine live_conflicts", stats.live_conflicts),
-            ("engine reconciled", stats.reconciled),
-            ("engine requeued", stats.requeued),
-            ("engine expired", stats.expired),
-            ("engine events_refused", stats.events_refused),
-            ("engine signals_sent_again", stats.signals_sent_again),
-            ("engine late_acceptances", stats.late_acceptances),
-            ("engine script_uploads", stats.script_uploads),
-        ] {
-            self.add(k, v);
+            .map(|e| (e.stats().clone(), e.group_stats()))
+        {
+            self.absorb_engine_stats(&stats, groups);
         }
         Report {
             seed: self.seed,

@@ -48,6 +48,9 @@ const MUST_HAPPEN: &[&str] = &[
     "client scripts_committed",
     "server_close CLOSE_REASON_PROTOCOL_ERROR",
     "server_close CLOSE_REASON_STALE_SESSION",
+    "crash_with ops_queued",
+    "crash_with completions_undelivered",
+    "executor appends_grouped",
 ];
 
 #[test]

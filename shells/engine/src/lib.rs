@@ -28,7 +28,7 @@ use rvbox_store::Store;
 use rvbox_store::commands::{CommandView, Knowledge};
 use rvbox_store::mutations::OpError;
 use rvbox_store_port::entropy::Entropy;
-use rvbox_store_port::ops::PortError;
+use rvbox_store_port::ops::{OpResult, OpToken, PortError, StoreOp};
 
 pub use executor::Executor;
 pub use rvbox_server_core::upload::{
@@ -78,6 +78,13 @@ pub struct Engine {
     metrics: BTreeMap<(&'static str, Option<&'static str>), u64>,
     /// The latest monotonic and wall-clock times an input carried.
     last: (u64, i64),
+    /// Store operations wait for [`Engine::perform`] and their completions
+    /// for [`Engine::deliver`] instead of running at once.
+    deferred: bool,
+    /// Issued by the core, not yet performed.
+    queued: VecDeque<(OpToken, i64, StoreOp)>,
+    /// Performed, their completions not yet handed to the core.
+    done: VecDeque<(OpToken, OpResult)>,
 }
 
 impl Engine {
@@ -92,6 +99,9 @@ impl Engine {
             next_request: 1,
             metrics: BTreeMap::new(),
             last: (0, 0),
+            deferred: false,
+            queued: VecDeque::new(),
+            done: VecDeque::new(),
         }
     }
 
@@ -214,6 +224,12 @@ impl Engine {
         let request = RequestId(self.next_request);
         self.next_request += 1;
         self.input(now_ms, wall_ms, Input::Control { request, call });
+        // deferred: everything queued goes through until the answer is in
+        while !self.replies.contains_key(&request) {
+            if !self.step_all(now_ms, wall_ms) {
+                break;
+            }
+        }
         self.replies.remove(&request)
     }
 
@@ -225,64 +241,140 @@ impl Engine {
         self.last.1
     }
 
-    /// One input, then every output drained: store operations performed
-    /// (appends grouped) and their completions fed back until the core
-    /// has nothing left.
+    /// Defers store operations (the simulator's executor): they wait for
+    /// [`Engine::perform`], and their completions for [`Engine::deliver`],
+    /// so a crash can fall between an operation and its completion, or
+    /// between a completion and the frames it announces. A control call
+    /// still returns its answer: it performs and delivers everything
+    /// queued until the answer is there.
+    pub fn set_deferred(&mut self, on: bool) {
+        self.deferred = on;
+    }
+
+    /// Operations issued and not yet performed.
+    #[must_use]
+    pub fn queued_ops(&self) -> usize {
+        self.queued.len()
+    }
+
+    /// Operations performed whose completion the core has not had yet.
+    #[must_use]
+    pub fn undelivered(&self) -> usize {
+        self.done.len()
+    }
+
+    /// Performs up to `max` queued operations as one batch (a run of
+    /// appends among them is one durable group); their completions wait
+    /// for [`Engine::deliver`]. Returns how many were performed.
+    pub fn perform(&mut self, max: usize) -> usize {
+        let n = max.min(self.queued.len());
+        let batch: Vec<_> = self.queued.drain(..n).collect();
+        let done = self.exec.perform_batch(batch);
+        self.done.extend(done);
+        n
+    }
+
+    /// Hands up to `max` completions to the core, in the order their
+    /// operations were performed. Returns how many.
+    pub fn deliver(&mut self, now_ms: u64, wall_ms: i64, max: usize) -> usize {
+        self.last = (now_ms.max(self.last.0), wall_ms);
+        let mut n = 0;
+        while n < max {
+            let Some((token, result)) = self.done.pop_front() else {
+                break;
+            };
+            n += 1;
+            self.core.handle(
+                self.last.0,
+                self.last.1,
+                Input::Completion { token, result },
+            );
+            self.settle();
+        }
+        n
+    }
+
+    /// Performs and delivers everything queued until the core issues
+    /// nothing more (deferred mode's way to settle at once).
+    pub fn run_until_idle(&mut self, now_ms: u64, wall_ms: i64) {
+        while self.step_all(now_ms, wall_ms) {}
+    }
+
+    /// Performs every queued operation and delivers every completion;
+    /// false when there was nothing to do.
+    fn step_all(&mut self, now_ms: u64, wall_ms: i64) -> bool {
+        let performed = self.perform(usize::MAX);
+        let delivered = self.deliver(now_ms, wall_ms, usize::MAX);
+        performed > 0 || delivered > 0
+    }
+
+    /// One input, then every output drained.
     fn input(&mut self, now_ms: u64, wall_ms: i64, input: Input) {
         self.last = (now_ms.max(self.last.0), wall_ms);
         self.core.handle(now_ms, wall_ms, input);
+        self.settle();
+    }
+
+    /// Drains the core's outputs; unless deferred, performs the store
+    /// operations (appends grouped) and feeds each completion back until
+    /// the core has nothing left.
+    fn settle(&mut self) {
         loop {
-            let mut ops = Vec::new();
-            while let Some(o) = self.core.poll_output() {
-                match o {
-                    rvbox_server_core::Output::Store { token, wall_ms, op } => {
-                        ops.push((token, wall_ms, op));
-                    }
-                    rvbox_server_core::Output::Frame {
-                        conn,
-                        control,
-                        bytes,
-                    } => self.out.push_back(Output::Frame {
-                        conn,
-                        control,
-                        bytes,
-                    }),
-                    rvbox_server_core::Output::Ping { conn } => {
-                        self.out.push_back(Output::Ping { conn });
-                    }
-                    rvbox_server_core::Output::Close { conn, reason } => {
-                        self.out.push_back(Output::Close { conn, reason });
-                    }
-                    rvbox_server_core::Output::Reply { request, answer } => {
-                        self.replies.insert(request, answer);
-                    }
-                    rvbox_server_core::Output::Audit {
-                        conn,
-                        client,
-                        audit,
-                    } => {
-                        tracing::warn!(
-                            conn,
-                            client = client.as_deref().unwrap_or(""),
-                            kind = ?audit.kind,
-                            detail = %audit.detail,
-                            "session audit"
-                        );
-                    }
-                    rvbox_server_core::Output::Metric(m) => {
-                        *self.metrics.entry((m.name, m.reason)).or_default() += 1;
-                    }
-                }
-            }
-            if ops.is_empty() {
+            self.collect_outputs();
+            if self.deferred || self.queued.is_empty() {
                 return;
             }
-            for (token, result) in self.exec.perform_batch(ops) {
+            let batch: Vec<_> = self.queued.drain(..).collect();
+            for (token, result) in self.exec.perform_batch(batch) {
                 self.core.handle(
                     self.last.0,
                     self.last.1,
                     Input::Completion { token, result },
                 );
+            }
+        }
+    }
+
+    fn collect_outputs(&mut self) {
+        while let Some(o) = self.core.poll_output() {
+            match o {
+                rvbox_server_core::Output::Store { token, wall_ms, op } => {
+                    self.queued.push_back((token, wall_ms, op));
+                }
+                rvbox_server_core::Output::Frame {
+                    conn,
+                    control,
+                    bytes,
+                } => self.out.push_back(Output::Frame {
+                    conn,
+                    control,
+                    bytes,
+                }),
+                rvbox_server_core::Output::Ping { conn } => {
+                    self.out.push_back(Output::Ping { conn });
+                }
+                rvbox_server_core::Output::Close { conn, reason } => {
+                    self.out.push_back(Output::Close { conn, reason });
+                }
+                rvbox_server_core::Output::Reply { request, answer } => {
+                    self.replies.insert(request, answer);
+                }
+                rvbox_server_core::Output::Audit {
+                    conn,
+                    client,
+                    audit,
+                } => {
+                    tracing::warn!(
+                        conn,
+                        client = client.as_deref().unwrap_or(""),
+                        kind = ?audit.kind,
+                        detail = %audit.detail,
+                        "session audit"
+                    );
+                }
+                rvbox_server_core::Output::Metric(m) => {
+                    *self.metrics.entry((m.name, m.reason)).or_default() += 1;
+                }
             }
         }
     }

@@ -40,18 +40,32 @@ fn appends_of_many_commands_share_one_group_and_keep_their_own_acks() {
                 OpToken(n as u64 + 1),
                 NOW,
                 StoreOp::AppendEvents {
-                    events: vec![output(id, 2, &chunk(2, 1000)), output(id, 3, &chunk(3, 1000))],
+                    events: vec![
+                        output(id, 2, &chunk(2, 1000)),
+                        output(id, 3, &chunk(3, 1000)),
+                    ],
                 },
             )
         })
         .collect();
     let done = exec.perform_batch(ops);
-    assert_eq!(exec.group_stats(), (1, 8), "eight operations, one durable group");
+    assert_eq!(
+        exec.group_stats(),
+        (1, 8),
+        "eight operations, one durable group"
+    );
     assert_eq!(done.len(), 8);
     for (n, (token, result)) in done.iter().enumerate() {
-        assert_eq!(*token, OpToken(n as u64 + 1), "completions keep the batch order");
+        assert_eq!(
+            *token,
+            OpToken(n as u64 + 1),
+            "completions keep the batch order"
+        );
         let a = appended(result);
-        assert_eq!(a.outcomes, vec![EventOutcome::Appended, EventOutcome::Appended]);
+        assert_eq!(
+            a.outcomes,
+            vec![EventOutcome::Appended, EventOutcome::Appended]
+        );
         assert_eq!(a.acked.len(), 1, "only its own command's acknowledgement");
         assert_eq!(a.acked.get(&ids[n]), Some(&3));
     }
@@ -87,7 +101,9 @@ fn another_operation_ends_the_group_so_order_holds() {
     ]);
     assert_eq!(exec.group_stats(), (2, 2));
     match &done[1].1 {
-        Ok(Completion::View(v)) => assert_eq!(v.last_event_seq, 2, "the view reads the append before it"),
+        Ok(Completion::View(v)) => {
+            assert_eq!(v.last_event_seq, 2, "the view reads the append before it")
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(appended(&done[2].1).acked.get(&b), Some(&2));
@@ -117,7 +133,10 @@ fn a_refused_event_in_a_group_refuses_only_its_own_operation() {
             },
         ),
     ]);
-    assert!(matches!(appended(&done[0].1).outcomes[0], EventOutcome::Refused(_)));
+    assert!(matches!(
+        appended(&done[0].1).outcomes[0],
+        EventOutcome::Refused(_)
+    ));
     assert_eq!(appended(&done[1].1).outcomes, vec![EventOutcome::Appended]);
     assert_eq!(appended(&done[1].1).acked.get(&b), Some(&2));
     assert_eq!(verify_output(exec.store(), &b), vec![2]);
