@@ -11,6 +11,7 @@
 //! [`SWEEP_COMMANDS_PER_STEP`] others are checked in depth
 //! ([`Checker::full_check`] checks them all).
 
+use rvbox_store::db::Cached as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -454,6 +455,19 @@ impl Checker {
 
     fn run(&mut self, store: &Store, full: bool) -> Result<Vec<Violation>, CheckError> {
         self.checks = self.checks.saturating_add(1);
+        // one read transaction for the whole check: one consistent view,
+        // and one lock cycle instead of one per query
+        let view = store
+            .db()
+            .unchecked_transaction()
+            .map_err(sql("begin the check's read transaction"))?;
+        let r = self.run_in(store, full);
+        view.rollback()
+            .map_err(sql("end the check's read transaction"))?;
+        r
+    }
+
+    fn run_in(&mut self, store: &Store, full: bool) -> Result<Vec<Violation>, CheckError> {
         let mut out = Vec::new();
         self.scan_commands(store, &mut out)?;
         if full {
@@ -504,7 +518,7 @@ impl Checker {
     fn scan_commands(&mut self, store: &Store, out: &mut Vec<Violation>) -> Result<(), CheckError> {
         let db = store.db();
         let mut stmt = db
-            .prepare("SELECT issue_uuid, lifecycle, revision, last_event_seq FROM commands")
+            .prepare_cached("SELECT issue_uuid, lifecycle, revision, last_event_seq FROM commands")
             .map_err(sql("prepare the command scan"))?;
         let rows: Vec<(Vec<u8>, i64, i64, i64)> = stmt
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
@@ -512,7 +526,9 @@ impl Checker {
             .collect::<Result<_, _>>()
             .map_err(sql("scan commands"))?;
         let mut trunc_stmt = db
-            .prepare("SELECT issue_uuid, COUNT(*) FROM output_truncations GROUP BY issue_uuid")
+            .prepare_cached(
+                "SELECT issue_uuid, COUNT(*) FROM output_truncations GROUP BY issue_uuid",
+            )
             .map_err(sql("prepare the truncation count"))?;
         let truncs: BTreeMap<Vec<u8>, i64> = trunc_stmt
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -630,7 +646,7 @@ impl Checker {
         let db = store.db();
         let text = uuid_text(&issue);
         let mut ev_stmt = db
-            .prepare(
+            .prepare_cached(
                 "SELECT event_seq, content_sha256 FROM command_events
                  WHERE issue_uuid = ?1 ORDER BY event_seq",
             )
@@ -641,7 +657,7 @@ impl Checker {
             .collect::<Result<_, _>>()
             .map_err(sql("read events"))?;
         let mut tr_stmt = db
-            .prepare(
+            .prepare_cached(
                 "SELECT first_seq, last_seq FROM output_truncations
                  WHERE issue_uuid = ?1 AND first_seq IS NOT NULL ORDER BY first_seq",
             )
@@ -692,7 +708,7 @@ impl Checker {
             // the command row is gone: reclaimed by retention (its replay
             // tombstone remains) or lost
             let tombstoned: bool = db
-                .query_row(
+                .query_row_cached(
                     "SELECT EXISTS (SELECT 1 FROM command_tombstones WHERE issue_uuid = ?1)",
                     [issue.as_slice()],
                     |r| r.get(0),
@@ -781,7 +797,7 @@ impl Checker {
     ) -> Result<(), CheckError> {
         let db = store.db();
         let mut stmt = db
-            .prepare(
+            .prepare_cached(
                 "SELECT client_id, COUNT(*) FROM sessions WHERE live = 1
                  GROUP BY client_id HAVING COUNT(*) > 1 ORDER BY client_id",
             )
@@ -800,7 +816,7 @@ impl Checker {
             });
         }
         let mut gen_stmt = db
-            .prepare("SELECT client_id, generation FROM clients ORDER BY client_id")
+            .prepare_cached("SELECT client_id, generation FROM clients ORDER BY client_id")
             .map_err(sql("prepare the generation read"))?;
         let gens: Vec<(String, i64)> = gen_stmt
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))

@@ -12,6 +12,7 @@
 //! place for environment values, stdin or output bytes, so none can leak
 //! into the log.
 
+use crate::db::Cached as _;
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 use rvbox_domain::error::{Code, DomainError};
 use rvbox_proto::v1 as wire;
@@ -310,7 +311,7 @@ struct ActiveAudit {
 impl Store {
     fn audit_active(&self) -> Result<Option<ActiveAudit>, StoreError> {
         self.conn
-            .query_row(
+            .query_row_cached(
                 "SELECT ordinal, committed_end, records, base_seq FROM audit_segments WHERE state = 'active'",
                 [],
                 |r| {
@@ -330,7 +331,7 @@ impl Store {
     fn audit_next(&self) -> Result<(u64, u64), StoreError> {
         let last: Option<(i64, i64, i64)> = self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT ordinal, base_seq, records FROM audit_segments ORDER BY ordinal DESC LIMIT 1",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -349,7 +350,7 @@ impl Store {
     fn audit_used(&self) -> Result<u64, StoreError> {
         let v: i64 = self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT audit_charged FROM quota_totals WHERE id = 1",
                 [],
                 |r| r.get(0),
@@ -531,20 +532,20 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sqlite("begin audit commit", e))?;
         if let Some(prev) = seal_prev {
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE audit_segments SET state = 'sealed' WHERE ordinal = ?1 AND state = 'active'",
                 params![to_i64(prev)],
             )
             .map_err(|e| StoreError::sqlite("seal audit segment", e))?;
         }
         if new_file {
-            tx.execute(
+            tx.execute_cached(
                 "INSERT INTO audit_segments (ordinal, base_seq, created_ms) VALUES (?1, ?2, ?3)",
                 params![to_i64(ordinal), to_i64(base_seq), now_ms],
             )
             .map_err(|e| StoreError::sqlite("insert audit segment", e))?;
         }
-        tx.execute(
+        tx.execute_cached(
             "UPDATE audit_segments SET committed_end = committed_end + ?2, records = records + 1,
                  charged_bytes = charged_bytes + ?3,
                  first_ms = COALESCE(first_ms, ?4),
@@ -553,7 +554,7 @@ impl Store {
             params![to_i64(ordinal), to_i64(len), to_i64(charged), time_ms],
         )
         .map_err(|e| StoreError::sqlite("advance audit committed_end", e))?;
-        tx.execute(
+        tx.execute_cached(
             "UPDATE quota_totals SET audit_charged = audit_charged + ?1 WHERE id = 1",
             params![to_i64(charged)],
         )
@@ -588,7 +589,7 @@ impl Store {
         let segments: Vec<AuditSegment> = {
             let mut stmt = self
                 .conn
-                .prepare(
+                .prepare_cached(
                     "SELECT ordinal, charged_bytes, state, COALESCE(last_ms, created_ms)
                      FROM audit_segments ORDER BY ordinal",
                 )
@@ -627,7 +628,7 @@ impl Store {
         let mut freed = 0u64;
         for ordinal in &plan.drop {
             let charged: Option<i64> = tx
-                .query_row(
+                .query_row_cached(
                     "SELECT charged_bytes FROM audit_segments WHERE ordinal = ?1 AND state <> 'active'",
                     params![ordinal],
                     |r| r.get(0),
@@ -638,7 +639,7 @@ impl Store {
                 return Ok(0);
             };
             freed = freed.saturating_add(to_u64(charged));
-            tx.execute(
+            tx.execute_cached(
                 "DELETE FROM audit_segments WHERE ordinal = ?1",
                 params![ordinal],
             )
@@ -648,7 +649,7 @@ impl Store {
             queue_deletion(&tx, entropy.as_ref(), Origin::Audit, &name, None, now_ms)?;
         }
         let used: i64 = tx
-            .query_row(
+            .query_row_cached(
                 "SELECT audit_charged FROM quota_totals WHERE id = 1",
                 [],
                 |r| r.get(0),
@@ -656,7 +657,7 @@ impl Store {
             .map_err(|e| StoreError::sqlite("read audit usage", e))?;
         let after = release_audit(to_u64(used), freed)
             .map_err(|e| StoreError::Integrity(format!("audit release: {e}")))?;
-        tx.execute(
+        tx.execute_cached(
             "UPDATE quota_totals SET audit_charged = ?1 WHERE id = 1",
             params![to_i64(after)],
         )
@@ -684,7 +685,7 @@ impl Store {
         let rows: Vec<(u64, u64)> = {
             let mut stmt = self
                 .conn
-                .prepare(
+                .prepare_cached(
                     "SELECT ordinal, committed_end FROM audit_segments
                      WHERE state IN ('active', 'sealed') ORDER BY ordinal",
                 )
@@ -715,7 +716,7 @@ impl Store {
             };
             let known: bool = self
                 .conn
-                .query_row(
+                .query_row_cached(
                     "SELECT EXISTS (SELECT 1 FROM audit_segments WHERE ordinal = ?1)",
                     params![to_i64(ordinal)],
                     |r| r.get(0),
@@ -841,7 +842,7 @@ impl Store {
                     },
                     now_ms,
                 )?;
-                tx.execute(
+                tx.execute_cached(
                     "UPDATE audit_segments SET state = 'damaged' WHERE ordinal = ?1",
                     params![to_i64(ordinal)],
                 )
@@ -870,7 +871,7 @@ impl Store {
         let rows: Vec<(u64, u64)> = {
             let mut stmt = self
                 .conn
-                .prepare(
+                .prepare_cached(
                     "SELECT ordinal, committed_end FROM audit_segments
                      WHERE state IN ('active', 'sealed') AND base_seq + records > ?1 ORDER BY ordinal",
                 )

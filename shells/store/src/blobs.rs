@@ -10,6 +10,7 @@
 //! `committed_end`. A crash before that commit leaves a file no row names,
 //! which recovery removes.
 
+use crate::db::Cached as _;
 use std::path::Path;
 
 use rusqlite::params;
@@ -140,7 +141,7 @@ pub(crate) fn record_blob(
     charged: u64,
     now_ms: i64,
 ) -> Result<(), StoreError> {
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO command_segments (issue_uuid, ordinal, committed_end, state, stored_bytes, raw_bytes,
              charged_bytes, created_ms)
          VALUES (?1, ?2, ?3, 'blob', ?4, ?5, ?6, ?7)",
@@ -156,7 +157,7 @@ pub(crate) fn record_blob(
     )
     .map_err(|e| StoreError::sqlite("record blob segment", e))?;
     for (i, c) in blob.chunks.iter().enumerate() {
-        tx.execute(
+        tx.execute_cached(
             "INSERT INTO command_payloads (issue_uuid, kind, ordinal, compression, raw_len, stored_len,
                  sha256, segment_ordinal, segment_offset)
              VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6, ?7, ?8)",

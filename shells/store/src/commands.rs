@@ -10,6 +10,7 @@
 //! replay tombstone in the same transaction, exactly like a terminal event
 //! from the client.
 
+use crate::db::Cached as _;
 use prost::Message as _;
 use rusqlite::{OptionalExtension, Transaction, TransactionBehavior, params};
 use rvbox_domain::error::{Code, DomainError};
@@ -51,7 +52,7 @@ fn view_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<CommandView> {
 }
 
 fn load_view(tx: &rusqlite::Connection, issue: &[u8; 16]) -> Result<CommandView, OpError> {
-    tx.query_row(
+    tx.query_row_cached(
         &format!("SELECT {VIEW_COLUMNS} FROM commands c WHERE c.issue_uuid = ?1"),
         params![issue.as_slice()],
         view_of,
@@ -81,7 +82,7 @@ pub(crate) fn expect(
 }
 
 fn set_lifecycle(tx: &Transaction<'_>, issue: &[u8; 16], to: Lifecycle) -> Result<(), StoreError> {
-    tx.execute(
+    tx.execute_cached(
         "UPDATE commands SET lifecycle = ?2 WHERE issue_uuid = ?1",
         params![issue.as_slice(), to.to_wire() as i32],
     )
@@ -93,7 +94,7 @@ fn set_lifecycle(tx: &Transaction<'_>, issue: &[u8; 16], to: Lifecycle) -> Resul
 /// "expired pending reconciliation" indicator no longer applies, and a
 /// queued command past its expiry simply expires.
 fn clear_expired_pending(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<(), StoreError> {
-    tx.execute(
+    tx.execute_cached(
         "UPDATE commands SET expired_pending = 0 WHERE issue_uuid = ?1",
         params![issue.as_slice()],
     )
@@ -192,7 +193,7 @@ impl Store {
     pub fn command_knowledge(&self, issue: &[u8; 16]) -> Result<Knowledge, StoreError> {
         let row: Option<(Vec<u8>, i32, i64)> = self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT request_hash, lifecycle, last_event_seq FROM commands WHERE issue_uuid = ?1",
                 params![issue.as_slice()],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -208,7 +209,7 @@ impl Store {
         }
         let tomb: Option<Vec<u8>> = self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT request_hash FROM command_tombstones WHERE issue_uuid = ?1",
                 params![issue.as_slice()],
                 |r| r.get(0),
@@ -356,7 +357,7 @@ impl Store {
     pub fn mark_expired_pending(&mut self, issue: &[u8; 16], revision: u64) -> Result<(), OpError> {
         let (tx, view) = self.begin_on(issue)?;
         expect(&view, &[Lifecycle::Dispatched], revision)?;
-        tx.execute(
+        tx.execute_cached(
             "UPDATE commands SET expired_pending = 1 WHERE issue_uuid = ?1",
             params![issue.as_slice()],
         )
@@ -391,7 +392,7 @@ impl Store {
         let next = revision
             .checked_add(1)
             .ok_or_else(|| StoreError::Integrity("revision overflow".into()))?;
-        tx.execute(
+        tx.execute_cached(
             "UPDATE commands SET revision = ?2 WHERE issue_uuid = ?1",
             params![issue.as_slice(), to_i64(next)],
         )
@@ -544,7 +545,7 @@ impl Store {
         let mut opened = 0usize;
         for (new, id) in incidents.iter().zip(ids) {
             let open: bool = tx
-                .query_row(
+                .query_row_cached(
                     "SELECT EXISTS (SELECT 1 FROM storage_incidents
                      WHERE state = 1 AND kind = ?1 AND scope_kind = ?2 AND scope_key = ?3)",
                     params![new.kind as i32, new.scope_kind as i32, new.scope_key],
@@ -600,7 +601,7 @@ impl Store {
 /// the queue with one is cancelled instead (launch was never authorized,
 /// plan §6.4 R-6.4-37).
 fn has_pending_signal(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError> {
-    tx.query_row(
+    tx.query_row_cached(
         "SELECT EXISTS (SELECT 1 FROM command_signals WHERE issue_uuid = ?1)",
         params![issue.as_slice()],
         |r| r.get(0),
@@ -647,7 +648,7 @@ pub(crate) fn accept_in(
 ) -> Result<(), OpError> {
     expect(view, &[Lifecycle::Dispatched], revision)?;
     set_lifecycle(tx, &view.issue_uuid, Lifecycle::Accepted)?;
-    tx.execute(
+    tx.execute_cached(
         "UPDATE commands SET resolved_shell = ?2 WHERE issue_uuid = ?1",
         params![view.issue_uuid.as_slice(), resolved_shell],
     )
@@ -668,7 +669,7 @@ pub(crate) fn finish_in(
     cap: u64,
 ) -> Result<(), StoreError> {
     let (charged, held): (i64, i64) = tx
-        .query_row(
+        .query_row_cached(
             "SELECT charged_bytes, closeout_held FROM commands WHERE issue_uuid = ?1",
             params![issue.as_slice()],
             |r| Ok((r.get(0)?, r.get(1)?)),
@@ -682,7 +683,7 @@ pub(crate) fn finish_in(
         free_space: 0,
     };
     let after = release_closeout(&usage).map_err(|e| StoreError::Integrity(e.to_string()))?;
-    tx.execute(
+    tx.execute_cached(
         "UPDATE commands SET lifecycle = ?2, terminal_time_ms = MAX(?3, issue_time_ms),
                  rejection = COALESCE(?4, rejection), charged_bytes = ?5, closeout_held = 0,
                  output_charged = MIN(output_charged, ?5)

@@ -6,6 +6,7 @@
 //! - `store_meta.server_id`: a UUIDv7 naming this server store; clients key
 //!   their cursors and spool per server identity (spec-mapping R5).
 
+use crate::db::Cached as _;
 use std::io;
 use std::path::Path;
 
@@ -78,7 +79,7 @@ pub fn server_id(
     now_ms: i64,
 ) -> Result<[u8; 16], StoreError> {
     let found: Option<Vec<u8>> = conn
-        .query_row(
+        .query_row_cached(
             "SELECT value FROM store_meta WHERE key = 'server_id'",
             [],
             |r| r.get(0),
@@ -90,7 +91,7 @@ pub fn server_id(
             .map_err(|_| StoreError::Integrity("store_meta.server_id is not 16 bytes".into()));
     }
     let id = uuid_v7(entropy, now_ms).map_err(|e| StoreError::io("mint server id", "", e))?;
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO store_meta (key, value) VALUES ('server_id', ?1)",
         params![id.as_slice()],
     )

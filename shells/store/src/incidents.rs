@@ -8,6 +8,7 @@
 //! operator's acknowledgement with a note. Both are idempotent by
 //! `request_id` through [`crate::mutations`].
 
+use crate::db::Cached as _;
 use prost::Message as _;
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
 use rvbox_domain::error::{Code, DomainError};
@@ -142,7 +143,7 @@ pub fn insert(
 ) -> Result<Incident, StoreError> {
     let repairable = matches!(resolution(new.kind, new.data_loss), Resolution::Repair(_));
     let summary = rvbox_domain::error::bound_reason(&new.summary);
-    conn.execute(
+    conn.execute_cached(
         "INSERT INTO storage_incidents (incident_id, kind, state, scope_kind, scope_key, client_id,
              issue_uuid, detected_ms, summary, evidence, repairable, data_loss)
          VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
@@ -176,7 +177,7 @@ pub fn insert(
 /// # Errors
 /// [`StoreError::Sqlite`].
 pub fn get(conn: &Connection, id: &[u8; 16]) -> Result<Option<Incident>, StoreError> {
-    conn.query_row(
+    conn.query_row_cached(
         &format!("SELECT {COLUMNS} FROM storage_incidents WHERE incident_id = ?1"),
         params![id.as_slice()],
         from_row,
@@ -199,7 +200,7 @@ pub fn list(
     let (after_ms, after_id) = after.map_or((i64::MAX, [0xffu8; 16]), |(ms, id)| (ms, id));
     let state_filter = state.map(|s| s as i32);
     let mut stmt = conn
-        .prepare(&format!(
+        .prepare_cached(&format!(
             "SELECT {COLUMNS} FROM storage_incidents
              WHERE (detected_ms < ?1 OR (detected_ms = ?1 AND incident_id < ?2))
                AND (?3 IS NULL OR state = ?3)
@@ -223,7 +224,7 @@ pub fn list(
 /// [`StoreError::Sqlite`].
 pub fn open(conn: &Connection, limit: u32) -> Result<Vec<Incident>, StoreError> {
     let mut stmt = conn
-        .prepare(&format!(
+        .prepare_cached(&format!(
             "SELECT {COLUMNS} FROM storage_incidents WHERE state = 1
              ORDER BY detected_ms, incident_id LIMIT ?1"
         ))
@@ -262,7 +263,7 @@ pub fn is_dirty(
     scope_kind: wire::ScopeKind,
     scope_key: &str,
 ) -> Result<bool, StoreError> {
-    conn.query_row(
+    conn.query_row_cached(
         "SELECT EXISTS (SELECT 1 FROM storage_incidents
                         WHERE state = 1 AND scope_kind = ?1 AND scope_key = ?2
                           AND kind NOT IN (?3, ?4, ?5, ?6))",
@@ -401,7 +402,7 @@ pub fn repair(
             .with_incident(canonical(&id))),
             Resolution::Repair(kind) => match action(&tx, &incident, kind) {
                 Ok(()) => {
-                    tx.execute(
+                    tx.execute_cached(
                         "UPDATE storage_incidents SET state = 2, resolved_ms = ?2 WHERE incident_id = ?1",
                         params![id.as_slice(), now_ms],
                     )
@@ -475,7 +476,7 @@ pub fn acknowledge(
     {
         Err(already_resolved(&incident))
     } else {
-        tx.execute(
+        tx.execute_cached(
                 "UPDATE storage_incidents SET state = 3, resolved_ms = ?2, note = ?3 WHERE incident_id = ?1",
                 params![id.as_slice(), now_ms, req.note],
             )
@@ -523,7 +524,7 @@ pub const MAX_RESOLVED_INCIDENTS: u64 = 100_000;
 /// [`StoreError::Sqlite`].
 pub fn trim_resolved(conn: &Connection, cap: u64) -> Result<u64, StoreError> {
     let resolved: i64 = conn
-        .query_row(
+        .query_row_cached(
             "SELECT COUNT(*) FROM storage_incidents WHERE state <> 1",
             [],
             |r| r.get(0),
@@ -534,7 +535,7 @@ pub fn trim_resolved(conn: &Connection, cap: u64) -> Result<u64, StoreError> {
         return Ok(0);
     }
     let n = conn
-        .execute(
+        .execute_cached(
             "DELETE FROM storage_incidents WHERE incident_id IN (
                  SELECT incident_id FROM storage_incidents WHERE state <> 1
                  ORDER BY resolved_ms, incident_id LIMIT ?1)",

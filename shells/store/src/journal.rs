@@ -29,6 +29,7 @@
 //! for the same offset, and the ordinary scan then verifies every record.
 //! Replay is idempotent: a crash during it is recovered by running it again.
 
+use crate::db::Cached as _;
 use std::collections::BTreeMap;
 
 use rusqlite::{OptionalExtension, params};
@@ -72,7 +73,7 @@ pub struct JournalReplay {
 
 fn read_epoch(conn: &rusqlite::Connection) -> Result<u64, StoreError> {
     let v: Option<Vec<u8>> = conn
-        .query_row(
+        .query_row_cached(
             "SELECT value FROM store_meta WHERE key = ?1",
             params![EPOCH_KEY],
             |r| r.get(0),
@@ -84,7 +85,7 @@ fn read_epoch(conn: &rusqlite::Connection) -> Result<u64, StoreError> {
             .map(u64::from_le_bytes)
             .map_err(|_| StoreError::Integrity("store_meta.journal_epoch is not 8 bytes".into())),
         None => {
-            conn.execute(
+            conn.execute_cached(
                 "INSERT INTO store_meta (key, value) VALUES (?1, ?2)",
                 params![EPOCH_KEY, 1u64.to_le_bytes().as_slice()],
             )
@@ -204,7 +205,7 @@ impl Store {
             .sync_filesystem(&dir)
             .map_err(|e| StoreError::io("checkpoint: sync segment filesystem", &dir, e))?;
         self.conn
-            .execute(
+            .execute_cached(
                 "UPDATE store_meta SET value = ?2 WHERE key = ?1",
                 params![EPOCH_KEY, next.to_le_bytes().as_slice()],
             )
@@ -293,7 +294,7 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let committed_end: Option<i64> = self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT s.committed_end FROM command_segments s
                  JOIN commands c ON c.issue_uuid = s.issue_uuid
                  WHERE s.issue_uuid = ?1 AND s.ordinal = ?2

@@ -64,7 +64,7 @@ fn candidates(
     // retained commands with no unresolved incident, oldest (issue_time, uuid)
     // first; terminal commands only for eviction, active ones for pressure
     let mut stmt = conn
-        .prepare(
+        .prepare_cached(
             "SELECT c.issue_time_ms, c.issue_uuid, c.client_id, c.terminal_time_ms, c.charged_bytes
              FROM commands c
              WHERE c.retention = 'retained'
@@ -98,7 +98,7 @@ fn candidates(
 
 fn over_clients(conn: &Connection, threshold: u64) -> Result<Vec<(String, u64)>, StoreError> {
     let mut stmt = conn
-        .prepare(
+        .prepare_cached(
             "SELECT client_id, charged_bytes FROM clients WHERE charged_bytes > ?1
              ORDER BY client_id LIMIT ?2",
         )
@@ -145,7 +145,7 @@ impl Store {
         let due: Vec<[u8; 16]> = {
             let mut stmt = self
                 .conn
-                .prepare(
+                .prepare_cached(
                     "SELECT issue_uuid FROM commands WHERE retention = 'retained'
                        AND (output_charged > ?1 OR charged_bytes > ?2)
                      ORDER BY issue_time_ms, issue_uuid LIMIT ?3",
@@ -336,7 +336,7 @@ impl Store {
     fn segment_usage(&self, issue: &[u8; 16], kept: u64) -> Result<Vec<SegmentUsage>, StoreError> {
         let mut stmt = self
             .conn
-            .prepare(
+            .prepare_cached(
                 "SELECT s.ordinal, s.state, COALESCE(s.first_seq, 0), COALESCE(s.last_seq, 0),
                         s.charged_bytes,
                         (SELECT COUNT(*) FROM command_events e

@@ -8,6 +8,7 @@
 //! records its result in the same transaction, so the row and the effect
 //! commit together or not at all.
 
+use crate::db::Cached as _;
 use prost::Message as _;
 use rusqlite::{OptionalExtension, Transaction, params};
 use rvbox_domain::error::{Code, DomainError};
@@ -111,7 +112,7 @@ pub fn lookup(
         bool,
     );
     let row: Option<Row> = tx
-        .query_row(
+        .query_row_cached(
             "SELECT method, request_hash, command_uuid, incident_id, client_id, result, result_is_error
              FROM control_mutations WHERE request_id = ?1",
             params![request_id.as_bytes().as_slice()],
@@ -176,7 +177,7 @@ pub fn record(
         Err(detail) => (detail.encode_to_vec(), true),
     };
     let as_i64 = |v: Option<u64>| v.and_then(|n| i64::try_from(n).ok());
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO control_mutations (request_id, method, request_hash, command_uuid, incident_id,
              client_id, write_seq, revision, result, result_is_error, created_ms)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",

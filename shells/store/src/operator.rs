@@ -2,6 +2,7 @@
 //! control API and the offline `rvbox-server repair` tool: list, repair
 //! with the safe action each kind allows, acknowledge with a note.
 
+use crate::db::Cached as _;
 use rusqlite::{Transaction, params};
 use rvbox_domain::error::{Code, DomainError};
 use rvbox_proto::v1 as wire;
@@ -184,7 +185,7 @@ fn cut_tail(
     let name = format!("{hex}{}", name.get(32..).ok_or_else(bad)?);
     let (issue, parsed) = rvbox_segment::parse_segment_file_name(&name).ok_or_else(bad)?;
     let committed: Option<i64> = tx
-        .query_row(
+        .query_row_cached(
             "SELECT committed_end FROM command_segments WHERE issue_uuid = ?1 AND ordinal = ?2",
             params![issue.as_slice(), parsed],
             |r| r.get(0),
@@ -230,7 +231,7 @@ fn roll_forward_marked(tx: &Transaction<'_>, incident: &Incident) -> Result<(), 
         return Ok(());
     };
     let still: i64 = tx
-        .query_row(
+        .query_row_cached(
             "SELECT COUNT(*) FROM commands WHERE issue_uuid = ?1 AND retention = 'evicting'",
             params![issue.as_slice()],
             |r| r.get(0),

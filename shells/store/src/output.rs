@@ -35,6 +35,7 @@
 //! Both readers run inside one read transaction (a consistent view of the
 //! metadata) and allocate only bounded amounts per record.
 
+use crate::db::Cached as _;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -469,7 +470,7 @@ struct CommandView {
 
 fn load_command(conn: &Connection, issue: &Uuid7) -> Result<CommandView, OpError> {
     let row: Option<(i64, i64, String)> = conn
-        .query_row(
+        .query_row_cached(
             "SELECT last_event_seq, lifecycle, retention FROM commands WHERE issue_uuid = ?1",
             params![issue.as_bytes().as_slice()],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -491,7 +492,7 @@ fn load_command(conn: &Connection, issue: &Uuid7) -> Result<CommandView, OpError
         .into()),
         None => {
             let reclaimed: bool = conn
-                .query_row(
+                .query_row_cached(
                     "SELECT EXISTS (SELECT 1 FROM command_tombstones WHERE issue_uuid = ?1)",
                     params![issue.as_bytes().as_slice()],
                     |r| r.get(0),

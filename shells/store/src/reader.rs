@@ -37,6 +37,7 @@ impl StoreReader {
             .map_err(|e| StoreError::sqlite("set busy_timeout", e))?;
         conn.execute_batch("PRAGMA query_only = ON; PRAGMA trusted_schema = OFF;")
             .map_err(|e| StoreError::sqlite("set read-only pragmas", e))?;
+        crate::db::cache_statements(&conn)?;
         Ok(Self { conn })
     }
 

@@ -12,6 +12,7 @@
 //! recovery is recovered by running it again, and one bad segment never
 //! stops the others.
 
+use crate::db::Cached as _;
 use rusqlite::{TransactionBehavior, params};
 use rvbox_proto::v1 as wire;
 use rvbox_segment::{ByteRange, Recovery, parse_segment_file_name, scan, segment_file_name};
@@ -155,7 +156,7 @@ impl Store {
         self.recover_retention(now_ms)?;
         report.sessions_closed = to_u64(
             self.conn
-                .execute(
+                .execute_cached(
                     "UPDATE sessions SET live = 0, closed_ms = ?1, close_reason = 'server restarted' WHERE live = 1",
                     params![now_ms],
                 )
@@ -235,7 +236,7 @@ impl Store {
     fn live_segments_of(&self, only: Option<&[u8; 16]>) -> Result<Vec<SegRow>, StoreError> {
         let mut stmt = self
             .conn
-            .prepare(
+            .prepare_cached(
                 "SELECT s.issue_uuid, s.ordinal, s.committed_end, c.client_id
                  FROM command_segments s JOIN commands c ON c.issue_uuid = s.issue_uuid
                  WHERE s.state IN ('active', 'sealed', 'blob') AND c.retention = 'retained'
@@ -350,7 +351,7 @@ impl Store {
             .map_err(|e| StoreError::sqlite("begin damage record", e))?;
         // events of this segment whose record starts in a lost range
         let mut stmt = tx
-            .prepare(
+            .prepare_cached(
                 "SELECT event_seq, segment_offset, raw_len, stored_len FROM command_events
                  WHERE issue_uuid = ?1 AND segment_ordinal = ?2 ORDER BY event_seq",
             )
@@ -416,7 +417,7 @@ impl Store {
             })
             .inc();
         for (first, last, raw, stored) in &runs {
-            tx.execute(
+            tx.execute_cached(
                 "INSERT INTO output_truncations (issue_uuid, first_seq, last_seq, raw_bytes, stored_bytes,
                      source, reason, incident_id, recorded_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
@@ -434,7 +435,7 @@ impl Store {
             )
             .map_err(|e| StoreError::sqlite("record storage-loss truncation", e))?;
         }
-        tx.execute(
+        tx.execute_cached(
             "UPDATE command_segments SET state = 'damaged' WHERE issue_uuid = ?1 AND ordinal = ?2",
             params![row.issue.as_slice(), row.ordinal],
         )
@@ -467,7 +468,7 @@ impl Store {
             })
             .inc();
         if repaired {
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE storage_incidents SET state = 2, resolved_ms = ?2 WHERE incident_id = ?1",
                 params![id.as_slice(), now_ms],
             )
@@ -500,7 +501,7 @@ impl Store {
             };
             let known: bool = self
                 .conn
-                .query_row(
+                .query_row_cached(
                     "SELECT EXISTS (SELECT 1 FROM command_segments WHERE issue_uuid = ?1 AND ordinal = ?2)",
                     params![issue.as_slice(), ordinal],
                     |r| r.get(0),
@@ -537,7 +538,7 @@ impl Store {
         let rows: Vec<Row> = {
             let mut stmt = self
                 .conn
-                .prepare(
+                .prepare_cached(
                     "SELECT issue_uuid, client_id, request_hash, spec_zstd FROM commands
                      WHERE lifecycle < 5 AND essential_trusted = 1 AND retention = 'retained'",
                 )
@@ -580,7 +581,7 @@ impl Store {
     fn interrupt_if_active(&mut self, issue: &[u8; 16], now_ms: i64) -> Result<bool, StoreError> {
         let row: Option<(String, Vec<u8>, i64)> = self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT client_id, request_hash, lifecycle FROM commands WHERE issue_uuid = ?1",
                 params![issue.as_slice()],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -628,14 +629,14 @@ impl Store {
         if with_incident {
             incidents::insert(&tx, id, &new, now_ms)?;
         }
-        tx.execute(
+        tx.execute_cached(
             "UPDATE commands SET lifecycle = ?2, terminal_time_ms = MAX(?3, issue_time_ms), essential_trusted = 0
              WHERE issue_uuid = ?1",
             params![issue.as_slice(), wire::Lifecycle::Interrupted as i32, now_ms],
         )
         .map_err(|e| StoreError::sqlite("interrupt command", e))?;
         if hash.len() == 32 {
-            tx.execute(
+            tx.execute_cached(
                 "INSERT INTO command_tombstones (issue_uuid, request_hash, client_id, lifecycle, terminal_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (issue_uuid) DO NOTHING",
                 params![issue.as_slice(), hash, client, wire::Lifecycle::Interrupted as i32, now_ms],

@@ -16,6 +16,7 @@
 //! start or maintenance pass. Nothing is ever deleted by glob or by a name
 //! that came from a client.
 
+use crate::db::Cached as _;
 use std::path::PathBuf;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
@@ -249,7 +250,7 @@ pub(crate) fn queue_deletion(
 ) -> Result<String, StoreError> {
     let unique = uuid_v7(entropy, now_ms).map_err(|e| StoreError::io("mint trash name", "", e))?;
     let file_name = format!("{source_name}.{}.del", hex(&unique));
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO pending_deletions (file_name, issue_uuid, queued_ms, origin, source_name)
          VALUES (?1, ?2, ?3, ?4, ?5)",
         params![
@@ -270,7 +271,7 @@ fn pending_rows(
     limit: u32,
 ) -> Result<Vec<Pending>, StoreError> {
     let mut stmt = conn
-        .prepare(
+        .prepare_cached(
             "SELECT file_name, origin, source_name FROM pending_deletions
              WHERE ?1 IS NULL OR issue_uuid = ?1 ORDER BY queued_ms, file_name LIMIT ?2",
         )
@@ -294,7 +295,7 @@ fn pending_rows(
 }
 
 fn open_incident_for(conn: &Connection, issue: &[u8; 16]) -> Result<bool, StoreError> {
-    conn.query_row(
+    conn.query_row_cached(
         "SELECT EXISTS (SELECT 1 FROM storage_incidents WHERE state = 1 AND issue_uuid = ?1
                         AND kind <> ?2)",
         params![issue.as_slice(), wire::IncidentKind::FailedEviction as i32],
@@ -318,7 +319,7 @@ fn live_output_segments(conn: &Connection, issue: &[u8; 16]) -> Result<Vec<SegRo
     // damaged segments keep their recorded loss and are neither counted nor
     // rotated here (plan §5.5: resolving never rewrites recorded loss)
     let mut stmt = conn
-        .prepare(
+        .prepare_cached(
             "SELECT ordinal, state, COALESCE(first_seq, 0), COALESCE(last_seq, 0), charged_bytes
              FROM command_segments WHERE issue_uuid = ?1 AND state IN ('active', 'sealed', 'damaged')
                AND ordinal > 0
@@ -344,7 +345,7 @@ fn live_output_segments(conn: &Connection, issue: &[u8; 16]) -> Result<Vec<SegRo
 
 fn events_in(conn: &Connection, issue: &[u8; 16], ordinal: u32) -> Result<u64, StoreError> {
     let n: i64 = conn
-        .query_row(
+        .query_row_cached(
             "SELECT COUNT(*) FROM command_events WHERE issue_uuid = ?1 AND segment_ordinal = ?2",
             params![issue.as_slice(), ordinal],
             |r| r.get(0),
@@ -383,7 +384,7 @@ struct CmdCounters {
 }
 
 fn load_counters(conn: &Connection, issue: &[u8; 16]) -> Result<Option<CmdCounters>, StoreError> {
-    conn.query_row(
+    conn.query_row_cached(
         "SELECT client_id, charged_bytes, output_charged, closeout_held, retention,
                 terminal_time_ms, lifecycle, request_hash
          FROM commands WHERE issue_uuid = ?1",
@@ -621,7 +622,7 @@ impl Store {
         let mut mask = 0u8;
         for ordinal in ordinals {
             let row: Option<(String, i64)> = tx
-                .query_row(
+                .query_row_cached(
                     "SELECT state, charged_bytes FROM command_segments WHERE issue_uuid = ?1 AND ordinal = ?2",
                     params![issue.as_slice(), ordinal],
                     |r| Ok((r.get(0)?, r.get(1)?)),
@@ -635,7 +636,7 @@ impl Store {
                 _ => return Ok(None), // never the active one; the plan went stale
             }
             let (lo, hi, r, s, n, m): (Option<i64>, Option<i64>, i64, i64, i64, i64) = tx
-                .query_row(
+                .query_row_cached(
                     "SELECT MIN(event_seq), MAX(event_seq), COALESCE(SUM(raw_len), 0),
                             COALESCE(SUM(stored_len), 0), COUNT(*),
                             COALESCE(MAX(stream = 1), 0) | (COALESCE(MAX(stream = 2), 0) << 1)
@@ -690,7 +691,7 @@ impl Store {
             .output_charged
             .checked_sub(seg_charged)
             .ok_or_else(|| StoreError::Integrity("output counter below its segments".into()))?;
-        tx.execute(
+        tx.execute_cached(
             "INSERT INTO output_truncations (issue_uuid, first_seq, last_seq, raw_bytes, stored_bytes,
                  source, reason, recorded_ms, stream_mask)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
@@ -708,7 +709,7 @@ impl Store {
         )
         .map_err(|e| StoreError::sqlite("record retention truncation", e))?;
         for ordinal in ordinals {
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE command_segments SET state = 'rotated' WHERE issue_uuid = ?1 AND ordinal = ?2",
                 params![issue.as_slice(), ordinal],
             )
@@ -724,7 +725,7 @@ impl Store {
                 now_ms,
             )?;
         }
-        tx.execute(
+        tx.execute_cached(
             "UPDATE commands SET charged_bytes = ?2, output_charged = ?3 WHERE issue_uuid = ?1",
             params![
                 issue.as_slice(),
@@ -807,7 +808,7 @@ impl Store {
         }
         for name in &done {
             self.conn
-                .execute(
+                .execute_cached(
                     "DELETE FROM pending_deletions WHERE file_name = ?1",
                     params![name],
                 )
@@ -841,7 +842,7 @@ impl Store {
                     })?;
                     let state: Option<String> = self
                         .conn
-                        .query_row(
+                        .query_row_cached(
                             "SELECT s.state FROM command_segments s JOIN commands c
                                ON c.issue_uuid = s.issue_uuid
                              WHERE s.issue_uuid = ?1 AND s.ordinal = ?2",
@@ -852,7 +853,7 @@ impl Store {
                         .map_err(|e| StoreError::sqlite("check segment row", e))?;
                     let evicting: bool = self
                         .conn
-                        .query_row(
+                        .query_row_cached(
                             "SELECT EXISTS (SELECT 1 FROM commands WHERE issue_uuid = ?1 AND retention = 'evicting')",
                             params![issue.as_slice()],
                             |r| r.get(0),
@@ -869,7 +870,7 @@ impl Store {
                     })?;
                     let live: bool = self
                         .conn
-                        .query_row(
+                        .query_row_cached(
                             "SELECT EXISTS (SELECT 1 FROM audit_segments WHERE ordinal = ?1)",
                             params![to_i64(ordinal)],
                             |r| r.get(0),
@@ -935,14 +936,14 @@ impl Store {
                 return Ok(EvictOutcome::Dirty);
             }
             ensure_tombstone(&tx, issue, &c, terminal_ms, cap)?;
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE commands SET retention = 'evicting' WHERE issue_uuid = ?1 AND retention = 'retained'",
                 params![issue.as_slice()],
             )
             .map_err(|e| StoreError::sqlite("mark evicting", e))?;
             let ordinals: Vec<u32> = {
                 let mut stmt = tx
-                    .prepare(
+                    .prepare_cached(
                         "SELECT ordinal FROM command_segments WHERE issue_uuid = ?1 AND state <> 'rotated'
                          ORDER BY ordinal",
                     )
@@ -1054,14 +1055,14 @@ impl Store {
                     free_space: 0,
                 })
                 .map_err(|e| counter_mismatch(&e))?;
-                tx.execute(
+                tx.execute_cached(
                     "DELETE FROM commands WHERE issue_uuid = ?1 AND retention = 'evicting'",
                     params![issue.as_slice()],
                 )
                 .map_err(|e| StoreError::sqlite("delete evicted command", e))?;
                 crate::store::apply_owner_global(&tx, &c.client_id, after.owner, after.global)?;
                 // the roll-forward is the safe repair of a failed eviction
-                tx.execute(
+                tx.execute_cached(
                     "UPDATE storage_incidents SET state = 2, resolved_ms = ?3
                      WHERE state = 1 AND kind = ?2 AND issue_uuid = ?1",
                     params![
@@ -1100,7 +1101,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let already: bool = self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT EXISTS (SELECT 1 FROM storage_incidents WHERE state = 1 AND kind = ?2 AND issue_uuid = ?1)",
                 params![issue.as_slice(), wire::IncidentKind::FailedEviction as i32],
                 |r| r.get(0),
@@ -1150,7 +1151,7 @@ impl Store {
         let stale: Vec<([u8; 16], String)> = {
             let mut stmt = self
                 .conn
-                .prepare(
+                .prepare_cached(
                     "SELECT issue_uuid, client_id FROM commands WHERE retention = 'evicting'
                      ORDER BY issue_time_ms, issue_uuid LIMIT ?1",
                 )
@@ -1180,12 +1181,12 @@ impl Store {
         }
         let before: i64 = self
             .conn
-            .query_row("SELECT COUNT(*) FROM pending_deletions", [], |r| r.get(0))
+            .query_row_cached("SELECT COUNT(*) FROM pending_deletions", [], |r| r.get(0))
             .map_err(|e| StoreError::sqlite("count pending deletions", e))?;
         let result = self.finish_pending(None);
         let after: i64 = self
             .conn
-            .query_row("SELECT COUNT(*) FROM pending_deletions", [], |r| r.get(0))
+            .query_row_cached("SELECT COUNT(*) FROM pending_deletions", [], |r| r.get(0))
             .map_err(|e| StoreError::sqlite("count pending deletions", e))?;
         report.files_removed = to_u64(before.saturating_sub(after));
         if let Err(e) = result {
@@ -1216,7 +1217,7 @@ fn ensure_tombstone(
     cap: u64,
 ) -> Result<(), StoreError> {
     let inserted = tx
-        .execute(
+        .execute_cached(
             "INSERT INTO command_tombstones (issue_uuid, request_hash, client_id, lifecycle, terminal_ms)
              VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (issue_uuid) DO NOTHING",
             params![issue.as_slice(), c.request_hash, c.client_id, c.lifecycle, terminal_ms],
@@ -1224,11 +1225,11 @@ fn ensure_tombstone(
         .map_err(|e| StoreError::sqlite("ensure tombstone", e))?;
     if inserted > 0 {
         let count: i64 = tx
-            .query_row("SELECT COUNT(*) FROM command_tombstones", [], |r| r.get(0))
+            .query_row_cached("SELECT COUNT(*) FROM command_tombstones", [], |r| r.get(0))
             .map_err(|e| StoreError::sqlite("count tombstones", e))?;
         let drop = tombstones_to_drop(to_u64(count), cap);
         if drop > 0 {
-            tx.execute(
+            tx.execute_cached(
                 "DELETE FROM command_tombstones WHERE seq IN (SELECT seq FROM command_tombstones ORDER BY seq LIMIT ?1)",
                 params![to_i64(drop)],
             )

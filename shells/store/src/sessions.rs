@@ -9,6 +9,7 @@
 //! taken on a stale view is refused with `CONFLICT` and nothing changes.
 //! Only after [`Store::register_session`] returns may a welcome be sent.
 
+use crate::db::Cached as _;
 use prost::Message as _;
 use rusqlite::{OptionalExtension, Transaction, TransactionBehavior, params};
 use rvbox_domain::error::{Code, DomainError};
@@ -38,7 +39,7 @@ type ClientRow = (Option<Vec<u8>>, i64, Option<Vec<u8>>, Option<i64>);
 
 fn load(tx: &rusqlite::Connection, client_id: &str) -> Result<Option<ClientRecord>, StoreError> {
     let row: Option<ClientRow> = tx
-        .query_row(
+        .query_row_cached(
             "SELECT instance_id, generation, pending_instance_id, pending_seen_ms
              FROM clients WHERE client_id = ?1",
             params![client_id],
@@ -50,7 +51,7 @@ fn load(tx: &rusqlite::Connection, client_id: &str) -> Result<Option<ClientRecor
         return Ok(None);
     };
     let live = tx
-        .query_row(
+        .query_row_cached(
             "SELECT session_id, instance_id, generation, opened_ms FROM sessions
              WHERE client_id = ?1 AND live = 1",
             params![client_id],
@@ -74,7 +75,7 @@ fn load(tx: &rusqlite::Connection, client_id: &str) -> Result<Option<ClientRecor
             })
         });
     let grant = tx
-        .query_row(
+        .query_row_cached(
             "SELECT id, instance_id, created_ms, expires_ms FROM takeover_authorizations
              WHERE client_id = ?1 AND consumed_ms IS NULL AND voided_ms IS NULL",
             params![client_id],
@@ -116,7 +117,7 @@ fn end_session(
 ) -> Result<bool, StoreError> {
     let reason: String = reason.chars().take(MAX_CLOSE_REASON_BYTES / 4).collect();
     let n = tx
-        .execute(
+        .execute_cached(
             "UPDATE sessions SET live = 0, closed_ms = ?2,
                  fenced_ms = CASE WHEN ?3 THEN ?2 ELSE fenced_ms END, close_reason = ?4
              WHERE session_id = ?1 AND live = 1",
@@ -176,7 +177,7 @@ impl Store {
                     "the takeover grant is no longer live, expired, or names another instance",
                 ));
             }
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE takeover_authorizations SET consumed_ms = ?2 WHERE id = ?1",
                 params![id, now_ms],
             )
@@ -195,12 +196,12 @@ impl Store {
             .platform
             .as_ref()
             .map(|p| format!("{}/{}", p.os, p.arch));
-        tx.execute(
+        tx.execute_cached(
             "INSERT INTO clients (client_id) VALUES (?1) ON CONFLICT (client_id) DO NOTHING",
             params![reg.client_id],
         )
         .map_err(|e| StoreError::sqlite("register client", e))?;
-        tx.execute(
+        tx.execute_cached(
             "UPDATE clients SET instance_id = ?2, generation = ?3, platform = ?4,
                  software_version = ?5, capabilities = ?6, cwd_policy = ?7,
                  connected_ms = ?8, last_seen_ms = ?8,
@@ -219,7 +220,7 @@ impl Store {
             ],
         )
         .map_err(|e| StoreError::sqlite("update client registration", e))?;
-        tx.execute(
+        tx.execute_cached(
             "INSERT INTO sessions (session_id, client_id, instance_id, generation, opened_ms, live)
              VALUES (?1, ?2, ?3, ?4, ?5, 1)",
             params![
@@ -264,7 +265,7 @@ impl Store {
         self.health
             .check_writable(&[(wire::ScopeKind::Client, client_id)])?;
         self.conn
-            .execute(
+            .execute_cached(
                 "INSERT INTO clients (client_id, pending_instance_id, pending_seen_ms)
                  VALUES (?1, ?2, ?3)
                  ON CONFLICT (client_id) DO UPDATE SET
@@ -300,7 +301,7 @@ impl Store {
             .map_err(|e| StoreError::sqlite("begin session close", e))?;
         let ended = end_session(&tx, session_id, fenced, reason, now_ms)?;
         if ended {
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE clients SET last_seen_ms = ?2
                  WHERE client_id = (SELECT client_id FROM sessions WHERE session_id = ?1)",
                 params![session_id.as_slice(), now_ms],
@@ -385,14 +386,14 @@ impl Store {
             self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
             return Err(OpError::Refused(refusal));
         }
-        tx.execute(
+        tx.execute_cached(
             "UPDATE takeover_authorizations SET voided_ms = ?2
              WHERE client_id = ?1 AND consumed_ms IS NULL AND voided_ms IS NULL",
             params![client_id, now_ms],
         )
         .map_err(|e| StoreError::sqlite("void earlier grant", e))?;
         let expires = now_ms.saturating_add(i64::try_from(ttl_ms).unwrap_or(i64::MAX).max(1));
-        tx.execute(
+        tx.execute_cached(
             "INSERT INTO takeover_authorizations (client_id, instance_id, created_ms, expires_ms, request_id)
              VALUES (?1, ?2, ?3, ?4, ?5)",
             params![

@@ -13,6 +13,7 @@
 //! a kill. Delivery is at least once; the client ignores a revision it has
 //! already handled.
 
+use crate::db::Cached as _;
 use prost::Message as _;
 use rusqlite::{Transaction, params};
 use rvbox_domain::error::{Code, DomainError};
@@ -49,13 +50,13 @@ fn raise_revision(
         .revision
         .checked_add(1)
         .ok_or_else(|| StoreError::Integrity("revision overflow".into()))?;
-    tx.execute(
+    tx.execute_cached(
         "UPDATE commands SET revision = ?2 WHERE issue_uuid = ?1",
         params![view.issue_uuid.as_slice(), to_i64(next)],
     )
     .map_err(|e| StoreError::sqlite("raise revision", e))?;
     if let Some(kind) = signal {
-        tx.execute(
+        tx.execute_cached(
             "INSERT INTO command_signals (issue_uuid, signal, revision, created_ms)
              VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT (issue_uuid, signal) DO UPDATE

@@ -2,6 +2,7 @@
 //! create commands (plan §5.1, §5.2, §6.4 "RunCommand persists a queued
 //! command before returning").
 
+use crate::db::Cached as _;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -307,7 +308,7 @@ impl Store {
             .into());
         }
         check_queue_limits(&tx, valid.client_id.as_str(), &opts)?;
-        tx.execute(
+        tx.execute_cached(
             "INSERT INTO clients (client_id) VALUES (?1) ON CONFLICT (client_id) DO NOTHING",
             params![valid.client_id.as_str()],
         )
@@ -354,7 +355,7 @@ impl Store {
         } else {
             Some(now_ms.saturating_add(i64::try_from(ttl_ms).unwrap_or(i64::MAX)))
         };
-        tx.execute(
+        tx.execute_cached(
             "INSERT INTO commands (issue_uuid, client_id, issue_time_ms, queue_expiry_ms, lifecycle,
                  revision, request_hash, spec_zstd, spec_raw_len, charged_bytes, closeout_held,
                  charge_version)
@@ -376,7 +377,7 @@ impl Store {
         if let (Some(z), Some(wire::execution_spec::Source::Script(d))) =
             (&script, &valid.spec.source)
         {
-            tx.execute(
+            tx.execute_cached(
                 "INSERT INTO command_payloads (issue_uuid, kind, ordinal, compression, raw_len,
                      stored_len, sha256, inline_bytes)
                  VALUES (?1, ?2, 0, 1, ?3, ?4, ?5, ?6)",
@@ -518,7 +519,7 @@ fn reserve_creation(
 }
 
 fn tombstoned(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError> {
-    tx.query_row(
+    tx.query_row_cached(
         "SELECT EXISTS (SELECT 1 FROM command_tombstones WHERE issue_uuid = ?1)",
         params![issue.as_slice()],
         |r| r.get(0),
@@ -527,7 +528,7 @@ fn tombstoned(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError
 }
 
 fn command_exists(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError> {
-    tx.query_row(
+    tx.query_row_cached(
         "SELECT EXISTS (SELECT 1 FROM commands WHERE issue_uuid = ?1)",
         params![issue.as_slice()],
         |r| r.get(0),
@@ -541,7 +542,7 @@ fn check_queue_limits(
     opts: &StoreOptions,
 ) -> Result<(), OpError> {
     let per_client: i64 = tx
-        .query_row(
+        .query_row_cached(
             "SELECT COUNT(*) FROM commands WHERE client_id = ?1 AND lifecycle IN (1, 2)",
             params![client],
             |r| r.get(0),
@@ -559,7 +560,7 @@ fn check_queue_limits(
         .into());
     }
     let total: i64 = tx
-        .query_row(
+        .query_row_cached(
             "SELECT COUNT(*) FROM commands WHERE lifecycle IN (1, 2)",
             [],
             |r| r.get(0),
@@ -580,7 +581,7 @@ fn check_queue_limits(
 
 pub(crate) fn client_charged(tx: &Connection, client: &str) -> Result<u64, StoreError> {
     let v: Option<i64> = tx
-        .query_row(
+        .query_row_cached(
             "SELECT charged_bytes FROM clients WHERE client_id = ?1",
             params![client],
             |r| r.get(0),
@@ -592,7 +593,7 @@ pub(crate) fn client_charged(tx: &Connection, client: &str) -> Result<u64, Store
 
 pub(crate) fn global_charged(tx: &Connection) -> Result<u64, StoreError> {
     let v: i64 = tx
-        .query_row(
+        .query_row_cached(
             "SELECT command_charged FROM quota_totals WHERE id = 1",
             [],
             |r| r.get(0),
@@ -607,12 +608,12 @@ pub(crate) fn apply_owner_global(
     owner_after: u64,
     global_after: u64,
 ) -> Result<(), StoreError> {
-    tx.execute(
+    tx.execute_cached(
         "UPDATE clients SET charged_bytes = ?2 WHERE client_id = ?1",
         params![client, to_i64(owner_after)],
     )
     .map_err(|e| StoreError::sqlite("update client usage", e))?;
-    tx.execute(
+    tx.execute_cached(
         "UPDATE quota_totals SET command_charged = ?1 WHERE id = 1",
         params![to_i64(global_after)],
     )
@@ -647,7 +648,7 @@ impl Store {
     pub fn check_counters(&self) -> Result<CounterCheck, StoreError> {
         let mut stmt = self
             .conn
-            .prepare(
+            .prepare_cached(
                 "SELECT c.client_id, c.charged_bytes,
                         COALESCE((SELECT SUM(charged_bytes) FROM commands m WHERE m.client_id = c.client_id), 0)
                  FROM clients c
@@ -666,7 +667,7 @@ impl Store {
         let global = global_charged(&self.conn)?;
         let sum: i64 = self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT COALESCE(SUM(charged_bytes), 0) FROM clients",
                 [],
                 |r| r.get(0),
@@ -704,7 +705,7 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sqlite("begin transition", e))?;
         let current: Option<i64> = tx
-            .query_row(
+            .query_row_cached(
                 "SELECT lifecycle FROM commands WHERE issue_uuid = ?1",
                 params![issue.as_slice()],
                 |r| r.get(0),
@@ -716,7 +717,7 @@ impl Store {
             rvbox_domain::lifecycle::Lifecycle::from_wire(i32::try_from(current).unwrap_or(0))
                 .map_err(DomainError::from)?;
         from.check_transition(to).map_err(DomainError::from)?;
-        tx.execute(
+        tx.execute_cached(
             "UPDATE commands SET lifecycle = ?2 WHERE issue_uuid = ?1",
             params![issue.as_slice(), to.to_wire() as i32],
         )
