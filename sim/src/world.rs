@@ -29,6 +29,30 @@ use crate::invariants::Checker;
 use crate::net::{ClientSlot, ConnId, Delivery, Dir, Item, Net, NetConfig, NetEvent, Side};
 use crate::rng::{SeededEntropy, Seeds, SimRng};
 
+/// The store crash points a run arms: every step of the append path, and
+/// every metadata commit the server core's operations reach (each at its
+/// own site, so a trace names exactly which commit the crash followed).
+pub const CRASH_POINTS: [&str; 18] = [
+    points::EVENT_BEFORE_FSYNC,
+    points::EVENT_MID_RECORD,
+    points::EVENT_AFTER_FSYNC,
+    points::EVENT_AFTER_COMMIT,
+    points::SEGMENT_CREATED,
+    points::DISPATCH_AFTER_COMMIT,
+    points::REQUEUE_AFTER_COMMIT,
+    points::ACCEPT_AFTER_COMMIT,
+    points::ACCEPT_LATE_AFTER_COMMIT,
+    points::EXPIRED_PENDING_AFTER_COMMIT,
+    points::FINISH_AFTER_COMMIT,
+    points::RECONCILE_AFTER_COMMIT,
+    points::INCIDENT_AFTER_COMMIT,
+    points::REGISTER_AFTER_COMMIT,
+    points::CLAIM_AFTER_COMMIT,
+    points::SESSION_CLOSE_AFTER_COMMIT,
+    points::SIGNAL_AFTER_COMMIT,
+    points::RUN_COMMAND_AFTER_COMMIT,
+];
+
 /// Wall-clock epoch of every run (ms).
 pub const WALL_EPOCH_MS: i64 = 1_800_000_000_000;
 /// Most trace lines kept (a run longer than this is cut, and says so).
@@ -98,13 +122,29 @@ impl Report {
     }
 }
 
-/// Panics at the `after`-th time the store passes `point`: a server crash
-/// at that effect boundary (caught by the world).
+/// Most crash points armed at once.
+const MAX_ARMED_POINTS: usize = CRASH_POINTS.len();
+
+/// Panics at the `after`-th time the store passes any of its armed points:
+/// a server crash at that effect boundary (caught by the world). Several
+/// points are armed at once, so a rarely passed one stays armed while
+/// others come and go.
 #[derive(Debug)]
 struct StopAt {
-    point: &'static str,
-    after: u32,
-    hits: AtomicU32,
+    arms: Vec<(&'static str, u32, AtomicU32)>,
+}
+
+impl StopAt {
+    /// What is still armed, with the passes each still waits for.
+    fn remaining(&self) -> Vec<(&'static str, u32)> {
+        self.arms
+            .iter()
+            .filter_map(|(p, after, hits)| {
+                let left = after.saturating_sub(hits.load(Ordering::SeqCst));
+                (left > 0).then_some((*p, left))
+            })
+            .collect()
+    }
 }
 
 impl CrashHook for StopAt {
@@ -112,8 +152,10 @@ impl CrashHook for StopAt {
     // world catches exactly this payload and restarts the server
     #[allow(clippy::panic)]
     fn at(&self, point: &'static str) {
-        if point == self.point && self.hits.fetch_add(1, Ordering::SeqCst) + 1 == self.after {
-            std::panic::panic_any(CrashedAt(point));
+        for (p, after, hits) in &self.arms {
+            if *p == point && hits.fetch_add(1, Ordering::SeqCst) + 1 == *after {
+                std::panic::panic_any(CrashedAt(point));
+            }
         }
     }
 }
@@ -189,6 +231,12 @@ pub struct World {
     exec_at: Option<u64>,
     /// The executor's delays and batch sizes.
     exec: SimRng,
+    /// Which store crash points are armed, beyond the fault turns' own.
+    crash_points: SimRng,
+    /// The crash hook of the running store (a restart disarms it).
+    armed: Option<Arc<StopAt>>,
+    /// The command of the `SignalCommand` whose call is being flushed.
+    signalled_now: Option<String>,
     failure: Option<String>,
 }
 
@@ -362,6 +410,9 @@ impl World {
             next_fault_at: 5_000,
             exec_at: None,
             exec: seeds.stream(crate::rng::Stream::Named("executor")),
+            crash_points: seeds.stream(crate::rng::Stream::Named("crash_points")),
+            armed: None,
+            signalled_now: None,
             failure: None,
         })
     }
@@ -463,6 +514,12 @@ impl World {
         else {
             return;
         };
+        // A Dispatch committed before the signal of the same call (both
+        // completions arrive in one flush, the Dispatch first on the wire)
+        // is the order the store decided: the Signal frame follows it.
+        if self.signalled_now.as_deref() == Some(d.issue_uuid.as_str()) {
+            return;
+        }
         let Ok(issue) = Uuid7::parse("issue_uuid", &d.issue_uuid) else {
             self.failure = Some(format!("a dispatch with issue_uuid {:?}", d.issue_uuid));
             return;
@@ -505,6 +562,8 @@ impl World {
             self.absorb_engine_stats(&stats, e.group_stats());
         }
         self.exec_at = None;
+        // points armed and not yet reached stay armed after the restart
+        let still_armed = self.armed.take().map(|h| h.remaining()).unwrap_or_default();
         for (conn, _) in self.net.connections() {
             self.net.crash(conn, Side::Server, self.now);
         }
@@ -540,7 +599,10 @@ impl World {
                     ));
                 }
                 match engine_over(store, &self.server.entropy) {
-                    Ok(e) => self.server.engine = Some(e),
+                    Ok(e) => {
+                        self.server.engine = Some(e);
+                        self.rearm(still_armed);
+                    }
                     Err(e) => self.failure = Some(e),
                 }
             }
@@ -786,7 +848,9 @@ impl World {
         // as an operator's retry would: the stored answer, or the first
         if let Some(req) = self.unanswered.pop() {
             let mut again = None;
+            self.signalled_now = Some(req.issue_uuid.clone());
             self.with_engine(|e, now, wall| again = Some(e.signal_command(now, wall, &req)));
+            self.signalled_now = None;
             match again {
                 None => self.unanswered.push(req),
                 Some(Ok(resp)) => {
@@ -803,7 +867,9 @@ impl World {
             && let Some((req, first)) = self.workload.pick(&self.signals).cloned()
         {
             let mut again = None;
+            self.signalled_now = Some(req.issue_uuid.clone());
             self.with_engine(|e, now, wall| again = Some(e.signal_command(now, wall, &req)));
+            self.signalled_now = None;
             match again {
                 Some(Ok(resp)) => {
                     self.count("operator_signal_replayed");
@@ -860,7 +926,9 @@ impl World {
             signal: kind as i32,
         };
         let mut answer = None;
+        self.signalled_now = Some(req.issue_uuid.clone());
         self.with_engine(|e, now, wall| answer = Some(e.signal_command(now, wall, &req)));
+        self.signalled_now = None;
         match answer {
             Some(Ok(resp)) => {
                 self.count("operator_signal");
@@ -910,34 +978,59 @@ impl World {
         }
     }
 
+    /// Arms a crash at the `after`-th next pass of a named store point,
+    /// chosen by `rng`.
+    fn arm_crash_point(&mut self, from_crash_stream: bool) {
+        let rng = if from_crash_stream {
+            &mut self.crash_points
+        } else {
+            &mut self.faults
+        };
+        let point = rng
+            .pick(&CRASH_POINTS)
+            .copied()
+            .unwrap_or(points::EVENT_AFTER_FSYNC);
+        let after = u32::try_from(1 + rng.below(3)).unwrap_or(1);
+        self.log(format!("arm crash at {point} after {after}"));
+        let mut arms = self
+            .armed
+            .as_ref()
+            .map(|h| h.remaining())
+            .unwrap_or_default();
+        arms.retain(|(p, _)| *p != point);
+        arms.push((point, after));
+        if arms.len() > MAX_ARMED_POINTS {
+            arms.remove(0);
+        }
+        self.rearm(arms);
+    }
+
+    /// Installs a crash hook armed at `arms` on the running store.
+    fn rearm(&mut self, arms: Vec<(&'static str, u32)>) {
+        if arms.is_empty() {
+            return;
+        }
+        let hook = Arc::new(StopAt {
+            arms: arms
+                .into_iter()
+                .map(|(p, a)| (p, a, AtomicU32::new(0)))
+                .collect(),
+        });
+        if let Some(e) = self.server.engine.as_mut() {
+            e.store_mut().set_crash_hook(hook.clone());
+            self.armed = Some(hook);
+        }
+    }
+
     fn inject_fault(&mut self) {
+        // most fault turns also arm a crash point (its own stream: the
+        // other faults of a seed stay what they were)
+        if self.crash_points.chance(600) {
+            self.arm_crash_point(true);
+        }
         let roll = self.faults.below(100);
         match roll {
-            0..=14 => {
-                // a crash at the next pass of a named store point
-                let pts = [
-                    points::EVENT_BEFORE_FSYNC,
-                    points::EVENT_MID_RECORD,
-                    points::EVENT_AFTER_FSYNC,
-                    points::EVENT_AFTER_COMMIT,
-                    points::SEGMENT_CREATED,
-                    points::CONTROL_AFTER_COMMIT,
-                ];
-                let point = self
-                    .faults
-                    .pick(&pts)
-                    .copied()
-                    .unwrap_or(points::EVENT_AFTER_FSYNC);
-                let after = u32::try_from(1 + self.faults.below(3)).unwrap_or(1);
-                self.log(format!("arm crash at {point} after {after}"));
-                if let Some(e) = self.server.engine.as_mut() {
-                    e.store_mut().set_crash_hook(Arc::new(StopAt {
-                        point,
-                        after,
-                        hits: AtomicU32::new(0),
-                    }));
-                }
-            }
+            0..=14 => self.arm_crash_point(false),
             15..=24 => self.crash_server("between steps"),
             25..=39 => {
                 let i = self.faults.below(self.clients.len() as u64);
@@ -999,6 +1092,9 @@ impl World {
         };
         let client_id = first.client_id().to_owned();
         let twin = first.second_instance(SimRng::new(self.faults.next_u64()));
+        // operations in flight (a session's end, a registration) settle
+        // first: the check compares with the live session as it stands
+        self.with_engine(|e, now, wall| e.run_until_idle(now, wall));
         let live_before = self
             .server
             .engine

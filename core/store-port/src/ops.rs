@@ -80,7 +80,9 @@ pub enum StoreOp {
         limit: usize,
     },
     /// queued -> dispatched at `revision` (when `write`), and the stored
-    /// spec of the command. -> [`Completion::Spec`]
+    /// spec of the command. Without `write` the command must still be
+    /// dispatched at `revision` (else `CONFLICT`): nothing changed it since
+    /// the decision. -> [`Completion::Spec`]
     Dispatch {
         /// Command.
         issue: [u8; 16],

@@ -207,6 +207,19 @@ impl Executor {
             } => {
                 if write {
                     s.mark_dispatched(&issue, revision).map_err(port)?;
+                } else {
+                    // sent again: only while it is still dispatched at the
+                    // revision the decision saw (a signal decided since
+                    // raised it, and must not be overtaken by a Dispatch)
+                    let v = s.command_view(&issue).map_err(port)?;
+                    if v.lifecycle != rvbox_domain::lifecycle::Lifecycle::Dispatched
+                        || v.revision != revision
+                    {
+                        return Err(PortError::Refused(rvbox_domain::error::DomainError::new(
+                            rvbox_domain::error::Code::Conflict,
+                            "the command changed since the dispatch decision",
+                        )));
+                    }
                 }
                 s.execution_spec(&issue)
                     .map(|spec| Completion::Spec(Box::new(spec)))

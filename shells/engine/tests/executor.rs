@@ -141,3 +141,35 @@ fn a_refused_event_in_a_group_refuses_only_its_own_operation() {
     assert_eq!(appended(&done[1].1).acked.get(&b), Some(&2));
     assert_eq!(verify_output(exec.store(), &b), vec![2]);
 }
+
+#[test]
+fn a_dispatch_sent_again_is_refused_once_the_command_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let id = new_id();
+    store
+        .run_command(&run_request(&id, "web-1", "make test"), NOW)
+        .unwrap();
+    store
+        .record_transition(&id, rvbox_domain::lifecycle::Lifecycle::Dispatched)
+        .unwrap();
+    let revision = store.command_view(&id).unwrap().revision;
+    let mut exec = Executor::new(store);
+    let again = |revision| StoreOp::Dispatch {
+        issue: id,
+        revision,
+        write: false,
+    };
+    match exec.perform(NOW, again(revision)) {
+        Ok(Completion::Spec(spec)) => assert!(spec.source.is_some()),
+        other => panic!("{other:?}"),
+    }
+    // a signal decided since the dispatch decision raised the revision
+    exec.store_mut().bump_revision(&id, revision).unwrap();
+    match exec.perform(NOW, again(revision)) {
+        Err(rvbox_store_port::ops::PortError::Refused(e)) => {
+            assert_eq!(e.code(), rvbox_domain::error::Code::Conflict);
+        }
+        other => panic!("a stale resend must be refused: {other:?}"),
+    }
+}

@@ -255,7 +255,7 @@ impl Store {
         set_lifecycle(&tx, issue, Lifecycle::Dispatched)?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit dispatch", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::DISPATCH_AFTER_COMMIT);
         self.metrics.command_transition("dispatched");
         tracing::debug!(revision, "command dispatched");
         Ok(())
@@ -278,7 +278,7 @@ impl Store {
         let to = requeue_in(&tx, &view, revision, now_ms, cap)?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit requeue", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::REQUEUE_AFTER_COMMIT);
         self.note_requeue(to, revision);
         Ok(to)
     }
@@ -311,7 +311,7 @@ impl Store {
         accept_in(&tx, &view, revision, resolved_shell)?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit acceptance", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::ACCEPT_AFTER_COMMIT);
         self.metrics.command_transition("accepted");
         tracing::info!(revision, "command accepted by its client");
         Ok(())
@@ -343,7 +343,7 @@ impl Store {
         set_lifecycle(&tx, issue, to)?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit transition", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::ADVANCE_AFTER_COMMIT);
         self.metrics.command_transition(to.as_str());
         Ok(())
     }
@@ -364,7 +364,8 @@ impl Store {
         .map_err(|e| StoreError::sqlite("mark expired pending", e))?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit expired pending", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook
+            .at(crate::crash::points::EXPIRED_PENDING_AFTER_COMMIT);
         self.metrics.command_transition("expired_pending");
         tracing::warn!(
             revision,
@@ -399,7 +400,7 @@ impl Store {
         .map_err(|e| StoreError::sqlite("bump revision", e))?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit revision", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::REVISION_AFTER_COMMIT);
         Ok(next)
     }
 
@@ -443,7 +444,7 @@ impl Store {
         }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit server terminal", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::FINISH_AFTER_COMMIT);
         if let Some(new) = incident {
             self.metrics
                 .incidents
@@ -559,7 +560,7 @@ impl Store {
         }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit reconciliation", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::RECONCILE_AFTER_COMMIT);
         if opened > 0 {
             self.health.refresh(&self.conn)?;
         }

@@ -476,7 +476,7 @@ impl Store {
         }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit incident", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::INCIDENT_AFTER_COMMIT);
         self.health.refresh(&self.conn)?;
         Ok(id)
     }

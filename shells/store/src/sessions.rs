@@ -234,7 +234,7 @@ impl Store {
         .map_err(|e| StoreError::sqlite("install session", e))?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit registration", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::REGISTER_AFTER_COMMIT);
         self.metrics.sessions_registered.inc();
         if reg.fence.is_some() {
             self.metrics.sessions_fenced.inc();
@@ -274,7 +274,7 @@ impl Store {
                 params![client_id, instance_id.as_slice(), now_ms],
             )
             .map_err(|e| StoreError::sqlite("record pending claim", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::CLAIM_AFTER_COMMIT);
         self.metrics.live_conflicts.inc();
         tracing::warn!(
             client_id,
@@ -310,7 +310,8 @@ impl Store {
         }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit session close", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook
+            .at(crate::crash::points::SESSION_CLOSE_AFTER_COMMIT);
         if ended {
             tracing::info!(fenced, reason, "session closed");
         }
@@ -383,7 +384,7 @@ impl Store {
             )?;
             tx.commit()
                 .map_err(|e| StoreError::sqlite("commit takeover refusal", e))?;
-            self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+            self.hook.at(crate::crash::points::TAKEOVER_AFTER_COMMIT);
             return Err(OpError::Refused(refusal));
         }
         tx.execute_cached(
@@ -424,7 +425,7 @@ impl Store {
         )?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit takeover grant", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::TAKEOVER_AFTER_COMMIT);
         tracing::info!(client_id, "takeover grant stored");
         Ok(grant)
     }

@@ -186,7 +186,7 @@ impl Store {
         )?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit signal", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::SIGNAL_AFTER_COMMIT);
         if lifecycle == Lifecycle::Cancelled {
             self.metrics.command_transition(lifecycle.as_str());
         } else {
@@ -231,7 +231,7 @@ impl Store {
         crate::incidents::insert(&tx, id, incident, now_ms)?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit late acceptance", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::ACCEPT_LATE_AFTER_COMMIT);
         self.metrics.command_transition("accepted");
         self.metrics
             .incidents

@@ -420,7 +420,7 @@ impl Store {
         )?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit RunCommand", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::RUN_COMMAND_AFTER_COMMIT);
         tracing::info!(
             issue_uuid = %valid.issue_uuid,
             client_id = %valid.client_id,
@@ -724,7 +724,7 @@ impl Store {
         .map_err(|e| StoreError::sqlite("apply transition", e))?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit transition", e))?;
-        self.hook.at(crate::crash::points::CONTROL_AFTER_COMMIT);
+        self.hook.at(crate::crash::points::TRANSITION_AFTER_COMMIT);
         tracing::info!(from = from.as_str(), to = to.as_str(), "command transition");
         Ok(())
     }
