@@ -1169,3 +1169,73 @@ fn held(
         script_received_bytes: script,
     }
 }
+
+#[test]
+fn under_load_the_ingress_gate_holds_output_and_a_session_that_cannot_hold_more_closes_unacknowledged()
+ {
+    let mut s = Script::new();
+    // small watermarks stand for the 64 MiB / 32 MiB of a real server
+    s.e.set_ingress_watermarks(64 * 1024, 32 * 1024).unwrap();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let id = s.run_command();
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.accept(1, &d, wire::AcceptOutcome::Positive);
+    let issue = rvbox_sim::rng::uuid_text(&id);
+    s.event(1, &issue, 1, running_body());
+    s.note("the store stops completing: admitted output piles up to the high watermark");
+    s.e.set_deferred(true);
+    let noise: Vec<u8> = (0..600u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let mut seq = 2;
+    while s.e.ingress().1 {
+        s.event(1, &issue, seq, output_body(&noise));
+        seq += 1;
+        assert!(seq < 1_000, "the gate never closed");
+    }
+    let admitted = s.e.ingress().0;
+    assert!(admitted > 64 * 1024, "closed above high: {admitted}");
+    s.note("the gate is closed: new output is held, nothing admitted, nothing acknowledged");
+    for _ in 0..10 {
+        s.event(1, &issue, seq, output_body(&noise));
+        seq += 1;
+    }
+    assert_eq!(s.e.ingress().0, admitted, "held output is not admitted");
+    s.note("the store catches up: below low the gate opens and the held output is admitted");
+    s.e.run_until_idle(s.now, s.wall);
+    s.drain();
+    assert!(s.e.ingress().1, "the gate opened again");
+    assert!(
+        s.log
+            .iter()
+            .any(|l| l.contains(&format!("event_ack {} #{}", short(&issue), seq - 1))),
+        "every held event was admitted and acknowledged once durable:\n{}",
+        s.trace()
+    );
+    s.note("closed again; a session that would hold more than its bound closes without an ack");
+    let acks_before = s.log.iter().filter(|l| l.contains("event_ack")).count();
+    while s.e.ingress().1 {
+        s.event(1, &issue, seq, output_body(&noise));
+        seq += 1;
+    }
+    let mut closed = false;
+    for _ in 0..=rvbox_session::HELD_EVENTS_CAPACITY {
+        s.event(1, &issue, seq, output_body(&[seq as u8; 16]));
+        seq += 1;
+        if s.log
+            .last()
+            .is_some_and(|l| l.contains("close CLOSE_REASON_INGRESS_OVERLOAD"))
+        {
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "{}", s.trace());
+    assert_eq!(
+        s.log.iter().filter(|l| l.contains("event_ack")).count(),
+        acks_before,
+        "nothing of the refused session was acknowledged"
+    );
+}

@@ -62,7 +62,10 @@ impl ServerCore {
             return;
         }
         match Session::new(self.now_ms, self.config.clone()) {
-            Ok(session) => {
+            Ok(mut session) => {
+                if !self.gate.is_open() {
+                    session.handle(self.now_ms, SessionInput::IngressGate { open: false });
+                }
                 self.conns.insert(
                     conn,
                     Conn {
@@ -174,6 +177,10 @@ impl ServerCore {
             return;
         };
         self.dirty.remove(&conn);
+        let queued = self.ingest.remove_conn(conn);
+        if queued > 0 {
+            self.release_ingress(queued);
+        }
         if let Some(key) = c.session_key {
             self.store(
                 StoreOp::CloseSession {

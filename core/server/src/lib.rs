@@ -35,7 +35,7 @@ mod accept;
 mod connections;
 mod convert;
 mod dispatch;
-mod ingest;
+pub mod ingest;
 mod reconcile;
 mod registration;
 mod signals;
@@ -52,6 +52,10 @@ use rvbox_store_port::ops::{OpResult, OpToken, PortError, StoreOp};
 
 pub use connections::ConnId;
 pub use convert::{event_append, knowledge, phase_of, state_of, uuid_text};
+pub use ingest::{
+    GROUP_MAX_BYTES, GROUP_MAX_EVENTS, GROUPS_IN_FLIGHT, INGEST_QUANTUM_BYTES,
+    INGEST_QUEUE_PER_CONNECTION, IngestQueue, Queued,
+};
 pub use signals::signal_plan;
 
 use connections::{ClientState, Conn};
@@ -264,6 +268,10 @@ pub struct EngineStats {
     pub foreign_completions: u64,
     /// Randomness the injected source could not give.
     pub entropy_failures: u64,
+    /// Connections closed because their persistence queue was full.
+    pub ingest_queue_full: u64,
+    /// Times the ingress gate closed or opened.
+    pub gate_changes: u64,
 }
 
 /// What the core waits for, by token.
@@ -294,6 +302,12 @@ pub struct ServerCore {
     next_token: u64,
     /// Connections whose session has effects to drain.
     dirty: BTreeSet<ConnId>,
+    /// Events waiting for an append group (plan §6.1 persistence fairness).
+    ingest: ingest::IngestQueue,
+    /// The server-wide 64 MiB / 32 MiB ingress admission gate.
+    gate: rvbox_session::IngressGate,
+    /// Append groups with the store.
+    groups_in_flight: usize,
     stats: EngineStats,
     /// Monotonic time of the last queue-expiry pass.
     last_expiry_ms: Option<u64>,
@@ -318,6 +332,9 @@ impl ServerCore {
             pending: BTreeMap::new(),
             next_token: 1,
             dirty: BTreeSet::new(),
+            ingest: ingest::IngestQueue::default(),
+            gate: rvbox_session::IngressGate::default(),
+            groups_in_flight: 0,
             stats: EngineStats::default(),
             last_expiry_ms: None,
             expiry_running: false,
@@ -409,9 +426,33 @@ impl ServerCore {
             Input::Timeout => self.timeout(),
         }
         // every session effect the input caused, then a fair dispatch turn
-        // for each client that became ready (a turn only issues reads)
+        // for each client that became ready (a turn only issues reads), and
+        // the next append groups
         self.drain_sessions();
         self.dispatch_pass();
+        self.pump_ingest();
+        self.drain_sessions();
+    }
+
+    /// Replaces the ingress gate's watermarks (plan §4.3 defaults
+    /// 64 MiB / 32 MiB).
+    ///
+    /// # Errors
+    /// Unless `low < high`.
+    pub fn set_ingress_watermarks(
+        &mut self,
+        high: u64,
+        low: u64,
+    ) -> Result<(), rvbox_session::GateConfigError> {
+        self.gate = rvbox_session::IngressGate::new(high, low)?;
+        Ok(())
+    }
+
+    /// Event bytes admitted and not yet durable, and whether new output is
+    /// admitted.
+    #[must_use]
+    pub fn ingress(&self) -> (u64, bool) {
+        (self.gate.level(), self.gate.is_open())
     }
 
     fn timeout(&mut self) {
@@ -463,8 +504,12 @@ impl ServerCore {
     /// Issues a store operation and remembers what its completion is for.
     /// Returns false (and issues nothing) when the pending-operation bound
     /// is reached.
+    fn can_issue(&self) -> bool {
+        self.pending.len() < MAX_PENDING_OPS
+    }
+
     fn store(&mut self, op: StoreOp, pending: Pending) -> bool {
-        if self.pending.len() >= MAX_PENDING_OPS {
+        if !self.can_issue() {
             tracing::error!(
                 op = op.name(),
                 limit = MAX_PENDING_OPS,

@@ -251,6 +251,25 @@ impl Engine {
         self.deferred = on;
     }
 
+    /// Replaces the ingress gate's watermarks (tests use small ones).
+    ///
+    /// # Errors
+    /// Unless `low < high`.
+    pub fn set_ingress_watermarks(
+        &mut self,
+        high: u64,
+        low: u64,
+    ) -> Result<(), rvbox_session::GateConfigError> {
+        self.core.set_ingress_watermarks(high, low)
+    }
+
+    /// Event bytes admitted and not yet durable, and whether the ingress
+    /// gate admits new output.
+    #[must_use]
+    pub fn ingress(&self) -> (u64, bool) {
+        self.core.ingress()
+    }
+
     /// Operations issued and not yet performed.
     #[must_use]
     pub fn queued_ops(&self) -> usize {
