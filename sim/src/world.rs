@@ -287,6 +287,8 @@ fn engine_over(store: Store, entropy: &Arc<SeededEntropy>) -> Result<Engine, Str
     // the world performs store operations and hands their completions to
     // the core later, so a crash can fall between them
     engine.set_deferred(true);
+    // frames count as written when the client takes them off the wire
+    engine.set_auto_written(false);
     Ok(engine)
 }
 
@@ -631,6 +633,10 @@ impl World {
             ("engine script_uploads", stats.script_uploads),
             ("engine store_failures", stats.store_failures),
             ("engine foreign_completions", stats.foreign_completions),
+            ("engine control_lane_full", stats.control_lane_full),
+            ("engine data_lane_waits", stats.data_lane_waits),
+            ("engine ingest_queue_full", stats.ingest_queue_full),
+            ("engine gate_changes", stats.gate_changes),
         ] {
             self.add(k, v);
         }
@@ -728,6 +734,14 @@ impl World {
             }
             Dir::ToClient => {
                 let idx = usize::try_from(d.client.0).unwrap_or(usize::MAX);
+                // the client took an engine frame off the wire: the
+                // server's writer has room for the next (a slow or stalled
+                // reader leaves frames waiting in the server's lanes)
+                let from_engine = matches!(d.event, NetEvent::Item(Item::Binary(_) | Item::Ping));
+                let conn = d.conn.0;
+                if from_engine {
+                    self.with_engine(|e, now, wall| e.written(now, wall, conn));
+                }
                 if let Some(c) = self.clients.get_mut(idx) {
                     c.handle(
                         self.now,

@@ -37,6 +37,9 @@ struct Script {
     /// Live (session id, generation) per connection, from its welcome.
     sessions: std::collections::BTreeMap<u64, (String, u64)>,
     dispatched: Vec<wire::Dispatch>,
+    /// Connections whose client never takes a frame off the wire (their
+    /// writer never reports a frame written); `None`: every writer keeps up.
+    slow: Option<std::collections::BTreeSet<u64>>,
 }
 
 fn short(uuid: &str) -> &str {
@@ -71,6 +74,21 @@ impl Script {
             log: Vec::new(),
             sessions: std::collections::BTreeMap::new(),
             dispatched: Vec::new(),
+            slow: None,
+        }
+    }
+
+    /// From now on the client on `conn` never reads: frames to it stay
+    /// unwritten, while every other connection's writer keeps up.
+    fn never_reads(&mut self, conn: u64) {
+        self.e.set_auto_written(false);
+        self.slow.get_or_insert_with(Default::default).insert(conn);
+    }
+
+    /// Reports a frame to `conn` written, unless its client never reads.
+    fn wrote(&mut self, conn: u64) {
+        if self.slow.as_ref().is_some_and(|s| !s.contains(&conn)) {
+            self.e.written(self.now, self.wall, conn);
         }
     }
 
@@ -173,9 +191,13 @@ impl Script {
                         }
                         other => rvbox_session::payload_name(&other).to_owned(),
                     };
+                    self.wrote(conn);
                     format!("c{conn} <- {what}")
                 }
-                Output::Ping { conn } => format!("c{conn} <- ping"),
+                Output::Ping { conn } => {
+                    self.wrote(conn);
+                    format!("c{conn} <- ping")
+                }
                 Output::Close { conn, reason } => {
                     self.sessions.remove(&conn);
                     format!("c{conn} <- close {}", reason.as_str_name())
@@ -206,9 +228,24 @@ impl Script {
     }
 
     fn hello_with(&mut self, conn: u64, instance: &str, minors: Vec<u32>, major: u32) {
+        self.hello_client(conn, "web-1", instance, minors, major);
+    }
+
+    fn hello_as(&mut self, conn: u64, client: &str, instance: &str) {
+        self.hello_client(conn, client, instance, vec![0], 1);
+    }
+
+    fn hello_client(
+        &mut self,
+        conn: u64,
+        client: &str,
+        instance: &str,
+        minors: Vec<u32>,
+        major: u32,
+    ) {
         self.e.connect(self.now, conn);
         let h = wire::ClientHello {
-            client_id: "web-1".into(),
+            client_id: client.into(),
             client_instance_id: instance.into(),
             protocol_major: major,
             supported_minors: minors,
@@ -270,10 +307,14 @@ impl Script {
     }
 
     fn run_command(&mut self) -> [u8; 16] {
+        self.run_command_for("web-1")
+    }
+
+    fn run_command_for(&mut self, client: &str) -> [u8; 16] {
         let id = self.ids.uuid_v7(u64::try_from(self.wall).unwrap());
         let req = wire::RunCommandRequest {
             request_id: rvbox_sim::rng::uuid_text(&id),
-            client_id: "web-1".into(),
+            client_id: client.into(),
             spec: Some(wire::ExecutionSpec {
                 source: Some(wire::execution_spec::Source::CommandText(
                     "make test".into(),
@@ -685,6 +726,7 @@ fn a_slow_client_cannot_delay_another_client() {
     s.hello(1, A);
     s.reconcile(1, vec![], 0);
     s.note("client web-1 never reads again; client web-2 connects and gets its work");
+    s.never_reads(1);
     s.e.connect(s.now, 2);
     let mut h = wire::ClientHello {
         client_id: "web-2".into(),
@@ -1238,4 +1280,55 @@ fn under_load_the_ingress_gate_holds_output_and_a_session_that_cannot_hold_more_
         acks_before,
         "nothing of the refused session was acknowledged"
     );
+}
+
+#[test]
+fn a_client_that_never_reads_fills_its_lanes_and_is_closed_while_another_is_served() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let id = s.run_command();
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.accept(1, &d, wire::AcceptOutcome::Positive);
+    let issue = rvbox_sim::rng::uuid_text(&id);
+    s.event(1, &issue, 1, running_body());
+    s.note("web-1 stops reading but keeps streaming: its acks wait in its control lane");
+    s.never_reads(1);
+    let mut seq = 2;
+    let handed_before = s.log.len();
+    loop {
+        s.event(1, &issue, seq, output_body(&[seq as u8; 64]));
+        seq += 1;
+        if s.log.last().is_some_and(|l| l.contains("c1 <- close")) || seq > 2_000 {
+            break;
+        }
+    }
+    let handed = s.log[handed_before..]
+        .iter()
+        .filter(|l| l.contains("c1 <- event_ack"))
+        .count();
+    assert!(
+        handed <= rvbox_server_core::WRITER_WINDOW,
+        "the writer was never given more than its window: {handed}"
+    );
+    assert!(
+        s.log
+            .last()
+            .is_some_and(|l| l.contains("c1 <- close CLOSE_REASON_INTERNAL_ERROR")),
+        "a full control lane closes the session: {}",
+        s.log.last().unwrap()
+    );
+    assert!(
+        seq - 2 > rvbox_session::CONTROL_LANE_CAPACITY as u64,
+        "the lane held {} acks before it was full",
+        seq - 2
+    );
+    assert_eq!(s.e.stats().control_lane_full, 1);
+    s.note("web-2, whose writer keeps up, is served as usual");
+    s.hello_as(2, "web-2", B);
+    s.reconcile(2, vec![], 0);
+    let other = s.run_command_for("web-2");
+    s.advance(1);
+    assert_eq!(s.lifecycle(&other), Lifecycle::Dispatched);
 }

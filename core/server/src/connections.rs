@@ -7,7 +7,7 @@ use rvbox_dispatch::{DispatchedCommand, SessionCapacity};
 use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
 use rvbox_reconcile::{ServerCommand, SnapshotAssembler};
-use rvbox_session::{Effect, Input as SessionInput, Session};
+use rvbox_session::{Effect, Input as SessionInput, Lane, LaneFull, Session, WriteScheduler};
 use rvbox_store_port::ops::StoreOp;
 
 use crate::upload::Uploads;
@@ -28,7 +28,33 @@ pub(crate) struct Conn {
     pub(crate) rows: Vec<ServerCommand>,
     /// Script uploads in progress on this connection (plan §7.3).
     pub(crate) uploads: Uploads,
+    /// The connection's two-lane write schedule (plan §6.1): frames wait
+    /// here until the writer has room.
+    pub(crate) lanes: WriteScheduler<Frame>,
+    /// Frames the writer may still take before it reports one written.
+    pub(crate) writer_credit: usize,
+    /// Data frames the session has queued and not yet handed to the lanes.
+    pub(crate) data_in_session: usize,
+    /// A data frame was refused for a full data lane: dispatch and uploads
+    /// go on once the writer frees room.
+    pub(crate) data_blocked: bool,
+    /// Signals refused for a full data lane, sent again when room frees.
+    pub(crate) signals_blocked: std::collections::BTreeSet<[u8; 16]>,
 }
+
+/// A frame waiting in a connection's lanes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Frame {
+    /// An encoded envelope.
+    Binary(Vec<u8>),
+    /// A WebSocket Ping.
+    Ping,
+}
+
+/// Frames a connection's writer may hold at once (written to the socket
+/// and not yet reported by [`crate::Input::Written`]): beyond it frames
+/// wait in the lanes, where control frames overtake data.
+pub const WRITER_WINDOW: usize = 16;
 
 #[derive(Debug, Default)]
 pub(crate) struct ClientState {
@@ -77,6 +103,11 @@ impl ServerCore {
                         assembler: None,
                         rows: Vec::new(),
                         uploads: Uploads::default(),
+                        lanes: WriteScheduler::default(),
+                        writer_credit: WRITER_WINDOW,
+                        data_in_session: 0,
+                        data_blocked: false,
+                        signals_blocked: std::collections::BTreeSet::new(),
                     },
                 );
             }
@@ -134,16 +165,12 @@ impl ServerCore {
     fn perform(&mut self, conn: ConnId, effect: Effect) -> bool {
         match effect {
             Effect::Send { lane, envelope } => {
-                self.out.push_back(Output::Frame {
-                    conn,
-                    control: lane == rvbox_session::Lane::Control,
-                    bytes: prost::Message::encode_to_vec(&envelope),
-                });
+                let frame = Frame::Binary(prost::Message::encode_to_vec(&envelope));
+                self.queue_frame(conn, lane, frame);
             }
-            Effect::Ping => self.out.push_back(Output::Ping { conn }),
+            Effect::Ping => self.queue_frame(conn, Lane::Control, Frame::Ping),
             Effect::Close { reason } => {
-                self.out.push_back(Output::Close { conn, reason });
-                self.drop_conn(conn, rvbox_session::close_text(reason));
+                self.close_now(conn, reason);
                 return false;
             }
             Effect::Register { token, hello } => self.register(conn, token, hello),
@@ -166,8 +193,114 @@ impl ServerCore {
         if !self.conns.contains_key(&conn) {
             return;
         }
+        // what the session still has to say (a ControlError before the
+        // close) goes to the writer while it has room
+        while let Some(effect) = self
+            .conns
+            .get_mut(&conn)
+            .and_then(|c| c.session.poll_effect())
+        {
+            if let Effect::Send { lane, envelope } = effect {
+                let frame = Frame::Binary(prost::Message::encode_to_vec(&envelope));
+                self.queue_frame(conn, lane, frame);
+            }
+        }
+        self.close_now(conn, reason);
+    }
+
+    /// Sends the close and forgets the connection. Frames still waiting in
+    /// its lanes are dropped: the writer took what it had room for, and a
+    /// peer that stopped reading would never take the rest.
+    fn close_now(&mut self, conn: ConnId, reason: wire::CloseReason) {
+        if let Some(c) = self.conns.get(&conn)
+            && !c.lanes.is_empty()
+        {
+            tracing::debug!(
+                conn,
+                control = c.lanes.len(Lane::Control),
+                data = c.lanes.len(Lane::Data),
+                "frames dropped with the closed connection"
+            );
+        }
         self.out.push_back(Output::Close { conn, reason });
         self.drop_conn(conn, rvbox_session::close_text(reason));
+    }
+
+    /// Puts a frame in its lane and lets the writer take what it has room
+    /// for. A full control lane is a session-fatal invariant (plan §6.1);
+    /// a full data lane leaves the work durable and offered again when the
+    /// writer frees room.
+    fn queue_frame(&mut self, conn: ConnId, lane: Lane, frame: Frame) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if lane == Lane::Data {
+            c.data_in_session = c.data_in_session.saturating_sub(1);
+        }
+        match c.lanes.push(lane, frame) {
+            Ok(()) => {}
+            Err(LaneFull {
+                lane: Lane::Control,
+                ..
+            }) => {
+                self.stats.control_lane_full += 1;
+                tracing::error!(conn, "control lane full; the session closes");
+                self.session_input(conn, SessionInput::ControlLaneFull);
+                return;
+            }
+            Err(LaneFull {
+                lane: Lane::Data, ..
+            }) => {
+                // never reached: senders check for room first
+                self.stats.data_lane_full += 1;
+                c.data_blocked = true;
+                tracing::warn!(conn, "data lane full; the frame waits for a later turn");
+            }
+        }
+        self.flush_writer(conn);
+    }
+
+    /// Hands frames to the writer while it has credit: up to a burst of
+    /// control, then one data frame.
+    pub(crate) fn flush_writer(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        while c.writer_credit > 0 {
+            let Some((lane, frame)) = c.lanes.next_frame() else {
+                break;
+            };
+            c.writer_credit -= 1;
+            self.out.push_back(frame_output(conn, lane, frame));
+        }
+    }
+
+    /// The writer wrote one frame: room for the next, and work a full data
+    /// lane held back goes on.
+    pub(crate) fn written(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        c.writer_credit = (c.writer_credit + 1).min(WRITER_WINDOW);
+        self.flush_writer(conn);
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.data_blocked && c.lanes.data_has_room() {
+            c.data_blocked = false;
+            let signals: Vec<[u8; 16]> =
+                std::mem::take(&mut c.signals_blocked).into_iter().collect();
+            if let Some(client) = c.client.clone() {
+                self.mark_ready(&client);
+            }
+            self.pump_uploads(conn);
+            if !signals.is_empty() {
+                self.store(
+                    StoreOp::PendingSignals { issues: signals },
+                    Pending::Signal(crate::signals::Pending::Resend { conn }),
+                );
+            }
+        }
     }
 
     /// Forgets a connection: its session row ends, its client loses its
@@ -207,13 +340,39 @@ impl ServerCore {
         self.conns.get(&conn).and_then(|c| c.client.clone())
     }
 
-    /// Queues a server message on a connection's session.
+    /// Whether a data frame would find room on the connection.
+    pub(crate) fn data_room(&self, conn: ConnId) -> bool {
+        self.conns.get(&conn).is_some_and(|c| {
+            c.lanes.len(Lane::Data) + c.data_in_session < rvbox_session::DATA_LANE_CAPACITY
+        })
+    }
+
+    /// Queues a server message on a connection's session. A data message
+    /// finds no room while the data lane is full: it is refused (false),
+    /// the work stays durable, and it is offered again once the writer
+    /// frees room.
     pub(crate) fn send(&mut self, conn: ConnId, payload: wire::envelope::Payload) -> bool {
+        let data = rvbox_session::payload_lane(&payload) == Lane::Data;
+        if data && !self.data_room(conn) {
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.data_blocked = true;
+                if let wire::envelope::Payload::Signal(sig) = &payload
+                    && let Ok(id) = rvbox_domain::ids::Uuid7::parse("issue_uuid", &sig.issue_uuid)
+                {
+                    c.signals_blocked.insert(*id.as_bytes());
+                }
+            }
+            self.stats.data_lane_waits += 1;
+            return false;
+        }
         let Some(c) = self.conns.get_mut(&conn) else {
             return false;
         };
         match c.session.send(payload) {
             Ok(()) => {
+                if data {
+                    c.data_in_session += 1;
+                }
                 self.dirty.insert(conn);
                 true
             }
@@ -222,5 +381,16 @@ impl ServerCore {
                 false
             }
         }
+    }
+}
+
+fn frame_output(conn: ConnId, lane: Lane, frame: Frame) -> Output {
+    match frame {
+        Frame::Binary(bytes) => Output::Frame {
+            conn,
+            control: lane == Lane::Control,
+            bytes,
+        },
+        Frame::Ping => Output::Ping { conn },
     }
 }

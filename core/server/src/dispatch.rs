@@ -242,23 +242,31 @@ impl ServerCore {
         let generation = self.conns.get(&conn).map_or(0, |c| c.generation);
         let frame = convert::dispatch_frame(view, revision, generation, *spec);
         let transient = st.backoff.get(&issue).map_or(0, |b| b.1);
-        st.in_flight.insert(
-            issue,
-            DispatchedCommand {
+        if !self.send(conn, Payload::Dispatch(frame)) {
+            // a full data lane (or a closing session): the command stays
+            // dispatched and durable, and is sent again once the writer
+            // frees room
+            if let Some(st) = self.clients.get_mut(client) {
+                st.capacity.release(issue);
+            }
+            tracing::debug!("dispatch frame not queued; sent again later");
+            return;
+        }
+        self.stats.dispatched += 1;
+        if let Some(st) = self.clients.get_mut(client) {
+            st.in_flight.insert(
                 issue,
-                state: CommandState::from_parts(
-                    Phase::Dispatched,
-                    rvbox_domain::lifecycle::Revision(revision),
-                ),
-                dispatched_revision: rvbox_domain::lifecycle::Revision(revision),
-                queue_expiry_ms: view.queue_expiry_ms,
-                transient_rejections: transient,
-            },
-        );
-        if self.send(conn, Payload::Dispatch(frame)) {
-            self.stats.dispatched += 1;
-        } else {
-            tracing::warn!("dispatch frame not queued; retried later");
+                DispatchedCommand {
+                    issue,
+                    state: CommandState::from_parts(
+                        Phase::Dispatched,
+                        rvbox_domain::lifecycle::Revision(revision),
+                    ),
+                    dispatched_revision: rvbox_domain::lifecycle::Revision(revision),
+                    queue_expiry_ms: view.queue_expiry_ms,
+                    transient_rejections: transient,
+                },
+            );
         }
     }
 

@@ -50,7 +50,7 @@ use rvbox_session::SessionConfig;
 use rvbox_store_port::entropy::Entropy;
 use rvbox_store_port::ops::{OpResult, OpToken, PortError, StoreOp};
 
-pub use connections::ConnId;
+pub use connections::{ConnId, WRITER_WINDOW};
 pub use convert::{event_append, knowledge, phase_of, state_of, uuid_text};
 pub use ingest::{
     GROUP_MAX_BYTES, GROUP_MAX_EVENTS, GROUPS_IN_FLIGHT, INGEST_QUANTUM_BYTES,
@@ -134,6 +134,12 @@ pub enum Input {
     /// The persistence queue of the connection is full: the shell could
     /// not take a delivered event.
     IngressQueueFull {
+        /// Connection.
+        conn: ConnId,
+    },
+    /// The connection's writer wrote one frame it was given (an
+    /// [`Output::Frame`] or [`Output::Ping`]): room for the next.
+    Written {
         /// Connection.
         conn: ConnId,
     },
@@ -272,6 +278,13 @@ pub struct EngineStats {
     pub ingest_queue_full: u64,
     /// Times the ingress gate closed or opened.
     pub gate_changes: u64,
+    /// Sessions closed because their control lane was full.
+    pub control_lane_full: u64,
+    /// Data frames refused by a full data lane after the room check (never
+    /// expected).
+    pub data_lane_full: u64,
+    /// Data messages that waited for room on a full data lane.
+    pub data_lane_waits: u64,
 }
 
 /// What the core waits for, by token.
@@ -421,6 +434,7 @@ impl ServerCore {
             Input::IngressQueueFull { conn } => {
                 self.session_input(conn, rvbox_session::Input::IngressQueueFull);
             }
+            Input::Written { conn } => self.written(conn),
             Input::Completion { token, result } => self.complete(token, result),
             Input::Control { request, call } => self.control(request, call),
             Input::Timeout => self.timeout(),

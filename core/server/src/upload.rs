@@ -173,6 +173,15 @@ impl Uploads {
         }
     }
 
+    /// A chunk read at `offset` could not be queued (a full data lane):
+    /// it is read and sent again from there.
+    pub fn rewind(&mut self, issue: &Uuid7, offset: u64) {
+        if let Some(up) = self.map.get_mut(issue) {
+            up.sent = up.sent.min(offset).max(up.received);
+            up.reading = None;
+        }
+    }
+
     /// Ends the upload of `issue`; true when one ran.
     pub fn end(&mut self, issue: &Uuid7) -> bool {
         self.map.remove(issue).is_some()
@@ -344,9 +353,15 @@ impl ServerCore {
                 if self.send(conn, Payload::ScriptChunk(chunk)) {
                     self.stats.script_chunks += 1;
                     self.pump_upload(conn, issue);
+                } else if self.conns.get(&conn).is_some_and(|c| c.data_blocked) {
+                    // a full data lane: this range goes again once the
+                    // writer frees room
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        c.uploads.rewind(&issue, offset);
+                    }
                 } else {
-                    // only a closing or not yet reconciled session refuses:
-                    // the upload resumes after the next reconciliation
+                    // a closing or not yet reconciled session: the upload
+                    // resumes after the next reconciliation
                     tracing::warn!("script chunk not queued; the upload resumes after a reconnect");
                     self.end_upload(conn, issue);
                 }
@@ -356,6 +371,12 @@ impl ServerCore {
 
     /// Reads the next range of `issue` while its window has room.
     fn pump_upload(&mut self, conn: ConnId, issue: Uuid7) {
+        if !self.data_room(conn) {
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.data_blocked = true;
+            }
+            return;
+        }
         let Some((offset, len)) = self
             .conns
             .get_mut(&conn)
@@ -379,7 +400,7 @@ impl ServerCore {
     }
 
     /// Pumps every upload of `conn`, in command order.
-    fn pump_uploads(&mut self, conn: ConnId) {
+    pub(crate) fn pump_uploads(&mut self, conn: ConnId) {
         let issues = self
             .conns
             .get(&conn)

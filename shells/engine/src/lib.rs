@@ -85,6 +85,11 @@ pub struct Engine {
     queued: VecDeque<(OpToken, i64, StoreOp)>,
     /// Performed, their completions not yet handed to the core.
     done: VecDeque<(OpToken, OpResult)>,
+    /// Report every frame written as soon as it is handed out (a writer
+    /// that never blocks); off, the caller reports [`Engine::written`].
+    auto_written: bool,
+    /// Frames handed out and not yet reported written, per connection.
+    unwritten: Vec<ConnId>,
 }
 
 impl Engine {
@@ -102,6 +107,8 @@ impl Engine {
             deferred: false,
             queued: VecDeque::new(),
             done: VecDeque::new(),
+            auto_written: true,
+            unwritten: Vec::new(),
         }
     }
 
@@ -251,6 +258,18 @@ impl Engine {
         self.deferred = on;
     }
 
+    /// Whether every frame counts as written as soon as it is handed out
+    /// (the default); off, the caller reports each with
+    /// [`Engine::written`], as a socket writer does.
+    pub fn set_auto_written(&mut self, on: bool) {
+        self.auto_written = on;
+    }
+
+    /// The writer of `conn` wrote one frame it was handed.
+    pub fn written(&mut self, now_ms: u64, wall_ms: i64, conn: ConnId) {
+        self.input(now_ms, wall_ms, Input::Written { conn });
+    }
+
     /// Replaces the ingress gate's watermarks (tests use small ones).
     ///
     /// # Errors
@@ -340,6 +359,13 @@ impl Engine {
     fn settle(&mut self) {
         loop {
             self.collect_outputs();
+            if self.auto_written && !self.unwritten.is_empty() {
+                for conn in std::mem::take(&mut self.unwritten) {
+                    self.core
+                        .handle(self.last.0, self.last.1, Input::Written { conn });
+                }
+                continue;
+            }
             if self.deferred || self.queued.is_empty() {
                 return;
             }
@@ -364,12 +390,20 @@ impl Engine {
                     conn,
                     control,
                     bytes,
-                } => self.out.push_back(Output::Frame {
-                    conn,
-                    control,
-                    bytes,
-                }),
+                } => {
+                    if self.auto_written {
+                        self.unwritten.push(conn);
+                    }
+                    self.out.push_back(Output::Frame {
+                        conn,
+                        control,
+                        bytes,
+                    });
+                }
                 rvbox_server_core::Output::Ping { conn } => {
+                    if self.auto_written {
+                        self.unwritten.push(conn);
+                    }
                     self.out.push_back(Output::Ping { conn });
                 }
                 rvbox_server_core::Output::Close { conn, reason } => {
