@@ -472,9 +472,10 @@ impl World {
         }
         for o in outs {
             let to = match &o {
-                Output::Frame { conn, .. } | Output::Ping { conn } | Output::Close { conn, .. } => {
-                    *conn
-                }
+                Output::Frame { conn, .. }
+                | Output::Ping { conn }
+                | Output::Pong { conn }
+                | Output::Close { conn, .. } => *conn,
             };
             if to >= TWIN_CONN_BASE {
                 self.twin_outputs.push(o);
@@ -493,6 +494,11 @@ impl World {
                     let _ = self
                         .net
                         .send(ConnId(conn), Dir::ToClient, Item::Ping, self.now);
+                }
+                Output::Pong { conn } => {
+                    let _ = self
+                        .net
+                        .send(ConnId(conn), Dir::ToClient, Item::Pong, self.now);
                 }
                 Output::Close { conn, reason } => {
                     self.log(format!("s>c{conn} close {}", reason.as_str_name()));
@@ -724,7 +730,7 @@ impl World {
                         self.with_engine(|e, now, wall| e.pong(now, wall, conn));
                     }
                     NetEvent::Item(Item::Ping) => {
-                        let _ = self.net.send(d.conn, Dir::ToClient, Item::Pong, self.now);
+                        self.with_engine(|e, now, wall| e.ping(now, wall, conn));
                     }
                     NetEvent::Item(Item::Close { .. }) | NetEvent::Closed { .. } => {
                         self.log(format!("c{conn} closed at server"));
@@ -737,7 +743,10 @@ impl World {
                 // the client took an engine frame off the wire: the
                 // server's writer has room for the next (a slow or stalled
                 // reader leaves frames waiting in the server's lanes)
-                let from_engine = matches!(d.event, NetEvent::Item(Item::Binary(_) | Item::Ping));
+                let from_engine = matches!(
+                    d.event,
+                    NetEvent::Item(Item::Binary(_) | Item::Ping | Item::Pong)
+                );
                 let conn = d.conn.0;
                 if from_engine {
                     self.with_engine(|e, now, wall| e.written(now, wall, conn));

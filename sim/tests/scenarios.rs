@@ -198,6 +198,10 @@ impl Script {
                     self.wrote(conn);
                     format!("c{conn} <- ping")
                 }
+                Output::Pong { conn } => {
+                    self.wrote(conn);
+                    format!("c{conn} <- pong")
+                }
                 Output::Close { conn, reason } => {
                     self.sessions.remove(&conn);
                     format!("c{conn} <- close {}", reason.as_str_name())

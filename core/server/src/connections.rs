@@ -49,6 +49,8 @@ pub(crate) enum Frame {
     Binary(Vec<u8>),
     /// A WebSocket Ping.
     Ping,
+    /// A WebSocket Pong.
+    Pong,
 }
 
 /// Frames a connection's writer may hold at once (written to the socket
@@ -275,6 +277,16 @@ impl ServerCore {
         }
     }
 
+    /// A client's Ping: liveness, and a Pong on the control lane (plan
+    /// §6.1: Ping/Pong stay sendable while the data window is full).
+    pub(crate) fn ping(&mut self, conn: ConnId) {
+        if !self.conns.contains_key(&conn) {
+            return;
+        }
+        self.session_input(conn, SessionInput::Ping);
+        self.queue_frame(conn, Lane::Control, Frame::Pong);
+    }
+
     /// The writer wrote one frame: room for the next, and work a full data
     /// lane held back goes on.
     pub(crate) fn written(&mut self, conn: ConnId) {
@@ -392,5 +404,6 @@ fn frame_output(conn: ConnId, lane: Lane, frame: Frame) -> Output {
             bytes,
         },
         Frame::Ping => Output::Ping { conn },
+        Frame::Pong => Output::Pong { conn },
     }
 }

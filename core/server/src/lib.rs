@@ -118,6 +118,12 @@ pub enum Input {
         /// Connection.
         conn: ConnId,
     },
+    /// A WebSocket Ping from the client: answered with [`Output::Pong`]
+    /// on the control lane.
+    Ping {
+        /// Connection.
+        conn: ConnId,
+    },
     /// The peer closed, or the transport failed.
     Disconnected {
         /// Connection.
@@ -179,6 +185,11 @@ pub enum Output {
     },
     /// Send a WebSocket Ping.
     Ping {
+        /// Connection.
+        conn: ConnId,
+    },
+    /// Send a WebSocket Pong (the answer to the client's Ping).
+    Pong {
         /// Connection.
         conn: ConnId,
     },
@@ -420,6 +431,7 @@ impl ServerCore {
                 self.session_input(conn, rvbox_session::Input::Binary(bytes));
             }
             Input::Pong { conn } => self.session_input(conn, rvbox_session::Input::Pong),
+            Input::Ping { conn } => self.ping(conn),
             Input::Disconnected { conn } => self.disconnected(conn),
             Input::LaneFull { conn, control } => {
                 let input = if control {

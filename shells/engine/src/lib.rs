@@ -57,6 +57,11 @@ pub enum Output {
         /// Connection.
         conn: ConnId,
     },
+    /// Send a WebSocket Pong.
+    Pong {
+        /// Connection.
+        conn: ConnId,
+    },
     /// Close the connection with this reason.
     Close {
         /// Connection.
@@ -178,6 +183,11 @@ impl Engine {
     /// A Pong arrived on `conn`.
     pub fn pong(&mut self, now_ms: u64, wall_ms: i64, conn: ConnId) {
         self.input(now_ms, wall_ms, Input::Pong { conn });
+    }
+
+    /// A Ping arrived on `conn` (answered with [`Output::Pong`]).
+    pub fn ping(&mut self, now_ms: u64, wall_ms: i64, conn: ConnId) {
+        self.input(now_ms, wall_ms, Input::Ping { conn });
     }
 
     /// The peer closed, or the transport failed.
@@ -405,6 +415,12 @@ impl Engine {
                         self.unwritten.push(conn);
                     }
                     self.out.push_back(Output::Ping { conn });
+                }
+                rvbox_server_core::Output::Pong { conn } => {
+                    if self.auto_written {
+                        self.unwritten.push(conn);
+                    }
+                    self.out.push_back(Output::Pong { conn });
                 }
                 rvbox_server_core::Output::Close { conn, reason } => {
                     self.out.push_back(Output::Close { conn, reason });
