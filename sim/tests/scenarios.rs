@@ -1336,3 +1336,31 @@ fn a_client_that_never_reads_fills_its_lanes_and_is_closed_while_another_is_serv
     s.advance(1);
     assert_eq!(s.lifecycle(&other), Lifecycle::Dispatched);
 }
+
+#[test]
+fn a_running_event_sent_right_after_the_acceptance_waits_for_the_acceptance_to_commit() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let id = s.run_command();
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.note("the store answers late: the acceptance and the running event arrive back to back");
+    s.e.set_deferred(true);
+    s.accept(1, &d, wire::AcceptOutcome::Positive);
+    let issue = rvbox_sim::rng::uuid_text(&id);
+    s.event(1, &issue, 1, running_body());
+    s.e.run_until_idle(s.now, s.wall);
+    s.drain();
+    assert!(
+        !s.log.iter().any(|l| l.contains("close")),
+        "the event was ordered after the acceptance:\n{}",
+        s.trace()
+    );
+    assert!(
+        s.log
+            .iter()
+            .any(|l| l.contains(&format!("event_ack {} #1", short(&issue))))
+    );
+    assert_eq!(s.lifecycle(&id), Lifecycle::Running);
+}

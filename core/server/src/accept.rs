@@ -78,6 +78,7 @@ impl ServerCore {
             // no dispatch turn sends it again before its answer's write
             // is done (the candidates would still show it dispatched)
             st.dispatching.insert(issue);
+            self.barrier.insert(issue);
             if let AcceptDecision::Requeue(r) = &decision {
                 st.backoff
                     .insert(issue, (r.not_before_wall_ms, r.transient_rejections));
@@ -87,18 +88,31 @@ impl ServerCore {
                 );
             }
         }
-        self.store(
+        let issued = self.store(
             StoreOp::CommandView {
                 issue: *issue.as_bytes(),
             },
             Any::Accept(Pending::View {
                 conn,
-                client,
+                client: client.clone(),
                 dispatched,
                 decision: Box::new(decision),
                 resolved_shell: message.resolved_shell,
             }),
         );
+        if !issued {
+            self.unblock(&client, issue);
+        }
+    }
+
+    /// The acceptance of `issue` is no longer being written: dispatch turns
+    /// and the command's events go on.
+    fn unblock(&mut self, client: &str, issue: Uuid7) {
+        if let Some(st) = self.clients.get_mut(client) {
+            st.dispatching.remove(&issue);
+        }
+        self.barrier.remove(&issue);
+        self.mark_ready(client);
     }
 
     pub(crate) fn accept_done(&mut self, p: Pending, result: OpResult) {
@@ -132,11 +146,8 @@ impl ServerCore {
                 issue,
                 then,
             } => {
-                if let Some(st) = self.clients.get_mut(&client) {
-                    st.dispatching.remove(&issue);
-                }
                 // freed capacity, or a requeued command after its backoff
-                self.mark_ready(&client);
+                self.unblock(&client, issue);
                 let result = match result {
                     // already applied (a repeat across a reconnect)
                     Err(PortError::Refused(e)) if e.code() == Code::Conflict => {
@@ -275,7 +286,7 @@ impl ServerCore {
                 )
             }
         };
-        self.store(
+        let issued = self.store(
             op,
             Any::Accept(Pending::Write {
                 conn,
@@ -284,5 +295,8 @@ impl ServerCore {
                 then,
             }),
         );
+        if !issued {
+            self.unblock(client, issue);
+        }
     }
 }

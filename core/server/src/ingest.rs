@@ -103,12 +103,34 @@ impl IngestQueue {
     /// bytes (at least one event when any is queued), taken by deficit
     /// round robin across connections.
     pub fn take_group(&mut self, max_events: usize, max_bytes: u64) -> Vec<(ConnId, Queued)> {
+        self.take_group_unless(max_events, max_bytes, |_| false)
+    }
+
+    /// Like [`Self::take_group`], but a connection whose next event's
+    /// command is `blocked` waits (with everything behind it, keeping its
+    /// order) for a later group.
+    pub fn take_group_unless(
+        &mut self,
+        max_events: usize,
+        max_bytes: u64,
+        blocked: impl Fn(&Uuid7) -> bool,
+    ) -> Vec<(ConnId, Queued)> {
+        let mut waiting: Vec<ConnId> = Vec::new();
         let mut group: Vec<(ConnId, Queued)> = Vec::new();
         let mut bytes = 0u64;
         while group.len() < max_events {
             let Some(conn) = self.rotation.pop_front() else {
                 break;
             };
+            if self
+                .queues
+                .get(&conn)
+                .and_then(VecDeque::front)
+                .is_some_and(|f| blocked(&f.issue))
+            {
+                waiting.push(conn);
+                continue;
+            }
             let deficit = self.deficit.entry(conn).or_default();
             *deficit = deficit.saturating_add(INGEST_QUANTUM_BYTES);
             let mut full = false;
@@ -121,7 +143,7 @@ impl IngestQueue {
                     }
                     // an event larger than the quantum goes first in a
                     // group of its own turn rather than never
-                    if front.cost > *deficit && !group.is_empty() {
+                    if (front.cost > *deficit && !group.is_empty()) || blocked(&front.issue) {
                         break;
                     }
                     let Some(item) = q.pop_front() else {
@@ -144,6 +166,9 @@ impl IngestQueue {
             }
             // a turn without a fit still adds a quantum: within
             // GROUP_MAX_BYTES / quantum rounds every front event fits
+        }
+        for conn in waiting.into_iter().rev() {
+            self.rotation.push_front(conn);
         }
         group
     }
@@ -286,7 +311,12 @@ impl ServerCore {
     /// the store.
     pub(crate) fn pump_ingest(&mut self) {
         while self.groups_in_flight < GROUPS_IN_FLIGHT {
-            let items = self.ingest.take_group(GROUP_MAX_EVENTS, GROUP_MAX_BYTES);
+            // a command whose acceptance is being written waits: its
+            // events follow the acceptance, as the client sent them
+            let barrier = &self.barrier;
+            let items = self
+                .ingest
+                .take_group_unless(GROUP_MAX_EVENTS, GROUP_MAX_BYTES, |i| barrier.contains(i));
             if items.is_empty() {
                 return;
             }

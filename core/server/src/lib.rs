@@ -332,6 +332,9 @@ pub struct ServerCore {
     gate: rvbox_session::IngressGate,
     /// Append groups with the store.
     groups_in_flight: usize,
+    /// Commands whose acceptance is being read or written: their events
+    /// wait, so the store sees them in the order the client sent them.
+    barrier: BTreeSet<rvbox_domain::ids::Uuid7>,
     stats: EngineStats,
     /// Monotonic time of the last queue-expiry pass.
     last_expiry_ms: Option<u64>,
@@ -359,6 +362,7 @@ impl ServerCore {
             ingest: ingest::IngestQueue::default(),
             gate: rvbox_session::IngressGate::default(),
             groups_in_flight: 0,
+            barrier: BTreeSet::new(),
             stats: EngineStats::default(),
             last_expiry_ms: None,
             expiry_running: false,

@@ -16,6 +16,7 @@
 //! the caller before the completion it announces reached the core.
 
 mod executor;
+pub mod thread;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -39,6 +40,7 @@ pub use rvbox_server_core::{
     ConnId, DISPATCH_SCAN, EXPIRY_BATCH, EXPIRY_INTERVAL_MS, EngineStats, MAX_CONNECTIONS,
     event_append,
 };
+pub use thread::{CompletionSink, ExecutorThread};
 
 /// Something the caller must do on a connection, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
