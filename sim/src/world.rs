@@ -503,12 +503,46 @@ impl World {
                 Output::Close { conn, reason } => {
                     self.log(format!("s>c{conn} close {}", reason.as_str_name()));
                     self.count(&format!("server_close {}", reason.as_str_name()));
+                    self.check_honest_close(conn, reason);
                     let code = rvbox_session::close_code(reason).unwrap_or(1000);
                     let _ =
                         self.net
                             .send(ConnId(conn), Dir::ToClient, Item::Close { code }, self.now);
                 }
             }
+        }
+    }
+
+    /// An honest client's session is never closed as a protocol violation
+    /// or for a store that is unavailable: the simulated store has no
+    /// faults but crashes, so either is a server bug (conventions rule 16:
+    /// a server that is safe because it refuses everyone fails the run).
+    fn check_honest_close(&mut self, conn: u64, reason: wire::CloseReason) {
+        if !matches!(
+            reason,
+            wire::CloseReason::ProtocolError | wire::CloseReason::StorageUnavailable
+        ) {
+            return;
+        }
+        let slot = self
+            .net
+            .connections()
+            .into_iter()
+            .find(|(c, _)| c.0 == conn)
+            .map(|(_, slot)| slot);
+        let Some(slot) = slot else {
+            return;
+        };
+        let honest = self
+            .clients
+            .get(usize::try_from(slot.0).unwrap_or(usize::MAX))
+            .is_some_and(|c| c.config().adversary.is_none());
+        if honest && self.failure.is_none() {
+            self.failure = Some(format!(
+                "honest client {} closed with {} (c{conn})",
+                slot.0,
+                reason.as_str_name()
+            ));
         }
     }
 
