@@ -322,6 +322,9 @@ pub struct AckedEvent {
 /// simulator's observation, not client state: it survives crashes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Ledger {
+    /// The terminal lifecycle this client reported for each command it
+    /// ended itself (ran to an exit, terminated, cancelled before launch).
+    outcomes: BTreeMap<Uuid7, Lifecycle>,
     accepted: BTreeMap<Uuid7, u32>,
     starts: BTreeMap<Uuid7, u32>,
     new_accepts: Vec<Uuid7>,
@@ -353,6 +356,12 @@ impl Ledger {
     #[must_use]
     pub fn starts(&self) -> &BTreeMap<Uuid7, u32> {
         &self.starts
+    }
+
+    /// The terminal lifecycle the client reported per command it ended.
+    #[must_use]
+    pub fn outcomes(&self) -> &BTreeMap<Uuid7, Lifecycle> {
+        &self.outcomes
     }
 
     /// Acknowledged events not yet taken by the checker.
@@ -2168,6 +2177,15 @@ impl SimClient {
         exit_result: Option<wire::ExitResult>,
         reason: &str,
     ) {
+        if to.is_terminal()
+            && self
+                .durable
+                .records
+                .get(&issue)
+                .is_some_and(|r| !r.orphaned)
+        {
+            self.ledger.outcomes.entry(issue).or_insert(to);
+        }
         let change = wire::LifecycleChange {
             lifecycle: to.to_wire() as i32,
             revision,

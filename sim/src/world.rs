@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use prost::Message as _;
 use rvbox_domain::error::Code;
 use rvbox_domain::ids::Uuid7;
+use rvbox_domain::lifecycle::Lifecycle;
 use rvbox_engine::{Engine, Output};
 use rvbox_proto::v1 as wire;
 use rvbox_session::{ServerIdentity, SessionConfig};
@@ -52,6 +53,13 @@ pub const CRASH_POINTS: [&str; 18] = [
     points::SIGNAL_AFTER_COMMIT,
     points::RUN_COMMAND_AFTER_COMMIT,
 ];
+
+/// Simulated time after the workload (faults off, every client
+/// reachable) within which every command must be terminal.
+pub const CALM_TAIL_MS: u64 = 600_000;
+/// Server closes of one honest client the calm tail allows (a session
+/// already past its liveness timeout when the tail begins, say).
+pub const CALM_TAIL_CLOSES: u64 = 3;
 
 /// Wall-clock epoch of every run (ms).
 pub const WALL_EPOCH_MS: i64 = 1_800_000_000_000;
@@ -160,6 +168,19 @@ impl CrashHook for StopAt {
     }
 }
 
+/// Whether an incident names the command.
+fn has_incident(store: &Store, issue: &[u8; 16]) -> bool {
+    use rvbox_store::db::Cached as _;
+    store
+        .db()
+        .query_row_cached(
+            "SELECT EXISTS (SELECT 1 FROM storage_incidents WHERE issue_uuid = ?1)",
+            [issue.as_slice()],
+            |r| r.get::<_, bool>(0),
+        )
+        .unwrap_or(false)
+}
+
 /// The panic payload of a simulated crash.
 #[derive(Debug)]
 struct CrashedAt(&'static str);
@@ -237,6 +258,12 @@ pub struct World {
     armed: Option<Arc<StopAt>>,
     /// The command of the `SignalCommand` whose call is being flushed.
     signalled_now: Option<String>,
+    /// The calm tail has begun (faults off).
+    calm: bool,
+    /// When it began.
+    calm_from: u64,
+    /// Server closes of each client during the calm tail.
+    calm_closes: BTreeMap<u32, u64>,
     failure: Option<String>,
 }
 
@@ -415,6 +442,9 @@ impl World {
             crash_points: seeds.stream(crate::rng::Stream::Named("crash_points")),
             armed: None,
             signalled_now: None,
+            calm: false,
+            calm_from: 0,
+            calm_closes: BTreeMap::new(),
             failure: None,
         })
     }
@@ -513,17 +543,73 @@ impl World {
         }
     }
 
+    /// Agreement (conventions rule 16): every command's terminal outcome
+    /// on the server is what the client that ended it reported, and a
+    /// command no client ended was ended by a server decision the history
+    /// explains: expired, rejected or cancelled before any client held it,
+    /// or interrupted with its incident.
+    fn check_agreement(&mut self) {
+        let Some(engine) = self.server.engine.as_ref() else {
+            return;
+        };
+        let mut problems = Vec::new();
+        for id in &self.created_ids {
+            let Ok(view) = engine.command(id) else {
+                continue; // reclaimed by retention
+            };
+            let Ok(issue) = Uuid7::from_bytes("issue_uuid", *id) else {
+                continue;
+            };
+            let observed = self
+                .clients
+                .iter()
+                .find_map(|c| c.ledger().outcomes().get(&issue).copied());
+            let server = view.lifecycle;
+            let explained = match observed {
+                Some(seen) => seen == server || server == Lifecycle::Interrupted,
+                None => matches!(
+                    server,
+                    Lifecycle::Expired
+                        | Lifecycle::Rejected
+                        | Lifecycle::Cancelled
+                        | Lifecycle::Interrupted
+                ),
+            };
+            // a server-decided interruption (stale server, client state
+            // loss) has its incident; one the client reported is its own
+            if server == Lifecycle::Interrupted
+                && observed != Some(Lifecycle::Interrupted)
+                && !has_incident(engine.store(), id)
+            {
+                problems.push(format!(
+                    "{} interrupted without an incident",
+                    crate::rng::uuid_text(id)
+                ));
+            } else if !explained {
+                problems.push(format!(
+                    "{} is {} on the server, the client reported {}",
+                    crate::rng::uuid_text(id),
+                    server.as_str(),
+                    observed.map_or("nothing", |l| l.as_str())
+                ));
+            }
+        }
+        self.add("agreement commands_checked", self.created_ids.len() as u64);
+        if let Some(first) = problems.first()
+            && self.failure.is_none()
+        {
+            self.failure = Some(format!(
+                "agreement: {} command(s) disagree, first: {first}",
+                problems.len()
+            ));
+        }
+    }
+
     /// An honest client's session is never closed as a protocol violation
     /// or for a store that is unavailable: the simulated store has no
     /// faults but crashes, so either is a server bug (conventions rule 16:
     /// a server that is safe because it refuses everyone fails the run).
     fn check_honest_close(&mut self, conn: u64, reason: wire::CloseReason) {
-        if !matches!(
-            reason,
-            wire::CloseReason::ProtocolError | wire::CloseReason::StorageUnavailable
-        ) {
-            return;
-        }
         let slot = self
             .net
             .connections()
@@ -537,6 +623,24 @@ impl World {
             .clients
             .get(usize::try_from(slot.0).unwrap_or(usize::MAX))
             .is_some_and(|c| c.config().adversary.is_none());
+        if honest && self.calm {
+            let n = self.calm_closes.entry(slot.0).or_default();
+            *n += 1;
+            if *n > CALM_TAIL_CLOSES && self.failure.is_none() {
+                self.failure = Some(format!(
+                    "liveness: honest client {} closed {} times in the calm tail (last {})",
+                    slot.0,
+                    *n,
+                    reason.as_str_name()
+                ));
+            }
+        }
+        if !matches!(
+            reason,
+            wire::CloseReason::ProtocolError | wire::CloseReason::StorageUnavailable
+        ) {
+            return;
+        }
         if honest && self.failure.is_none() {
             self.failure = Some(format!(
                 "honest client {} closed with {} (c{conn})",
@@ -1291,7 +1395,46 @@ impl World {
                 self.inject_fault();
                 self.next_fault_at = self.now.saturating_add(2_000 + self.faults.below(8_000));
             }
+            if self.created >= self.config.commands && !self.calm {
+                // the calm tail: faults stop, every client stays reachable
+                self.calm = true;
+                self.calm_from = self.now;
+                self.net.set_config(crate::net::NetConfig::calm());
+                self.log("CALM tail begins".into());
+                // and the server's clock is put right (as time sync would):
+                // a queue expiry is decided on it
+                if self.wall_offset != 0 {
+                    self.log(format!("WALL CLOCK corrected by {} ms", -self.wall_offset));
+                    self.wall_offset = 0;
+                }
+            }
             if self.all_done() {
+                self.check_agreement();
+                break;
+            }
+            if self.calm && self.now > self.calm_from.saturating_add(CALM_TAIL_MS) {
+                let stuck: Vec<String> = self
+                    .created_ids
+                    .iter()
+                    .filter_map(|id| {
+                        let v = self.server.engine.as_ref()?.command(id).ok()?;
+                        (!v.lifecycle.is_terminal()).then(|| {
+                            format!(
+                                "{} {} on {} (revision {})",
+                                crate::rng::uuid_text(id),
+                                v.lifecycle.as_str(),
+                                v.client_id,
+                                v.revision
+                            )
+                        })
+                    })
+                    .collect();
+                self.failure = Some(format!(
+                    "liveness: {} of {} commands not terminal {CALM_TAIL_MS} ms into the calm tail: {}",
+                    stuck.len(),
+                    self.created,
+                    stuck.join("; ")
+                ));
                 break;
             }
             if self.now > self.config.workload_ms.saturating_add(DRAIN_MS) {

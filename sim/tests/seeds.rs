@@ -60,6 +60,7 @@ const MUST_HAPPEN: &[&str] = &[
     "crash_with ops_queued",
     "crash_with completions_undelivered",
     "executor appends_grouped",
+    "agreement commands_checked",
 ];
 
 #[test]

@@ -24,6 +24,8 @@ pub(crate) struct Conn {
     pub(crate) session_key: Option<[u8; 16]>,
     pub(crate) generation: u64,
     pub(crate) round: u64,
+    /// Rounds restarted in a row because their decisions met changed rows.
+    pub(crate) stale_rounds: u32,
     pub(crate) assembler: Option<SnapshotAssembler>,
     pub(crate) rows: Vec<ServerCommand>,
     /// Script uploads in progress on this connection (plan §7.3).
@@ -102,6 +104,7 @@ impl ServerCore {
                         session_key: None,
                         generation: 0,
                         round: 0,
+                        stale_rounds: 0,
                         assembler: None,
                         rows: Vec::new(),
                         uploads: Uploads::default(),

@@ -56,6 +56,7 @@ pub use ingest::{
     GROUP_MAX_BYTES, GROUP_MAX_EVENTS, GROUPS_IN_FLIGHT, INGEST_QUANTUM_BYTES,
     INGEST_QUEUE_PER_CONNECTION, IngestQueue, Queued,
 };
+pub use reconcile::MAX_STALE_ROUNDS;
 pub use signals::signal_plan;
 
 use connections::{ClientState, Conn};
@@ -289,6 +290,9 @@ pub struct EngineStats {
     pub ingest_queue_full: u64,
     /// Times the ingress gate closed or opened.
     pub gate_changes: u64,
+    /// Reconciliation rounds started again because their decisions met
+    /// rows that had changed since the request.
+    pub rounds_restarted: u64,
     /// Sessions closed because their control lane was full.
     pub control_lane_full: u64,
     /// Data frames refused by a full data lane after the room check (never

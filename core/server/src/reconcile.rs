@@ -18,7 +18,12 @@ use rvbox_reconcile::{
 use rvbox_session::Input as SessionInput;
 use rvbox_store_port::commands::ReconcileWrite;
 use rvbox_store_port::incidents::NewIncident;
-use rvbox_store_port::ops::{Completion, OpResult, StoreOp};
+use rvbox_store_port::ops::{Completion, OpResult, PortError, StoreOp};
+
+/// Rounds in a row a session may restart because their decisions met
+/// changed rows before it is closed (`STORAGE_UNAVAILABLE`): the rows of
+/// an honest client change only as fast as operators act on them.
+pub const MAX_STALE_ROUNDS: u32 = 4;
 
 use crate::connections::ConnId;
 use crate::{Pending as Any, ServerCore, convert, signals};
@@ -146,6 +151,30 @@ impl ServerCore {
                     Ok(_) => {
                         self.mismatch("apply_reconciliation");
                         self.close(conn, wire::CloseReason::StorageUnavailable);
+                    }
+                    Err(PortError::Refused(e))
+                        if self
+                            .conns
+                            .get(&conn)
+                            .is_some_and(|c| c.stale_rounds < MAX_STALE_ROUNDS) =>
+                    {
+                        // nothing was written: the rows changed since the
+                        // request (a signal raised a revision, a command
+                        // ended); a new round starts from the state as it
+                        // is now
+                        self.stats.stale_decisions += 1;
+                        self.stats.rounds_restarted += 1;
+                        tracing::info!(error = %e, "reconciliation decided on stale rows; a new round starts");
+                        let generation = self.conns.get_mut(&conn).map_or(0, |c| {
+                            c.stale_rounds += 1;
+                            c.generation
+                        });
+                        if let Some(client) = self.client_of(conn) {
+                            self.store(
+                                StoreOp::NonTerminalCommands { client_id: client },
+                                Any::Reconcile(Pending::Rows { conn, generation }),
+                            );
+                        }
                     }
                     Err(e) => {
                         // nothing was written; the client reconnects and a
@@ -275,6 +304,9 @@ impl ServerCore {
 
     fn round_written(&mut self, conn: ConnId, outcome: &Outcome) {
         self.stats.reconciled += 1;
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.stale_rounds = 0;
+        }
         let Some(client) = self.client_of(conn) else {
             return;
         };
