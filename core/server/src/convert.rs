@@ -6,6 +6,7 @@ use rvbox_domain::error::{Code, DomainError};
 use rvbox_domain::hash::RequestHash;
 use rvbox_domain::ids::{InstanceId, Uuid7};
 use rvbox_domain::lifecycle::{CommandState, Lifecycle, Phase, Revision};
+use rvbox_domain::limits::MAX_REASON_BYTES;
 use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::command_event::Body;
 use rvbox_reconcile::{ServerCommand, ServerKnown, Source};
@@ -139,7 +140,19 @@ fn observed_ms(t: Option<&prost_types::Timestamp>) -> i64 {
 pub fn event_append(ev: &wire::CommandEvent) -> Result<EventAppend, DomainError> {
     let issue =
         Uuid7::parse("command_event.issue_uuid", &ev.issue_uuid).map_err(DomainError::from)?;
+    check_reason(ev)?;
     let body = match &ev.body {
+        Some(Body::Output(o)) if u64::from(o.stored_length) != o.payload.len() as u64 => {
+            return Err(DomainError::new(
+                Code::ProtocolError,
+                format!(
+                    "output stored_length {} but the payload has {} bytes",
+                    o.stored_length,
+                    o.payload.len()
+                ),
+            )
+            .with_field("command_event.output.stored_length"));
+        }
         Some(Body::Output(o)) => EventBody::Output {
             stream: match o.stream {
                 1 => Stream::Stdout,
@@ -185,6 +198,29 @@ pub fn event_append(ev: &wire::CommandEvent) -> Result<EventAppend, DomainError>
     })
 }
 
+/// Reason text inside an event body is bounded (plan §4.3: 4 KiB).
+fn check_reason(ev: &wire::CommandEvent) -> Result<(), DomainError> {
+    let (field, reason) = match &ev.body {
+        Some(Body::Lifecycle(b)) => ("command_event.lifecycle.reason", &b.reason),
+        Some(Body::Truncation(b)) => ("command_event.truncation.reason", &b.reason),
+        Some(Body::Incomplete(b)) => ("command_event.incomplete.reason", &b.reason),
+        Some(Body::SignalResult(b)) => ("command_event.signal_result.reason", &b.reason),
+        Some(Body::StdinAck(b)) => ("command_event.stdin_ack.reason", &b.reason),
+        _ => return Ok(()),
+    };
+    if reason.len() as u64 > MAX_REASON_BYTES {
+        return Err(DomainError::new(
+            Code::ProtocolError,
+            format!(
+                "reason of {} bytes exceeds {MAX_REASON_BYTES}",
+                reason.len()
+            ),
+        )
+        .with_field(field));
+    }
+    Ok(())
+}
+
 fn other(kind: u8, encoded: Vec<u8>) -> EventBody {
     EventBody::Other { kind, encoded }
 }
@@ -206,5 +242,62 @@ pub(crate) fn dispatch_frame(
             seconds: ms.div_euclid(1000),
             nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(body: Body) -> wire::CommandEvent {
+        wire::CommandEvent {
+            issue_uuid: "01a3185c-5000-7663-a2e9-348cca6cee29".into(),
+            event_seq: 2,
+            observed_time: None,
+            body: Some(body),
+        }
+    }
+
+    #[test]
+    fn a_stored_length_that_is_not_the_payload_length_is_refused_naming_the_field() {
+        let e = event_append(&ev(Body::Output(wire::OutputChunk {
+            stream: 1,
+            raw_length: 10,
+            stored_length: 11,
+            payload: vec![0; 10],
+        })))
+        .unwrap_err();
+        assert_eq!(e.code(), Code::ProtocolError);
+        assert_eq!(e.field(), "command_event.output.stored_length");
+        assert!(
+            event_append(&ev(Body::Output(wire::OutputChunk {
+                stream: 1,
+                raw_length: 10,
+                stored_length: 10,
+                payload: vec![0; 10],
+            })))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn reason_text_is_capped_at_four_kib() {
+        let change = |n: usize| {
+            ev(Body::Lifecycle(wire::LifecycleChange {
+                lifecycle: wire::Lifecycle::Failed as i32,
+                revision: 1,
+                exit_result: None,
+                reason: "x".repeat(n),
+            }))
+        };
+        assert!(event_append(&change(4096)).is_ok());
+        let e = event_append(&change(4097)).unwrap_err();
+        assert_eq!(e.field(), "command_event.lifecycle.reason");
+        let e = event_append(&ev(Body::SignalResult(wire::SignalResult {
+            reason: "y".repeat(5000),
+            ..Default::default()
+        })))
+        .unwrap_err();
+        assert_eq!(e.field(), "command_event.signal_result.reason");
     }
 }

@@ -1029,6 +1029,10 @@ impl Session {
                 AuditKind::StorageUnavailable,
             ),
             Code::Internal => (CloseReason::InternalError, AuditKind::InternalError),
+            // plan §5.4: quota pressure is transient; nothing was
+            // acknowledged, and the client's spool sends the event again
+            // after a reconnect, once retention made room
+            Code::QuotaExceeded => (CloseReason::IngressOverload, AuditKind::IngressOverload),
             _ => (CloseReason::ProtocolError, AuditKind::ProtocolError),
         };
         let wire_error = error.clone().with_issue(issue);

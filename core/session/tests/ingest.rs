@@ -308,3 +308,15 @@ fn storage_unavailable_refusal_closes_retryably() {
     });
     assert_eq!(closes(&fx), vec![CloseReason::StorageUnavailable]);
 }
+
+#[test]
+fn a_quota_refusal_is_transient_never_a_protocol_error() {
+    let mut h = Harness::ready(1);
+    h.event(output_event(ISSUE_1, 1, 1));
+    let fx = h.input(Input::EventRefused {
+        issue: issue(ISSUE_1),
+        event_seq: 1,
+        error: DomainError::new(Code::QuotaExceeded, "the client tier is full"),
+    });
+    assert_eq!(closes(&fx), vec![CloseReason::IngressOverload]);
+}

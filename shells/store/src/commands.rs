@@ -504,8 +504,15 @@ impl Store {
                 } => {
                     let view = load_view(&tx, &issue)?;
                     expect(&view, &[view.lifecycle], revision)?;
+                    // R-6.4-34: a queued row the client holds walks
+                    // through dispatched (the server never learned of the
+                    // dispatch's answer), then as far as the client is
                     let mut at = view.lifecycle;
-                    for step in [Lifecycle::Accepted, Lifecycle::Running] {
+                    for step in [
+                        Lifecycle::Dispatched,
+                        Lifecycle::Accepted,
+                        Lifecycle::Running,
+                    ] {
                         if at == to {
                             break;
                         }

@@ -463,3 +463,51 @@ fn a_requeued_command_past_its_expiry_is_expired_not_left_pending() {
         vec![id]
     );
 }
+
+#[test]
+fn a_queued_row_the_client_holds_advances_through_dispatched_with_its_incident() {
+    // R-6.4-34: the server requeued a command whose acceptance it never
+    // learned; the client's snapshot holds it accepted or running
+    use rvbox_store::commands::ReconcileWrite;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let to_accepted = queued(&mut s, "web-1", NOW, None);
+    let to_running = queued(&mut s, "web-1", NOW, None);
+    let incident = NewIncident {
+        kind: wire::IncidentKind::ReconciliationContradiction,
+        scope_kind: wire::ScopeKind::Command,
+        scope_key: text(&to_running),
+        client_id: Some("web-1".into()),
+        issue_uuid: Some(to_running),
+        summary: "queued on the server, running on the client".into(),
+        evidence: Vec::new(),
+        data_loss: false,
+    };
+    let writes = [
+        ReconcileWrite::Advance {
+            issue: to_accepted,
+            revision: 1,
+            to: Lifecycle::Accepted,
+        },
+        ReconcileWrite::Advance {
+            issue: to_running,
+            revision: 1,
+            to: Lifecycle::Running,
+        },
+    ];
+    s.apply_reconciliation("web-1", &writes, std::slice::from_ref(&incident), NOW)
+        .unwrap();
+    assert_eq!(
+        s.command_view(&to_accepted).unwrap().lifecycle,
+        Lifecycle::Accepted
+    );
+    assert_eq!(
+        s.command_view(&to_running).unwrap().lifecycle,
+        Lifecycle::Running
+    );
+    let open = s.list_incidents(None, None, 10).unwrap();
+    assert!(
+        open.iter().any(|i| i.issue_uuid == Some(to_running)),
+        "the contradiction incident commits with the round"
+    );
+}
