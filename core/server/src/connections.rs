@@ -338,15 +338,17 @@ impl ServerCore {
                 Pending::Background("close_session"),
             );
         }
+        // a client's dispatch state lives only as long as its live
+        // connection: the map holds at most one entry per connection, and
+        // whatever a reconnect needs is in the store (its reconciliation
+        // starts from there; a transient backoff starts over)
         if let Some(client) = c.client
-            && let Some(st) = self.clients.get_mut(&client)
-            && st.conn == Some(conn)
+            && self
+                .clients
+                .get(&client)
+                .is_some_and(|st| st.conn == Some(conn))
         {
-            st.conn = None;
-            st.ready = false;
-            st.capacity.close();
-            st.in_flight.clear();
-            st.dispatching.clear();
+            self.clients.remove(&client);
             self.ready.remove(&client);
         }
     }

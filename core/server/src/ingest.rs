@@ -225,7 +225,9 @@ impl ServerCore {
                 let Some(client) = self.client_of(conn) else {
                     return;
                 };
-                let st = self.clients.entry(client.clone()).or_default();
+                let Some(st) = self.clients.get_mut(&client) else {
+                    return;
+                };
                 match st.capacity.apply_report(&cap) {
                     Ok(_) => self.mark_ready(&client),
                     Err(e) => {

@@ -387,6 +387,12 @@ impl ServerCore {
         self.conns.len()
     }
 
+    /// Clients with dispatch state (at most one per open connection).
+    #[must_use]
+    pub fn tracked_clients(&self) -> usize {
+        self.clients.len()
+    }
+
     /// Store operations issued and not yet completed.
     #[must_use]
     pub fn pending_ops(&self) -> usize {
@@ -466,6 +472,40 @@ impl ServerCore {
         self.dispatch_pass();
         self.pump_ingest();
         self.drain_sessions();
+        #[cfg(debug_assertions)]
+        self.check_invariants();
+    }
+
+    /// The core's own invariants, asserted after every input in debug
+    /// builds (the simulator's `cargo test` batch runs them), so a seed
+    /// that breaks one fails at the cause.
+    #[cfg(debug_assertions)]
+    fn check_invariants(&self) {
+        debug_assert!(self.pending.len() <= MAX_PENDING_OPS);
+        debug_assert!(self.groups_in_flight <= ingest::GROUPS_IN_FLIGHT);
+        debug_assert!(self.dirty.is_empty(), "every session effect was performed");
+        debug_assert!(self.clients.len() <= self.conns.len());
+        for (client, st) in &self.clients {
+            let live = st.conn.and_then(|c| self.conns.get(&c));
+            debug_assert!(
+                live.is_some_and(|c| c.client.as_deref() == Some(client.as_str())),
+                "a client's dispatch state belongs to its live connection"
+            );
+            debug_assert!(
+                st.in_flight.keys().all(|i| st.capacity.holds(*i)),
+                "a command in flight holds its capacity slot"
+            );
+        }
+        for c in self.conns.values() {
+            debug_assert!(c.writer_credit <= connections::WRITER_WINDOW);
+            debug_assert!(c.uploads.in_flight() <= upload::SCRIPT_SESSION_WINDOW_BYTES);
+        }
+        let ingest_groups = self
+            .pending
+            .values()
+            .filter(|p| matches!(p, Pending::Ingest(_)))
+            .count();
+        debug_assert_eq!(ingest_groups, self.groups_in_flight);
     }
 
     /// Replaces the ingress gate's watermarks (plan §4.3 defaults
