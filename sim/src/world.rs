@@ -781,6 +781,10 @@ impl World {
             ("engine data_lane_waits", stats.data_lane_waits),
             ("engine ingest_queue_full", stats.ingest_queue_full),
             ("engine gate_changes", stats.gate_changes),
+            ("engine maintenance_passes", stats.maintenance_passes),
+            ("engine evicted", stats.evicted),
+            ("engine rotations", stats.rotations),
+            ("engine rounds_restarted", stats.rounds_restarted),
         ] {
             self.add(k, v);
         }

@@ -61,6 +61,7 @@ const MUST_HAPPEN: &[&str] = &[
     "crash_with completions_undelivered",
     "executor appends_grouped",
     "agreement commands_checked",
+    "engine maintenance_passes",
 ];
 
 #[test]

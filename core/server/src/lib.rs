@@ -48,7 +48,7 @@ use rvbox_dispatch::{ReadyQueue, RetryPolicy};
 use rvbox_proto::v1 as wire;
 use rvbox_session::SessionConfig;
 use rvbox_store_port::entropy::Entropy;
-use rvbox_store_port::ops::{OpResult, OpToken, PortError, StoreOp};
+use rvbox_store_port::ops::{Completion, OpResult, OpToken, PortError, StoreOp};
 
 pub use connections::{ConnId, WRITER_WINDOW};
 pub use convert::{event_append, knowledge, phase_of, state_of, uuid_text};
@@ -70,6 +70,10 @@ pub const EXPIRY_BATCH: usize = 256;
 /// Queue expiry is decided at most this often (the TTL has second
 /// resolution; the pass reads an index).
 pub const EXPIRY_INTERVAL_MS: u64 = 1_000;
+/// A retention and maintenance pass runs this often (plan §5.4: rotation,
+/// quota and age eviction, the tombstone FIFO, pending deletions and audit
+/// rotation are the maintenance worker's, never the receive path's).
+pub const MAINTENANCE_INTERVAL_MS: u64 = 60_000;
 /// Most store operations in flight at once. A connection's own operations
 /// are bounded by its session windows; this bounds them all, and an input
 /// that would need more closes its connection (`INGRESS_OVERLOAD`)
@@ -290,6 +294,12 @@ pub struct EngineStats {
     pub ingest_queue_full: u64,
     /// Times the ingress gate closed or opened.
     pub gate_changes: u64,
+    /// Maintenance passes completed.
+    pub maintenance_passes: u64,
+    /// Whole commands evicted by maintenance (quota or age).
+    pub evicted: u64,
+    /// Output rotations applied by maintenance.
+    pub rotations: u64,
     /// Reconciliation rounds started again because their decisions met
     /// rows that had changed since the request.
     pub rounds_restarted: u64,
@@ -314,6 +324,8 @@ enum Pending {
     Upload(upload::Pending),
     /// A write whose outcome changes nothing but a log line and a counter.
     Background(&'static str),
+    /// A maintenance pass.
+    Maintenance,
 }
 
 /// The server core (see the crate docs).
@@ -344,6 +356,10 @@ pub struct ServerCore {
     last_expiry_ms: Option<u64>,
     /// An expiry read is in flight.
     expiry_running: bool,
+    /// Monotonic time of the last maintenance pass.
+    last_maintenance_ms: Option<u64>,
+    /// A maintenance pass is in flight.
+    maintenance_running: bool,
     now_ms: u64,
     wall_ms: i64,
 }
@@ -370,6 +386,8 @@ impl ServerCore {
             stats: EngineStats::default(),
             last_expiry_ms: None,
             expiry_running: false,
+            last_maintenance_ms: None,
+            maintenance_running: false,
             now_ms: 0,
             wall_ms: 0,
         }
@@ -431,7 +449,18 @@ impl ServerCore {
                 let wait = u64::try_from(w.saturating_sub(self.wall_ms)).unwrap_or(0);
                 self.now_ms.saturating_add(wait)
             });
-        [sessions, expiry, wake].into_iter().flatten().min()
+        let maintenance = if self.maintenance_running {
+            None
+        } else {
+            Some(
+                self.last_maintenance_ms
+                    .map_or(self.now_ms, |t| t.saturating_add(MAINTENANCE_INTERVAL_MS)),
+            )
+        };
+        [sessions, expiry, wake, maintenance]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Handles one input at monotonic `now_ms` and wall-clock `wall_ms`.
@@ -554,6 +583,14 @@ impl ServerCore {
                 Pending::Dispatch(dispatch::Pending::ExpiryDue),
             );
         }
+        if !self.maintenance_running
+            && self
+                .last_maintenance_ms
+                .is_none_or(|t| now >= t.saturating_add(MAINTENANCE_INTERVAL_MS))
+        {
+            self.last_maintenance_ms = Some(now);
+            self.maintenance_running = self.store(StoreOp::Maintain, Pending::Maintenance);
+        }
         self.wake_backoffs();
     }
 
@@ -621,6 +658,25 @@ impl ServerCore {
             Pending::Ingest(p) => self.ingest_done(p, result),
             Pending::Signal(p) => self.signal_done(p, result),
             Pending::Upload(p) => self.upload_done(p, result),
+            Pending::Maintenance => {
+                self.maintenance_running = false;
+                match result {
+                    Ok(Completion::Maintained(r)) => {
+                        self.stats.maintenance_passes += 1;
+                        self.stats.evicted += r.evicted_quota + r.evicted_aged;
+                        self.stats.rotations += r.rotations;
+                        tracing::debug!(
+                            rotations = r.rotations,
+                            evicted_quota = r.evicted_quota,
+                            evicted_aged = r.evicted_aged,
+                            evictions_failed = r.evictions_failed,
+                            "maintenance pass"
+                        );
+                    }
+                    Ok(_) => self.mismatch("maintain"),
+                    Err(e) => tracing::error!(error = %e, "maintenance pass failed"),
+                }
+            }
             Pending::Background(what) => {
                 if let Err(e) = result {
                     self.stats.stale_decisions += 1;

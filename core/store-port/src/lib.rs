@@ -15,6 +15,7 @@ pub mod commands;
 pub mod entropy;
 pub mod events;
 pub mod incidents;
+pub mod maintenance;
 pub mod ops;
 pub mod sessions;
 pub mod signals;

@@ -184,6 +184,10 @@ pub enum StoreOp {
     },
     /// `RunCommand`, idempotent by `request_id`. -> [`Completion::RunCommand`]
     RunCommand(wire::RunCommandRequest),
+    /// One retention and maintenance pass (plan §5.4: rotation, quota and
+    /// age eviction, the tombstone FIFO, pending deletions, audit
+    /// rotation). -> [`Completion::Maintained`]
+    Maintain,
 }
 
 impl StoreOp {
@@ -214,6 +218,7 @@ impl StoreOp {
             Self::ScriptInfo { .. } => "script_info",
             Self::ScriptRange { .. } => "script_range",
             Self::RunCommand(_) => "run_command",
+            Self::Maintain => "maintain",
         }
     }
 
@@ -274,6 +279,8 @@ pub enum Completion {
     ScriptBytes(Vec<u8>),
     /// [`StoreOp::RunCommand`].
     RunCommand(wire::RunCommandResponse),
+    /// [`StoreOp::Maintain`].
+    Maintained(crate::maintenance::MaintenanceReport),
 }
 
 /// Why an operation did not happen. Either way nothing of it committed.

@@ -300,6 +300,10 @@ impl Executor {
                 .run_command(&req, wall_ms)
                 .map(Completion::RunCommand)
                 .map_err(port),
+            StoreOp::Maintain => s
+                .maintain(wall_ms)
+                .map(Completion::Maintained)
+                .map_err(port_store),
         }
     }
 }

@@ -1,0 +1,31 @@
+//! What one retention and maintenance pass did (plan §5.4).
+
+/// What one maintenance pass did (counters only; no payload, no paths).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MaintenanceReport {
+    /// Oldest resolved incidents deleted beyond the kept number.
+    pub incidents_trimmed: u64,
+    /// Stale evictions rolled forward by the sweeper.
+    pub rolled_forward: u64,
+    /// Pending file deletions completed by the sweeper.
+    pub files_swept: u64,
+    /// Output rotations applied (window/total due, and pressure).
+    pub rotations: u64,
+    /// Of those, pressure rotations of active commands.
+    pub pressure_rotations: u64,
+    /// Whole commands evicted under a quota tier.
+    pub evicted_quota: u64,
+    /// Whole commands reclaimed by terminal age.
+    pub evicted_aged: u64,
+    /// Evictions that failed (each has a `FAILED_EVICTION` incident).
+    pub evictions_failed: u64,
+    /// Candidates skipped because an unresolved incident concerns them.
+    pub skipped_dirty: u64,
+    /// Charged bytes still missing under a client tier after everything
+    /// (new unreserved data is refused until it is freed).
+    pub owner_shortfall: u64,
+    /// Charged bytes still missing under the server-wide tier.
+    pub global_shortfall: u64,
+    /// Audit segments rotated.
+    pub audit_rotated: u64,
+}
