@@ -18,8 +18,6 @@
 )]
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::Write;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -33,78 +31,17 @@ use rvbox_proto::v1::envelope::Payload;
 use rvbox_server_core::{ControlCall, Input, Output, RequestId, ServerCore};
 use rvbox_session::{ServerIdentity, SessionConfig};
 use rvbox_store::entropy::{OsEntropy, uuid_v7};
-use rvbox_store::fs::RealFs;
-use rvbox_store::layout::Layout;
-use rvbox_store::{Store, StoreOptions};
 use rvbox_store_port::ops::{OpResult, OpToken};
+
+#[path = "../../store/benches/common/mod.rs"]
+mod common;
+
+use common::{noise, now_ms, open, probe};
 
 /// Events each client keeps sent and unacknowledged.
 const IN_FLIGHT: u64 = 8;
 /// A ping every this often during the 1 KiB runs.
 const PING_EVERY: Duration = Duration::from_millis(2);
-
-fn now_ms() -> i64 {
-    i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
-}
-
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x & 0xff) as u8
-        })
-        .collect()
-}
-
-fn open(dir: &Path) -> Store {
-    let mut tiers = rvbox_retention::Tiers::server_defaults();
-    tiers.free_space_floor = 0;
-    let opts = StoreOptions {
-        tiers,
-        ..StoreOptions::default()
-    };
-    let mut s = Store::open(
-        Layout::new(dir),
-        Arc::new(RealFs),
-        Arc::new(OsEntropy),
-        opts,
-        now_ms(),
-    )
-    .unwrap();
-    s.recover(now_ms()).unwrap();
-    s
-}
-
-/// Raw durable writes per second: append `len` bytes and `fdatasync`.
-fn probe(dir: &Path, len: usize, for_: Duration) -> f64 {
-    let path = dir.join("probe");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .unwrap();
-    let buf = noise(7, len);
-    let start = Instant::now();
-    let mut n = 0u64;
-    while start.elapsed() < for_ {
-        f.write_all(&buf).unwrap();
-        f.sync_data().unwrap();
-        n += 1;
-    }
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    drop(f);
-    std::fs::remove_file(&path).unwrap();
-    rate
-}
 
 fn envelope(session: &(String, u64), p: Payload) -> Vec<u8> {
     wire::Envelope {

@@ -14,63 +14,21 @@
     clippy::indexing_slicing
 )]
 
-use std::io::Write;
-use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rvbox_domain::lifecycle::Lifecycle;
 use rvbox_proto::v1 as wire;
 use rvbox_segment::{Compression, Stream};
+use rvbox_store::Store;
 use rvbox_store::entropy::{OsEntropy, uuid_v7};
 use rvbox_store::events::{EventAppend, EventBody, EventOutcome};
-use rvbox_store::fs::RealFs;
 use rvbox_store::group::{GroupCommitter, GroupOptions};
-use rvbox_store::layout::Layout;
-use rvbox_store::{Store, StoreOptions};
+
+mod common;
+
+use common::{noise, now_ms, open, probe};
 
 const WRITERS: usize = 64;
-
-fn now_ms() -> i64 {
-    i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
-}
-
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x & 0xff) as u8
-        })
-        .collect()
-}
-
-fn open(dir: &Path) -> Store {
-    let mut tiers = rvbox_retention::Tiers::server_defaults();
-    tiers.free_space_floor = 0;
-    let opts = StoreOptions {
-        tiers,
-        ..StoreOptions::default()
-    };
-    let mut s = Store::open(
-        Layout::new(dir),
-        Arc::new(RealFs),
-        Arc::new(OsEntropy),
-        opts,
-        now_ms(),
-    )
-    .unwrap();
-    s.recover(now_ms()).unwrap();
-    s
-}
 
 fn running(s: &mut Store, client: &str) -> [u8; 16] {
     let id = uuid_v7(&OsEntropy, now_ms()).unwrap();
@@ -114,29 +72,6 @@ fn event(id: [u8; 16], seq: u64, payload: &(u32, Vec<u8>)) -> EventAppend {
             stored: payload.1.clone(),
         },
     }
-}
-
-/// Raw durable writes per second: append `len` bytes and `fdatasync`, the
-/// floor under any durable event rate on this disk right now.
-fn probe(dir: &Path, len: usize, for_: Duration) -> f64 {
-    let path = dir.join("probe");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .unwrap();
-    let buf = noise(7, len);
-    let start = Instant::now();
-    let mut n = 0u64;
-    while start.elapsed() < for_ {
-        f.write_all(&buf).unwrap();
-        f.sync_data().unwrap();
-        n += 1;
-    }
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    drop(f);
-    std::fs::remove_file(&path).unwrap();
-    rate
 }
 
 /// One event per append call: one fsync per segment write plus one SQLite
