@@ -814,6 +814,9 @@ struct Volatile {
     sent_upto: BTreeMap<Uuid7, u64>,
     last_capacity: Option<(u32, u32)>,
     misbehaved: bool,
+    /// The first frame of this session's misbehaviour, until the world
+    /// takes it to check the server's answer.
+    misbehaviour: Option<(ConnId, Adversary, Vec<u8>)>,
     last_sent: Option<wire::CommandEvent>,
     largest_sent: Option<(u64, wire::CommandEvent)>,
     /// Script windows on this connection: per command, the largest prefix
@@ -836,6 +839,7 @@ impl Volatile {
             sent_upto: BTreeMap::new(),
             last_capacity: None,
             misbehaved: false,
+            misbehaviour: None,
             last_sent: None,
             largest_sent: None,
             script_window: BTreeMap::new(),
@@ -2720,6 +2724,7 @@ impl SimClient {
         if !self.rng.chance(self.config.adversary_permille) {
             return;
         }
+        let before = self.vol.effects.len();
         let done = match kind {
             Adversary::StaleGeneration => {
                 let env = wire::Envelope {
@@ -2771,7 +2776,21 @@ impl SimClient {
         if done {
             self.vol.misbehaved = true;
             self.counters.misbehaviours = self.counters.misbehaviours.saturating_add(1);
+            if let Some(ClientEffect::Send {
+                item: Item::Binary(bytes),
+                ..
+            }) = self.vol.effects.get(before)
+            {
+                self.vol.misbehaviour = Some((conn, kind, bytes.clone()));
+            }
         }
+    }
+
+    /// The first frame of a misbehaviour sent since the last call: the
+    /// connection, the kind, and the bytes (the world checks the server's
+    /// answer once that frame reaches it).
+    pub fn take_misbehaviour(&mut self) -> Option<(ConnId, Adversary, Vec<u8>)> {
+        self.vol.misbehaviour.take()
     }
 
     /// The same `(issue, event_seq)` with a different content digest.

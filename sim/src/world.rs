@@ -168,6 +168,13 @@ impl CrashHook for StopAt {
     }
 }
 
+/// Whether the server must close the connection while handling the
+/// adversary's first frame (the others close once a later frame or a
+/// store answer arrives).
+fn adversary_closes_at_once(kind: Adversary) -> bool {
+    matches!(kind, Adversary::StaleGeneration | Adversary::MalformedBytes)
+}
+
 /// Whether an incident names the command.
 fn has_incident(store: &Store, issue: &[u8; 16]) -> bool {
     use rvbox_store::db::Cached as _;
@@ -264,6 +271,11 @@ pub struct World {
     calm_from: u64,
     /// Server closes of each client during the calm tail.
     calm_closes: BTreeMap<u32, u64>,
+    /// Adversary frames sent and not yet delivered, per connection.
+    adversary_sent: BTreeMap<u64, (Adversary, Vec<u8>)>,
+    /// Connections whose adversary frame reached the server: the kind
+    /// whose answer the connection's close must be.
+    adversary_awaiting: BTreeMap<u64, Adversary>,
     failure: Option<String>,
 }
 
@@ -445,6 +457,8 @@ impl World {
             calm: false,
             calm_from: 0,
             calm_closes: BTreeMap::new(),
+            adversary_sent: BTreeMap::new(),
+            adversary_awaiting: BTreeMap::new(),
             failure: None,
         })
     }
@@ -534,12 +548,44 @@ impl World {
                     self.log(format!("s>c{conn} close {}", reason.as_str_name()));
                     self.count(&format!("server_close {}", reason.as_str_name()));
                     self.check_honest_close(conn, reason);
+                    self.check_adversary_answer(conn, reason);
                     let code = rvbox_session::close_code(reason).unwrap_or(1000);
                     let _ =
                         self.net
                             .send(ConnId(conn), Dir::ToClient, Item::Close { code }, self.now);
                 }
             }
+        }
+    }
+
+    /// Every adversary action gets exactly the answer the plan names: a
+    /// stale generation `STALE_SESSION`; malformed bytes `PROTOCOL_ERROR`
+    /// (or `STALE_SESSION` when the noise happens to decode as an envelope
+    /// of another session); a conflicting duplicate event and a window
+    /// overrun `PROTOCOL_ERROR` (the duplicate is refused by the store's
+    /// comparison, so a liveness timeout, a fence or a restart may close
+    /// the session first).
+    fn check_adversary_answer(&mut self, conn: u64, reason: wire::CloseReason) {
+        use wire::CloseReason as R;
+        let Some(kind) = self.adversary_awaiting.remove(&conn) else {
+            return;
+        };
+        let ok = match kind {
+            Adversary::StaleGeneration => reason == R::StaleSession,
+            Adversary::MalformedBytes => matches!(reason, R::ProtocolError | R::StaleSession),
+            Adversary::WindowOverrun => reason == R::ProtocolError,
+            Adversary::ConflictingDuplicate => matches!(
+                reason,
+                R::ProtocolError | R::LivenessTimeout | R::SessionFenced | R::ServiceRestart
+            ),
+            Adversary::SecondInstance => true,
+        };
+        self.count(&format!("adversary answered {kind:?}"));
+        if !ok && self.failure.is_none() {
+            self.failure = Some(format!(
+                "the adversary's {kind:?} on c{conn} was answered with {}",
+                reason.as_str_name()
+            ));
         }
     }
 
@@ -866,7 +912,26 @@ impl World {
                     NetEvent::Item(Item::Binary(b)) => {
                         let name = payload_name(&b);
                         self.log(format!("c{conn}>s {name} {}B", b.len()));
+                        // the adversary's frame reached the server: its
+                        // answer is checked at the connection's close
+                        if self
+                            .adversary_sent
+                            .get(&conn)
+                            .is_some_and(|(_, sent)| *sent == b)
+                            && let Some((kind, _)) = self.adversary_sent.remove(&conn)
+                        {
+                            self.adversary_awaiting.insert(conn, kind);
+                        }
                         self.with_engine(|e, now, wall| e.frame(now, wall, conn, b));
+                        if let Some(kind) = self.adversary_awaiting.get(&conn).copied()
+                            && adversary_closes_at_once(kind)
+                            && self.server.engine.is_some()
+                            && self.failure.is_none()
+                        {
+                            self.failure = Some(format!(
+                                "the adversary's {kind:?} frame on c{conn} was not answered with a close"
+                            ));
+                        }
                     }
                     NetEvent::Item(Item::Pong) => {
                         self.with_engine(|e, now, wall| e.pong(now, wall, conn));
@@ -927,6 +992,15 @@ impl World {
                             let _ = self.net.send(conn, Dir::ToServer, item, self.now);
                         }
                     }
+                }
+            }
+            for i in 0..self.clients.len() {
+                if let Some((conn, kind, bytes)) = self
+                    .clients
+                    .get_mut(i)
+                    .and_then(SimClient::take_misbehaviour)
+                {
+                    self.adversary_sent.insert(conn.0, (kind, bytes));
                 }
             }
             if !any {

@@ -62,6 +62,9 @@ const MUST_HAPPEN: &[&str] = &[
     "executor appends_grouped",
     "agreement commands_checked",
     "engine maintenance_passes",
+    "adversary answered StaleGeneration",
+    "adversary answered MalformedBytes",
+    "adversary answered ConflictingDuplicate",
 ];
 
 #[test]
