@@ -16,6 +16,7 @@
 //! the caller before the completion it announces reached the core.
 
 mod executor;
+pub mod settings;
 pub mod thread;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -40,6 +41,7 @@ pub use rvbox_server_core::{
     ConnId, DISPATCH_SCAN, EXPIRY_BATCH, EXPIRY_INTERVAL_MS, EngineStats, MAX_CONNECTIONS,
     event_append,
 };
+pub use settings::{ServerSettings, SettingsError, server_settings};
 pub use thread::{CompletionSink, ExecutorThread};
 
 /// Something the caller must do on a connection, in order.
@@ -103,8 +105,15 @@ impl Engine {
     /// An engine over a recovered `store`.
     #[must_use]
     pub fn new(store: Store, entropy: Arc<dyn Entropy>, config: SessionConfig) -> Self {
+        Self::from_core(
+            store,
+            ServerCore::new(entropy, config, RetryPolicy::default()),
+        )
+    }
+
+    fn from_core(store: Store, core: ServerCore) -> Self {
         Self {
-            core: ServerCore::new(entropy, config, RetryPolicy::default()),
+            core,
             exec: Executor::new(store),
             out: VecDeque::new(),
             replies: BTreeMap::new(),
@@ -117,6 +126,23 @@ impl Engine {
             auto_written: true,
             unwritten: Vec::new(),
         }
+    }
+
+    /// An engine over a recovered `store` (opened with
+    /// `settings.store`), with the configured session limits, retry
+    /// backoff and ingress watermarks.
+    ///
+    /// # Errors
+    /// When the ingress watermarks are refused (`low < high` is the
+    /// configuration's own rule).
+    pub fn with_settings(
+        store: Store,
+        entropy: Arc<dyn Entropy>,
+        settings: &ServerSettings,
+    ) -> Result<Self, rvbox_session::GateConfigError> {
+        let mut core = ServerCore::new(entropy, settings.session.clone(), settings.retry);
+        core.set_ingress_watermarks(settings.ingress.0, settings.ingress.1)?;
+        Ok(Self::from_core(store, core))
     }
 
     /// The store (read access for callers and checkers).
