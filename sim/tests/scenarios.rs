@@ -522,16 +522,58 @@ fn same_instance_replacement_fences_the_old_session() {
     let mut s = Script::new();
     s.hello(1, A);
     s.reconcile(1, vec![], 0);
+    let id = s.run_command();
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.accept(1, &d, wire::AcceptOutcome::Positive);
+    s.event(1, &d.issue_uuid, 1, running_body());
+    let old_fields = s.sessions.get(&1).cloned().unwrap();
     s.note("the same instance reconnects (its old socket is half-open)");
     s.advance(1_000);
     s.hello(2, A);
-    s.note("late output on the fenced connection is discarded: that connection is gone");
-    let (sid, _) = ("unknown".to_owned(), 1);
+    let live =
+        s.e.store()
+            .client_record("web-1")
+            .unwrap()
+            .unwrap()
+            .live
+            .unwrap();
+    assert_eq!(live.generation, 2, "the new session is the live one");
+    s.note("late output of the old session, on its old socket and on the new one");
+    let late = wire::CommandEvent {
+        issue_uuid: d.issue_uuid.clone(),
+        event_seq: 2,
+        observed_time: None,
+        body: Some(output_body(b"late")),
+    };
+    let before = s.log.len();
     s.send_as(
         1,
-        &sid,
+        &old_fields.0,
+        old_fields.1,
+        Payload::CommandEvent(late.clone()),
+    );
+    assert_eq!(
+        s.log.len(),
+        before,
+        "the fenced connection is gone: nothing answers on it"
+    );
+    s.send_as(2, &old_fields.0, old_fields.1, Payload::CommandEvent(late));
+    assert!(
+        s.log
+            .last()
+            .is_some_and(|l| l.contains("c2 <- close CLOSE_REASON_STALE_SESSION")),
+        "old session fields on a live connection are stale: {}",
+        s.log.last().unwrap()
+    );
+    assert_eq!(
+        s.e.command(&id).unwrap().last_event_seq,
         1,
-        Payload::ClientCapacity(wire::ClientCapacity::default()),
+        "nothing of the old session was stored after its fence"
+    );
+    assert!(
+        !s.log[before..].iter().any(|l| l.contains("event_ack")),
+        "nothing of the old session was acknowledged"
     );
     insta::assert_snapshot!(s.trace());
 }
@@ -688,29 +730,49 @@ fn complete_reconciliation_of_active_and_terminal_unacknowledged_records_repeats
     let mut s = Script::new();
     s.hello(1, A);
     s.reconcile(1, vec![], 0);
-    let id = s.run_command();
+    let ended = s.run_command();
     s.advance(1);
-    let d = s.dispatched.last().unwrap().clone();
-    s.accept(1, &d, wire::AcceptOutcome::Positive);
-    s.event(1, &d.issue_uuid, 1, running_body());
+    let d1 = s.dispatched.last().unwrap().clone();
+    s.accept(1, &d1, wire::AcceptOutcome::Positive);
+    s.event(1, &d1.issue_uuid, 1, running_body());
+    s.note("the first command ends on the client; its terminal event is not yet sent");
+    s.capacity(1, 0);
+    let active = s.run_command();
+    s.advance(1);
+    let d2 = s.dispatched.last().unwrap().clone();
+    assert_ne!(d1.issue_uuid, d2.issue_uuid);
+    s.accept(1, &d2, wire::AcceptOutcome::Positive);
+    s.event(1, &d2.issue_uuid, 1, running_body());
     s.note("the server loses the connection; the client ran on and holds more");
     s.e.disconnected(s.now, s.wall, 1);
     s.drain();
-    let record = wire::SnapshotRecord {
-        issue_uuid: d.issue_uuid.clone(),
-        request_hash: d.request_hash.clone(),
-        revision: 1,
-        lifecycle: wire::Lifecycle::Running as i32,
-        last_assigned_event_seq: 3,
-        acked_event_seq: 1,
-        script_received_bytes: 0,
-    };
+    let record =
+        |d: &wire::Dispatch, lifecycle: wire::Lifecycle, assigned: u64| wire::SnapshotRecord {
+            issue_uuid: d.issue_uuid.clone(),
+            request_hash: d.request_hash.clone(),
+            revision: 1,
+            lifecycle: lifecycle as i32,
+            last_assigned_event_seq: assigned,
+            acked_event_seq: 1,
+            script_received_bytes: 0,
+        };
+    let records = vec![
+        // terminal on the client, its succeeded event assigned and unacknowledged
+        record(&d1, wire::Lifecycle::Succeeded, 2),
+        // still running, with output the server has not seen
+        record(&d2, wire::Lifecycle::Running, 3),
+    ];
     s.hello(2, A);
-    s.reconcile(2, vec![record.clone()], 1);
+    s.reconcile(2, records.clone(), 1);
     s.note("the result is lost; the same snapshot on the next session gives the same result");
     s.hello(3, A);
-    s.reconcile(3, vec![record], 1);
-    assert_eq!(s.lifecycle(&id), Lifecycle::Running);
+    s.reconcile(3, records, 1);
+    assert_eq!(s.lifecycle(&active), Lifecycle::Running);
+    assert_eq!(
+        s.lifecycle(&ended),
+        Lifecycle::Running,
+        "the terminal event is replayed by the client, not invented by the server"
+    );
     let results: Vec<&String> = s
         .log
         .iter()
@@ -720,6 +782,18 @@ fn complete_reconciliation_of_active_and_terminal_unacknowledged_records_repeats
     assert_eq!(
         results[1].split("reconcile_result").nth(1),
         results[2].split("reconcile_result").nth(1)
+    );
+    for d in [&d1, &d2] {
+        assert!(
+            results[2].contains(&format!("{}@1", short(&d.issue_uuid))),
+            "both records resume from the durable sequence: {}",
+            results[2]
+        );
+    }
+    assert!(
+        results[2].contains("terminate=0 discard=0"),
+        "{}",
+        results[2]
     );
     insta::assert_snapshot!(s.trace());
 }
