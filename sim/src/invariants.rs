@@ -279,6 +279,10 @@ pub struct Checker {
     sweep_after: Option<[u8; 16]>,
     bounds_reported: bool,
     checks: u64,
+    /// The store's tombstone FIFO length: once it is full, a reclaimed
+    /// command may have lost its tombstone too (plan §5.4: the FIFO is
+    /// bounded), and its disappearance is retention, not loss.
+    tombstone_cap: Option<u64>,
 }
 
 impl Default for Checker {
@@ -288,6 +292,11 @@ impl Default for Checker {
 }
 
 impl Checker {
+    /// Tells the checker the store's tombstone FIFO length.
+    pub fn set_tombstone_cap(&mut self, cap: u64) {
+        self.tombstone_cap = Some(cap);
+    }
+
     /// A checker that has seen nothing yet.
     #[must_use]
     pub fn new() -> Self {
@@ -302,6 +311,7 @@ impl Checker {
             sweep_after: None,
             bounds_reported: false,
             checks: 0,
+            tombstone_cap: None,
         }
     }
 
@@ -714,7 +724,18 @@ impl Checker {
                     |r| r.get(0),
                 )
                 .map_err(sql("read tombstones"))?;
-            if !tombstoned {
+            let fifo_full = match self.tombstone_cap {
+                Some(cap) => {
+                    let n: i64 = db
+                        .query_row_cached("SELECT COUNT(*) FROM command_tombstones", [], |r| {
+                            r.get(0)
+                        })
+                        .map_err(sql("count tombstones"))?;
+                    u64::try_from(n).is_ok_and(|n| n >= cap)
+                }
+                None => false,
+            };
+            if !tombstoned && !fifo_full {
                 out.push(Violation {
                     invariant: Invariant::AckedEventDurable,
                     issue_uuid: Some(text),

@@ -221,6 +221,8 @@ fn sim_tempdir() -> Result<tempfile::TempDir, String> {
 }
 
 struct Server {
+    /// The store's quotas are tight (see [`store_options`]).
+    tight: bool,
     dir: tempfile::TempDir,
     fs: FaultyFs,
     engine: Option<Engine>,
@@ -288,25 +290,48 @@ impl std::fmt::Debug for World {
     }
 }
 
-fn store_options() -> StoreOptions {
+/// The store's options; `tight` ones (one faulty seed in four) are small
+/// enough that a run reaches output rotation, quota and age eviction, the
+/// tombstone FIFO and the ingress watermarks.
+fn store_options(tight: bool) -> StoreOptions {
     let mut opts = StoreOptions::default();
     // the free-space floor reads the real disk: keep it out of decisions
     opts.tiers.free_space_floor = 0;
+    if tight {
+        opts.tiers.command_output_window = TIGHT_OUTPUT_WINDOW;
+        opts.tiers.command_total = 2 * 1024 * 1024;
+        opts.tiers.per_owner_total = 3 * 1024 * 1024;
+        opts.tiers.global_total = 6 * 1024 * 1024;
+        opts.tombstone_cap = TIGHT_TOMBSTONES;
+        opts.terminal_retention_ms = 20_000;
+        // segments seal often, so the output window has whole segments to
+        // rotate
+        opts.seal_bytes = 2 * 1024;
+    }
     opts
 }
+
+/// A tight store's per-command output window (the workload's commands
+/// write up to about 8 KB).
+const TIGHT_OUTPUT_WINDOW: u64 = 4 * 1024;
+/// A tight store's tombstone FIFO.
+const TIGHT_TOMBSTONES: u64 = 3;
+/// A tight server's ingress watermarks.
+const TIGHT_INGRESS: (u64, u64) = (4 * 1024, 2 * 1024);
 
 fn open_store(
     dir: &std::path::Path,
     fs: &FaultyFs,
     entropy: &Arc<SeededEntropy>,
     wall: i64,
+    tight: bool,
 ) -> Result<(Store, rvbox_store::recovery::RecoveryReport), String> {
     let fs_dyn: Arc<dyn StoreFs> = Arc::new(fs.clone());
     let mut store = Store::open(
         Layout::new(dir),
         fs_dyn,
         entropy.clone(),
-        store_options(),
+        store_options(tight),
         wall,
     )
     .map_err(|e| format!("store open: {e}"))?;
@@ -314,7 +339,7 @@ fn open_store(
     Ok((store, report))
 }
 
-fn engine_over(store: Store, entropy: &Arc<SeededEntropy>) -> Result<Engine, String> {
+fn engine_over(store: Store, entropy: &Arc<SeededEntropy>, tight: bool) -> Result<Engine, String> {
     let server_id =
         Uuid7::from_bytes("server_id", store.server_id()).map_err(|e| format!("server id: {e}"))?;
     let config = SessionConfig::new(ServerIdentity {
@@ -328,6 +353,11 @@ fn engine_over(store: Store, entropy: &Arc<SeededEntropy>) -> Result<Engine, Str
     engine.set_deferred(true);
     // frames count as written when the client takes them off the wire
     engine.set_auto_written(false);
+    if tight {
+        engine
+            .set_ingress_watermarks(TIGHT_INGRESS.0, TIGHT_INGRESS.1)
+            .map_err(|e| format!("ingress watermarks: {e}"))?;
+    }
     Ok(engine)
 }
 
@@ -397,8 +427,12 @@ impl World {
         let dir = sim_tempdir()?;
         let fs = FaultyFs::new();
         let entropy = Arc::new(SeededEntropy::new(seeds.server()));
-        let (store, _) = open_store(dir.path(), &fs, &entropy, WALL_EPOCH_MS)?;
-        let engine = engine_over(store, &entropy)?;
+        let tight = config.faults
+            && seeds
+                .stream(crate::rng::Stream::Named("retention"))
+                .chance(250);
+        let (store, _) = open_store(dir.path(), &fs, &entropy, WALL_EPOCH_MS, tight)?;
+        let engine = engine_over(store, &entropy, tight)?;
         let mut clients = Vec::new();
         for i in 0..config.clients {
             let mut c = ClientConfig::new(format!("host-{i}"));
@@ -430,6 +464,7 @@ impl World {
             wall_offset: 0,
             net: Net::new(seeds.network(), net_config),
             server: Server {
+                tight,
                 dir,
                 fs,
                 engine: Some(engine),
@@ -438,7 +473,11 @@ impl World {
             clients,
             workload: seeds.workload(),
             faults,
-            checker: Checker::new(),
+            checker: {
+                let mut c = Checker::new();
+                c.set_tombstone_cap(store_options(tight).tombstone_cap);
+                c
+            },
             trace: Vec::new(),
             counters: BTreeMap::new(),
             created: 0,
@@ -776,6 +815,7 @@ impl World {
             &self.server.fs,
             &self.server.entropy,
             wall,
+            self.server.tight,
         ) {
             Ok((store, report)) => {
                 self.add("recovery tail_truncated", report.tails_truncated);
@@ -790,7 +830,7 @@ impl World {
                         report.segments_damaged
                     ));
                 }
-                match engine_over(store, &self.server.entropy) {
+                match engine_over(store, &self.server.entropy, self.server.tight) {
                     Ok(e) => {
                         self.server.engine = Some(e);
                         self.rearm(still_armed);
@@ -801,6 +841,37 @@ impl World {
             Err(e) => self.failure = Some(format!("restart failed: {e}")),
         }
         self.checker_reset_generation();
+    }
+
+    /// What retention did in the run, read from the store at its end; and
+    /// its one bound: the tombstone FIFO never holds more than its cap.
+    fn retention_counters(&mut self) {
+        use rvbox_store::db::Cached as _;
+        let Some(engine) = self.server.engine.as_ref() else {
+            return;
+        };
+        let count = |sql: &str| -> u64 {
+            engine
+                .store()
+                .db()
+                .query_row_cached(sql, [], |r| r.get::<_, i64>(0))
+                .map_or(0, |n| u64::try_from(n).unwrap_or(0))
+        };
+        let tombstones = count("SELECT COUNT(*) FROM command_tombstones");
+        let truncations = count("SELECT COUNT(*) FROM output_truncations");
+        let cap = store_options(self.server.tight).tombstone_cap;
+        if self.server.tight {
+            self.count("retention tight_quotas");
+            if tombstones == cap {
+                self.count("retention tombstone_fifo_full");
+            }
+        }
+        self.add("retention output_truncations", truncations);
+        if tombstones > cap && self.failure.is_none() {
+            self.failure = Some(format!(
+                "{tombstones} tombstones kept, above the FIFO cap {cap}"
+            ));
+        }
     }
 
     /// Adds an engine's counters to the run's: they survive a crash.
@@ -1607,6 +1678,7 @@ impl World {
         ] {
             self.add(k, v);
         }
+        self.retention_counters();
         if let Some((stats, groups)) = self
             .server
             .engine

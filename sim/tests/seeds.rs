@@ -65,6 +65,12 @@ const MUST_HAPPEN: &[&str] = &[
     "adversary answered StaleGeneration",
     "adversary answered MalformedBytes",
     "adversary answered ConflictingDuplicate",
+    "retention tight_quotas",
+    "retention tombstone_fifo_full",
+    "retention output_truncations",
+    "engine evicted",
+    "engine rotations",
+    "engine gate_changes",
 ];
 
 #[test]
