@@ -874,6 +874,26 @@ impl World {
         }
     }
 
+    /// Every created command not yet terminal, described for a failure.
+    fn unfinished(&self) -> Vec<String> {
+        self.created_ids
+            .iter()
+            .filter_map(|id| {
+                let v = self.server.engine.as_ref()?.command(id).ok()?;
+                (!v.lifecycle.is_terminal()).then(|| {
+                    format!(
+                        "{} {} on {} (revision {}, expired_pending {})",
+                        crate::rng::uuid_text(id),
+                        v.lifecycle.as_str(),
+                        v.client_id,
+                        v.revision,
+                        v.expired_pending
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// Adds an engine's counters to the run's: they survive a crash.
     fn absorb_engine_stats(&mut self, stats: &rvbox_engine::EngineStats, groups: (u64, u64)) {
         self.add("executor append_groups", groups.0);
@@ -1562,22 +1582,7 @@ impl World {
                 break;
             }
             if self.calm && self.now > self.calm_from.saturating_add(CALM_TAIL_MS) {
-                let stuck: Vec<String> = self
-                    .created_ids
-                    .iter()
-                    .filter_map(|id| {
-                        let v = self.server.engine.as_ref()?.command(id).ok()?;
-                        (!v.lifecycle.is_terminal()).then(|| {
-                            format!(
-                                "{} {} on {} (revision {})",
-                                crate::rng::uuid_text(id),
-                                v.lifecycle.as_str(),
-                                v.client_id,
-                                v.revision
-                            )
-                        })
-                    })
-                    .collect();
+                let stuck = self.unfinished();
                 self.failure = Some(format!(
                     "liveness: {} of {} commands not terminal {CALM_TAIL_MS} ms into the calm tail: {}",
                     stuck.len(),
@@ -1587,23 +1592,7 @@ impl World {
                 break;
             }
             if self.now > self.config.workload_ms.saturating_add(DRAIN_MS) {
-                let stuck: Vec<String> = self
-                    .created_ids
-                    .iter()
-                    .filter_map(|id| {
-                        let v = self.server.engine.as_ref()?.command(id).ok()?;
-                        (!v.lifecycle.is_terminal()).then(|| {
-                            format!(
-                                "{} {} on {} (revision {}, expired_pending {})",
-                                crate::rng::uuid_text(id),
-                                v.lifecycle.as_str(),
-                                v.client_id,
-                                v.revision,
-                                v.expired_pending
-                            )
-                        })
-                    })
-                    .collect();
+                let stuck = self.unfinished();
                 self.failure = Some(format!(
                     "stuck: {} of {} commands not terminal after {} ms: {}",
                     stuck.len(),

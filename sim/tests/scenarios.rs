@@ -310,6 +310,17 @@ impl Script {
         );
     }
 
+    /// A command dispatched to, accepted by and running on `conn`'s client
+    /// (web-1): its id and its UUID text.
+    fn running_command(&mut self, conn: u64) -> ([u8; 16], String) {
+        let id = self.run_command();
+        self.advance(1);
+        let d = self.dispatched.last().unwrap().clone();
+        self.accept(conn, &d, wire::AcceptOutcome::Positive);
+        self.event(conn, &d.issue_uuid, 1, running_body());
+        (id, d.issue_uuid)
+    }
+
     fn run_command(&mut self) -> [u8; 16] {
         self.run_command_for("web-1")
     }
@@ -1298,12 +1309,7 @@ fn under_load_the_ingress_gate_holds_output_and_a_session_that_cannot_hold_more_
     s.e.set_ingress_watermarks(64 * 1024, 32 * 1024).unwrap();
     s.hello(1, A);
     s.reconcile(1, vec![], 0);
-    let id = s.run_command();
-    s.advance(1);
-    let d = s.dispatched.last().unwrap().clone();
-    s.accept(1, &d, wire::AcceptOutcome::Positive);
-    let issue = rvbox_sim::rng::uuid_text(&id);
-    s.event(1, &issue, 1, running_body());
+    let (_, issue) = s.running_command(1);
     s.note("the store stops completing: admitted output piles up to the high watermark");
     s.e.set_deferred(true);
     let noise: Vec<u8> = (0..600u32)
@@ -1365,12 +1371,7 @@ fn a_client_that_never_reads_fills_its_lanes_and_is_closed_while_another_is_serv
     let mut s = Script::new();
     s.hello(1, A);
     s.reconcile(1, vec![], 0);
-    let id = s.run_command();
-    s.advance(1);
-    let d = s.dispatched.last().unwrap().clone();
-    s.accept(1, &d, wire::AcceptOutcome::Positive);
-    let issue = rvbox_sim::rng::uuid_text(&id);
-    s.event(1, &issue, 1, running_body());
+    let (_, issue) = s.running_command(1);
     s.note("web-1 stops reading but keeps streaming: its acks wait in its control lane");
     s.never_reads(1);
     let mut seq = 2;
