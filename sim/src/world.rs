@@ -278,6 +278,8 @@ pub struct World {
     /// Connections whose adversary frame reached the server: the kind
     /// whose answer the connection's close must be.
     adversary_awaiting: BTreeMap<u64, Adversary>,
+    /// Connections the server has closed (a run has a few hundred).
+    server_closed: std::collections::BTreeSet<u64>,
     failure: Option<String>,
 }
 
@@ -498,6 +500,7 @@ impl World {
             calm_closes: BTreeMap::new(),
             adversary_sent: BTreeMap::new(),
             adversary_awaiting: BTreeMap::new(),
+            server_closed: std::collections::BTreeSet::new(),
             failure: None,
         })
     }
@@ -588,6 +591,7 @@ impl World {
                     self.count(&format!("server_close {}", reason.as_str_name()));
                     self.check_honest_close(conn, reason);
                     self.check_adversary_answer(conn, reason);
+                    self.server_closed.insert(conn);
                     let code = rvbox_session::close_code(reason).unwrap_or(1000);
                     let _ =
                         self.net
@@ -1010,6 +1014,9 @@ impl World {
                             .get(&conn)
                             .is_some_and(|(_, sent)| *sent == b)
                             && let Some((kind, _)) = self.adversary_sent.remove(&conn)
+                            // a connection the server already closed
+                            // discards whatever still arrives on it
+                            && !self.server_closed.contains(&conn)
                         {
                             self.adversary_awaiting.insert(conn, kind);
                         }
