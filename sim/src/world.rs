@@ -562,6 +562,8 @@ impl World {
                 | Output::Ping { conn }
                 | Output::Pong { conn }
                 | Output::Close { conn, .. } => *conn,
+                // the driver hands out connection outputs only
+                _ => continue,
             };
             if to >= TWIN_CONN_BASE {
                 self.twin_outputs.push(o);
@@ -597,6 +599,7 @@ impl World {
                         self.net
                             .send(ConnId(conn), Dir::ToClient, Item::Close { code }, self.now);
                 }
+                _ => {}
             }
         }
     }

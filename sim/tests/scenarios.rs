@@ -206,6 +206,8 @@ impl Script {
                     self.sessions.remove(&conn);
                     format!("c{conn} <- close {}", reason.as_str_name())
                 }
+                // the driver hands out connection outputs only
+                _ => continue,
             };
             self.log.push(format!("{:>7} {line}", self.now));
         }

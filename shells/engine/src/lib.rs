@@ -33,6 +33,10 @@ use rvbox_store_port::entropy::Entropy;
 use rvbox_store_port::ops::{OpResult, OpToken, PortError, StoreOp};
 
 pub use executor::Executor;
+/// What the driver hands its caller: only the connection outputs of the
+/// core's [`rvbox_server_core::Output`] (`Frame`, `Ping`, `Pong`, `Close`);
+/// store operations, answers, audit records and metrics stay inside.
+pub use rvbox_server_core::Output;
 pub use rvbox_server_core::upload::{
     MAX_UPLOADS_PER_CONNECTION, SCRIPT_CHUNK_BYTES, SCRIPT_SESSION_WINDOW_BYTES,
     SCRIPT_WINDOW_BYTES,
@@ -43,37 +47,6 @@ pub use rvbox_server_core::{
 };
 pub use settings::{ServerSettings, SettingsError, server_settings};
 pub use thread::{CompletionSink, ExecutorThread};
-
-/// Something the caller must do on a connection, in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Output {
-    /// Send this binary WebSocket message (an encoded envelope).
-    Frame {
-        /// Connection.
-        conn: ConnId,
-        /// Control or data lane (the writer drains control first).
-        control: bool,
-        /// The encoded envelope.
-        bytes: Vec<u8>,
-    },
-    /// Send a WebSocket Ping.
-    Ping {
-        /// Connection.
-        conn: ConnId,
-    },
-    /// Send a WebSocket Pong.
-    Pong {
-        /// Connection.
-        conn: ConnId,
-    },
-    /// Close the connection with this reason.
-    Close {
-        /// Connection.
-        conn: ConnId,
-        /// Why.
-        reason: wire::CloseReason,
-    },
-}
 
 /// The core and the executor on one thread (see the crate docs).
 #[derive(Debug)]
@@ -424,35 +397,17 @@ impl Engine {
                 rvbox_server_core::Output::Store { token, wall_ms, op } => {
                     self.queued.push_back((token, wall_ms, op));
                 }
-                rvbox_server_core::Output::Frame {
-                    conn,
-                    control,
-                    bytes,
-                } => {
-                    if self.auto_written {
-                        self.unwritten.push(conn);
+                frame @ (Output::Frame { .. } | Output::Ping { .. } | Output::Pong { .. }) => {
+                    if self.auto_written
+                        && let Output::Frame { conn, .. }
+                        | Output::Ping { conn }
+                        | Output::Pong { conn } = &frame
+                    {
+                        self.unwritten.push(*conn);
                     }
-                    self.out.push_back(Output::Frame {
-                        conn,
-                        control,
-                        bytes,
-                    });
+                    self.out.push_back(frame);
                 }
-                rvbox_server_core::Output::Ping { conn } => {
-                    if self.auto_written {
-                        self.unwritten.push(conn);
-                    }
-                    self.out.push_back(Output::Ping { conn });
-                }
-                rvbox_server_core::Output::Pong { conn } => {
-                    if self.auto_written {
-                        self.unwritten.push(conn);
-                    }
-                    self.out.push_back(Output::Pong { conn });
-                }
-                rvbox_server_core::Output::Close { conn, reason } => {
-                    self.out.push_back(Output::Close { conn, reason });
-                }
+                close @ Output::Close { .. } => self.out.push_back(close),
                 rvbox_server_core::Output::Reply { request, answer } => {
                     self.replies.insert(request, answer);
                 }

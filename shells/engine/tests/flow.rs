@@ -91,7 +91,7 @@ fn drain(e: &mut Engine) -> Drained {
                 frames.push((conn, wire::Envelope::decode(bytes.as_slice()).unwrap()));
             }
             Output::Close { conn, reason } => closes.push((conn, reason)),
-            Output::Ping { .. } | Output::Pong { .. } => {}
+            _ => {}
         }
     }
     (frames, closes)
