@@ -14,6 +14,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::thread::JoinHandle;
 
 use rvbox_store::Store;
+use rvbox_store::reader::ReadHandle;
 use rvbox_store_port::ops::{OpResult, OpToken, StoreOp};
 
 use crate::Executor;
@@ -47,6 +48,7 @@ impl CompletionSink for SyncSender<Vec<(OpToken, OpResult)>> {
 pub struct ExecutorThread {
     tx: SyncSender<Batch>,
     thread: JoinHandle<Executor>,
+    reads: ReadHandle,
 }
 
 impl ExecutorThread {
@@ -56,10 +58,19 @@ impl ExecutorThread {
     /// When the thread cannot be spawned.
     pub fn spawn(store: Store, sink: impl CompletionSink) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::sync_channel(EXECUTOR_QUEUE);
+        let reads = store.read_handle();
         let thread = std::thread::Builder::new()
             .name("rvbox-store-executor".into())
             .spawn(move || run(Executor::new(store), &rx, sink))?;
-        Ok(Self { tx, thread })
+        Ok(Self { tx, thread, reads })
+    }
+
+    /// What opens read-only connections for control reads (`GetCommand`,
+    /// `FollowCommand` history, `GetOutput`, incident lists): they are
+    /// served beside the executor, never queued behind its writes.
+    #[must_use]
+    pub fn read_handle(&self) -> ReadHandle {
+        self.reads.clone()
     }
 
     /// Hands a batch to the executor. Blocks only while its queue is full.

@@ -173,3 +173,38 @@ fn a_dispatch_sent_again_is_refused_once_the_command_changed() {
         other => panic!("a stale resend must be refused: {other:?}"),
     }
 }
+
+#[test]
+fn control_reads_are_served_beside_the_executor_thread_not_behind_it() {
+    use rvbox_engine::ExecutorThread;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let id = running_command(&mut store, "web-1");
+    let (park, reached, release) = Park::at(rvbox_store::crash::points::EVENT_AFTER_FSYNC);
+    store.set_crash_hook(park);
+    let (done_tx, done_rx) = std::sync::mpsc::sync_channel(16);
+    let exec = ExecutorThread::spawn(store, done_tx).unwrap();
+    let reader = exec.read_handle().open().unwrap();
+    exec.submit(vec![(
+        OpToken(1),
+        NOW,
+        StoreOp::AppendEvents {
+            events: vec![output(&id, 2, &chunk(2, 1000))],
+        },
+    )])
+    .unwrap();
+    reached.recv().unwrap();
+    // the writer is parked inside its group: the read answers at once,
+    // from the last committed state
+    let view = reader.command_view(&id).unwrap();
+    assert_eq!(view.last_event_seq, 1);
+    assert!(
+        done_rx.try_recv().is_err(),
+        "no completion before the commit"
+    );
+    release.send(()).unwrap();
+    let done = done_rx.recv().unwrap();
+    assert_eq!(appended(&done[0].1).outcomes, vec![EventOutcome::Appended]);
+    assert_eq!(reader.command_view(&id).unwrap().last_event_seq, 2);
+    exec.stop().unwrap();
+}

@@ -51,7 +51,10 @@ fn view_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<CommandView> {
     })
 }
 
-fn load_view(tx: &rusqlite::Connection, issue: &[u8; 16]) -> Result<CommandView, OpError> {
+pub(crate) fn load_view(
+    tx: &rusqlite::Connection,
+    issue: &[u8; 16],
+) -> Result<CommandView, OpError> {
     tx.query_row_cached(
         &format!("SELECT {VIEW_COLUMNS} FROM commands c WHERE c.issue_uuid = ?1"),
         params![issue.as_slice()],

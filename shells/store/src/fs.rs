@@ -210,6 +210,8 @@ pub enum FaultKind {
     PermissionDenied,
     /// `EIO`: a device error.
     Io,
+    /// `ENOENT`: the file is gone (removed by retention under a reader).
+    NotFound,
 }
 
 impl FaultKind {
@@ -220,6 +222,7 @@ impl FaultKind {
                 io::Error::from_raw_os_error(rustix::io::Errno::ACCESS.raw_os_error())
             }
             Self::Io => io::Error::from_raw_os_error(rustix::io::Errno::IO.raw_os_error()),
+            Self::NotFound => io::Error::from_raw_os_error(rustix::io::Errno::NOENT.raw_os_error()),
         }
     }
 }

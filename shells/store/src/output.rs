@@ -714,14 +714,14 @@ struct Verified {
 }
 
 struct SegmentReader<'s> {
-    store: &'s Store,
+    store: &'s ReadSide<'s>,
     issue: [u8; 16],
     files: BTreeMap<u32, (Box<dyn SegmentFile>, u64)>,
     dctx: zstd::bulk::Decompressor<'static>,
 }
 
 impl<'s> SegmentReader<'s> {
-    fn new(store: &'s Store, issue: [u8; 16]) -> Result<Self, StoreError> {
+    fn new(store: &'s ReadSide<'s>, issue: [u8; 16]) -> Result<Self, StoreError> {
         Ok(Self {
             store,
             issue,
@@ -890,10 +890,58 @@ fn bad_token(reason: &str) -> OpError {
     invalid("page_token", reason).into()
 }
 
+/// What the control reads need: a connection (the writer's or a
+/// read-only one), the files, and the data directory's token key. Every
+/// read runs in one read transaction, so it sees one committed snapshot.
+pub(crate) struct ReadSide<'a> {
+    pub(crate) conn: &'a Connection,
+    pub(crate) fs: &'a dyn crate::fs::StoreFs,
+    pub(crate) layout: &'a crate::layout::Layout,
+    pub(crate) token_key: [u8; crate::identity::TOKEN_KEY_LEN],
+}
+
 impl Store {
+    /// The read side over the writer's own connection.
+    pub(crate) fn read_side(&self) -> ReadSide<'_> {
+        ReadSide {
+            conn: &self.conn,
+            fs: self.fs.as_ref(),
+            layout: &self.layout,
+            token_key: self.token_key(),
+        }
+    }
+
+    /// `GetOutput` on the writer's connection (see [`ReadSide::get_output`];
+    /// the control plane reads through a [`StoreReader`](crate::StoreReader)).
+    ///
+    /// # Errors
+    /// As [`StoreReader::get_output`](crate::StoreReader::get_output).
+    pub fn get_output(
+        &self,
+        req: &wire::GetOutputRequest,
+    ) -> Result<wire::GetOutputResponse, OpError> {
+        self.read_side().get_output(req)
+    }
+
+    /// A command's stored history after an event (see
+    /// [`StoreReader::events_after`](crate::StoreReader::events_after)).
+    ///
+    /// # Errors
+    /// As [`StoreReader::events_after`](crate::StoreReader::events_after).
+    pub fn events_after(
+        &self,
+        issue: &[u8; 16],
+        after_event_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<HistoryItem>, OpError> {
+        self.read_side().events_after(issue, after_event_seq, limit)
+    }
+}
+
+impl ReadSide<'_> {
     /// The codec of this data directory's tokens.
     fn output_codec(&self) -> TokenCodec {
-        TokenCodec::new(TokenKey::new(self.token_key()))
+        TokenCodec::new(TokenKey::new(self.token_key))
     }
 
     /// `GetOutput`: one page of a command's raw output (see the module
@@ -912,7 +960,7 @@ impl Store {
     /// other filters), `NOT_FOUND` for an unknown or reclaimed command, and
     /// [`OpError::Store`] when the store failed or a stored record failed
     /// verification.
-    pub fn get_output(
+    pub(crate) fn get_output(
         &self,
         req: &wire::GetOutputRequest,
     ) -> Result<wire::GetOutputResponse, OpError> {
@@ -937,7 +985,7 @@ impl Store {
             .conn
             .unchecked_transaction()
             .map_err(|e| StoreError::sqlite("begin output read", e))?;
-        let cmd = load_command(&self.conn, &q.issue_uuid)?;
+        let cmd = load_command(self.conn, &q.issue_uuid)?;
         let start = match position {
             None => Start {
                 seq: 1,
@@ -972,7 +1020,7 @@ impl Store {
             }
         };
         let page = self.read_page(&q, start)?;
-        let retained = retained_range(&self.conn, &issue, start.snapshot, q.stream_mask)?;
+        let retained = retained_range(self.conn, &issue, start.snapshot, q.stream_mask)?;
         drop(tx);
         let next_page_token = match page.resume {
             Some((seq, offset)) => seal(&codec, &filters, &issue, seq, offset, start.snapshot)?,
@@ -1006,7 +1054,7 @@ impl Store {
             return Ok(page);
         }
         let mut reader = SegmentReader::new(self, issue)?;
-        let mut removed = RemovedWalk::new(&self.conn, issue, start.seq)?;
+        let mut removed = RemovedWalk::new(self.conn, issue, start.seq)?;
         let mut budget = q.max_bytes;
         let mut scanned = 0u64;
         let mut stmt = self
@@ -1117,10 +1165,10 @@ impl Store {
         // never resume inside a removed range this page already reported
         // (that would report it again): skip its removed output events
         page.resume = match page.resume {
-            Some((seq, 0)) => Some((resume_point(&self.conn, &removed, seq)?, 0)),
+            Some((seq, 0)) => Some((resume_point(self.conn, &removed, seq)?, 0)),
             other => other,
         };
-        page.continue_at = resume_point(&self.conn, &removed, start.snapshot.saturating_add(1))?;
+        page.continue_at = resume_point(self.conn, &removed, start.snapshot.saturating_add(1))?;
         Ok(page)
     }
 
@@ -1143,7 +1191,7 @@ impl Store {
     /// # Errors
     /// `NOT_FOUND` for an unknown or reclaimed command; [`OpError::Store`]
     /// when the store failed or a stored record failed verification.
-    pub fn events_after(
+    pub(crate) fn events_after(
         &self,
         issue: &[u8; 16],
         after_event_seq: u64,
@@ -1155,7 +1203,7 @@ impl Store {
             .conn
             .unchecked_transaction()
             .map_err(|e| StoreError::sqlite("begin history read", e))?;
-        let cmd = load_command(&self.conn, &id)?;
+        let cmd = load_command(self.conn, &id)?;
         let last = cmd.last_event_seq;
         let mut items = Vec::new();
         if after_event_seq > last {
@@ -1174,7 +1222,7 @@ impl Store {
         }
         let first = after_event_seq.saturating_add(1);
         let mut reader = SegmentReader::new(self, *issue)?;
-        let mut removed = RemovedWalk::new(&self.conn, *issue, first)?;
+        let mut removed = RemovedWalk::new(self.conn, *issue, first)?;
         let (mut events, mut bytes, mut stopped) = (0usize, 0u64, false);
         {
             let mut stmt = self

@@ -1,33 +1,70 @@
 //! A read-only view of the store for other threads (plan §5.1: "liveness,
 //! incident inspection, and unaffected scopes remain available throughout
-//! best-effort recovery").
+//! best-effort recovery"; plan §6.1: control reads never wait behind the
+//! writer).
 //!
 //! The writer ([`Store`](crate::Store)) is single-threaded and may be busy
-//! recovering or flushing; a [`StoreReader`] has its own read-only SQLite
-//! connection (WAL readers never block the writer), so the control plane
-//! can answer incident listings meanwhile. It can never write.
+//! recovering or flushing a group; a [`StoreReader`] has its own read-only
+//! SQLite connection (WAL readers never block the writer and the writer
+//! never blocks them), so the control plane answers `GetCommand`,
+//! `FollowCommand` history, `GetOutput` and incident listings meanwhile.
+//! It can never write: the connection is opened read-only and
+//! `query_only`.
+//!
+//! Each read runs in one read transaction, so it sees one committed
+//! snapshot. A snapshot may name a segment file that the writer's
+//! retention removed after the snapshot began (the file is unlinked only
+//! after the removal commits); such a read is retried on a fresh snapshot,
+//! which reports the removal as a retention record instead.
+
+use std::sync::Arc;
 
 use rusqlite::{Connection, OpenFlags};
 use rvbox_proto::v1 as wire;
 
+use crate::commands::CommandView;
 use crate::db::DbOptions;
 use crate::error::StoreError;
+use crate::fs::StoreFs;
+use crate::identity::TOKEN_KEY_LEN;
 use crate::incidents::{self, Incident};
 use crate::layout::Layout;
+use crate::mutations::OpError;
+use crate::output::{HistoryItem, ReadSide};
 
-/// A read-only connection to a store's metadata.
-#[derive(Debug)]
+/// How many snapshots a read tries when segment files vanish under it.
+pub const READ_ATTEMPTS: usize = 3;
+
+/// A read-only connection to a store's metadata and segments.
 pub struct StoreReader {
     conn: Connection,
+    fs: Arc<dyn StoreFs>,
+    layout: Layout,
+    token_key: [u8; TOKEN_KEY_LEN],
+}
+
+impl std::fmt::Debug for StoreReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreReader")
+            .field("data_dir", &self.layout.root())
+            .finish_non_exhaustive()
+    }
 }
 
 impl StoreReader {
-    /// Opens a read-only connection to the database in `layout` (the
-    /// writer must have opened the store first, which creates it).
+    /// Opens a read-only connection to the database in `layout`. The
+    /// writer must have opened the store first (which creates the database
+    /// and the token key); [`Store::reader`](crate::Store::reader) is the
+    /// usual way in.
     ///
     /// # Errors
     /// [`StoreError::Sqlite`] when the database cannot be opened.
-    pub fn open(layout: &Layout, opts: DbOptions) -> Result<Self, StoreError> {
+    pub fn open(
+        layout: &Layout,
+        fs: Arc<dyn StoreFs>,
+        token_key: [u8; TOKEN_KEY_LEN],
+        opts: DbOptions,
+    ) -> Result<Self, StoreError> {
         let conn = Connection::open_with_flags(
             layout.db_file(),
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -38,7 +75,86 @@ impl StoreReader {
         conn.execute_batch("PRAGMA query_only = ON; PRAGMA trusted_schema = OFF;")
             .map_err(|e| StoreError::sqlite("set read-only pragmas", e))?;
         crate::db::cache_statements(&conn)?;
-        Ok(Self { conn })
+        Ok(Self {
+            conn,
+            fs,
+            layout: layout.clone(),
+            token_key,
+        })
+    }
+
+    fn side(&self) -> ReadSide<'_> {
+        ReadSide {
+            conn: &self.conn,
+            fs: self.fs.as_ref(),
+            layout: &self.layout,
+            token_key: self.token_key,
+        }
+    }
+
+    /// Runs a read, again on a fresh snapshot when a segment file it named
+    /// was removed under it.
+    fn retrying<T>(
+        &self,
+        what: &str,
+        read: impl Fn(&ReadSide<'_>) -> Result<T, OpError>,
+    ) -> Result<T, OpError> {
+        let mut attempt = 1;
+        loop {
+            match read(&self.side()) {
+                Err(OpError::Store(StoreError::Io { source, .. }))
+                    if source.kind() == std::io::ErrorKind::NotFound && attempt < READ_ATTEMPTS =>
+                {
+                    tracing::debug!(
+                        read = what,
+                        attempt,
+                        "segment removed under a read; retrying on a fresh snapshot"
+                    );
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// `GetCommand`: one command's stored state.
+    ///
+    /// # Errors
+    /// `NOT_FOUND`, or a store failure.
+    pub fn command_view(&self, issue: &[u8; 16]) -> Result<CommandView, OpError> {
+        crate::commands::load_view(&self.conn, issue)
+    }
+
+    /// `GetOutput`: one page of a command's raw output (see
+    /// [`Store::get_output`](crate::Store::get_output) for the page rules).
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a bad request or page token, `NOT_FOUND` for
+    /// an unknown or reclaimed command, and [`OpError::Store`] when the
+    /// store failed or a stored record failed verification.
+    pub fn get_output(
+        &self,
+        req: &wire::GetOutputRequest,
+    ) -> Result<wire::GetOutputResponse, OpError> {
+        self.retrying("get_output", |side| side.get_output(req))
+    }
+
+    /// `FollowCommand` history: a command's stored events after
+    /// `after_event_seq`, at most `limit` (see
+    /// [`Store::events_after`](crate::Store::events_after)).
+    ///
+    /// # Errors
+    /// `NOT_FOUND` for an unknown or reclaimed command; [`OpError::Store`]
+    /// when the store failed or a stored record failed verification.
+    pub fn events_after(
+        &self,
+        issue: &[u8; 16],
+        after_event_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<HistoryItem>, OpError> {
+        self.retrying("events_after", |side| {
+            side.events_after(issue, after_event_seq, limit)
+        })
     }
 
     /// A page of incidents, newest first (see [`incidents::list`]).
@@ -63,6 +179,56 @@ impl StoreReader {
     }
 }
 
+/// What opens readers of one store, for the threads that serve control
+/// reads (cheap to clone and `Send`; the writer may be on its own thread).
+#[derive(Clone)]
+pub struct ReadHandle {
+    fs: Arc<dyn StoreFs>,
+    layout: Layout,
+    token_key: [u8; TOKEN_KEY_LEN],
+    db: DbOptions,
+}
+
+impl std::fmt::Debug for ReadHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadHandle")
+            .field("data_dir", &self.layout.root())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReadHandle {
+    /// Opens one more read-only connection.
+    ///
+    /// # Errors
+    /// [`StoreError::Sqlite`] when the database cannot be opened.
+    pub fn open(&self) -> Result<StoreReader, StoreError> {
+        StoreReader::open(&self.layout, Arc::clone(&self.fs), self.token_key, self.db)
+    }
+}
+
+impl crate::Store {
+    /// What opens read-only connections to this store for other threads:
+    /// the control plane's reads (see the module docs).
+    #[must_use]
+    pub fn read_handle(&self) -> ReadHandle {
+        ReadHandle {
+            fs: Arc::clone(&self.fs),
+            layout: self.layout.clone(),
+            token_key: self.token_key(),
+            db: self.opts.db,
+        }
+    }
+
+    /// One read-only connection to this store.
+    ///
+    /// # Errors
+    /// [`StoreError::Sqlite`] when the database cannot be opened.
+    pub fn reader(&self) -> Result<StoreReader, StoreError> {
+        self.read_handle().open()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -76,7 +242,7 @@ mod tests {
     fn the_reader_cannot_write() {
         let dir = tempfile::tempdir().unwrap();
         let layout = Layout::new(dir.path());
-        let _store = Store::open(
+        let store = Store::open(
             layout.clone(),
             Arc::new(RealFs),
             Arc::new(OsEntropy),
@@ -84,7 +250,7 @@ mod tests {
             0,
         )
         .unwrap();
-        let reader = StoreReader::open(&layout, DbOptions::default()).unwrap();
+        let reader = store.reader().unwrap();
         assert!(reader.list_incidents(None, None, 10).unwrap().is_empty());
         assert!(
             reader

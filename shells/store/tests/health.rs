@@ -238,7 +238,6 @@ fn sqlite_integrity_failure_makes_the_store_unavailable_and_stops_recovery() {
 
 #[test]
 fn incidents_stay_readable_while_recovery_runs_on_another_thread() {
-    use rvbox_store::reader::StoreReader;
     let dir = tempfile::tempdir().unwrap();
     {
         // a store with an open incident and enough segments to scan
@@ -274,7 +273,7 @@ fn incidents_stay_readable_while_recovery_runs_on_another_thread() {
     )
     .unwrap();
     let health = s.health();
-    let reader = StoreReader::open(&Layout::new(dir.path()), Default::default()).unwrap();
+    let reader = s.reader().unwrap();
     assert!(health.report(NOW).live);
     assert!(!health.report(NOW).ready);
     let recovery = std::thread::spawn(move || {

@@ -10,7 +10,8 @@
 )]
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 
 use rvbox_domain::lifecycle::Lifecycle;
 use rvbox_proto::v1 as wire;
@@ -190,4 +191,42 @@ pub fn verify_output(store: &Store, id: &[u8; 16]) -> Vec<u64> {
         seqs.push(u64::try_from(seq).unwrap());
     }
     seqs
+}
+
+/// Parks the writer at one crash point until the test lets it go.
+#[derive(Debug)]
+pub struct Park {
+    point: &'static str,
+    reached: Mutex<Option<mpsc::Sender<()>>>,
+    release: Mutex<Option<mpsc::Receiver<()>>>,
+}
+
+impl Park {
+    /// A hook that parks at `point` once; the receiver hears when the
+    /// writer got there, and a send on the sender lets it go on.
+    #[allow(dead_code)]
+    pub fn at(point: &'static str) -> (Arc<Self>, mpsc::Receiver<()>, mpsc::Sender<()>) {
+        let (reached_tx, reached) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel();
+        let park = Arc::new(Self {
+            point,
+            reached: Mutex::new(Some(reached_tx)),
+            release: Mutex::new(Some(release_rx)),
+        });
+        (park, reached, release)
+    }
+}
+
+impl rvbox_store::crash::CrashHook for Park {
+    fn at(&self, point: &'static str) {
+        if point != self.point {
+            return;
+        }
+        let Some(reached) = self.reached.lock().unwrap().take() else {
+            return;
+        };
+        reached.send(()).unwrap();
+        let release = self.release.lock().unwrap().take().unwrap();
+        release.recv().unwrap();
+    }
 }
