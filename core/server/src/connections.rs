@@ -42,6 +42,9 @@ pub(crate) struct Conn {
     pub(crate) data_blocked: bool,
     /// Signals refused for a full data lane, sent again when room frees.
     pub(crate) signals_blocked: std::collections::BTreeSet<[u8; 16]>,
+    /// What the session core reported last about a registered session:
+    /// the close of its session row names it, in the same transaction.
+    pub(crate) close_detail: Option<String>,
 }
 
 /// A frame waiting in a connection's lanes.
@@ -113,6 +116,7 @@ impl ServerCore {
                         data_in_session: 0,
                         data_blocked: false,
                         signals_blocked: std::collections::BTreeSet::new(),
+                        close_detail: None,
                     },
                 );
             }
@@ -180,17 +184,46 @@ impl ServerCore {
             }
             Effect::Register { token, hello } => self.register(conn, token, hello),
             Effect::Deliver(msg) => self.deliver(conn, msg),
-            Effect::Audit(audit) => {
-                let client = self.client_of(conn);
-                self.out.push_back(Output::Audit {
-                    conn,
-                    client,
-                    audit,
-                });
-            }
+            Effect::Audit(audit) => self.session_audit(conn, audit),
             Effect::Metric(m) => self.out.push_back(Output::Metric(m)),
         }
         self.conns.contains_key(&conn)
+    }
+
+    /// A session audit record: kept for the close of a registered
+    /// session (written in its transaction), written on its own
+    /// (rate-limited) for a connection without one, and not again for what
+    /// the store writes with its effect (see [`crate::audit`]).
+    fn session_audit(&mut self, conn: ConnId, audit: rvbox_session::Audit) {
+        let client = self.client_of(conn);
+        if !crate::audit::written_with_effect(audit.kind) {
+            let registered = self
+                .conns
+                .get(&conn)
+                .is_some_and(|c| c.session_key.is_some());
+            if registered && audit.kind != rvbox_session::AuditKind::ClientError {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.close_detail = Some(format!(
+                        "{}: {}",
+                        crate::audit::action(audit.kind),
+                        audit.detail
+                    ));
+                }
+            } else {
+                let records = self.audits.admit(self.now_ms, client.clone(), &audit);
+                if records.is_empty() {
+                    self.stats.audits_suppressed += 1;
+                } else {
+                    self.stats.audits_written += 1;
+                    self.store(StoreOp::Audit(records), Pending::Background("audit"));
+                }
+            }
+        }
+        self.out.push_back(Output::Audit {
+            conn,
+            client,
+            audit,
+        });
     }
 
     /// Closes a connection from the server side.
@@ -330,10 +363,17 @@ impl ServerCore {
             self.release_ingress(queued);
         }
         if let Some(key) = c.session_key {
+            let reason = match &c.close_detail {
+                Some(d) => crate::audit::bounded(
+                    &format!("{why}; {d}"),
+                    rvbox_store_port::audit::MAX_SESSION_AUDIT_DETAIL,
+                ),
+                None => why.to_owned(),
+            };
             self.store(
                 StoreOp::CloseSession {
                     session_id: key,
-                    reason: why.to_owned(),
+                    reason,
                 },
                 Pending::Background("close_session"),
             );

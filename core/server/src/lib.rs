@@ -32,6 +32,7 @@
 //! anything observable.
 
 mod accept;
+pub mod audit;
 mod connections;
 mod convert;
 mod dispatch;
@@ -47,6 +48,7 @@ use std::sync::Arc;
 use rvbox_dispatch::{ReadyQueue, RetryPolicy};
 use rvbox_proto::v1 as wire;
 use rvbox_session::SessionConfig;
+pub use rvbox_store_port::audit::Caller;
 use rvbox_store_port::entropy::Entropy;
 use rvbox_store_port::ops::{Completion, OpResult, OpToken, PortError, StoreOp};
 
@@ -165,6 +167,8 @@ pub enum Input {
     Control {
         /// Identifies the answer.
         request: RequestId,
+        /// Who called (transport and principal), audited with the effect.
+        caller: Caller,
         /// The call.
         call: ControlCall,
     },
@@ -298,6 +302,11 @@ pub struct EngineStats {
     pub maintenance_passes: u64,
     /// Whole commands evicted by maintenance (quota or age).
     pub evicted: u64,
+    /// Session audit records without an effect, written.
+    pub audits_written: u64,
+    /// Session audit records without an effect, suppressed by the rate
+    /// limit.
+    pub audits_suppressed: u64,
     /// Output rotations applied by maintenance.
     pub rotations: u64,
     /// Reconciliation rounds started again because their decisions met
@@ -352,6 +361,8 @@ pub struct ServerCore {
     /// wait, so the store sees them in the order the client sent them.
     barrier: BTreeSet<rvbox_domain::ids::Uuid7>,
     stats: EngineStats,
+    /// The rate limit of session audit records without an effect.
+    audits: audit::AuditLimiter,
     /// Monotonic time of the last queue-expiry pass.
     last_expiry_ms: Option<u64>,
     /// An expiry read is in flight.
@@ -384,6 +395,7 @@ impl ServerCore {
             groups_in_flight: 0,
             barrier: BTreeSet::new(),
             stats: EngineStats::default(),
+            audits: audit::AuditLimiter::default(),
             last_expiry_ms: None,
             expiry_running: false,
             last_maintenance_ms: None,
@@ -491,7 +503,11 @@ impl ServerCore {
             }
             Input::Written { conn } => self.written(conn),
             Input::Completion { token, result } => self.complete(token, result),
-            Input::Control { request, call } => self.control(request, call),
+            Input::Control {
+                request,
+                caller,
+                call,
+            } => self.control(request, caller, call),
             Input::Timeout => self.timeout(),
         }
         // every session effect the input caused, then a fair dispatch turn
@@ -594,18 +610,24 @@ impl ServerCore {
         self.wake_backoffs();
     }
 
-    fn control(&mut self, request: RequestId, call: ControlCall) {
+    fn control(&mut self, request: RequestId, caller: Caller, call: ControlCall) {
         match call {
             ControlCall::RunCommand(req) => {
                 let client = req.client_id.clone();
                 self.store(
-                    StoreOp::RunCommand(req),
+                    StoreOp::RunCommand {
+                        request: req,
+                        caller,
+                    },
                     Pending::Dispatch(dispatch::Pending::RunCommand { request, client }),
                 );
             }
             ControlCall::SignalCommand(req) => {
                 self.store(
-                    StoreOp::SignalCommand(req),
+                    StoreOp::SignalCommand {
+                        request: req,
+                        caller,
+                    },
                     Pending::Signal(signals::Pending::Command { request }),
                 );
             }

@@ -11,6 +11,7 @@
 //! Must never: name a SQLite (or any backend's) type, touch a file, a
 //! socket, a clock or an RNG.
 
+pub mod audit;
 pub mod commands;
 pub mod entropy;
 pub mod events;

@@ -28,4 +28,6 @@ pub struct MaintenanceReport {
     pub global_shortfall: u64,
     /// Audit segments rotated.
     pub audit_rotated: u64,
+    /// Audit records moved from the outbox into audit segments.
+    pub audit_flushed: u64,
 }

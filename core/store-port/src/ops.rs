@@ -13,6 +13,7 @@ use rvbox_domain::error::DomainError;
 use rvbox_domain::lifecycle::Lifecycle;
 use rvbox_proto::v1 as wire;
 
+use crate::audit::{Caller, SessionAudit};
 use crate::commands::{CommandView, Knowledge, ReconcileWrite, ServerTerminal};
 use crate::events::{AppendReport, EventAppend};
 use crate::incidents::NewIncident;
@@ -31,17 +32,20 @@ pub enum StoreOp {
         /// Client id.
         client_id: String,
     },
-    /// Installs a registration (re-checked in its transaction).
+    /// Installs a registration (re-checked in its transaction), with the
+    /// audit records of the registration and of the session it fences.
     /// -> [`Completion::Registered`]
     Register(Registration),
-    /// Records a refused live-conflict claim. -> [`Completion::Done`]
+    /// Records a refused live-conflict claim and its audit record.
+    /// -> [`Completion::Done`]
     RecordPendingClaim {
         /// Client id.
         client_id: String,
         /// The refused instance.
         instance_id: [u8; 16],
     },
-    /// Ends a session row. -> [`Completion::Done`]
+    /// Ends a session row, with its audit record (the reason as its
+    /// detail) in the same transaction. -> [`Completion::Done`]
     CloseSession {
         /// Session id.
         session_id: [u8; 16],
@@ -161,7 +165,12 @@ pub enum StoreOp {
     /// `SignalCommand`, idempotent by `request_id`: the backend applies
     /// the dispatch core's signal rule to the command as the operation's
     /// transaction reads it. -> [`Completion::Signal`]
-    SignalCommand(wire::SignalCommandRequest),
+    SignalCommand {
+        /// The request.
+        request: wire::SignalCommandRequest,
+        /// Who asked (audited with the effect).
+        caller: Caller,
+    },
     /// Signals still pending for commands. -> [`Completion::PendingSignals`]
     PendingSignals {
         /// Commands.
@@ -183,7 +192,15 @@ pub enum StoreOp {
         len: u64,
     },
     /// `RunCommand`, idempotent by `request_id`. -> [`Completion::RunCommand`]
-    RunCommand(wire::RunCommandRequest),
+    RunCommand {
+        /// The request.
+        request: wire::RunCommandRequest,
+        /// Who asked (audited with the effect).
+        caller: Caller,
+    },
+    /// Session audit records that no effect carries (rate-limited by the
+    /// core). -> [`Completion::Done`]
+    Audit(Vec<SessionAudit>),
     /// One retention and maintenance pass (plan §5.4: rotation, quota and
     /// age eviction, the tombstone FIFO, pending deletions, audit
     /// rotation). -> [`Completion::Maintained`]
@@ -213,11 +230,12 @@ impl StoreOp {
             Self::MarkExpiredPending { .. } => "mark_expired_pending",
             Self::ExpiryDue { .. } => "expiry_due",
             Self::AppendEvents { .. } => "append_events",
-            Self::SignalCommand(_) => "signal_command",
+            Self::SignalCommand { .. } => "signal_command",
             Self::PendingSignals { .. } => "pending_signals",
             Self::ScriptInfo { .. } => "script_info",
             Self::ScriptRange { .. } => "script_range",
-            Self::RunCommand(_) => "run_command",
+            Self::RunCommand { .. } => "run_command",
+            Self::Audit(_) => "audit",
             Self::Maintain => "maintain",
         }
     }

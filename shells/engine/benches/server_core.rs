@@ -149,6 +149,7 @@ fn run(conns: u64, payload: &(u32, Vec<u8>), per_conn: u64, pings: bool) -> Run 
         let id = uuid_v7(&OsEntropy, now_ms()).unwrap();
         inbox.push_back(Input::Control {
             request: RequestId(conn),
+            caller: rvbox_server_core::Caller::local(),
             call: ControlCall::RunCommand(wire::RunCommandRequest {
                 request_id: uuid::Uuid::from_bytes(id).hyphenated().to_string(),
                 client_id: format!("bench-{conn}"),

@@ -269,12 +269,21 @@ impl Executor {
                 .append_events(&events, wall_ms)
                 .map(Completion::Appended)
                 .map_err(port_store),
-            StoreOp::SignalCommand(req) => {
-                let signal = req.signal;
-                s.signal_command(&req, |v| rvbox_server_core::signal_plan(v, signal), wall_ms)
-                    .map(Completion::Signal)
-                    .map_err(port)
+            StoreOp::SignalCommand { request, caller } => {
+                let signal = request.signal;
+                s.signal_command_as(
+                    &request,
+                    &caller,
+                    |v| rvbox_server_core::signal_plan(v, signal),
+                    wall_ms,
+                )
+                .map(Completion::Signal)
+                .map_err(port)
             }
+            StoreOp::Audit(records) => s
+                .session_audits(&records, wall_ms)
+                .map(|()| Completion::Done)
+                .map_err(port_store),
             StoreOp::PendingSignals { issues } => {
                 let mut all = Vec::new();
                 for issue in issues {
@@ -296,8 +305,8 @@ impl Executor {
                     None => Ok(Completion::ScriptBytes(Vec::new())),
                 }
             }
-            StoreOp::RunCommand(req) => s
-                .run_command(&req, wall_ms)
+            StoreOp::RunCommand { request, caller } => s
+                .run_command_as(&request, &caller, wall_ms)
                 .map(Completion::RunCommand)
                 .map_err(port),
             StoreOp::Maintain => s

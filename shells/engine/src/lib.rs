@@ -37,12 +37,13 @@ pub use executor::Executor;
 /// core's [`rvbox_server_core::Output`] (`Frame`, `Ping`, `Pong`, `Close`);
 /// store operations, answers, audit records and metrics stay inside.
 pub use rvbox_server_core::Output;
+pub use rvbox_server_core::audit::AUDIT_BURST;
 pub use rvbox_server_core::upload::{
     MAX_UPLOADS_PER_CONNECTION, SCRIPT_CHUNK_BYTES, SCRIPT_SESSION_WINDOW_BYTES,
     SCRIPT_WINDOW_BYTES,
 };
 pub use rvbox_server_core::{
-    ConnId, DISPATCH_SCAN, EXPIRY_BATCH, EXPIRY_INTERVAL_MS, EngineStats, MAX_CONNECTIONS,
+    Caller, ConnId, DISPATCH_SCAN, EXPIRY_BATCH, EXPIRY_INTERVAL_MS, EngineStats, MAX_CONNECTIONS,
     event_append,
 };
 pub use settings::{ServerSettings, SettingsError, server_settings};
@@ -72,6 +73,8 @@ pub struct Engine {
     auto_written: bool,
     /// Frames handed out and not yet reported written, per connection.
     unwritten: Vec<ConnId>,
+    /// Who the control calls of this driver are audited as.
+    caller: rvbox_server_core::Caller,
 }
 
 impl Engine {
@@ -98,7 +101,14 @@ impl Engine {
             done: VecDeque::new(),
             auto_written: true,
             unwritten: Vec::new(),
+            caller: rvbox_server_core::Caller::local(),
         }
+    }
+
+    /// Names the caller the following control calls are audited as
+    /// (transport and principal; `local` until set).
+    pub fn set_caller(&mut self, caller: rvbox_server_core::Caller) {
+        self.caller = caller;
     }
 
     /// An engine over a recovered `store` (opened with
@@ -241,7 +251,15 @@ impl Engine {
     fn call(&mut self, now_ms: u64, wall_ms: i64, call: ControlCall) -> Option<ControlAnswer> {
         let request = RequestId(self.next_request);
         self.next_request += 1;
-        self.input(now_ms, wall_ms, Input::Control { request, call });
+        self.input(
+            now_ms,
+            wall_ms,
+            Input::Control {
+                request,
+                caller: self.caller.clone(),
+                call,
+            },
+        );
         // deferred: everything queued goes through until the answer is in
         while !self.replies.contains_key(&request) {
             if !self.step_all(now_ms, wall_ms) {

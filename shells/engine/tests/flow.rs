@@ -302,3 +302,80 @@ fn a_client_registers_reconciles_receives_work_and_gets_acks_only_when_durable()
     let c = e.store().check_counters().unwrap();
     assert!(c.consistent());
 }
+
+#[test]
+fn the_session_audit_trail_commits_with_its_effects_and_floods_are_rate_limited() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path());
+    e.set_caller(rvbox_engine::Caller {
+        transport: "grpc-unix".into(),
+        principal: "uid:1000".into(),
+    });
+    run(&mut e, &new_id());
+
+    // a hello that fails validation changes nothing durable: its own record
+    e.connect(0, 9);
+    e.frame(1, WALL, 9, hello("not-a-uuid"));
+    // a registered session closed for traffic of another session: the
+    // close row names why, in the same transaction
+    e.connect(2, 1);
+    e.frame(3, WALL, 1, hello(INSTANCE_A));
+    let (frames, _) = drain(&mut e);
+    assert!(
+        frames
+            .iter()
+            .any(|(c, f)| *c == 1 && matches!(f.payload, Some(Payload::ServerWelcome(_))))
+    );
+    e.frame(
+        4,
+        WALL,
+        1,
+        env(
+            "00000000-0000-7000-8000-000000000000",
+            1,
+            Payload::ClientCapacity(wire::ClientCapacity::default()),
+        ),
+    );
+    let (_, closes) = drain(&mut e);
+    assert_eq!(closes.len(), 1, "{closes:?}");
+    e.run_until_idle(5, WALL);
+
+    let trail: Vec<(String, String, String)> = e
+        .store()
+        .read_audit(0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|(_, r)| (r.transport, r.action, r.detail))
+        .collect();
+    let actions: Vec<&str> = trail.iter().map(|t| t.1.as_str()).collect();
+    assert_eq!(
+        actions,
+        vec![
+            "RunCommand",
+            "HelloRejected",
+            "SessionRegistered",
+            "SessionClosed"
+        ],
+        "{trail:?}"
+    );
+    assert_eq!(trail[0].0, "grpc-unix");
+    assert!(trail[1..].iter().all(|t| t.0 == "agent-wss"));
+    assert!(trail[3].2.contains("StaleSession"), "{trail:?}");
+
+    // a flood of bad hellos is cut to the bucket; the rest is counted
+    for n in 0..500u64 {
+        e.connect(10, 100 + n);
+        e.frame(10, WALL, 100 + n, hello("not-a-uuid"));
+        let _ = drain(&mut e);
+    }
+    e.run_until_idle(10, WALL);
+    let stats = e.stats().clone();
+    assert_eq!(
+        stats.audits_written + stats.audits_suppressed,
+        501,
+        "{stats:?}"
+    );
+    assert!(stats.audits_written <= u64::from(rvbox_engine::AUDIT_BURST));
+    let records = e.store().read_audit(0, 10_000).unwrap().len() as u64;
+    assert_eq!(records, 3 + stats.audits_written);
+}

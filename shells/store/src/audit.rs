@@ -35,8 +35,18 @@ use crate::store::{Store, to_i64, to_u64};
 pub const MAX_AUDIT_TEXT_BYTES: usize = 256;
 /// Most environment key names in one record.
 pub const MAX_AUDIT_ENV_KEYS: usize = rvbox_domain::limits::MAX_ENV_OVERRIDES;
+/// Largest explanation in one record.
+pub const MAX_AUDIT_DETAIL_BYTES: usize = 1024;
 /// Largest encoded (raw) audit record.
 pub const MAX_AUDIT_RAW_BYTES: u32 = 512 * 1024;
+/// Records the outbox holds before strict audited writes are refused
+/// (reached only when flushing keeps failing, e.g. below the free-space
+/// floor).
+pub const AUDIT_OUTBOX_MAX: u64 = 65_536;
+/// Outbox records that trigger a flush after an audited write.
+pub const AUDIT_FLUSH_AT: u64 = 256;
+/// Most records one flush moves with one append and one fsync.
+pub const AUDIT_FLUSH_BATCH: usize = 256;
 /// Most audit segment files recovery lists.
 pub const MAX_AUDIT_FILES: usize = 1_000_000;
 
@@ -109,6 +119,9 @@ pub struct AuditRecord {
     pub command_digest: Option<[u8; 32]>,
     /// Environment key names (never values), sorted.
     pub env_keys: Vec<String>,
+    /// A bounded, payload-free explanation (a session's close reason, a
+    /// refusal's reason); at most [`MAX_AUDIT_DETAIL_BYTES`].
+    pub detail: String,
 }
 
 impl AuditRecord {
@@ -141,6 +154,9 @@ impl AuditRecord {
         if self.action.is_empty() {
             return bad("action", "empty");
         }
+        if self.detail.len() > MAX_AUDIT_DETAIL_BYTES {
+            return bad("detail", "too long");
+        }
         if let Some(c) = &self.client_id
             && (c.is_empty() || c.len() > rvbox_domain::limits::MAX_CLIENT_ID_LEN)
         {
@@ -158,8 +174,43 @@ impl AuditRecord {
         Ok(())
     }
 
-    /// Encodes the record (format version 1, little-endian,
-    /// length-prefixed text).
+    /// The record with every text cut to its limit (at a character
+    /// boundary) and at most [`MAX_AUDIT_ENV_KEYS`] key names: what an
+    /// audited write records, so its own audit never refuses it.
+    #[must_use]
+    pub fn bounded(mut self) -> Self {
+        fn cut(s: &mut String, max: usize) {
+            if s.len() > max {
+                let mut end = max;
+                while !s.is_char_boundary(end) {
+                    end -= 1;
+                }
+                s.truncate(end);
+            }
+        }
+        cut(&mut self.transport, MAX_AUDIT_TEXT_BYTES);
+        cut(&mut self.principal, MAX_AUDIT_TEXT_BYTES);
+        cut(&mut self.action, MAX_AUDIT_TEXT_BYTES);
+        cut(&mut self.detail, MAX_AUDIT_DETAIL_BYTES);
+        if self.action.is_empty() {
+            self.action.push_str("unnamed");
+        }
+        if self
+            .client_id
+            .as_ref()
+            .is_some_and(|c| c.is_empty() || c.len() > rvbox_domain::limits::MAX_CLIENT_ID_LEN)
+        {
+            self.client_id = None;
+        }
+        self.env_keys.retain(|k| {
+            !k.is_empty() && k.len() <= MAX_AUDIT_TEXT_BYTES && !k.contains(['=', '\0'])
+        });
+        self.env_keys.truncate(MAX_AUDIT_ENV_KEYS);
+        self
+    }
+
+    /// Encodes the record (format version 2, little-endian,
+    /// length-prefixed text; version 1 had no `detail`).
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
         fn text(out: &mut Vec<u8>, s: &str) {
@@ -168,7 +219,7 @@ impl AuditRecord {
             out.extend_from_slice(s.as_bytes().get(..usize::from(len)).unwrap_or_default());
         }
         let mut out = Vec::with_capacity(128);
-        out.push(1u8);
+        out.push(2u8);
         out.extend_from_slice(&self.time_ms.to_le_bytes());
         text(&mut out, &self.transport);
         text(&mut out, &self.principal);
@@ -177,7 +228,8 @@ impl AuditRecord {
         let flags = u8::from(self.client_id.is_some())
             | (u8::from(self.issue_uuid.is_some()) << 1)
             | (u8::from(self.error_code.is_some()) << 2)
-            | (u8::from(self.command_digest.is_some()) << 3);
+            | (u8::from(self.command_digest.is_some()) << 3)
+            | (u8::from(!self.detail.is_empty()) << 4);
         out.push(flags);
         if let Some(c) = &self.client_id {
             text(&mut out, c);
@@ -195,6 +247,9 @@ impl AuditRecord {
         out.extend_from_slice(&n.to_le_bytes());
         for k in self.env_keys.iter().take(usize::from(n)) {
             text(&mut out, k);
+        }
+        if !self.detail.is_empty() {
+            text(&mut out, &self.detail);
         }
         out
     }
@@ -221,7 +276,8 @@ impl AuditRecord {
             }
         }
         let mut r = R(buf);
-        if r.u8()? != 1 {
+        let version = r.u8()?;
+        if !(1..=2).contains(&version) {
             return None;
         }
         let time_ms = i64::from_le_bytes(r.take(8)?.try_into().ok()?);
@@ -258,7 +314,12 @@ impl AuditRecord {
         for _ in 0..n {
             env_keys.push(r.text()?);
         }
-        if !r.0.is_empty() {
+        let detail = if version >= 2 && flags & 16 != 0 {
+            r.text()?
+        } else {
+            String::new()
+        };
+        if !r.0.is_empty() || detail.len() > MAX_AUDIT_DETAIL_BYTES {
             return None;
         }
         Some(Self {
@@ -272,6 +333,7 @@ impl AuditRecord {
             error_code,
             command_digest,
             env_keys,
+            detail,
         })
     }
 }
@@ -298,6 +360,289 @@ pub struct AuditRecoveryReport {
     pub segments_damaged: u64,
     /// Orphan audit files (no row) removed.
     pub orphans_removed: u64,
+}
+
+/// How an audited write treats a full outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Strictness {
+    /// Refuse the write (`UNAVAILABLE`): control mutations, whose audit
+    /// is part of their contract.
+    Must,
+    /// Write without the record, counted and logged: session bookkeeping,
+    /// which must follow the socket whatever the audit log can take.
+    BestEffort,
+}
+
+/// Queues an audit record in the outbox, inside the caller's transaction
+/// when it has one (plan §5.2: the audit record commits with its effect).
+/// The record is cut to its limits first. Returns the outbox id, or `None`
+/// when a best-effort record was dropped because the outbox is full.
+///
+/// # Errors
+/// `UNAVAILABLE` when a [`Strictness::Must`] record meets a full outbox;
+/// [`StoreError`] when the database failed.
+pub(crate) fn outbox_insert(
+    conn: &rusqlite::Connection,
+    rec: &AuditRecord,
+    strictness: Strictness,
+) -> Result<Option<i64>, OpError> {
+    if outbox_len(conn)? >= AUDIT_OUTBOX_MAX {
+        tracing::error!(action = %rec.action, "audit outbox full: the audit log cannot be written");
+        return match strictness {
+            Strictness::Must => Err(DomainError::new(
+                Code::Unavailable,
+                "the audit log cannot take records (its outbox is full and cannot be flushed); see the storage incidents",
+            )
+            .into()),
+            Strictness::BestEffort => Ok(None),
+        };
+    }
+    let raw = rec.clone().bounded().encode();
+    let id = conn
+        .query_row_cached(
+            "INSERT INTO audit_outbox (time_ms, record) VALUES (?1, ?2) RETURNING id",
+            params![rec.time_ms, raw],
+            |r| r.get(0),
+        )
+        .map_err(|e| StoreError::sqlite("queue audit record", e))?;
+    Ok(Some(id))
+}
+
+/// Records in the outbox. Rows are inserted with increasing ids and
+/// removed oldest first, so the span of ids is their count (two index
+/// lookups, however large the outbox).
+fn outbox_len(conn: &rusqlite::Connection) -> Result<u64, StoreError> {
+    let (lo, hi): (Option<i64>, Option<i64>) = conn
+        .query_row_cached("SELECT MIN(id), MAX(id) FROM audit_outbox", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .map_err(|e| StoreError::sqlite("measure audit outbox", e))?;
+    Ok(match (lo, hi) {
+        (Some(lo), Some(hi)) => to_u64(hi.saturating_sub(lo).saturating_add(1)),
+        _ => 0,
+    })
+}
+
+/// The audit record of one audited write, written at most once: inside
+/// the write's own transaction when it commits an effect
+/// ([`AuditIntent::write_in`]), else on its own afterwards (a refusal
+/// that commits nothing, an idempotent replay; [`Store::audit_unwritten`]).
+#[derive(Debug, Clone)]
+pub struct AuditIntent {
+    record: AuditRecord,
+    strictness: Strictness,
+    written: bool,
+    dropped: bool,
+}
+
+impl AuditIntent {
+    /// The intent of a control mutation: its record must be written.
+    #[must_use]
+    pub fn control(record: AuditRecord) -> Self {
+        Self {
+            record,
+            strictness: Strictness::Must,
+            written: false,
+            dropped: false,
+        }
+    }
+
+    /// The intent of session bookkeeping: written when the outbox can take
+    /// it.
+    #[must_use]
+    pub(crate) fn session(record: AuditRecord) -> Self {
+        Self {
+            record,
+            strictness: Strictness::BestEffort,
+            written: false,
+            dropped: false,
+        }
+    }
+
+    /// Whether the record was written.
+    #[must_use]
+    pub fn written(&self) -> bool {
+        self.written
+    }
+
+    /// Writes the record with `outcome` inside the caller's transaction.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` for a control record that meets a full outbox, or a
+    /// database failure: either way the caller's transaction must not
+    /// commit.
+    pub(crate) fn write_in(
+        &mut self,
+        tx: &rusqlite::Connection,
+        outcome: Result<(), &DomainError>,
+    ) -> Result<(), OpError> {
+        if self.written {
+            return Ok(());
+        }
+        set_outcome(&mut self.record, outcome);
+        if outbox_insert(tx, &self.record, self.strictness)?.is_none() {
+            tracing::warn!(action = %self.record.action, "session audit record dropped: the audit outbox is full");
+            self.dropped = true;
+        }
+        self.written = true;
+        Ok(())
+    }
+}
+
+fn set_outcome(rec: &mut AuditRecord, outcome: Result<(), &DomainError>) {
+    match outcome {
+        Ok(()) => {
+            rec.outcome = AuditOutcome::Ok;
+            rec.error_code = None;
+        }
+        Err(e) => {
+            rec.outcome = if e.code() == Code::Internal {
+                AuditOutcome::Failed
+            } else {
+                AuditOutcome::Refused
+            };
+            rec.error_code = Some(e.code().to_wire() as i32);
+            if rec.detail.is_empty() {
+                rec.detail = e.reason().to_owned();
+            }
+        }
+    }
+}
+
+impl Store {
+    /// Writes an intent that its write did not write (a refusal that
+    /// committed nothing, a replay, a failure), on its own, with the
+    /// outcome the caller saw. Never fails the caller: a record that
+    /// cannot be written is logged and counted.
+    pub fn audit_unwritten<T>(
+        &mut self,
+        intent: &mut AuditIntent,
+        result: &Result<T, OpError>,
+        now_ms: i64,
+    ) {
+        if intent.written {
+            if std::mem::take(&mut intent.dropped) {
+                self.metrics.audit_dropped.inc();
+            }
+            self.after_audited(now_ms);
+            return;
+        }
+        let failed;
+        let outcome = match result {
+            Ok(_) => Ok(()),
+            Err(OpError::Refused(e)) => Err(e),
+            Err(OpError::Store(e)) => {
+                failed = DomainError::new(Code::Internal, e.to_string());
+                Err(&failed)
+            }
+        };
+        set_outcome(&mut intent.record, outcome);
+        match outbox_insert(&self.conn, &intent.record, Strictness::BestEffort) {
+            Ok(Some(_)) => intent.written = true,
+            Ok(None) => {
+                self.metrics.audit_dropped.inc();
+            }
+            Err(e) => {
+                self.metrics.audit_dropped.inc();
+                tracing::error!(action = %intent.record.action, error = %e, "audit record not written");
+            }
+        }
+        self.after_audited(now_ms);
+    }
+}
+
+impl AuditRecord {
+    /// The record of a control request before its outcome is known.
+    #[must_use]
+    pub fn control(caller: &crate::operator::Caller, action: &str, now_ms: i64) -> Self {
+        Self {
+            time_ms: now_ms,
+            transport: caller.transport.clone(),
+            principal: caller.principal.clone(),
+            client_id: None,
+            issue_uuid: None,
+            action: action.to_owned(),
+            outcome: AuditOutcome::Ok,
+            error_code: None,
+            command_digest: None,
+            env_keys: Vec::new(),
+            detail: String::new(),
+        }
+    }
+
+    /// The record of a `RunCommand` request: the client, the command, the
+    /// digest of its text or script, and its environment key names (never
+    /// values).
+    #[must_use]
+    pub fn run_command(
+        caller: &crate::operator::Caller,
+        req: &wire::RunCommandRequest,
+        now_ms: i64,
+    ) -> Self {
+        let mut rec = Self::control(caller, "RunCommand", now_ms);
+        rec.client_id = Some(req.client_id.clone());
+        rec.issue_uuid = rvbox_domain::ids::Uuid7::parse("request_id", &req.request_id)
+            .ok()
+            .map(|u| *u.as_bytes());
+        if let Some(spec) = &req.spec {
+            rec.command_digest = match &spec.source {
+                Some(wire::execution_spec::Source::CommandText(t)) => Some(sha256(t.as_bytes())),
+                Some(wire::execution_spec::Source::Script(d)) => {
+                    <[u8; 32]>::try_from(d.sha256.as_slice()).ok()
+                }
+                None => None,
+            };
+            rec = rec.with_env_names(spec.env.keys());
+        }
+        rec
+    }
+
+    /// A session record of the agent endpoint.
+    #[must_use]
+    pub fn session(
+        client_id: Option<&str>,
+        action: &str,
+        detail: impl Into<String>,
+        now_ms: i64,
+    ) -> Self {
+        let mut rec = Self::control(
+            &crate::operator::Caller {
+                transport: rvbox_store_port::audit::AGENT_TRANSPORT.into(),
+                principal: String::new(),
+            },
+            action,
+            now_ms,
+        );
+        rec.client_id = client_id.map(str::to_owned);
+        rec.detail = detail.into();
+        rec
+    }
+}
+
+/// What one outbox flush batch moved.
+#[derive(Debug, Clone, Copy)]
+struct FlushedBatch {
+    first_outbox_id: i64,
+    last_outbox_id: i64,
+    first_seq: u64,
+    ordinal: u64,
+    records: u64,
+    rotated: u64,
+}
+
+/// The transaction that commits one appended batch.
+#[derive(Debug, Clone, Copy)]
+struct AuditCommit {
+    ordinal: u64,
+    base_seq: u64,
+    new_file: bool,
+    seal_prev: Option<u64>,
+    len: u64,
+    records: u64,
+    charged: u64,
+    first_ms: i64,
+    last_ms: i64,
+    outbox_upto: i64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -359,32 +704,138 @@ impl Store {
         Ok(to_u64(v))
     }
 
-    /// Appends one audit record (see the module docs). Returns only once it
-    /// is durable.
+    /// Appends one audit record on its own (see the module docs): through
+    /// the outbox, which it then flushes. Returns only once the record is
+    /// in its segment, with the sequence it got.
     ///
     /// # Errors
     /// [`OpError::Refused`] for an invalid record or when the audit budget
-    /// (after rotation) or the free-space floor cannot hold it;
+    /// (after rotation) or the free-space floor cannot hold it (the record
+    /// then stays in the outbox, durable, for a later flush);
     /// [`OpError::Store`] when a file or the database failed (nothing
     /// committed; the uncommitted bytes are cut back).
     pub fn audit(&mut self, rec: &AuditRecord, now_ms: i64) -> Result<AuditAck, OpError> {
         rec.check()?;
-        let raw = rec.encode();
-        let raw_len = u32::try_from(raw.len())
-            .ok()
-            .filter(|n| *n <= MAX_AUDIT_RAW_BYTES)
-            .ok_or_else(|| DomainError::new(Code::InvalidArgument, "audit record too large"))?;
-        let stored = zstd::bulk::compress(&raw, 3)
-            .map_err(|e| StoreError::io("compress audit record", "", e))?;
-        let digest = sha256(&raw);
-        let limits = audit_limits();
+        let id = outbox_insert(&self.conn, rec, Strictness::Must)?
+            .ok_or_else(|| StoreError::Integrity("the audit record was not queued".into()))?;
+        let mut ack = None;
+        let mut rotated = 0;
+        while let Some(batch) = self.flush_audit_batch(now_ms)? {
+            rotated += batch.rotated;
+            if batch.last_outbox_id >= id && ack.is_none() {
+                ack = Some(AuditAck {
+                    seq: batch.first_seq + (id - batch.first_outbox_id).unsigned_abs(),
+                    ordinal: batch.ordinal,
+                    rotated: 0,
+                });
+            }
+        }
+        let mut ack =
+            ack.ok_or_else(|| StoreError::Integrity("the audit record was not flushed".into()))?;
+        ack.rotated = rotated;
+        Ok(ack)
+    }
+
+    /// Records waiting in the audit outbox.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database failed.
+    pub fn audit_outbox_len(&self) -> Result<u64, StoreError> {
+        outbox_len(&self.conn)
+    }
+
+    /// Moves every record of the audit outbox into audit segments, in
+    /// batches of at most [`AUDIT_FLUSH_BATCH`] records: one append, one
+    /// fsync and one transaction each, which also deletes the moved rows.
+    /// Returns how many moved.
+    ///
+    /// # Errors
+    /// As [`Store::audit`]; what was not moved stays in the outbox.
+    pub fn flush_audit(&mut self, now_ms: i64) -> Result<u64, OpError> {
+        let mut moved = 0;
+        while let Some(batch) = self.flush_audit_batch(now_ms)? {
+            moved += batch.records;
+        }
+        if moved > 0 {
+            tracing::debug!(moved, "audit outbox flushed");
+        }
+        Ok(moved)
+    }
+
+    /// After an audited write: flushes the outbox once it holds
+    /// [`AUDIT_FLUSH_AT`] records. A failure is logged and counted; the
+    /// records stay durable in the outbox.
+    pub(crate) fn after_audited(&mut self, now_ms: i64) {
+        match outbox_len(&self.conn) {
+            Ok(n) if n >= AUDIT_FLUSH_AT => {
+                if let Err(e) = self.flush_audit(now_ms) {
+                    self.metrics.audit_flush_failures.inc();
+                    tracing::warn!(error = %e, waiting = n, "audit outbox not flushed; it stays durable");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "audit outbox length unreadable"),
+        }
+    }
+
+    /// Moves the oldest outbox records that fit one segment. `None` when
+    /// the outbox is empty.
+    fn flush_audit_batch(&mut self, now_ms: i64) -> Result<Option<FlushedBatch>, OpError> {
+        let rows: Vec<(i64, Vec<u8>)> = {
+            let mut stmt = self
+                .conn
+                .prepare_cached("SELECT id, record FROM audit_outbox ORDER BY id LIMIT ?1")
+                .map_err(|e| StoreError::sqlite("read audit outbox", e))?;
+            let rows = stmt
+                .query_map(params![AUDIT_FLUSH_BATCH as i64], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .map_err(|e| StoreError::sqlite("read audit outbox", e))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(|e| StoreError::sqlite("read audit outbox", e))?
+        };
+        let Some(&(first_id, _)) = rows.first() else {
+            return Ok(None);
+        };
+        // compress each record; the segment choice depends on their sizes
+        let mut prepared = Vec::with_capacity(rows.len());
+        for (id, raw) in &rows {
+            let raw_len = u32::try_from(raw.len())
+                .ok()
+                .filter(|n| *n <= MAX_AUDIT_RAW_BYTES)
+                .ok_or_else(|| {
+                    StoreError::Integrity(format!("audit outbox row {id} is too large"))
+                })?;
+            let time_ms = AuditRecord::decode(raw)
+                .ok_or_else(|| {
+                    StoreError::Integrity(format!("audit outbox row {id} does not decode"))
+                })?
+                .time_ms;
+            let stored = zstd::bulk::compress(raw, 3)
+                .map_err(|e| StoreError::io("compress audit record", "", e))?;
+            let len = rvbox_segment::encoded_len(u32::try_from(stored.len()).unwrap_or(u32::MAX));
+            prepared.push((*id, raw_len, sha256(raw), stored, len, time_ms));
+        }
 
         let active = self.audit_active()?;
         let seal = self.opts.seal_bytes;
-        let rec_len = rvbox_segment::encoded_len(u32::try_from(stored.len()).unwrap_or(u32::MAX));
+        // how many of `prepared` fit from `start` bytes (at least one)
+        let fitting = |start: u64| -> usize {
+            let mut used = start;
+            let mut n = 0;
+            for p in &prepared {
+                if n > 0 && used.saturating_add(p.4) > seal {
+                    break;
+                }
+                used = used.saturating_add(p.4);
+                n += 1;
+            }
+            n
+        };
+        let first_len = prepared.first().map_or(0, |p| p.4);
         // (ordinal, base_seq, records, committed, new file?, sealing previous?)
         let (ordinal, base_seq, records, committed, new_file, seal_prev) = match active {
-            Some(a) if a.committed == 0 || a.committed.saturating_add(rec_len) <= seal => {
+            Some(a) if a.committed == 0 || a.committed.saturating_add(first_len) <= seal => {
                 (a.ordinal, a.base_seq, a.records, a.committed, false, None)
             }
             Some(a) => {
@@ -403,23 +854,37 @@ impl Store {
                 (o, b, 0, 0, true, None)
             }
         };
-        let seq = base_seq.saturating_add(records).saturating_add(1);
-        let meta = RecordMeta {
-            issue_uuid: [0; 16],
-            seq,
-            observed_unix_ms: rec.time_ms,
-            receipt_unix_ms: now_ms,
-            kind: Kind::Audit,
-            stream: Stream::None,
-            compression: Compression::Zstd,
-            raw_len,
-            sha256: digest,
-        };
-        let bytes = rvbox_segment::encode(&meta, &stored, &limits).map_err(|e| {
-            StoreError::Integrity(format!("audit record does not encode: {}", e.code()))
-        })?;
-        let charged = charge(CHARGE_VERSION, ChargeKind::AuditRecord, bytes.len() as u64)
-            .map_err(|e| StoreError::Integrity(e.to_string()))?;
+        let take = fitting(committed).min(prepared.len());
+        let batch = prepared.get(..take).unwrap_or_default();
+        let first_seq = base_seq.saturating_add(records).saturating_add(1);
+        let limits = audit_limits();
+        let mut bytes = Vec::new();
+        let mut charged = 0u64;
+        let (mut first_ms, mut last_ms) = (i64::MAX, i64::MIN);
+        for (k, (_, raw_len, digest, stored, _, time_ms)) in batch.iter().enumerate() {
+            let meta = RecordMeta {
+                issue_uuid: [0; 16],
+                seq: first_seq.saturating_add(k as u64),
+                observed_unix_ms: *time_ms,
+                receipt_unix_ms: now_ms,
+                kind: Kind::Audit,
+                stream: Stream::None,
+                compression: Compression::Zstd,
+                raw_len: *raw_len,
+                sha256: *digest,
+            };
+            let one = rvbox_segment::encode(&meta, stored, &limits).map_err(|e| {
+                StoreError::Integrity(format!("audit record does not encode: {}", e.code()))
+            })?;
+            charged = charged.saturating_add(
+                charge(CHARGE_VERSION, ChargeKind::AuditRecord, one.len() as u64)
+                    .map_err(|e| StoreError::Integrity(e.to_string()))?,
+            );
+            bytes.extend_from_slice(&one);
+            first_ms = first_ms.min(*time_ms);
+            last_ms = last_ms.max(*time_ms);
+        }
+        let last_id = batch.last().map_or(first_id, |p| p.0);
 
         // the separate audit budget, rotating oldest complete segments
         let free = self.free_space()?;
@@ -446,7 +911,7 @@ impl Store {
                 ChargeKind::AuditRecord,
                 charged,
             ) {
-                tracing::warn!(tier = refusal.tier.name(), "audit record refused");
+                tracing::warn!(tier = refusal.tier.name(), "audit records refused");
                 return Err(DomainError::new(Code::QuotaExceeded, refusal.to_string()).into());
             }
         }
@@ -492,73 +957,80 @@ impl Store {
             return Err(e.into());
         }
         self.hook.at(points::AUDIT_AFTER_FSYNC);
-        if let Err(e) = self.audit_commit(
+        let commit = AuditCommit {
             ordinal,
             base_seq,
             new_file,
             seal_prev,
-            bytes.len() as u64,
+            len: bytes.len() as u64,
+            records: take as u64,
             charged,
-            rec.time_ms,
-            now_ms,
-        ) {
+            first_ms,
+            last_ms,
+            outbox_upto: last_id,
+        };
+        if let Err(e) = self.audit_commit(&commit, now_ms) {
             self.audit_rollback(&path, new_file, committed);
             tracing::error!(ordinal, error = %e, "audit commit failed; nothing committed");
             return Err(e.into());
         }
-        self.metrics.audit_records.inc();
-        tracing::debug!(seq, ordinal, action = %rec.action, "audit record appended");
-        Ok(AuditAck {
-            seq,
+        self.metrics.audit_records.inc_by(take as u64);
+        tracing::debug!(first_seq, records = take, ordinal, "audit records appended");
+        Ok(Some(FlushedBatch {
+            first_outbox_id: first_id,
+            last_outbox_id: last_id,
+            first_seq,
             ordinal,
+            records: take as u64,
             rotated,
-        })
+        }))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn audit_commit(
-        &mut self,
-        ordinal: u64,
-        base_seq: u64,
-        new_file: bool,
-        seal_prev: Option<u64>,
-        len: u64,
-        charged: u64,
-        time_ms: i64,
-        now_ms: i64,
-    ) -> Result<(), StoreError> {
+    fn audit_commit(&mut self, c: &AuditCommit, now_ms: i64) -> Result<(), StoreError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sqlite("begin audit commit", e))?;
-        if let Some(prev) = seal_prev {
+        if let Some(prev) = c.seal_prev {
             tx.execute_cached(
                 "UPDATE audit_segments SET state = 'sealed' WHERE ordinal = ?1 AND state = 'active'",
                 params![to_i64(prev)],
             )
             .map_err(|e| StoreError::sqlite("seal audit segment", e))?;
         }
-        if new_file {
+        if c.new_file {
             tx.execute_cached(
                 "INSERT INTO audit_segments (ordinal, base_seq, created_ms) VALUES (?1, ?2, ?3)",
-                params![to_i64(ordinal), to_i64(base_seq), now_ms],
+                params![to_i64(c.ordinal), to_i64(c.base_seq), now_ms],
             )
             .map_err(|e| StoreError::sqlite("insert audit segment", e))?;
         }
         tx.execute_cached(
-            "UPDATE audit_segments SET committed_end = committed_end + ?2, records = records + 1,
-                 charged_bytes = charged_bytes + ?3,
-                 first_ms = COALESCE(first_ms, ?4),
-                 last_ms = MAX(COALESCE(last_ms, ?4), ?4)
+            "UPDATE audit_segments SET committed_end = committed_end + ?2, records = records + ?3,
+                 charged_bytes = charged_bytes + ?4,
+                 first_ms = COALESCE(first_ms, ?5),
+                 last_ms = MAX(COALESCE(last_ms, ?6), ?6)
              WHERE ordinal = ?1",
-            params![to_i64(ordinal), to_i64(len), to_i64(charged), time_ms],
+            params![
+                to_i64(c.ordinal),
+                to_i64(c.len),
+                to_i64(c.records),
+                to_i64(c.charged),
+                c.first_ms,
+                c.last_ms
+            ],
         )
         .map_err(|e| StoreError::sqlite("advance audit committed_end", e))?;
         tx.execute_cached(
             "UPDATE quota_totals SET audit_charged = audit_charged + ?1 WHERE id = 1",
-            params![to_i64(charged)],
+            params![to_i64(c.charged)],
         )
         .map_err(|e| StoreError::sqlite("charge audit", e))?;
+        tx.execute_cached(
+            "DELETE FROM audit_outbox WHERE id <= ?1",
+            params![c.outbox_upto],
+        )
+        .map_err(|e| StoreError::sqlite("empty audit outbox", e))?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit audit record", e))
     }
@@ -930,6 +1402,34 @@ impl Store {
                 }
                 off = off.saturating_add(len.max(1));
             }
+        }
+        // then the outbox: committed records not yet in a segment, with
+        // the sequences their flush gives them
+        let (_, next_base) = self.audit_next()?;
+        let skip = after_seq.saturating_sub(next_base);
+        let room = limit.saturating_sub(out.len());
+        if room == 0 {
+            return Ok(out);
+        }
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT record FROM audit_outbox ORDER BY id LIMIT ?1 OFFSET ?2")
+            .map_err(|e| StoreError::sqlite("read audit outbox", e))?;
+        let rows = stmt
+            .query_map(params![to_i64(room as u64), to_i64(skip)], |r| {
+                r.get::<_, Vec<u8>>(0)
+            })
+            .map_err(|e| StoreError::sqlite("read audit outbox", e))?;
+        for (k, raw) in rows.enumerate() {
+            let raw = raw.map_err(|e| StoreError::sqlite("read audit outbox", e))?;
+            let seq = next_base
+                .saturating_add(skip)
+                .saturating_add(k as u64)
+                .saturating_add(1);
+            let decoded = AuditRecord::decode(&raw).ok_or_else(|| {
+                StoreError::Integrity("audit outbox record does not decode".into())
+            })?;
+            out.push((seq, decoded));
         }
         Ok(out)
     }

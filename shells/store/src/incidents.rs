@@ -8,6 +8,7 @@
 //! operator's acknowledgement with a note. Both are idempotent by
 //! `request_id` through [`crate::mutations`].
 
+use crate::audit::AuditIntent;
 use crate::db::Cached as _;
 use prost::Message as _;
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, params};
@@ -374,6 +375,21 @@ pub fn repair(
     now_ms: i64,
     action: &mut dyn FnMut(&Transaction<'_>, &Incident, SafeRepair) -> Result<(), OpError>,
 ) -> Result<wire::RepairStorageIncidentResponse, OpError> {
+    repair_audited(conn, req, now_ms, action, None)
+}
+
+/// [`repair`] with its audit record written in the same transaction as
+/// the repair or the stored refusal (plan §5.5).
+///
+/// # Errors
+/// As [`repair`].
+pub fn repair_audited(
+    conn: &mut Connection,
+    req: &wire::RepairStorageIncidentRequest,
+    now_ms: i64,
+    action: &mut dyn FnMut(&Transaction<'_>, &Incident, SafeRepair) -> Result<(), OpError>,
+    audit: Option<&mut AuditIntent>,
+) -> Result<wire::RepairStorageIncidentResponse, OpError> {
     let request_id = Uuid7::parse("request_id", &req.request_id).map_err(DomainError::from)?;
     let id = parse_incident_id(&req.incident_id)?;
     let mut canonical_req = req.clone();
@@ -423,6 +439,9 @@ pub fn repair(
         Ok(resp) => Ok(resp.encode_to_vec()),
         Err(e) => Err(e.to_detail()),
     };
+    if let Some(audit) = audit {
+        audit.write_in(&tx, outcome.as_ref().map(|_| ()))?;
+    }
     mutations::record(
         &tx,
         &request_id,
@@ -454,6 +473,20 @@ pub fn acknowledge(
     conn: &mut Connection,
     req: &wire::AcknowledgeStorageIncidentRequest,
     now_ms: i64,
+) -> Result<wire::AcknowledgeStorageIncidentResponse, OpError> {
+    acknowledge_audited(conn, req, now_ms, None)
+}
+
+/// [`acknowledge`] with its audit record written in the same transaction
+/// as the acknowledgement or the stored refusal (plan §5.5).
+///
+/// # Errors
+/// As [`acknowledge`].
+pub fn acknowledge_audited(
+    conn: &mut Connection,
+    req: &wire::AcknowledgeStorageIncidentRequest,
+    now_ms: i64,
+    audit: Option<&mut AuditIntent>,
 ) -> Result<wire::AcknowledgeStorageIncidentResponse, OpError> {
     let request_id = Uuid7::parse("request_id", &req.request_id).map_err(DomainError::from)?;
     let id = parse_incident_id(&req.incident_id)?;
@@ -491,6 +524,9 @@ pub fn acknowledge(
         Ok(resp) => Ok(resp.encode_to_vec()),
         Err(e) => Err(e.to_detail()),
     };
+    if let Some(audit) = audit {
+        audit.write_in(&tx, outcome.as_ref().map(|_| ()))?;
+    }
     mutations::record(
         &tx,
         &request_id,

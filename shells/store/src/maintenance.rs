@@ -5,8 +5,8 @@
 //! pending file deletions), rotation a command's window or total already
 //! exceeds, 30-day age reclamation, quota eviction of whole terminal
 //! commands (per client, then server-wide), pressure rotation of active
-//! output when terminal data alone cannot relieve a tier, and audit
-//! rotation. The store is single-writer (`&mut self`), so a pass never
+//! output when terminal data alone cannot relieve a tier, audit
+//! rotation, and the audit outbox flush. The store is single-writer (`&mut self`), so a pass never
 //! races an append. Candidates come from bounded pages; a pass that could
 //! not finish leaves the rest for the next one.
 
@@ -235,7 +235,17 @@ impl Store {
         }
 
         report.audit_rotated = self.rotate_audit(0, now_ms)?;
+        // the audit outbox goes to its segments; what cannot move now stays
+        // durable for the next pass
+        match self.flush_audit(now_ms) {
+            Ok(n) => report.audit_flushed = n,
+            Err(e) => {
+                self.metrics.audit_flush_failures.inc();
+                tracing::warn!(error = %e, "audit outbox not flushed; it stays durable");
+            }
+        }
         tracing::info!(
+            audit_flushed = report.audit_flushed,
             rolled_forward = report.rolled_forward,
             files_swept = report.files_swept,
             rotations = report.rotations,

@@ -104,8 +104,12 @@ pub struct StoreMetrics {
     pub evictions: Family<CauseLabel, Counter>,
     /// Evictions that failed (recorded as incidents, rolled forward later).
     pub eviction_failures: Counter,
-    /// Audit records made durable.
+    /// Audit records moved into audit segments.
     pub audit_records: Counter,
+    /// Outbox flushes that failed (the records stay in the outbox).
+    pub audit_flush_failures: Counter,
+    /// Best-effort audit records dropped because the outbox was full.
+    pub audit_dropped: Counter,
 }
 
 impl Default for StoreMetrics {
@@ -134,6 +138,8 @@ impl Default for StoreMetrics {
             evictions: Family::default(),
             eviction_failures: Counter::default(),
             audit_records: Counter::default(),
+            audit_flush_failures: Counter::default(),
+            audit_dropped: Counter::default(),
         }
     }
 }
@@ -243,6 +249,36 @@ impl StoreMetrics {
             "recovery_actions",
             "Recovery actions, by step",
             self.recovery.clone(),
+        );
+        r.register(
+            "rotations",
+            "Output rotations, by truncation source",
+            self.rotations.clone(),
+        );
+        r.register(
+            "evictions",
+            "Whole commands evicted, by cause",
+            self.evictions.clone(),
+        );
+        r.register(
+            "eviction_failures",
+            "Evictions that failed (recorded as incidents, rolled forward later)",
+            self.eviction_failures.clone(),
+        );
+        r.register(
+            "audit_records",
+            "Audit records moved into audit segments",
+            self.audit_records.clone(),
+        );
+        r.register(
+            "audit_flush_failures",
+            "Audit outbox flushes that failed; the records stay durable in the outbox",
+            self.audit_flush_failures.clone(),
+        );
+        r.register(
+            "audit_dropped",
+            "Session audit records dropped because the audit outbox was full",
+            self.audit_dropped.clone(),
         );
     }
 

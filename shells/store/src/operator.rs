@@ -7,7 +7,7 @@ use rusqlite::{Transaction, params};
 use rvbox_domain::error::{Code, DomainError};
 use rvbox_proto::v1 as wire;
 
-use crate::audit::{AuditOutcome, AuditRecord};
+use crate::audit::{AuditIntent, AuditRecord};
 use crate::error::StoreError;
 use crate::incidents::{self, Incident, SafeRepair};
 use crate::mutations::OpError;
@@ -28,51 +28,20 @@ pub fn rebuild_counters(tx: &Transaction<'_>) -> Result<(), StoreError> {
     .map_err(|e| StoreError::sqlite("rebuild counters", e))
 }
 
-/// Who asked for an operator action, as recorded in the audit log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    /// Transport (`grpc-unix`, `json-rpc`, `offline-repair`).
-    pub transport: String,
-    /// Principal as the transport knows it (e.g. `uid:0`); may be empty.
-    pub principal: String,
-}
+pub use rvbox_store_port::audit::Caller;
 
 impl Store {
-    /// Appends the audit record of an incident action: after the mutation
-    /// committed, before derived dirty health is refreshed (plan §5.5).
-    /// Returns whether it was written; a failure is logged, never turned
-    /// into a failure of the action that already committed.
-    fn audit_incident_action(
-        &mut self,
+    /// The audit intent of an incident action (plan §5.5): written in
+    /// the action's transaction, before derived dirty health is refreshed.
+    fn incident_intent(
         caller: &Caller,
         action: &str,
-        outcome: &Result<(), OpError>,
+        incident_id: &str,
         now_ms: i64,
-    ) -> bool {
-        let (outcome, error_code) = match outcome {
-            Ok(()) => (AuditOutcome::Ok, None),
-            Err(OpError::Refused(e)) => (AuditOutcome::Refused, Some(e.code().to_wire() as i32)),
-            Err(OpError::Store(_)) => (AuditOutcome::Failed, None),
-        };
-        let rec = AuditRecord {
-            time_ms: now_ms,
-            transport: caller.transport.clone(),
-            principal: caller.principal.clone(),
-            client_id: None,
-            issue_uuid: None,
-            action: action.to_owned(),
-            outcome,
-            error_code,
-            command_digest: None,
-            env_keys: Vec::new(),
-        };
-        match self.audit(&rec, now_ms) {
-            Ok(_) => true,
-            Err(e) => {
-                tracing::error!(action, error = %e, "audit record of an incident action not written");
-                false
-            }
-        }
+    ) -> AuditIntent {
+        let mut rec = AuditRecord::control(caller, action, now_ms);
+        rec.detail = format!("incident {incident_id}");
+        AuditIntent::control(rec)
     }
 
     /// A page of incidents, newest first (see [`incidents::list`]).
@@ -109,8 +78,13 @@ impl Store {
             let _ = fs.remove_file(&probe);
             ok
         };
-        let result = incidents::repair(&mut self.conn, req, now_ms, &mut |tx, incident, action| {
-            match action {
+        let mut intent =
+            Self::incident_intent(caller, "RepairStorageIncident", &req.incident_id, now_ms);
+        let result = incidents::repair_audited(
+            &mut self.conn,
+            req,
+            now_ms,
+            &mut |tx, incident, action| match action {
                 SafeRepair::RebuildCounters => rebuild_counters(tx).map_err(OpError::Store),
                 SafeRepair::TruncateTail => cut_tail(tx, fs.as_ref(), &dir, incident),
                 SafeRepair::RollForwardEviction => roll_forward_marked(tx, incident),
@@ -125,14 +99,13 @@ impl Store {
                         )))
                     }
                 }
-            }
-        });
-        let summary = result.as_ref().map(|_| ()).map_err(clone_op);
-        let audited = self.audit_incident_action(caller, "RepairStorageIncident", &summary, now_ms);
-        // plan §5.5: the audit record is persisted before derived dirty
-        // health clears; without it the scope stays dirty in memory until
-        // the next refresh (the resolution itself is durable)
-        if result.is_ok() && audited {
+            },
+            Some(&mut intent),
+        );
+        self.audit_unwritten(&mut intent, &result, now_ms);
+        // plan §5.5: the audit record is persisted (in the repair's own
+        // transaction) before derived dirty health clears
+        if result.is_ok() {
             self.health.refresh(&self.conn)?;
         }
         result
@@ -148,14 +121,17 @@ impl Store {
         caller: &Caller,
         now_ms: i64,
     ) -> Result<wire::AcknowledgeStorageIncidentResponse, OpError> {
-        let result = incidents::acknowledge(&mut self.conn, req, now_ms);
-        let summary = result.as_ref().map(|_| ()).map_err(clone_op);
-        let audited =
-            self.audit_incident_action(caller, "AcknowledgeStorageIncident", &summary, now_ms);
-        // plan §5.5: the audit record is persisted before derived dirty
-        // health clears; without it the scope stays dirty in memory until
-        // the next refresh (the resolution itself is durable)
-        if result.is_ok() && audited {
+        let mut intent = Self::incident_intent(
+            caller,
+            "AcknowledgeStorageIncident",
+            &req.incident_id,
+            now_ms,
+        );
+        let result = incidents::acknowledge_audited(&mut self.conn, req, now_ms, Some(&mut intent));
+        self.audit_unwritten(&mut intent, &result, now_ms);
+        // plan §5.5: the audit record is persisted (in the acknowledgement's
+        // own transaction) before derived dirty health clears
+        if result.is_ok() {
             self.health.refresh(&self.conn)?;
         }
         result
@@ -214,13 +190,6 @@ fn cut_tail(
             .map_err(|e| OpError::Store(StoreError::io("truncate uncommitted tail", &path, e)))?;
     }
     Ok(())
-}
-
-fn clone_op(e: &OpError) -> OpError {
-    match e {
-        OpError::Refused(d) => OpError::Refused(d.clone()),
-        OpError::Store(s) => OpError::Store(StoreError::Integrity(s.to_string())),
-    }
 }
 
 /// A failed eviction is rolled forward by clearing the command's

@@ -9,6 +9,7 @@
 //! taken on a stale view is refused with `CONFLICT` and nothing changes.
 //! Only after [`Store::register_session`] returns may a welcome be sent.
 
+use crate::audit::{AuditIntent, AuditRecord};
 use crate::db::Cached as _;
 use prost::Message as _;
 use rusqlite::{OptionalExtension, Transaction, TransactionBehavior, params};
@@ -232,8 +233,43 @@ impl Store {
             ],
         )
         .map_err(|e| StoreError::sqlite("install session", e))?;
+        // plan §5.2: the session's audit records commit with it
+        let mut fenced_intent = reg.fence.map(|_| {
+            AuditIntent::session(AuditRecord::session(
+                Some(&reg.client_id),
+                "SessionFenced",
+                format!("fenced by the registration of generation {next}"),
+                now_ms,
+            ))
+        });
+        if let Some(intent) = fenced_intent.as_mut() {
+            intent.write_in(&tx, Ok(()))?;
+        }
+        let mut intent = AuditIntent::session(AuditRecord::session(
+            Some(&reg.client_id),
+            "SessionRegistered",
+            format!(
+                "generation {next}{}{}",
+                if reg.fence.is_some() {
+                    ", previous session fenced"
+                } else {
+                    ""
+                },
+                if reg.consume_grant.is_some() {
+                    ", takeover grant consumed"
+                } else {
+                    ""
+                }
+            ),
+            now_ms,
+        ));
+        intent.write_in(&tx, Ok(()))?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit registration", e))?;
+        if let Some(mut f) = fenced_intent {
+            self.audit_unwritten(&mut f, &Ok::<(), OpError>(()), now_ms);
+        }
+        self.audit_unwritten(&mut intent, &Ok::<(), OpError>(()), now_ms);
         self.hook.at(crate::crash::points::REGISTER_AFTER_COMMIT);
         self.metrics.sessions_registered.inc();
         if reg.fence.is_some() {
@@ -264,22 +300,72 @@ impl Store {
     ) -> Result<(), OpError> {
         self.health
             .check_writable(&[(wire::ScopeKind::Client, client_id)])?;
-        self.conn
-            .execute_cached(
-                "INSERT INTO clients (client_id, pending_instance_id, pending_seen_ms)
-                 VALUES (?1, ?2, ?3)
-                 ON CONFLICT (client_id) DO UPDATE SET
-                     pending_instance_id = excluded.pending_instance_id,
-                     pending_seen_ms = excluded.pending_seen_ms",
-                params![client_id, instance_id.as_slice(), now_ms],
-            )
-            .map_err(|e| StoreError::sqlite("record pending claim", e))?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin pending claim", e))?;
+        tx.execute_cached(
+            "INSERT INTO clients (client_id, pending_instance_id, pending_seen_ms)
+             VALUES (?1, ?2, ?3)
+             ON CONFLICT (client_id) DO UPDATE SET
+                 pending_instance_id = excluded.pending_instance_id,
+                 pending_seen_ms = excluded.pending_seen_ms",
+            params![client_id, instance_id.as_slice(), now_ms],
+        )
+        .map_err(|e| StoreError::sqlite("record pending claim", e))?;
+        let mut intent = AuditIntent::session(AuditRecord::session(
+            Some(client_id),
+            "LiveConflictRefused",
+            "another instance's session is live; the claim is recorded for takeover",
+            now_ms,
+        ));
+        intent.write_in(&tx, Ok(()))?;
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit pending claim", e))?;
+        self.audit_unwritten(&mut intent, &Ok::<(), OpError>(()), now_ms);
         self.hook.at(crate::crash::points::CLAIM_AFTER_COMMIT);
         self.metrics.live_conflicts.inc();
         tracing::warn!(
             client_id,
             "live-conflict registration rejected; claim recorded"
         );
+        Ok(())
+    }
+
+    /// Session audit records that no effect carries (a rejected hello,
+    /// traffic of an unknown session), in one transaction. Best effort: a
+    /// full outbox drops them, counted.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub fn session_audits(
+        &mut self,
+        records: &[rvbox_store_port::audit::SessionAudit],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin session audit", e))?;
+        let mut intents = Vec::with_capacity(records.len());
+        for r in records {
+            let mut i = AuditIntent::session(AuditRecord::session(
+                r.client_id.as_deref(),
+                r.action,
+                r.detail.clone(),
+                now_ms,
+            ));
+            i.write_in(&tx, Ok(())).map_err(|e| match e {
+                OpError::Store(e) => e,
+                OpError::Refused(d) => StoreError::Integrity(d.to_string()),
+            })?;
+            intents.push(i);
+        }
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit session audit", e))?;
+        for mut i in intents {
+            self.audit_unwritten(&mut i, &Ok::<(), OpError>(()), now_ms);
+        }
         Ok(())
     }
 
@@ -300,6 +386,7 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sqlite("begin session close", e))?;
         let ended = end_session(&tx, session_id, fenced, reason, now_ms)?;
+        let mut intent = None;
         if ended {
             tx.execute_cached(
                 "UPDATE clients SET last_seen_ms = ?2
@@ -307,9 +394,35 @@ impl Store {
                 params![session_id.as_slice(), now_ms],
             )
             .map_err(|e| StoreError::sqlite("update last seen", e))?;
+            let client: Option<String> = tx
+                .query_row_cached(
+                    "SELECT client_id FROM sessions WHERE session_id = ?1",
+                    params![session_id.as_slice()],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(|e| StoreError::sqlite("read session client", e))?;
+            let mut i = AuditIntent::session(AuditRecord::session(
+                client.as_deref(),
+                if fenced {
+                    "SessionFenced"
+                } else {
+                    "SessionClosed"
+                },
+                reason,
+                now_ms,
+            ));
+            i.write_in(&tx, Ok(())).map_err(|e| match e {
+                OpError::Store(e) => e,
+                OpError::Refused(d) => StoreError::Integrity(d.to_string()),
+            })?;
+            intent = Some(i);
         }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit session close", e))?;
+        if let Some(mut i) = intent {
+            self.audit_unwritten(&mut i, &Ok::<(), OpError>(()), now_ms);
+        }
         self.hook
             .at(crate::crash::points::SESSION_CLOSE_AFTER_COMMIT);
         if ended {

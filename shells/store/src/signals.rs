@@ -89,6 +89,42 @@ impl Store {
         decide: impl FnOnce(&CommandView) -> Result<SignalPlan, DomainError>,
         now_ms: i64,
     ) -> Result<SignalOutcome, OpError> {
+        self.signal_command_as(req, &crate::operator::Caller::local(), decide, now_ms)
+    }
+
+    /// [`Store::signal_command`] for a named caller: its audit record
+    /// commits in the signal's own transaction; a refusal or a replay is
+    /// audited on its own.
+    ///
+    /// # Errors
+    /// As [`Store::signal_command`].
+    pub fn signal_command_as(
+        &mut self,
+        req: &wire::SignalCommandRequest,
+        caller: &crate::operator::Caller,
+        decide: impl FnOnce(&CommandView) -> Result<SignalPlan, DomainError>,
+        now_ms: i64,
+    ) -> Result<SignalOutcome, OpError> {
+        let mut rec = crate::audit::AuditRecord::control(caller, "SignalCommand", now_ms);
+        rec.issue_uuid = Uuid7::parse("issue_uuid", &req.issue_uuid)
+            .ok()
+            .map(|u| *u.as_bytes());
+        rec.detail = wire::SignalKind::try_from(req.signal)
+            .map(|k| k.as_str_name().to_owned())
+            .unwrap_or_default();
+        let mut intent = crate::audit::AuditIntent::control(rec);
+        let result = self.signal_command_in(req, decide, &mut intent, now_ms);
+        self.audit_unwritten(&mut intent, &result, now_ms);
+        result
+    }
+
+    fn signal_command_in(
+        &mut self,
+        req: &wire::SignalCommandRequest,
+        decide: impl FnOnce(&CommandView) -> Result<SignalPlan, DomainError>,
+        intent: &mut crate::audit::AuditIntent,
+        now_ms: i64,
+    ) -> Result<SignalOutcome, OpError> {
         let request_id = Uuid7::parse("request_id", &req.request_id).map_err(DomainError::from)?;
         let issue = *Uuid7::parse("issue_uuid", &req.issue_uuid)
             .map_err(DomainError::from)?
@@ -171,6 +207,7 @@ impl Store {
             lifecycle: lifecycle.to_wire() as i32,
         };
         let stored: Stored = Ok(response.encode_to_vec());
+        intent.write_in(&tx, Ok(()))?;
         mutations::record(
             &tx,
             &request_id,

@@ -247,7 +247,27 @@ impl Store {
         req: &wire::RunCommandRequest,
         now_ms: i64,
     ) -> Result<wire::RunCommandResponse, OpError> {
-        let result = self.run_command_inner(req, now_ms);
+        self.run_command_as(req, &crate::operator::Caller::local(), now_ms)
+    }
+
+    /// [`Store::run_command`] for a named caller: its audit record (caller,
+    /// client, command, digest, environment key names, outcome) commits in
+    /// the command's own transaction; a refusal or a replay, which commits
+    /// nothing, is audited on its own.
+    ///
+    /// # Errors
+    /// As [`Store::run_command`].
+    pub fn run_command_as(
+        &mut self,
+        req: &wire::RunCommandRequest,
+        caller: &crate::operator::Caller,
+        now_ms: i64,
+    ) -> Result<wire::RunCommandResponse, OpError> {
+        let mut intent = crate::audit::AuditIntent::control(
+            crate::audit::AuditRecord::run_command(caller, req, now_ms),
+        );
+        let result = self.run_command_inner(req, &mut intent, now_ms);
+        self.audit_unwritten(&mut intent, &result, now_ms);
         match &result {
             Ok(_) => {
                 self.metrics.commands_created.inc();
@@ -267,6 +287,7 @@ impl Store {
     fn run_command_inner(
         &mut self,
         req: &wire::RunCommandRequest,
+        intent: &mut crate::audit::AuditIntent,
         now_ms: i64,
     ) -> Result<wire::RunCommandResponse, OpError> {
         let valid = check_run_command(req)?;
@@ -405,6 +426,7 @@ impl Store {
             queue_expiry_time: expiry_ms.map(to_timestamp),
         };
         let stored: Stored = Ok(response.encode_to_vec());
+        intent.write_in(&tx, Ok(()))?;
         mutations::record(
             &tx,
             &valid.issue_uuid,

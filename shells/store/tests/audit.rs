@@ -63,6 +63,11 @@ fn record(n: i64) -> AuditRecord {
         error_code: (n % 3 == 0).then_some(Code::QuotaExceeded as i32),
         command_digest: Some([n as u8; 32]),
         env_keys: Vec::new(),
+        detail: if n % 2 == 0 {
+            String::new()
+        } else {
+            format!("record {n}")
+        },
     }
     .with_env_names(env.keys())
 }
@@ -243,13 +248,17 @@ fn audit_recovery_cuts_uncommitted_tails_and_reports_damage() {
     assert!(crashed.is_err());
     drop(s);
     let mut s = reopen(dir.path(), o.clone());
-    let seqs: Vec<u64> = s.read_audit(0, 100).unwrap().iter().map(|r| r.0).collect();
-    assert_eq!(
-        seqs,
-        (1..=6).collect::<Vec<_>>(),
-        "never committed, never read"
-    );
-    assert_eq!(s.audit(&record(7), NOW + 7).unwrap().seq, 7);
+    // the segment bytes of record 7 were never committed and are cut; the
+    // record itself committed in the outbox, so it is read from there and
+    // moves to its segment with the next flush, under the same sequence
+    assert_eq!(s.audit_outbox_len().unwrap(), 1);
+    let read = s.read_audit(0, 100).unwrap();
+    let seqs: Vec<u64> = read.iter().map(|r| r.0).collect();
+    assert_eq!(seqs, (1..=7).collect::<Vec<_>>());
+    assert_eq!(read[6].1, record(7));
+    assert_eq!(s.flush_audit(NOW + 8).unwrap(), 1);
+    assert_eq!(s.audit_outbox_len().unwrap(), 0);
+    assert_eq!(s.read_audit(0, 100).unwrap(), read);
 
     // garbage beyond the committed end of the active segment
     let active: i64 = s
@@ -328,4 +337,276 @@ fn audit_recovery_cuts_uncommitted_tails_and_reports_damage() {
     let (counter, recount) = audit_charged(&s);
     assert_eq!(counter, recount);
     assert_counters(&s);
+}
+
+fn caller() -> rvbox_store::operator::Caller {
+    rvbox_store::operator::Caller {
+        transport: "grpc-unix".into(),
+        principal: "uid:1000".into(),
+    }
+}
+
+fn registration(
+    instance: [u8; 16],
+    expected: u64,
+    session: u8,
+    fence: Option<[u8; 16]>,
+) -> rvbox_store::sessions::Registration {
+    rvbox_store::sessions::Registration {
+        client_id: "web-1".into(),
+        instance_id: instance,
+        expected_generation: expected,
+        session_id: [session; 16],
+        fence,
+        consume_grant: None,
+        capabilities: wire::Capabilities {
+            software_version: "1.0.0".into(),
+            max_running: 4,
+            max_queued: 10,
+            ..Default::default()
+        },
+        cwd_policy: None,
+    }
+}
+
+fn actions(s: &Store) -> Vec<(String, AuditOutcome)> {
+    s.read_audit(0, 1000)
+        .unwrap()
+        .into_iter()
+        .map(|(_, r)| (r.action, r.outcome))
+        .collect()
+}
+
+#[test]
+fn control_mutations_commit_their_audit_record_with_the_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = reopen(dir.path(), opts(64 * 1024, 1024 * 1024));
+    let id = new_id();
+    let mut req = run_request(&id, "web-1", "make deploy");
+    if let Some(spec) = req.spec.as_mut() {
+        spec.env.insert("API_TOKEN".into(), "s3cr3t-value".into());
+    }
+    s.run_command_as(&req, &caller(), NOW).unwrap();
+    // the record is in the same transaction: durable before any flush
+    assert_eq!(s.audit_outbox_len().unwrap(), 1);
+    let (_, rec) = s.read_audit(0, 10).unwrap().remove(0);
+    assert_eq!(rec.action, "RunCommand");
+    assert_eq!(rec.outcome, AuditOutcome::Ok);
+    assert_eq!(
+        (rec.transport.as_str(), rec.principal.as_str()),
+        ("grpc-unix", "uid:1000")
+    );
+    assert_eq!(rec.client_id.as_deref(), Some("web-1"));
+    assert_eq!(rec.issue_uuid, Some(id));
+    assert_eq!(
+        rec.command_digest,
+        Some(rvbox_segment::sha256(b"make deploy"))
+    );
+    assert_eq!(rec.env_keys, vec!["API_TOKEN".to_owned()]);
+    let encoded = format!("{rec:?}");
+    assert!(
+        !encoded.contains("s3cr3t"),
+        "an environment value leaked: {encoded}"
+    );
+
+    // a replay commits nothing and is audited on its own; so is a refusal
+    s.run_command_as(&req, &caller(), NOW + 1).unwrap();
+    let mut other = req.clone();
+    other.client_id = "web-2".into();
+    assert!(matches!(
+        s.run_command_as(&other, &caller(), NOW + 2),
+        Err(OpError::Refused(_))
+    ));
+    let signal = wire::SignalCommandRequest {
+        request_id: text(&new_id()),
+        issue_uuid: text(&id),
+        signal: wire::SignalKind::Term as i32,
+    };
+    s.signal_command_as(
+        &signal,
+        &caller(),
+        |_| Ok(rvbox_store::signals::SignalPlan::CancelQueued),
+        NOW + 3,
+    )
+    .unwrap();
+    let all = s.read_audit(0, 10).unwrap();
+    assert_eq!(
+        actions(&s),
+        vec![
+            ("RunCommand".to_owned(), AuditOutcome::Ok),
+            ("RunCommand".to_owned(), AuditOutcome::Ok),
+            ("RunCommand".to_owned(), AuditOutcome::Refused),
+            ("SignalCommand".to_owned(), AuditOutcome::Ok),
+        ]
+    );
+    assert_eq!(all[2].1.error_code, Some(Code::Conflict.to_wire() as i32));
+    assert!(!all[2].1.detail.is_empty());
+    assert_eq!(all[3].1.detail, "SIGNAL_KIND_TERM");
+    // the flush moves them under the same sequences
+    assert_eq!(s.flush_audit(NOW + 4).unwrap(), 4);
+    assert_eq!(s.read_audit(0, 10).unwrap(), all);
+    let (counter, recount) = audit_charged(&s);
+    assert_eq!(counter, recount);
+}
+
+#[test]
+fn a_crash_inside_the_command_transaction_leaves_neither_the_command_nor_its_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = opts(64 * 1024, 1024 * 1024);
+    let mut s = reopen(dir.path(), o.clone());
+    let id = new_id();
+    // a large script goes to its blob segment inside the transaction
+    let script: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
+    let mut req = run_request(&id, "web-1", "");
+    req.spec = Some(wire::ExecutionSpec {
+        source: Some(wire::execution_spec::Source::Script(
+            wire::ScriptDescriptor {
+                size_bytes: script.len() as u64,
+                sha256: rvbox_segment::sha256(&script).to_vec(),
+                display_basename: "deploy.sh".into(),
+            },
+        )),
+        ..Default::default()
+    });
+    req.script = script;
+    s.set_crash_hook(Arc::new(StopAt(
+        rvbox_store::crash::points::BLOB_AFTER_SYNC,
+        AtomicU32::new(0),
+    )));
+    let crashed =
+        std::panic::catch_unwind(AssertUnwindSafe(|| s.run_command_as(&req, &caller(), NOW)));
+    assert!(crashed.is_err(), "{crashed:?}");
+    drop(s);
+    let mut s = reopen(dir.path(), o);
+    assert!(s.command_view(&id).is_err(), "the command must not exist");
+    assert!(actions(&s).is_empty(), "nor its audit record");
+    // the retry commits, and a crash right after its commit keeps both
+    s.set_crash_hook(Arc::new(StopAt(
+        rvbox_store::crash::points::RUN_COMMAND_AFTER_COMMIT,
+        AtomicU32::new(0),
+    )));
+    let crashed = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        s.run_command_as(&req, &caller(), NOW + 1)
+    }));
+    assert!(crashed.is_err(), "{crashed:?}");
+    drop(s);
+    let s = reopen(dir.path(), opts(64 * 1024, 1024 * 1024));
+    assert!(s.command_view(&id).is_ok());
+    assert_eq!(
+        actions(&s),
+        vec![("RunCommand".to_owned(), AuditOutcome::Ok)]
+    );
+}
+
+#[test]
+fn a_full_outbox_refuses_control_mutations_but_never_session_bookkeeping() {
+    let dir = tempfile::tempdir().unwrap();
+    // an audit budget no record fits: every flush is refused
+    let mut s = reopen(dir.path(), opts(64 * 1024, 1));
+    let filler = record(1).encode();
+    s.db()
+        .execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
+             INSERT INTO audit_outbox (time_ms, record) SELECT ?2, ?3 FROM n",
+            rusqlite::params![rvbox_store::audit::AUDIT_OUTBOX_MAX as i64, NOW, filler],
+        )
+        .unwrap();
+    assert_eq!(
+        s.audit_outbox_len().unwrap(),
+        rvbox_store::audit::AUDIT_OUTBOX_MAX
+    );
+    let id = new_id();
+    match s.run_command_as(&run_request(&id, "web-1", "uptime"), &caller(), NOW) {
+        Err(OpError::Refused(e)) => {
+            assert_eq!(e.code(), Code::Unavailable);
+            assert!(e.reason().contains("audit"), "{e}");
+        }
+        other => panic!("expected UNAVAILABLE, got {other:?}"),
+    }
+    assert!(s.command_view(&id).is_err(), "nothing was created");
+    // session bookkeeping goes on without its record, counted
+    let reg = registration([0xa; 16], 0, 1, None);
+    assert_eq!(s.register_session(&reg, NOW).unwrap(), 1);
+    assert!(
+        s.close_session(&[1; 16], false, "connection closed", NOW)
+            .unwrap()
+    );
+    assert!(s.metrics().audit_dropped.get() >= 2);
+    assert!(s.metrics().audit_flush_failures.get() >= 1);
+    // once the outbox drains, mutations are audited again
+    s.db()
+        .execute(
+            "DELETE FROM audit_outbox WHERE id < (SELECT MAX(id) - 10 FROM audit_outbox)",
+            [],
+        )
+        .unwrap();
+    drop(s);
+    let mut s = reopen(dir.path(), opts(64 * 1024, 1 << 30));
+    s.flush_audit(NOW).unwrap();
+    assert_eq!(s.audit_outbox_len().unwrap(), 0);
+    s.run_command_as(&run_request(&id, "web-1", "uptime"), &caller(), NOW + 1)
+        .unwrap();
+    assert_eq!(s.audit_outbox_len().unwrap(), 1);
+}
+
+#[test]
+fn session_records_commit_with_the_registration_the_fence_the_claim_and_the_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = reopen(dir.path(), opts(64 * 1024, 1024 * 1024));
+    let reg = registration;
+    s.register_session(&reg([0xa; 16], 0, 1, None), NOW)
+        .unwrap();
+    s.register_session(&reg([0xa; 16], 1, 2, Some([1; 16])), NOW + 1)
+        .unwrap();
+    s.record_pending_claim("web-1", &[0xb; 16], NOW + 2)
+        .unwrap();
+    s.close_session(
+        &[2; 16],
+        false,
+        "liveness timeout; LivenessTimeout: no frame for 45 s",
+        NOW + 3,
+    )
+    .unwrap();
+    // closing again changes nothing and records nothing
+    s.close_session(&[2; 16], false, "connection closed", NOW + 4)
+        .unwrap();
+    let all = s.read_audit(0, 100).unwrap();
+    let got: Vec<(&str, &str)> = all
+        .iter()
+        .map(|(_, r)| (r.action.as_str(), r.detail.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("SessionRegistered", "generation 1"),
+            (
+                "SessionFenced",
+                "fenced by the registration of generation 2"
+            ),
+            ("SessionRegistered", "generation 2, previous session fenced"),
+            (
+                "LiveConflictRefused",
+                "another instance's session is live; the claim is recorded for takeover"
+            ),
+            (
+                "SessionClosed",
+                "liveness timeout; LivenessTimeout: no frame for 45 s"
+            ),
+        ]
+    );
+    for (_, r) in &all {
+        assert_eq!(r.transport, "agent-wss");
+        assert_eq!(r.client_id.as_deref(), Some("web-1"));
+    }
+    // what no effect carries is written on its own
+    s.session_audits(
+        &[rvbox_store_port::audit::SessionAudit {
+            client_id: None,
+            action: "HelloRejected",
+            detail: "hello: client_id is empty".into(),
+        }],
+        NOW + 5,
+    )
+    .unwrap();
+    assert_eq!(s.read_audit(5, 10).unwrap()[0].1.action, "HelloRejected");
 }

@@ -206,9 +206,17 @@ fn sqlite_integrity_failure_makes_the_store_unavailable_and_stops_recovery() {
     let mut bytes = std::fs::read(&db).unwrap();
     let pages = bytes.len() / 4096;
     assert!(pages > 8, "{pages} pages");
-    // scribble over the middle of a late page (table or index content)
-    let at = (pages - 2) * 4096 + 1000;
-    for b in &mut bytes[at..at + 600] {
+    // scribble over the root page of the commands table
+    let root: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row(
+            "SELECT rootpage FROM sqlite_schema WHERE name = 'commands'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let at = (usize::try_from(root).unwrap() - 1) * 4096;
+    for b in &mut bytes[at..at + 4096] {
         *b = 0x5a;
     }
     std::fs::write(&db, &bytes).unwrap();
