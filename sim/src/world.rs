@@ -866,6 +866,26 @@ impl World {
         };
         let tombstones = count("SELECT COUNT(*) FROM command_tombstones");
         let truncations = count("SELECT COUNT(*) FROM output_truncations");
+        // the client registry's bounds: kept sessions per client, and its
+        // counters equal to a recount
+        let most_sessions = count(
+            "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM sessions GROUP BY client_id)",
+        );
+        let kept = rvbox_store::registry::CLOSED_SESSIONS_KEPT + 1;
+        if most_sessions > kept && self.failure.is_none() {
+            self.failure = Some(format!(
+                "a client holds {most_sessions} session rows, above the kept {kept}"
+            ));
+        }
+        if let Ok(c) = engine.store().registry_counts()
+            && c.counters != c.recount
+            && self.failure.is_none()
+        {
+            self.failure = Some(format!(
+                "registry counters {:?} differ from the recount {:?}",
+                c.counters, c.recount
+            ));
+        }
         let cap = store_options(self.server.tight).tombstone_cap;
         if self.server.tight {
             self.count("retention tight_quotas");
@@ -928,6 +948,10 @@ impl World {
             ("engine maintenance_passes", stats.maintenance_passes),
             ("engine evicted", stats.evicted),
             ("engine rotations", stats.rotations),
+            ("engine clients_pruned", stats.clients_pruned),
+            ("engine audits_flushed", stats.audits_flushed),
+            ("engine audits_written", stats.audits_written),
+            ("engine audits_suppressed", stats.audits_suppressed),
             ("engine rounds_restarted", stats.rounds_restarted),
         ] {
             self.add(k, v);

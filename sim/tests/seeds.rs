@@ -70,6 +70,8 @@ const MUST_HAPPEN: &[&str] = &[
     "retention output_truncations",
     "engine evicted",
     "engine rotations",
+    "engine clients_pruned",
+    "engine audits_flushed",
     "engine gate_changes",
 ];
 

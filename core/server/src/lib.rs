@@ -302,6 +302,10 @@ pub struct EngineStats {
     pub maintenance_passes: u64,
     /// Whole commands evicted by maintenance (quota or age).
     pub evicted: u64,
+    /// Idle clients maintenance deleted.
+    pub clients_pruned: u64,
+    /// Audit records maintenance moved from the outbox to segments.
+    pub audits_flushed: u64,
     /// Session audit records without an effect, written.
     pub audits_written: u64,
     /// Session audit records without an effect, suppressed by the rate
@@ -687,6 +691,8 @@ impl ServerCore {
                         self.stats.maintenance_passes += 1;
                         self.stats.evicted += r.evicted_quota + r.evicted_aged;
                         self.stats.rotations += r.rotations;
+                        self.stats.clients_pruned += r.clients_pruned;
+                        self.stats.audits_flushed += r.audit_flushed;
                         tracing::debug!(
                             rotations = r.rotations,
                             evicted_quota = r.evicted_quota,

@@ -30,4 +30,6 @@ pub struct MaintenanceReport {
     pub audit_rotated: u64,
     /// Audit records moved from the outbox into audit segments.
     pub audit_flushed: u64,
+    /// Idle clients deleted.
+    pub clients_pruned: u64,
 }

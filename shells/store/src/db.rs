@@ -238,6 +238,10 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 3,
         sql: include_str!("migrations/0003_audit_outbox.sql"),
     },
+    Migration {
+        version: 4,
+        sql: include_str!("migrations/0004_client_registry.sql"),
+    },
 ];
 
 /// SHA-256 of a migration's SQL text.
@@ -364,7 +368,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.sqlite3");
         let mut c = open(&path, DbOptions::default()).unwrap();
-        assert_eq!(migrate(&mut c, 1).unwrap(), vec![1, 2, 3]);
+        assert_eq!(migrate(&mut c, 1).unwrap(), vec![1, 2, 3, 4]);
         assert_eq!(migrate(&mut c, 2).unwrap(), Vec::<i64>::new());
         quick_check(&c).unwrap();
         // a tampered record refuses to open
@@ -387,7 +391,7 @@ mod tests {
             migrate(&mut c, 3),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 3
+                known: 4
             })
         ));
     }

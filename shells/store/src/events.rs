@@ -1068,9 +1068,7 @@ impl Store {
                 .and_then(|mut st| st.execute(params![client, to_i64(*used)]))
                 .map_err(|e| StoreError::sqlite("update client usage", e))?;
         }
-        tx.prepare_cached("UPDATE quota_totals SET command_charged = ?1 WHERE id = 1")
-            .and_then(|mut st| st.execute(params![to_i64(global)]))
-            .map_err(|e| StoreError::sqlite("update global usage", e))?;
+        crate::store::set_global_charged(&tx, global)?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit events", e))
     }

@@ -39,6 +39,7 @@ pub mod operator;
 pub mod output;
 pub mod reader;
 pub mod recovery;
+pub mod registry;
 pub mod retention;
 pub mod sessions;
 pub mod signals;

@@ -235,6 +235,11 @@ impl Store {
         }
 
         report.audit_rotated = self.rotate_audit(0, now_ms)?;
+        // idle clients go after the terminal retention (0 keeps them)
+        match self.prune_idle_clients(now_ms, self.opts.terminal_retention_ms) {
+            Ok(n) => report.clients_pruned = n,
+            Err(e) => tracing::warn!(error = %e, "idle clients not pruned"),
+        }
         // the audit outbox goes to its segments; what cannot move now stays
         // durable for the next pass
         match self.flush_audit(now_ms) {

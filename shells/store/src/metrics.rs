@@ -110,6 +110,10 @@ pub struct StoreMetrics {
     pub audit_flush_failures: Counter,
     /// Best-effort audit records dropped because the outbox was full.
     pub audit_dropped: Counter,
+    /// Closed sessions deleted beyond the kept number per client.
+    pub sessions_pruned: Counter,
+    /// Idle clients deleted by maintenance.
+    pub clients_pruned: Counter,
 }
 
 impl Default for StoreMetrics {
@@ -140,6 +144,8 @@ impl Default for StoreMetrics {
             audit_records: Counter::default(),
             audit_flush_failures: Counter::default(),
             audit_dropped: Counter::default(),
+            sessions_pruned: Counter::default(),
+            clients_pruned: Counter::default(),
         }
     }
 }
@@ -279,6 +285,16 @@ impl StoreMetrics {
             "audit_dropped",
             "Session audit records dropped because the audit outbox was full",
             self.audit_dropped.clone(),
+        );
+        r.register(
+            "sessions_pruned",
+            "Closed sessions deleted beyond the kept number per client",
+            self.sessions_pruned.clone(),
+        );
+        r.register(
+            "clients_pruned",
+            "Idle clients (no command, no live session) deleted by maintenance",
+            self.clients_pruned.clone(),
         );
     }
 

@@ -23,7 +23,9 @@ pub fn rebuild_counters(tx: &Transaction<'_>) -> Result<(), StoreError> {
         "UPDATE clients SET charged_bytes =
              COALESCE((SELECT SUM(charged_bytes) FROM commands m WHERE m.client_id = clients.client_id), 0);
          UPDATE quota_totals SET command_charged =
-             COALESCE((SELECT SUM(charged_bytes) FROM clients), 0) WHERE id = 1;",
+             COALESCE((SELECT SUM(charged_bytes) FROM clients), 0),
+             clients = (SELECT COUNT(*) FROM clients),
+             sessions = (SELECT COUNT(*) FROM sessions) WHERE id = 1;",
     )
     .map_err(|e| StoreError::sqlite("rebuild counters", e))
 }

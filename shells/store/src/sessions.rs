@@ -187,7 +187,13 @@ impl Store {
         if let Some(old) = reg.fence {
             end_session(&tx, &old, true, "fenced by a newer registration", now_ms)?;
         }
-        let next = generation
+        // a client id without a row starts above every pruned client's
+        // generation (its row, created below, starts at that floor)
+        let base = match &current {
+            Some(c) => c.generation,
+            None => crate::registry::generation_floor(&tx)?,
+        };
+        let next = base
             .checked_add(1)
             .ok_or_else(|| StoreError::Integrity("client generation overflow".into()))?;
         let caps = reg.capabilities.encode_to_vec();
@@ -197,11 +203,7 @@ impl Store {
             .platform
             .as_ref()
             .map(|p| format!("{}/{}", p.os, p.arch));
-        tx.execute_cached(
-            "INSERT INTO clients (client_id) VALUES (?1) ON CONFLICT (client_id) DO NOTHING",
-            params![reg.client_id],
-        )
-        .map_err(|e| StoreError::sqlite("register client", e))?;
+        crate::registry::ensure_client(&tx, &reg.client_id, self.opts.tiers.global_total)?;
         tx.execute_cached(
             "UPDATE clients SET instance_id = ?2, generation = ?3, platform = ?4,
                  software_version = ?5, capabilities = ?6, cwd_policy = ?7,
@@ -233,6 +235,7 @@ impl Store {
             ],
         )
         .map_err(|e| StoreError::sqlite("install session", e))?;
+        let pruned = crate::registry::prune_sessions(&tx, &reg.client_id)?;
         // plan §5.2: the session's audit records commit with it
         let mut fenced_intent = reg.fence.map(|_| {
             AuditIntent::session(AuditRecord::session(
@@ -272,6 +275,7 @@ impl Store {
         self.audit_unwritten(&mut intent, &Ok::<(), OpError>(()), now_ms);
         self.hook.at(crate::crash::points::REGISTER_AFTER_COMMIT);
         self.metrics.sessions_registered.inc();
+        self.metrics.sessions_pruned.inc_by(pruned);
         if reg.fence.is_some() {
             self.metrics.sessions_fenced.inc();
         }
@@ -304,12 +308,9 @@ impl Store {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sqlite("begin pending claim", e))?;
+        crate::registry::ensure_client(&tx, client_id, self.opts.tiers.global_total)?;
         tx.execute_cached(
-            "INSERT INTO clients (client_id, pending_instance_id, pending_seen_ms)
-             VALUES (?1, ?2, ?3)
-             ON CONFLICT (client_id) DO UPDATE SET
-                 pending_instance_id = excluded.pending_instance_id,
-                 pending_seen_ms = excluded.pending_seen_ms",
+            "UPDATE clients SET pending_instance_id = ?2, pending_seen_ms = ?3 WHERE client_id = ?1",
             params![client_id, instance_id.as_slice(), now_ms],
         )
         .map_err(|e| StoreError::sqlite("record pending claim", e))?;

@@ -329,11 +329,7 @@ impl Store {
             .into());
         }
         check_queue_limits(&tx, valid.client_id.as_str(), &opts)?;
-        tx.execute_cached(
-            "INSERT INTO clients (client_id) VALUES (?1) ON CONFLICT (client_id) DO NOTHING",
-            params![valid.client_id.as_str()],
-        )
-        .map_err(|e| StoreError::sqlite("register client", e))?;
+        crate::registry::ensure_client(&tx, valid.client_id.as_str(), opts.tiers.global_total)?;
 
         let spec_raw = valid.spec.encode_to_vec();
         let spec_zstd = zstd::bulk::compress(&spec_raw, 3)
@@ -613,6 +609,8 @@ pub(crate) fn client_charged(tx: &Connection, client: &str) -> Result<u64, Store
     Ok(to_u64(v.unwrap_or(0)))
 }
 
+/// The server-wide usage every reservation sees: the command bytes plus
+/// the client registry's charge ([`crate::registry`]).
 pub(crate) fn global_charged(tx: &Connection) -> Result<u64, StoreError> {
     let v: i64 = tx
         .query_row_cached(
@@ -621,7 +619,20 @@ pub(crate) fn global_charged(tx: &Connection) -> Result<u64, StoreError> {
             |r| r.get(0),
         )
         .map_err(|e| StoreError::sqlite("read global usage", e))?;
-    Ok(to_u64(v))
+    Ok(to_u64(v).saturating_add(crate::registry::charged(tx)?))
+}
+
+/// Stores a server-wide usage computed from [`global_charged`]: the
+/// command bytes are what it holds beyond the registry's charge (which no
+/// command write changes).
+pub(crate) fn set_global_charged(tx: &Connection, global_after: u64) -> Result<(), StoreError> {
+    let commands = global_after.saturating_sub(crate::registry::charged(tx)?);
+    tx.execute_cached(
+        "UPDATE quota_totals SET command_charged = ?1 WHERE id = 1",
+        params![to_i64(commands)],
+    )
+    .map_err(|e| StoreError::sqlite("update global usage", e))?;
+    Ok(())
 }
 
 pub(crate) fn apply_owner_global(
@@ -635,12 +646,7 @@ pub(crate) fn apply_owner_global(
         params![client, to_i64(owner_after)],
     )
     .map_err(|e| StoreError::sqlite("update client usage", e))?;
-    tx.execute_cached(
-        "UPDATE quota_totals SET command_charged = ?1 WHERE id = 1",
-        params![to_i64(global_after)],
-    )
-    .map_err(|e| StoreError::sqlite("update global usage", e))?;
-    Ok(())
+    set_global_charged(tx, global_after)
 }
 
 /// Charged-byte counters compared with a full recount of the rows they
@@ -652,13 +658,17 @@ pub struct CounterCheck {
     pub clients: Vec<(String, u64, u64)>,
     /// Global counter and the sum of client counters.
     pub global: (u64, u64),
+    /// Registry row counters (clients, sessions) and their recount.
+    pub registry: crate::registry::RegistryCounts,
 }
 
 impl CounterCheck {
     /// True when every counter equals its recount.
     #[must_use]
     pub fn consistent(&self) -> bool {
-        self.clients.is_empty() && self.global.0 == self.global.1
+        self.clients.is_empty()
+            && self.global.0 == self.global.1
+            && self.registry.counters == self.registry.recount
     }
 }
 
@@ -686,7 +696,15 @@ impl Store {
             .map_err(|e| StoreError::sqlite("recount clients", e))?
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| StoreError::sqlite("recount clients", e))?;
-        let global = global_charged(&self.conn)?;
+        let global: i64 = self
+            .conn
+            .query_row_cached(
+                "SELECT command_charged FROM quota_totals WHERE id = 1",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| StoreError::sqlite("read global usage", e))?;
+        let global = to_u64(global);
         let sum: i64 = self
             .conn
             .query_row_cached(
@@ -698,6 +716,7 @@ impl Store {
         Ok(CounterCheck {
             clients,
             global: (global, to_u64(sum)),
+            registry: self.registry_counts()?,
         })
     }
 }
