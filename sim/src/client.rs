@@ -90,7 +90,7 @@ pub const MAX_LEDGER_COMMANDS: usize = 1_000_000;
 /// Most acknowledged events waiting in the ledger for the checker.
 pub const MAX_LEDGER_NEW_ACKS: usize = 1_000_000;
 /// Most frames a window-overrun misbehaviour sends.
-pub const MAX_OVERRUN_FRAMES: u64 = 64;
+pub const MAX_OVERRUN_FRAMES: u64 = 320;
 /// Longest garbage frame of the malformed-bytes misbehaviour.
 pub const MAX_MALFORMED_BYTES: u64 = 64;
 /// Most server-violation notes kept for the report.
@@ -2758,7 +2758,9 @@ impl SimClient {
                 None => false,
             },
             Adversary::WindowOverrun => match self.vol.largest_sent.clone() {
-                Some((cost, ev)) if cost > 0 => {
+                Some((_, ev)) => {
+                    // what the server charges each copy against the window
+                    let cost = rvbox_session::event_window_cost(&ev).max(1);
                     let n = self.vol.command_window / cost + 2;
                     if n <= MAX_OVERRUN_FRAMES {
                         for _ in 0..n {
@@ -2769,7 +2771,7 @@ impl SimClient {
                         false
                     }
                 }
-                _ => false,
+                None => false,
             },
             Adversary::SecondInstance => false,
         };

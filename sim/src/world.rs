@@ -223,6 +223,10 @@ fn sim_tempdir() -> Result<tempfile::TempDir, String> {
 struct Server {
     /// The store's quotas are tight (see [`store_options`]).
     tight: bool,
+    /// The send windows are small ([`TIGHT_WINDOWS`]): seeds with a
+    /// window-overrun adversary, so it exceeds them with a bounded number
+    /// of frames.
+    small_windows: bool,
     dir: tempfile::TempDir,
     fs: FaultyFs,
     engine: Option<Engine>,
@@ -320,6 +324,11 @@ const TIGHT_OUTPUT_WINDOW: u64 = 4 * 1024;
 const TIGHT_TOMBSTONES: u64 = 3;
 /// A tight server's ingress watermarks.
 const TIGHT_INGRESS: (u64, u64) = (4 * 1024, 2 * 1024);
+/// Send windows (per command, per session) of seeds with a window-overrun
+/// adversary: a few of the largest events fit, so honest clients wait for
+/// acknowledgements and the adversary exceeds them with a bounded number of
+/// frames.
+const TIGHT_WINDOWS: (u64, u64) = (16 * 1024, 64 * 1024);
 
 fn open_store(
     dir: &std::path::Path,
@@ -341,14 +350,26 @@ fn open_store(
     Ok((store, report))
 }
 
-fn engine_over(store: Store, entropy: &Arc<SeededEntropy>, tight: bool) -> Result<Engine, String> {
+fn engine_over(
+    store: Store,
+    entropy: &Arc<SeededEntropy>,
+    tight: bool,
+    small_windows: bool,
+) -> Result<Engine, String> {
     let server_id =
         Uuid7::from_bytes("server_id", store.server_id()).map_err(|e| format!("server id: {e}"))?;
-    let config = SessionConfig::new(ServerIdentity {
+    let mut config = SessionConfig::new(ServerIdentity {
         server_id,
         software_version: "0.1.0".into(),
         supported_minors: vec![0],
     });
+    if small_windows {
+        config.limits.command_window_bytes = TIGHT_WINDOWS.0;
+        config.limits.session_window_bytes = TIGHT_WINDOWS.1;
+    }
+    config
+        .validate()
+        .map_err(|e| format!("session config: {e}"))?;
     let mut engine = Engine::new(store, entropy.clone(), config);
     // the world performs store operations and hands their completions to
     // the core later, so a crash can fall between them
@@ -434,7 +455,6 @@ impl World {
                 .stream(crate::rng::Stream::Named("retention"))
                 .chance(250);
         let (store, _) = open_store(dir.path(), &fs, &entropy, WALL_EPOCH_MS, tight)?;
-        let engine = engine_over(store, &entropy, tight)?;
         let mut clients = Vec::new();
         for i in 0..config.clients {
             let mut c = ClientConfig::new(format!("host-{i}"));
@@ -459,6 +479,10 @@ impl World {
                 SimClient::new(c, seeds.client(i)).map_err(|e| format!("client config: {e}"))?;
             clients.push(client);
         }
+        let small_windows = clients
+            .first()
+            .is_some_and(|c| c.config().adversary == Some(Adversary::WindowOverrun));
+        let engine = engine_over(store, &entropy, tight, small_windows)?;
         Ok(Self {
             seed,
             config,
@@ -467,6 +491,7 @@ impl World {
             net: Net::new(seeds.network(), net_config),
             server: Server {
                 tight,
+                small_windows,
                 dir,
                 fs,
                 engine: Some(engine),
@@ -609,8 +634,9 @@ impl World {
     /// (or `STALE_SESSION` when the noise happens to decode as an envelope
     /// of another session); a conflicting duplicate event and a window
     /// overrun `PROTOCOL_ERROR` (the duplicate is refused by the store's
-    /// comparison, so a liveness timeout, a fence or a restart may close
-    /// the session first).
+    /// comparison, and the overrun's copies may be spread by the network
+    /// with acknowledgements between them, so a liveness timeout, a fence
+    /// or a restart may close the session first: counted as preempted).
     fn check_adversary_answer(&mut self, conn: u64, reason: wire::CloseReason) {
         use wire::CloseReason as R;
         let Some(kind) = self.adversary_awaiting.remove(&conn) else {
@@ -619,14 +645,25 @@ impl World {
         let ok = match kind {
             Adversary::StaleGeneration => reason == R::StaleSession,
             Adversary::MalformedBytes => matches!(reason, R::ProtocolError | R::StaleSession),
-            Adversary::WindowOverrun => reason == R::ProtocolError,
-            Adversary::ConflictingDuplicate => matches!(
+            // the copies travel over the faulty network: acknowledgements
+            // arriving between them free the window, and then there is no
+            // overrun to answer until something else ends the session
+            Adversary::WindowOverrun | Adversary::ConflictingDuplicate => matches!(
                 reason,
                 R::ProtocolError | R::LivenessTimeout | R::SessionFenced | R::ServiceRestart
             ),
             Adversary::SecondInstance => true,
         };
-        self.count(&format!("adversary answered {kind:?}"));
+        let exact = match kind {
+            Adversary::StaleGeneration => reason == R::StaleSession,
+            Adversary::SecondInstance => true,
+            _ => reason == R::ProtocolError || reason == R::StaleSession,
+        };
+        if exact {
+            self.count(&format!("adversary answered {kind:?}"));
+        } else {
+            self.count(&format!("adversary preempted {kind:?}"));
+        }
         if !ok && self.failure.is_none() {
             self.failure = Some(format!(
                 "the adversary's {kind:?} on c{conn} was answered with {}",
@@ -837,7 +874,12 @@ impl World {
                         report.segments_damaged
                     ));
                 }
-                match engine_over(store, &self.server.entropy, self.server.tight) {
+                match engine_over(
+                    store,
+                    &self.server.entropy,
+                    self.server.tight,
+                    self.server.small_windows,
+                ) {
                     Ok(e) => {
                         self.server.engine = Some(e);
                         self.rearm(still_armed);
@@ -1355,6 +1397,12 @@ impl World {
             .copied()
             .unwrap_or(points::EVENT_AFTER_FSYNC);
         let after = u32::try_from(1 + rng.below(3)).unwrap_or(1);
+        self.arm_at(point, after);
+    }
+
+    /// Arms a crash at the `after`-th next pass of `point`, beside what is
+    /// armed already.
+    fn arm_at(&mut self, point: &'static str, after: u32) {
         self.log(format!("arm crash at {point} after {after}"));
         let mut arms = self
             .armed
@@ -1482,6 +1530,12 @@ impl World {
             "c{conn} second instance {} of {client_id} says hello",
             twin.instance_id()
         ));
+        // a refused claim is a rare commit: a quarter of the attempts arm
+        // its crash point (own stream), so a crash right after the claim's
+        // commit is reached in every seed batch
+        if self.crash_points.chance(250) {
+            self.arm_at(rvbox_store::crash::points::CLAIM_AFTER_COMMIT, 1);
+        }
         let crashes = self.counters.get("server_crash").copied();
         self.with_engine(|e, now, wall| {
             e.connect(now, conn);

@@ -1441,3 +1441,76 @@ fn a_running_event_sent_right_after_the_acceptance_waits_for_the_acceptance_to_c
     );
     assert_eq!(s.lifecycle(&id), Lifecycle::Running);
 }
+
+#[test]
+fn a_signal_refused_by_a_full_data_lane_is_sent_once_the_writer_frees_room() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    s.send(
+        1,
+        Payload::ClientCapacity(wire::ClientCapacity {
+            running: 0,
+            queued: 0,
+            max_running: 90,
+            max_queued: 0,
+        }),
+    );
+    s.note("the client stops reading; 90 script commands fill its data lane");
+    s.never_reads(1);
+    let mut ids = Vec::new();
+    for i in 0..90u8 {
+        let id = s.ids.uuid_v7(u64::try_from(s.wall).unwrap());
+        s.e.run_command(&script_request(&id, &vec![i; 4_096]), s.wall)
+            .unwrap();
+        ids.push(id);
+    }
+    s.advance(1);
+    let dispatches: Vec<wire::Dispatch> = s.dispatched.clone();
+    assert_eq!(
+        dispatches.len(),
+        rvbox_server_core::WRITER_WINDOW,
+        "the writer took its credit; the rest wait in the lane"
+    );
+    for d in &dispatches {
+        s.accept(1, d, wire::AcceptOutcome::Positive);
+    }
+    assert!(
+        s.e.stats().data_lane_waits > 0,
+        "the data lane filled: {:?}",
+        s.e.stats()
+    );
+    s.note("the operator kills an accepted command: its signal finds no room");
+    let signals_before = s.log.iter().filter(|l| l.contains("c1 <- signal")).count();
+    let target = rvbox_domain::ids::Uuid7::parse("issue_uuid", &dispatches[0].issue_uuid).unwrap();
+    let target = *target.as_bytes();
+    let (lifecycle, revision, _) = s.signal(&target, wire::SignalKind::Kill);
+    assert_eq!((lifecycle, revision), (Lifecycle::Accepted, 2));
+    assert_eq!(
+        s.log.iter().filter(|l| l.contains("c1 <- signal")).count(),
+        signals_before,
+        "nothing handed out while the lane is full"
+    );
+    assert_eq!(
+        s.e.store().pending_signals(&target).unwrap().len(),
+        1,
+        "the signal is durable meanwhile"
+    );
+    s.note("the client reads again: as the lanes drain, the signal is sent");
+    if let Some(slow) = s.slow.as_mut() {
+        slow.remove(&1);
+    }
+    let mut rounds = 0;
+    while !s.log.iter().any(|l| l.contains("c1 <- signal")) && rounds < 1_000 {
+        s.e.written(s.now, s.wall, 1);
+        s.drain();
+        rounds += 1;
+    }
+    let sent: Vec<&String> = s
+        .log
+        .iter()
+        .filter(|l| l.contains("c1 <- signal"))
+        .collect();
+    assert_eq!(sent.len(), 1, "sent exactly once: {sent:?}");
+    assert!(sent[0].contains("SIGNAL_KIND_KILL"), "{}", sent[0]);
+}

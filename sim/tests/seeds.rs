@@ -65,6 +65,7 @@ const MUST_HAPPEN: &[&str] = &[
     "adversary answered StaleGeneration",
     "adversary answered MalformedBytes",
     "adversary answered ConflictingDuplicate",
+    "adversary answered WindowOverrun",
     "retention tight_quotas",
     "retention tombstone_fifo_full",
     "retention output_truncations",
