@@ -249,6 +249,9 @@ pub struct World {
     counters: BTreeMap<String, u64>,
     created: u32,
     created_ids: Vec<[u8; 16]>,
+    /// How many of `created_ids`, from the front, are known terminal (a
+    /// terminal command stays terminal, so they are not read again).
+    known_done: usize,
     /// Answered `SignalCommand` requests, for replays.
     signals: Vec<(wire::SignalCommandRequest, wire::SignalCommandResponse)>,
     /// `SignalCommand` requests whose answer a server crash swallowed.
@@ -509,6 +512,7 @@ impl World {
             counters: BTreeMap::new(),
             created: 0,
             created_ids: Vec::new(),
+            known_done: 0,
             signals: Vec::new(),
             unanswered: Vec::new(),
             twins: 0,
@@ -835,6 +839,7 @@ impl World {
             }
             let stats = e.stats().clone();
             self.absorb_engine_stats(&stats, e.group_stats());
+            e.into_store().close_as_crashed();
         }
         self.exec_at = None;
         // points armed and not yet reached stay armed after the restart
@@ -1622,17 +1627,24 @@ impl World {
         }
     }
 
-    fn all_done(&self) -> bool {
+    fn all_done(&mut self) -> bool {
         let Some(engine) = self.server.engine.as_ref() else {
             return false;
         };
-        self.created >= self.config.commands
-            && self.created_ids.iter().all(|id| {
-                engine
-                    .command(id)
-                    .map(|v| v.lifecycle.is_terminal())
-                    .unwrap_or(true)
-            })
+        if self.created < self.config.commands {
+            return false;
+        }
+        while let Some(id) = self.created_ids.get(self.known_done) {
+            let done = engine
+                .command(id)
+                .map(|v| v.lifecycle.is_terminal())
+                .unwrap_or(true);
+            if !done {
+                return false;
+            }
+            self.known_done += 1;
+        }
+        true
     }
 
     /// Runs to the end; returns the report.

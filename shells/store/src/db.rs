@@ -285,8 +285,25 @@ pub fn migrate(conn: &mut Connection, now_ms: i64) -> Result<Vec<i64>, StoreErro
         });
     }
     let mut applied = Vec::new();
+    // what is recorded already is checked in one read, without a write
+    // transaction per migration
+    let recorded: Vec<(i64, Vec<u8>)> = {
+        let mut stmt = conn
+            .prepare_cached("SELECT version, checksum FROM schema_migrations ORDER BY version")
+            .map_err(|e| StoreError::sqlite("read migrations", e))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(|e| StoreError::sqlite("read migrations", e))?;
+        rows.collect::<Result<_, _>>()
+            .map_err(|e| StoreError::sqlite("read migrations", e))?
+    };
     for m in MIGRATIONS {
         let sum = checksum(m.sql);
+        match recorded.iter().find(|(v, _)| *v == m.version) {
+            Some((_, found)) if found.as_slice() == sum.as_slice() => continue,
+            Some(_) => return Err(StoreError::MigrationChecksum { version: m.version }),
+            None => {}
+        }
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sqlite("begin migration", e))?;

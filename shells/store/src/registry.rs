@@ -219,7 +219,7 @@ impl Store {
         let counters = counts(&self.conn)?;
         let recount: (i64, i64) = self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT (SELECT COUNT(*) FROM clients), (SELECT COUNT(*) FROM sessions)",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?)),

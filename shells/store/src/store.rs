@@ -182,6 +182,18 @@ impl Store {
         })
     }
 
+    /// Closes the store the way a crash leaves it: SQLite does not
+    /// checkpoint the WAL on close, so the next open replays it, as after a
+    /// power cut (the simulator's crashes; an ordinary drop checkpoints).
+    pub fn close_as_crashed(self) {
+        if let Err(e) = self.conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        ) {
+            tracing::warn!(error = %e, "checkpoint on close not turned off");
+        }
+    }
+
     /// Installs a crash hook (tests and the simulator).
     pub fn set_crash_hook(&mut self, hook: Arc<dyn CrashHook>) {
         self.hook = hook;
