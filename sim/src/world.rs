@@ -374,6 +374,9 @@ fn engine_over(
         .validate()
         .map_err(|e| format!("session config: {e}"))?;
     let mut engine = Engine::new(store, entropy.clone(), config);
+    // appends wait for their group by the configured policy on the world's
+    // clock (a maximum batching delay; the timer is the core's deadline)
+    engine.set_group_policy(rvbox_engine::GroupPolicy::default());
     // the world performs store operations and hands their completions to
     // the core later, so a crash can fall between them
     engine.set_deferred(true);

@@ -346,7 +346,8 @@ pub static SERVER_KEYS: &[KeyDef] = &[
         "Longest a group commit waits to batch more appends.")
         .max(l::SECOND_MS),
     KeyDef::count("storage.group_commit_max_batch", l::DEFAULT_GROUP_COMMIT_MAX_BATCH,
-        "Most appends in one group commit."),
+        "Most appends in one group commit.")
+        .ceiling(l::MAX_GROUP_COMMIT_BATCH),
     // [audit]
     KeyDef::bytes("audit.max_bytes", l::DEFAULT_AUDIT_BYTES,
         "Audit storage budget; the oldest audit segments rotate out when it is full."),

@@ -117,6 +117,8 @@ pub const DEFAULT_SEGMENT_SEAL_BYTES: u64 = 256 * KIB;
 pub const DEFAULT_GROUP_COMMIT_MAX_DELAY_MS: u64 = 2;
 /// Default: most appends in one group commit.
 pub const DEFAULT_GROUP_COMMIT_MAX_BATCH: u64 = 256;
+/// Ceiling: most appends in one group commit.
+pub const MAX_GROUP_COMMIT_BATCH: u64 = 4096;
 
 // ---- flow control (plan §4.3, §6.1, §7.2) ---------------------------------
 

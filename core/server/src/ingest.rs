@@ -23,7 +23,7 @@ use crate::{Pending as Any, ServerCore, convert};
 /// (`INGRESS_OVERLOAD`); this is the last bound, and a connection that
 /// would pass it is closed without an acknowledgement the same way.
 pub const INGEST_QUEUE_PER_CONNECTION: usize = rvbox_session::MAX_UNACKED_EVENTS_PER_SESSION;
-/// Most events in one append group (the group committer's batch).
+/// Events in one append group by default (`storage.group_commit_max_batch`).
 pub const GROUP_MAX_EVENTS: usize = 256;
 /// Most window bytes in one append group.
 pub const GROUP_MAX_BYTES: u64 = 8 * 1024 * 1024;
@@ -62,6 +62,48 @@ pub struct IngestQueue {
     deficit: BTreeMap<ConnId, u64>,
     /// Events queued or in flight, per connection.
     held: BTreeMap<ConnId, usize>,
+    /// Events queued (not yet in a group), and their bytes.
+    queued_events: usize,
+    queued_bytes: u64,
+}
+
+/// When an append group is issued: the group committer's policy (plan
+/// §5.3, `storage.group_commit_max_delay` / `_max_batch`) on the core's
+/// injected monotonic clock. A group goes to the store as soon as a writer
+/// slot is free and it is full (`max_events` events or
+/// [`GROUP_MAX_BYTES`]), or once its oldest event has waited `max_delay_ms`.
+/// The delay is a maximum batching delay, never permission to acknowledge
+/// early: an event's ack still waits for its group's completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupPolicy {
+    /// Longest the oldest queued event waits for more to join its group
+    /// (0: issue at once).
+    pub max_delay_ms: u64,
+    /// Most events in one group (1 to
+    /// [`MAX_GROUP_COMMIT_BATCH`](rvbox_domain::limits::MAX_GROUP_COMMIT_BATCH)).
+    pub max_events: usize,
+}
+
+impl Default for GroupPolicy {
+    /// The configuration's defaults: 2 ms, 256 events.
+    fn default() -> Self {
+        Self {
+            max_delay_ms: rvbox_domain::limits::DEFAULT_GROUP_COMMIT_MAX_DELAY_MS,
+            max_events: GROUP_MAX_EVENTS,
+        }
+    }
+}
+
+impl GroupPolicy {
+    /// No batching delay: a group goes as soon as a writer slot is free
+    /// (the scenario driver, whose steps are single inputs).
+    #[must_use]
+    pub const fn immediate() -> Self {
+        Self {
+            max_delay_ms: 0,
+            max_events: GROUP_MAX_EVENTS,
+        }
+    }
 }
 
 /// The connection's ingest bound is reached.
@@ -72,7 +114,13 @@ impl IngestQueue {
     /// Events queued (not yet in a group).
     #[must_use]
     pub fn queued(&self) -> usize {
-        self.queues.values().map(VecDeque::len).sum()
+        self.queued_events
+    }
+
+    /// Bytes of the queued events.
+    #[must_use]
+    pub fn queued_bytes(&self) -> u64 {
+        self.queued_bytes
     }
 
     /// Events queued or in flight for `conn`.
@@ -91,6 +139,8 @@ impl IngestQueue {
             return Err(QueueFull);
         }
         *held += 1;
+        self.queued_events += 1;
+        self.queued_bytes = self.queued_bytes.saturating_add(item.cost);
         let q = self.queues.entry(conn).or_default();
         if q.is_empty() {
             self.rotation.push_back(conn);
@@ -170,6 +220,8 @@ impl IngestQueue {
         for conn in waiting.into_iter().rev() {
             self.rotation.push_front(conn);
         }
+        self.queued_events = self.queued_events.saturating_sub(group.len());
+        self.queued_bytes = self.queued_bytes.saturating_sub(bytes);
         group
     }
 
@@ -177,6 +229,8 @@ impl IngestQueue {
     /// connections' queues, in order.
     pub fn put_back(&mut self, items: Vec<(ConnId, Queued)>) {
         for (conn, item) in items.into_iter().rev() {
+            self.queued_events += 1;
+            self.queued_bytes = self.queued_bytes.saturating_add(item.cost);
             let q = self.queues.entry(conn).or_default();
             if q.is_empty() && !self.rotation.contains(&conn) {
                 self.rotation.push_front(conn);
@@ -200,10 +254,12 @@ impl IngestQueue {
     pub fn remove_conn(&mut self, conn: ConnId) -> u64 {
         self.rotation.retain(|c| *c != conn);
         self.deficit.remove(&conn);
-        let cost = self
+        let (n, cost) = self
             .queues
             .remove(&conn)
-            .map_or(0, |q| q.iter().map(|i| i.cost).sum());
+            .map_or((0, 0), |q| (q.len(), q.iter().map(|i| i.cost).sum::<u64>()));
+        self.queued_events = self.queued_events.saturating_sub(n);
+        self.queued_bytes = self.queued_bytes.saturating_sub(cost);
         // events in flight still finish; their count goes with the conn
         self.held.remove(&conn);
         cost
@@ -311,16 +367,50 @@ impl ServerCore {
 
     /// Forms append groups while fewer than [`GROUPS_IN_FLIGHT`] are with
     /// the store.
+    /// When the queued events' group is due under the group policy: now
+    /// when it is full, else when its oldest event has waited the delay.
+    pub(crate) fn group_due_at(&self) -> Option<u64> {
+        if self.ingest.queued() == 0 || self.groups_in_flight >= GROUPS_IN_FLIGHT {
+            return None;
+        }
+        let full = self.ingest.queued() >= self.group_policy.max_events
+            || self.ingest.queued_bytes() >= GROUP_MAX_BYTES;
+        if full {
+            return Some(self.now_ms);
+        }
+        let since = self.ingest_since.unwrap_or(self.now_ms);
+        Some(since.saturating_add(self.group_policy.max_delay_ms))
+    }
+
     pub(crate) fn pump_ingest(&mut self) {
+        if self.ingest.queued() == 0 {
+            self.ingest_since = None;
+            return;
+        }
+        if self.ingest_since.is_none() {
+            self.ingest_since = Some(self.now_ms);
+        }
         while self.groups_in_flight < GROUPS_IN_FLIGHT {
+            if self.group_due_at().is_none_or(|t| t > self.now_ms) {
+                return;
+            }
             // a command whose acceptance is being written waits: its
             // events follow the acceptance, as the client sent them
             let barrier = &self.barrier;
+            let max_events = self.group_policy.max_events.clamp(
+                1,
+                usize::try_from(rvbox_domain::limits::MAX_GROUP_COMMIT_BATCH).unwrap_or(4096),
+            );
             let items = self
                 .ingest
-                .take_group_unless(GROUP_MAX_EVENTS, GROUP_MAX_BYTES, |i| barrier.contains(i));
+                .take_group_unless(max_events, GROUP_MAX_BYTES, |i| barrier.contains(i));
             if items.is_empty() {
                 return;
+            }
+            // what stays queued has waited since before this group; it is
+            // due as soon as a writer slot frees
+            if self.ingest.queued() == 0 {
+                self.ingest_since = None;
             }
             if !self.can_issue() {
                 // the operation table is full: the group waits for room

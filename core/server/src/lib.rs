@@ -37,6 +37,7 @@ mod connections;
 mod convert;
 mod dispatch;
 pub mod ingest;
+pub use ingest::GroupPolicy;
 mod reconcile;
 mod registration;
 mod signals;
@@ -361,6 +362,11 @@ pub struct ServerCore {
     gate: rvbox_session::IngressGate,
     /// Append groups with the store.
     groups_in_flight: usize,
+    /// When an append group is issued.
+    group_policy: ingest::GroupPolicy,
+    /// When the oldest queued event arrived (monotonic), while any is
+    /// queued.
+    ingest_since: Option<u64>,
     /// Commands whose acceptance is being read or written: their events
     /// wait, so the store sees them in the order the client sent them.
     barrier: BTreeSet<rvbox_domain::ids::Uuid7>,
@@ -397,6 +403,8 @@ impl ServerCore {
             ingest: ingest::IngestQueue::default(),
             gate: rvbox_session::IngressGate::default(),
             groups_in_flight: 0,
+            group_policy: ingest::GroupPolicy::default(),
+            ingest_since: None,
             barrier: BTreeSet::new(),
             stats: EngineStats::default(),
             audits: audit::AuditLimiter::default(),
@@ -407,6 +415,11 @@ impl ServerCore {
             now_ms: 0,
             wall_ms: 0,
         }
+    }
+
+    /// Sets when append groups are issued (see [`ingest::GroupPolicy`]).
+    pub fn set_group_policy(&mut self, policy: ingest::GroupPolicy) {
+        self.group_policy = policy;
     }
 
     /// Counters.
@@ -473,7 +486,8 @@ impl ServerCore {
                     .map_or(self.now_ms, |t| t.saturating_add(MAINTENANCE_INTERVAL_MS)),
             )
         };
-        [sessions, expiry, wake, maintenance]
+        let group = self.group_due_at();
+        [sessions, expiry, wake, maintenance, group]
             .into_iter()
             .flatten()
             .min()

@@ -198,13 +198,18 @@ fn run(conns: u64, payload: &(u32, Vec<u8>), per_conn: u64, pings: bool) -> Run 
                 inbox.push_back(Input::Ping { conn: ping_conn });
             }
         }
-        if last_timeout.elapsed() >= Duration::from_millis(100) {
+        // the one timer: the core's next deadline (a group's batching
+        // delay among them), and at least every 100 ms
+        let deadline = core.poll_timeout();
+        let due = deadline.is_some_and(|t| t <= mono(Instant::now()));
+        if due || last_timeout.elapsed() >= Duration::from_millis(100) {
             last_timeout = Instant::now();
             inputs.push(Input::Timeout);
         }
         if inputs.is_empty() {
-            // nothing to do until the executor answers
-            match done_rx.recv_timeout(Duration::from_millis(50)) {
+            // nothing to do until the executor answers or the timer fires
+            let wait = deadline.map_or(50, |t| t.saturating_sub(mono(Instant::now())).clamp(1, 50));
+            match done_rx.recv_timeout(Duration::from_millis(wait)) {
                 Ok(done) => inputs.extend(
                     done.into_iter()
                         .map(|(token, result)| Input::Completion { token, result }),

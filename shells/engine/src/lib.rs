@@ -43,8 +43,8 @@ pub use rvbox_server_core::upload::{
     SCRIPT_WINDOW_BYTES,
 };
 pub use rvbox_server_core::{
-    Caller, ConnId, DISPATCH_SCAN, EXPIRY_BATCH, EXPIRY_INTERVAL_MS, EngineStats, MAX_CONNECTIONS,
-    event_append,
+    Caller, ConnId, DISPATCH_SCAN, EXPIRY_BATCH, EXPIRY_INTERVAL_MS, EngineStats, GroupPolicy,
+    MAX_CONNECTIONS, event_append,
 };
 pub use settings::{ServerSettings, SettingsError, server_settings};
 pub use thread::{CompletionSink, ExecutorThread};
@@ -81,10 +81,17 @@ impl Engine {
     /// An engine over a recovered `store`.
     #[must_use]
     pub fn new(store: Store, entropy: Arc<dyn Entropy>, config: SessionConfig) -> Self {
-        Self::from_core(
-            store,
-            ServerCore::new(entropy, config, RetryPolicy::default()),
-        )
+        let mut core = ServerCore::new(entropy, config, RetryPolicy::default());
+        // one input at a time, each answered before the next: no batching
+        // delay (`with_settings` and `set_group_policy` give the configured
+        // one)
+        core.set_group_policy(rvbox_server_core::GroupPolicy::immediate());
+        Self::from_core(store, core)
+    }
+
+    /// Sets when append groups go to the store.
+    pub fn set_group_policy(&mut self, policy: rvbox_server_core::GroupPolicy) {
+        self.core.set_group_policy(policy);
     }
 
     fn from_core(store: Store, core: ServerCore) -> Self {
@@ -125,6 +132,7 @@ impl Engine {
     ) -> Result<Self, rvbox_session::GateConfigError> {
         let mut core = ServerCore::new(entropy, settings.session.clone(), settings.retry);
         core.set_ingress_watermarks(settings.ingress.0, settings.ingress.1)?;
+        core.set_group_policy(settings.group);
         Ok(Self::from_core(store, core))
     }
 

@@ -19,6 +19,8 @@ pub struct ServerSettings {
     pub retry: RetryPolicy,
     /// The ingress gate's high and low watermarks (bytes).
     pub ingress: (u64, u64),
+    /// When append groups go to the store (`storage.group_commit_*`).
+    pub group: rvbox_server_core::GroupPolicy,
 }
 
 /// A configuration the cores cannot take (the configuration's own
@@ -31,6 +33,9 @@ pub enum SettingsError {
     /// The session keys.
     #[error("session or flow limits: {0}")]
     Session(String),
+    /// The group-commit keys.
+    #[error("storage.group_commit_max_batch: {0}")]
+    GroupCommit(String),
 }
 
 fn ms(d: std::time::Duration) -> u64 {
@@ -85,5 +90,10 @@ pub fn server_settings(
             cfg.flow.ingress_high_watermark,
             cfg.flow.ingress_low_watermark,
         ),
+        group: rvbox_server_core::GroupPolicy {
+            max_delay_ms: ms(cfg.storage.group_commit_max_delay),
+            max_events: usize::try_from(cfg.storage.group_commit_max_batch)
+                .map_err(|_| SettingsError::GroupCommit("out of range".into()))?,
+        },
     })
 }

@@ -124,16 +124,15 @@ fn new_id() -> [u8; 16] {
     rvbox_store::entropy::uuid_v7(&OsEntropy, WALL).unwrap()
 }
 
-#[test]
-fn a_client_registers_reconciles_receives_work_and_gets_acks_only_when_durable() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut e = engine(dir.path());
-    let cmd = new_id();
-    run(&mut e, &cmd);
+/// Registers `web-1` on connection 1, reconciles, reports capacity, and
+/// accepts one queued command `cmd` at times 0..=5. Returns the session id
+/// and the dispatch.
+fn accepted_command(e: &mut Engine, cmd: &[u8; 16]) -> (String, wire::Dispatch) {
+    run(e, cmd);
 
     e.connect(0, 1);
     e.frame(1, WALL, 1, hello(INSTANCE_A));
-    let (frames, closes) = drain(&mut e);
+    let (frames, closes) = drain(e);
     assert!(closes.is_empty(), "{closes:?}");
     let Some(Payload::ServerWelcome(w)) = &frames[0].1.payload else {
         panic!("{frames:?}")
@@ -163,7 +162,7 @@ fn a_client_registers_reconciles_receives_work_and_gets_acks_only_when_durable()
             }),
         ),
     );
-    let (frames, _) = drain(&mut e);
+    let (frames, _) = drain(e);
     assert!(matches!(
         frames[0].1.payload,
         Some(Payload::ReconcileResult(_))
@@ -186,7 +185,7 @@ fn a_client_registers_reconciles_receives_work_and_gets_acks_only_when_durable()
         ),
     );
     e.tick(4, WALL);
-    let (frames, _) = drain(&mut e);
+    let (frames, _) = drain(e);
     let d = frames
         .iter()
         .find_map(|(_, f)| match &f.payload {
@@ -195,7 +194,7 @@ fn a_client_registers_reconciles_receives_work_and_gets_acks_only_when_durable()
         })
         .expect("dispatched");
     assert_eq!(d.generation, 1);
-    assert_eq!(e.command(&cmd).unwrap().lifecycle, Lifecycle::Dispatched);
+    assert_eq!(e.command(cmd).unwrap().lifecycle, Lifecycle::Dispatched);
 
     e.frame(
         5,
@@ -213,7 +212,16 @@ fn a_client_registers_reconciles_receives_work_and_gets_acks_only_when_durable()
             }),
         ),
     );
-    assert_eq!(e.command(&cmd).unwrap().lifecycle, Lifecycle::Accepted);
+    assert_eq!(e.command(cmd).unwrap().lifecycle, Lifecycle::Accepted);
+    (sid, d)
+}
+
+#[test]
+fn a_client_registers_reconciles_receives_work_and_gets_acks_only_when_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path());
+    let cmd = new_id();
+    let (sid, d) = accepted_command(&mut e, &cmd);
     let event = |seq: u64, body: wire::command_event::Body| wire::CommandEvent {
         issue_uuid: d.issue_uuid.clone(),
         event_seq: seq,
@@ -378,4 +386,81 @@ fn the_session_audit_trail_commits_with_its_effects_and_floods_are_rate_limited(
     assert!(stats.audits_written <= u64::from(rvbox_engine::AUDIT_BURST));
     let records = e.store().read_audit(0, 10_000).unwrap().len() as u64;
     assert_eq!(records, 3 + stats.audits_written);
+}
+
+#[test]
+fn appends_wait_for_their_group_by_the_injected_clock_and_a_full_group_goes_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path());
+    let cmd = new_id();
+    let (sid, d) = accepted_command(&mut e, &cmd);
+    e.set_group_policy(rvbox_engine::GroupPolicy {
+        max_delay_ms: 10,
+        max_events: 4,
+    });
+    let output = |seq: u64| {
+        let raw = vec![b'x'; 100];
+        let stored = zstd::bulk::compress(&raw, 1).unwrap();
+        env(
+            &sid,
+            1,
+            Payload::CommandEvent(wire::CommandEvent {
+                issue_uuid: d.issue_uuid.clone(),
+                event_seq: seq,
+                observed_time: None,
+                body: Some(if seq == 1 {
+                    wire::command_event::Body::Lifecycle(wire::LifecycleChange {
+                        lifecycle: wire::Lifecycle::Running as i32,
+                        revision: 1,
+                        exit_result: None,
+                        reason: String::new(),
+                    })
+                } else {
+                    wire::command_event::Body::Output(wire::OutputChunk {
+                        stream: wire::OutputStream::Stdout as i32,
+                        raw_length: 100,
+                        stored_length: u32::try_from(stored.len()).unwrap(),
+                        payload: stored,
+                    })
+                }),
+            }),
+        )
+    };
+    let acks = |frames: &[(u64, wire::Envelope)]| {
+        frames
+            .iter()
+            .filter(|(_, f)| matches!(f.payload, Some(Payload::EventAck(_))))
+            .count()
+    };
+    let groups_before = e.group_stats().0;
+    // three events at t=100: below the batch, so they wait for the delay
+    for seq in 1..=3 {
+        e.frame(100, WALL, 1, output(seq));
+    }
+    let (frames, _) = drain(&mut e);
+    assert_eq!(acks(&frames), 0, "nothing is acknowledged before its group");
+    assert_eq!(
+        e.next_deadline(),
+        Some(110),
+        "the timer is the group's delay"
+    );
+    e.tick(109, WALL);
+    assert_eq!(acks(&drain(&mut e).0), 0);
+    e.tick(110, WALL);
+    let (frames, _) = drain(&mut e);
+    assert!(acks(&frames) >= 1, "{frames:?}");
+    assert_eq!(
+        e.group_stats().0,
+        groups_before + 1,
+        "one group for all three"
+    );
+    assert_eq!(e.command(&cmd).unwrap().last_event_seq, 3);
+    // four more fill a group: it goes at once, without the delay
+    for seq in 4..=7 {
+        e.frame(200, WALL, 1, output(seq));
+    }
+    let (frames, _) = drain(&mut e);
+    assert!(acks(&frames) >= 1, "{frames:?}");
+    assert_eq!(e.group_stats().0, groups_before + 2);
+    assert_eq!(e.command(&cmd).unwrap().last_event_seq, 7);
 }

@@ -29,6 +29,8 @@ terminal_retention = "7d"
 free_space_floor = "300MiB"
 tombstones = 5000
 segment_seal_size = "512KiB"
+group_commit_max_delay = "5ms"
+group_commit_max_batch = 512
 
 [audit]
 max_bytes = "50MiB"
@@ -95,4 +97,11 @@ fn every_mapped_key_reaches_its_core() {
     assert_eq!(s.session.limits.session_window_bytes, 4 * MIB);
     assert_eq!(s.session.limits.max_envelope_bytes, 960 * KIB);
     assert_eq!(s.ingress, (48 * MIB, 16 * MIB));
+    assert_eq!(
+        s.group,
+        rvbox_engine::GroupPolicy {
+            max_delay_ms: 5,
+            max_events: 512
+        }
+    );
 }
