@@ -210,13 +210,7 @@ impl ServerCore {
                     ));
                 }
             } else {
-                let records = self.audits.admit(self.now_ms, client.clone(), &audit);
-                if records.is_empty() {
-                    self.stats.audits_suppressed += 1;
-                } else {
-                    self.stats.audits_written += 1;
-                    self.store(StoreOp::Audit(records), Pending::Background("audit"));
-                }
+                self.audit_alone(client.clone(), &audit);
             }
         }
         self.out.push_back(Output::Audit {
@@ -224,6 +218,17 @@ impl ServerCore {
             client,
             audit,
         });
+    }
+
+    /// Writes a session record no effect carries, within the rate limit.
+    pub(crate) fn audit_alone(&mut self, client: Option<String>, audit: &rvbox_session::Audit) {
+        let records = self.audits.admit(self.now_ms, client, audit);
+        if records.is_empty() {
+            self.stats.audits_suppressed += 1;
+        } else {
+            self.stats.audits_written += 1;
+            self.store(StoreOp::Audit(records), Pending::Background("audit"));
+        }
     }
 
     /// Closes a connection from the server side.

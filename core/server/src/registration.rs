@@ -93,6 +93,18 @@ impl ServerCore {
             Pending::Claim { conn, token } => {
                 if let Err(e) = &result {
                     tracing::error!(error = %e, "pending claim not recorded");
+                    // the claim's transaction carried the refusal's audit
+                    // record; without it the record goes on its own
+                    let client = self.client_of(conn);
+                    self.audit_alone(
+                        client,
+                        &rvbox_session::Audit {
+                            kind: rvbox_session::AuditKind::LiveConflict,
+                            detail: format!(
+                                "live conflict refused; the claim was not recorded: {e}"
+                            ),
+                        },
+                    );
                 }
                 self.stats.live_conflicts += 1;
                 self.reject(

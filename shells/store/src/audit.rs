@@ -42,7 +42,17 @@ pub const MAX_AUDIT_RAW_BYTES: u32 = 512 * 1024;
 /// Records the outbox holds before strict audited writes are refused
 /// (reached only when flushing keeps failing, e.g. below the free-space
 /// floor).
-pub const AUDIT_OUTBOX_MAX: u64 = 65_536;
+pub const AUDIT_OUTBOX_MAX: u64 = 16_384;
+/// Outbox records beyond which best-effort (session) records are dropped,
+/// so control mutations keep room: three quarters of the outbox.
+pub const AUDIT_OUTBOX_BEST_EFFORT_MAX: u64 = AUDIT_OUTBOX_MAX / 4 * 3;
+/// Largest record the outbox takes: environment key names beyond it are
+/// left out (the record says how many), so the outbox holds at most
+/// `AUDIT_OUTBOX_MAX` x 16 KiB.
+pub const MAX_OUTBOX_RECORD_BYTES: usize = 16 * 1024;
+/// How long audited writes leave flushing to maintenance after a flush
+/// failed.
+pub const AUDIT_FLUSH_BACKOFF_MS: i64 = 10_000;
 /// Outbox records that trigger a flush after an audited write.
 pub const AUDIT_FLUSH_AT: u64 = 256;
 /// Most records one flush moves with one append and one fsync.
@@ -206,6 +216,29 @@ impl AuditRecord {
             !k.is_empty() && k.len() <= MAX_AUDIT_TEXT_BYTES && !k.contains(['=', '\0'])
         });
         self.env_keys.truncate(MAX_AUDIT_ENV_KEYS);
+        self
+    }
+
+    /// The record with environment key names left out from the end until
+    /// it encodes to at most `max` bytes; the detail then says how many.
+    #[must_use]
+    pub fn fit(mut self, max: usize) -> Self {
+        let mut dropped = 0usize;
+        while self.encode().len() > max && !self.env_keys.is_empty() {
+            let keep = self.env_keys.len() / 2;
+            dropped += self.env_keys.len() - keep;
+            self.env_keys.truncate(keep);
+        }
+        if dropped > 0 {
+            let note = format!(" ({dropped} more environment key names not recorded)");
+            let room = MAX_AUDIT_DETAIL_BYTES.saturating_sub(note.len());
+            let mut end = self.detail.len().min(room);
+            while !self.detail.is_char_boundary(end) {
+                end -= 1;
+            }
+            self.detail.truncate(end);
+            self.detail.push_str(&note);
+        }
         self
     }
 
@@ -386,7 +419,12 @@ pub(crate) fn outbox_insert(
     rec: &AuditRecord,
     strictness: Strictness,
 ) -> Result<Option<i64>, OpError> {
-    if outbox_len(conn)? >= AUDIT_OUTBOX_MAX {
+    let len = outbox_len(conn)?;
+    if strictness == Strictness::BestEffort && len >= AUDIT_OUTBOX_BEST_EFFORT_MAX {
+        tracing::warn!(action = %rec.action, "audit outbox nearly full: session record dropped");
+        return Ok(None);
+    }
+    if len >= AUDIT_OUTBOX_MAX {
         tracing::error!(action = %rec.action, "audit outbox full: the audit log cannot be written");
         return match strictness {
             Strictness::Must => Err(DomainError::new(
@@ -397,7 +435,7 @@ pub(crate) fn outbox_insert(
             Strictness::BestEffort => Ok(None),
         };
     }
-    let raw = rec.clone().bounded().encode();
+    let raw = rec.clone().bounded().fit(MAX_OUTBOX_RECORD_BYTES).encode();
     let id = conn
         .query_row_cached(
             "INSERT INTO audit_outbox (time_ms, record) VALUES (?1, ?2) RETURNING id",
@@ -520,6 +558,12 @@ impl Store {
         result: &Result<T, OpError>,
         now_ms: i64,
     ) {
+        // an error after the record was written in the transaction means
+        // the transaction rolled back, taking the record with it
+        if intent.written && result.is_err() {
+            intent.written = false;
+            intent.dropped = false;
+        }
         if intent.written {
             if std::mem::take(&mut intent.dropped) {
                 self.metrics.audit_dropped.inc();
@@ -766,9 +810,13 @@ impl Store {
     /// [`AUDIT_FLUSH_AT`] records. A failure is logged and counted; the
     /// records stay durable in the outbox.
     pub(crate) fn after_audited(&mut self, now_ms: i64) {
+        if now_ms < self.audit_flush_backoff_until {
+            return;
+        }
         match outbox_len(&self.conn) {
             Ok(n) if n >= AUDIT_FLUSH_AT => {
                 if let Err(e) = self.flush_audit(now_ms) {
+                    self.audit_flush_backoff_until = now_ms.saturating_add(AUDIT_FLUSH_BACKOFF_MS);
                     self.metrics.audit_flush_failures.inc();
                     tracing::warn!(error = %e, waiting = n, "audit outbox not flushed; it stays durable");
                 }
@@ -1432,5 +1480,80 @@ impl Store {
             out.push((seq, decoded));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::entropy::OsEntropy;
+    use crate::fs::RealFs;
+    use crate::layout::Layout;
+    use crate::operator::Caller;
+    use crate::{Store, StoreOptions};
+
+    fn store(dir: &std::path::Path) -> Store {
+        let mut s = Store::open(
+            Layout::new(dir),
+            Arc::new(RealFs),
+            Arc::new(OsEntropy),
+            StoreOptions::default(),
+            0,
+        )
+        .unwrap();
+        s.recover(0).unwrap();
+        s
+    }
+
+    #[test]
+    fn a_record_written_in_a_transaction_that_rolled_back_is_written_again_with_the_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(dir.path());
+        let mut intent =
+            AuditIntent::control(AuditRecord::control(&Caller::local(), "RunCommand", 5));
+        {
+            let tx = s.conn.transaction().unwrap();
+            intent.write_in(&tx, Ok(())).unwrap();
+            // the transaction fails after the record went in: rolled back
+        }
+        assert_eq!(s.audit_outbox_len().unwrap(), 0);
+        let failed: Result<(), OpError> = Err(OpError::Store(StoreError::Integrity(
+            "commit failed".into(),
+        )));
+        s.audit_unwritten(&mut intent, &failed, 5);
+        let read = s.read_audit(0, 10).unwrap();
+        assert_eq!(read.len(), 1);
+        assert_eq!(read[0].1.outcome, AuditOutcome::Failed);
+        assert!(
+            read[0].1.detail.contains("commit failed"),
+            "{:?}",
+            read[0].1
+        );
+    }
+
+    #[test]
+    fn a_record_too_large_for_the_outbox_keeps_its_key_count_not_every_name() {
+        let mut rec = AuditRecord::control(&Caller::local(), "RunCommand", 5);
+        rec.env_keys = (0..MAX_AUDIT_ENV_KEYS)
+            .map(|n| format!("KEY_{n:0>200}"))
+            .collect();
+        let fitted = rec.clone().bounded().fit(MAX_OUTBOX_RECORD_BYTES);
+        assert!(fitted.encode().len() <= MAX_OUTBOX_RECORD_BYTES);
+        assert!(!fitted.env_keys.is_empty());
+        let left = MAX_AUDIT_ENV_KEYS - fitted.env_keys.len();
+        assert!(
+            fitted
+                .detail
+                .contains(&format!("{left} more environment key names")),
+            "{}",
+            fitted.detail
+        );
+        assert!(fitted.check().is_ok());
+        // a small record is unchanged
+        let small = AuditRecord::control(&Caller::local(), "RunCommand", 5);
+        assert_eq!(small.clone().fit(MAX_OUTBOX_RECORD_BYTES), small);
     }
 }

@@ -66,11 +66,7 @@ pub(crate) fn charged(conn: &Connection) -> Result<u64, StoreError> {
 /// # Errors
 /// `QUOTA_EXCEEDED` naming the bound that refused a new client, or a
 /// database failure.
-pub(crate) fn ensure_client(
-    tx: &Connection,
-    client_id: &str,
-    global_total: u64,
-) -> Result<(), OpError> {
+pub(crate) fn ensure_client(tx: &Connection, client_id: &str, limit: u64) -> Result<(), OpError> {
     let exists: Option<i64> = tx
         .query_row_cached(
             "SELECT 1 FROM clients WHERE client_id = ?1",
@@ -95,7 +91,7 @@ pub(crate) fn ensure_client(
     let used = crate::store::global_charged(tx)?;
     let need = CLIENT_ROW_CHARGE
         .saturating_add(SESSION_ROW_CHARGE.saturating_mul(CLOSED_SESSIONS_KEPT + 1));
-    if used.saturating_add(need) > global_total {
+    if used.saturating_add(need) > limit {
         tracing::warn!(
             used,
             need,
@@ -104,7 +100,7 @@ pub(crate) fn ensure_client(
         return Err(DomainError::new(
             Code::QuotaExceeded,
             format!(
-                "server_total tier: {used} of {global_total} bytes charged; a new client needs {need}"
+                "server_total tier: {used} bytes charged, {limit} admit new clients (the tier less the eviction slack); a new client needs {need}"
             ),
         )
         .into());

@@ -203,7 +203,7 @@ impl Store {
             .platform
             .as_ref()
             .map(|p| format!("{}/{}", p.os, p.arch));
-        crate::registry::ensure_client(&tx, &reg.client_id, self.opts.tiers.global_total)?;
+        crate::registry::ensure_client(&tx, &reg.client_id, self.opts.registry_limit())?;
         tx.execute_cached(
             "UPDATE clients SET instance_id = ?2, generation = ?3, platform = ?4,
                  software_version = ?5, capabilities = ?6, cwd_policy = ?7,
@@ -308,7 +308,7 @@ impl Store {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sqlite("begin pending claim", e))?;
-        crate::registry::ensure_client(&tx, client_id, self.opts.tiers.global_total)?;
+        crate::registry::ensure_client(&tx, client_id, self.opts.registry_limit())?;
         tx.execute_cached(
             "UPDATE clients SET pending_instance_id = ?2, pending_seen_ms = ?3 WHERE client_id = ?1",
             params![client_id, instance_id.as_slice(), now_ms],

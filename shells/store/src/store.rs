@@ -58,6 +58,19 @@ pub struct StoreOptions {
     pub audit_retention_ms: u64,
 }
 
+impl StoreOptions {
+    /// The server-wide usage up to which a new client is admitted: the
+    /// server-wide tier less the eviction slack (the level maintenance
+    /// evicts down to), so registry rows, which eviction cannot free, do not
+    /// push terminal history out; the slack counts for at most a quarter
+    /// of a small tier.
+    #[must_use]
+    pub fn registry_limit(&self) -> u64 {
+        let total = self.tiers.global_total;
+        total.saturating_sub(self.eviction_slack_bytes.min(total / 4))
+    }
+}
+
 impl Default for StoreOptions {
     fn default() -> Self {
         Self {
@@ -126,6 +139,9 @@ pub struct Store {
     pub(crate) dctx: Dctx,
     pub(crate) metrics: crate::metrics::StoreMetrics,
     pub(crate) health: crate::health::Health,
+    /// Audited writes leave flushing the outbox to maintenance until this
+    /// wall time (a flush failed).
+    pub(crate) audit_flush_backoff_until: i64,
     server_id: [u8; 16],
     token_key: [u8; identity::TOKEN_KEY_LEN],
     _lock: InstanceLock,
@@ -176,6 +192,7 @@ impl Store {
                 zstd::bulk::Decompressor::new()
                     .map_err(|e| StoreError::io("create zstd context", "", e))?,
             ),
+            audit_flush_backoff_until: i64::MIN,
             server_id,
             token_key,
             _lock: lock,
@@ -341,7 +358,7 @@ impl Store {
             .into());
         }
         check_queue_limits(&tx, valid.client_id.as_str(), &opts)?;
-        crate::registry::ensure_client(&tx, valid.client_id.as_str(), opts.tiers.global_total)?;
+        crate::registry::ensure_client(&tx, valid.client_id.as_str(), opts.registry_limit())?;
 
         let spec_raw = valid.spec.encode_to_vec();
         let spec_zstd = zstd::bulk::compress(&spec_raw, 3)

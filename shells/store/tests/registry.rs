@@ -168,6 +168,7 @@ fn the_registry_is_charged_to_the_server_wide_tier() {
     let row = CLIENT_ROW_CHARGE + SESSION_ROW_CHARGE;
     let admission = CLIENT_ROW_CHARGE + SESSION_ROW_CHARGE * (CLOSED_SESSIONS_KEPT + 1);
     o.tiers.global_total = 2 * row + admission;
+    o.eviction_slack_bytes = 0;
     let mut s = open_with(dir.path(), Arc::new(RealFs), o);
     for (n, client) in ["web-1", "web-2", "web-3"].iter().enumerate() {
         s.register_session(&reg(client, 0, n as u16 + 1, None), NOW)
