@@ -352,21 +352,7 @@ fn registration(
     session: u8,
     fence: Option<[u8; 16]>,
 ) -> rvbox_store::sessions::Registration {
-    rvbox_store::sessions::Registration {
-        client_id: "web-1".into(),
-        instance_id: instance,
-        expected_generation: expected,
-        session_id: [session; 16],
-        fence,
-        consume_grant: None,
-        capabilities: wire::Capabilities {
-            software_version: "1.0.0".into(),
-            max_running: 4,
-            max_queued: 10,
-            ..Default::default()
-        },
-        cwd_policy: None,
-    }
+    support::registration("web-1", instance, expected, [session; 16], fence)
 }
 
 fn actions(s: &Store) -> Vec<(String, AuditOutcome)> {

@@ -13,7 +13,6 @@ mod support;
 use std::sync::Arc;
 
 use rvbox_domain::error::Code;
-use rvbox_proto::v1 as wire;
 use rvbox_store::fs::RealFs;
 use rvbox_store::mutations::OpError;
 use rvbox_store::registry::{
@@ -27,21 +26,7 @@ fn reg(client: &str, expected: u64, session: u16, fence: Option<[u8; 16]>) -> Re
     let mut session_id = [0u8; 16];
     session_id[..2].copy_from_slice(&session.to_le_bytes());
     session_id[15] = 1;
-    Registration {
-        client_id: client.into(),
-        instance_id: [0xa; 16],
-        expected_generation: expected,
-        session_id,
-        fence,
-        consume_grant: None,
-        capabilities: wire::Capabilities {
-            software_version: "1.0.0".into(),
-            max_running: 4,
-            max_queued: 10,
-            ..Default::default()
-        },
-        cwd_policy: None,
-    }
+    registration(client, [0xa; 16], expected, session_id, fence)
 }
 
 fn sid(session: u16) -> [u8; 16] {

@@ -230,3 +230,29 @@ impl rvbox_store::crash::CrashHook for Park {
         release.recv().unwrap();
     }
 }
+
+/// A registration of `client` by `instance` expecting `expected`, as
+/// session `session_id`, fencing `fence`.
+pub fn registration(
+    client: &str,
+    instance: [u8; 16],
+    expected: u64,
+    session_id: [u8; 16],
+    fence: Option<[u8; 16]>,
+) -> rvbox_store::sessions::Registration {
+    rvbox_store::sessions::Registration {
+        client_id: client.into(),
+        instance_id: instance,
+        expected_generation: expected,
+        session_id,
+        fence,
+        consume_grant: None,
+        capabilities: wire::Capabilities {
+            software_version: "1.0.0".into(),
+            max_running: 4,
+            max_queued: 10,
+            ..Default::default()
+        },
+        cwd_policy: None,
+    }
+}
