@@ -88,16 +88,4 @@ pub mod points {
     ];
 }
 
-/// Observes the store passing a named durability step.
-pub trait CrashHook: Send + Sync + std::fmt::Debug {
-    /// Called when the store reaches `point`. Returning means "carry on".
-    fn at(&self, point: &'static str);
-}
-
-/// The production hook: does nothing.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NoCrash;
-
-impl CrashHook for NoCrash {
-    fn at(&self, _point: &'static str) {}
-}
+pub use rvbox_storage::crash::{CrashHook, NoCrash};

@@ -13,8 +13,6 @@
 //! Every path is built from these fixed names plus names produced by the
 //! segment naming functions; nothing comes from a client or a request.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::StoreError;
@@ -110,47 +108,7 @@ impl Layout {
     }
 }
 
-/// The single-instance lock on a data directory: an exclusive `flock` on
-/// `<data_dir>/lock`, held for the life of this value. The daemon and the
-/// offline repair tool take the same lock, so the repair tool can never
-/// open a live store.
-#[derive(Debug)]
-pub struct InstanceLock {
-    _file: File,
-    path: PathBuf,
-}
-
-impl InstanceLock {
-    /// Takes the lock without waiting.
-    ///
-    /// # Errors
-    /// [`StoreError::Locked`] when another process holds it;
-    /// [`StoreError::Io`] when the lock file cannot be opened.
-    pub fn acquire(layout: &Layout) -> Result<Self, StoreError> {
-        let path = layout.lock_file();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| StoreError::io("open lock file", &path, e))?;
-        match file.try_lock() {
-            Ok(()) => Ok(Self { _file: file, path }),
-            Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked { path }),
-            Err(std::fs::TryLockError::Error(e)) => {
-                Err(StoreError::io("lock data directory", &path, e))
-            }
-        }
-    }
-
-    /// The lock file's path.
-    #[must_use]
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
+pub use rvbox_storage::lock::InstanceLock;
 
 #[cfg(test)]
 mod tests {
@@ -180,12 +138,12 @@ mod tests {
     fn a_second_holder_is_refused_until_the_first_lets_go() {
         let dir = tempfile::tempdir().unwrap();
         let layout = Layout::new(dir.path());
-        let first = InstanceLock::acquire(&layout).unwrap();
+        let first = InstanceLock::acquire(&layout.lock_file()).unwrap();
         assert!(matches!(
-            InstanceLock::acquire(&layout),
+            InstanceLock::acquire(&layout.lock_file()),
             Err(StoreError::Locked { .. })
         ));
         drop(first);
-        InstanceLock::acquire(&layout).unwrap();
+        InstanceLock::acquire(&layout.lock_file()).unwrap();
     }
 }

@@ -13,13 +13,11 @@
 //! [`fs::StoreFs`].
 
 pub mod db;
-pub mod error;
-pub mod fs;
 pub mod layout;
+pub use rvbox_storage::{atomic, entropy, error, fs};
 
 pub use error::StoreError;
 pub mod crash;
-pub mod entropy;
 pub mod identity;
 pub mod incidents;
 pub mod mutations;

@@ -165,7 +165,7 @@ impl Store {
     ) -> Result<Self, StoreError> {
         fs.ensure_private_dir(layout.root())
             .map_err(|e| StoreError::io("create data directory", layout.root(), e))?;
-        let lock = InstanceLock::acquire(&layout)?;
+        let lock = InstanceLock::acquire(&layout.lock_file())?;
         layout.create(fs.as_ref())?;
         let mut conn = db::open(&layout.db_file(), opts.db)?;
         db::migrate(&mut conn, now_ms)?;

@@ -1,4 +1,4 @@
-//! Store errors: every failure names what failed; none carries payload bytes.
+//! Storage errors: every failure names what failed; none carries payload bytes.
 
 use std::io;
 use std::path::PathBuf;
@@ -59,16 +59,16 @@ pub enum StoreError {
     /// `PRAGMA quick_check` found problems.
     #[error("SQLite integrity check failed: {0}")]
     Integrity(String),
-    /// Another process holds the data directory.
+    /// Another process holds the store's lock.
     #[error(
-        "data directory {path} is in use by another rvbox-server (lock held); refusing to open it twice"
+        "{path} is held by another RVBox process (lock held); refusing to open the store twice"
     )]
     Locked {
         /// The lock file.
         path: PathBuf,
     },
-    /// The data directory layout is unusable.
-    #[error("data directory {path}: {reason}")]
+    /// The state directory layout is unusable.
+    #[error("{path}: {reason}")]
     Layout {
         /// The path concerned.
         path: PathBuf,
