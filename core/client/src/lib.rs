@@ -1,0 +1,20 @@
+//! RVBox client cores: the client daemon's protocol decisions (plan §7),
+//! as pure state machines and functions.
+//!
+//! Owns: the acceptance decision for a `Dispatch` ([`accept`]: validation
+//! of the generation, ids, request hash, revision, shell, profile, working
+//! directory and expiry; the duplicate and tombstone checks; capacity).
+//!
+//! Must never: do I/O, read a clock, draw randomness, spawn threads or read
+//! the environment. Time arrives with every input; durability is always a
+//! later input (a completion), never assumed (conventions rules 1-3). The
+//! client store applies these decisions inside its transactions; the shell
+//! performs the rest.
+#![warn(missing_docs)]
+
+pub mod accept;
+
+pub use accept::{
+    AcceptDecision, AcceptPolicy, Capacity, CheckedDispatch, ExistingCommand, MAX_COMMAND_RECORDS,
+    Refusal, check_dispatch, decide_acceptance,
+};
