@@ -52,6 +52,27 @@ pub struct AcceptPolicy {
     pub max_running: u32,
     /// Most accepted commands waiting for a running slot (default 100).
     pub max_queued: u32,
+    /// Bytes reserved in every accepted command's charge for its terminal
+    /// and loss closeout metadata (`spool.closeout_reserve`).
+    pub closeout_reserve: u64,
+    /// Command-owned storage of the whole daemon (`spool.daemon_total`,
+    /// 256 MiB by default): metadata reservations plus stored payloads.
+    pub storage_budget: u64,
+}
+
+/// Fixed per-command overhead of the metadata charge: the command row, its
+/// segment rows and cursors at their largest.
+pub const COMMAND_ROW_CHARGE: u64 = 4096;
+
+/// The worst-case metadata a command is charged at acceptance (plan §7.3
+/// step 3): its encoded spec, the row overhead and the closeout reserve.
+#[must_use]
+pub fn metadata_charge(policy: &AcceptPolicy, d: &CheckedDispatch) -> u64 {
+    use prost::Message as _;
+    u64::try_from(d.spec.encoded_len())
+        .unwrap_or(u64::MAX)
+        .saturating_add(COMMAND_ROW_CHARGE)
+        .saturating_add(policy.closeout_reserve)
 }
 
 /// A dispatch that passed step 1.
@@ -355,6 +376,9 @@ pub struct Capacity {
     pub queued: u64,
     /// Command records held (active and terminal-unacknowledged).
     pub records: u64,
+    /// Bytes charged to the daemon's storage budget: metadata reservations
+    /// plus stored payloads.
+    pub charged_bytes: u64,
 }
 
 /// Steps 2, 3 and 5 of acceptance.
@@ -380,7 +404,8 @@ pub enum AcceptDecision {
 ///
 /// Capacity follows the server's admission rule (`rvbox-dispatch`):
 /// `running + queued < max_running + max_queued`, plus the record ceiling
-/// of reconciliation.
+/// of reconciliation and the daemon's storage budget, which must hold the
+/// command's [`metadata_charge`].
 #[must_use]
 pub fn decide_acceptance(
     policy: &AcceptPolicy,
@@ -437,6 +462,13 @@ pub fn decide_acceptance(
             "the client holds the most command records it can reconcile",
         ));
     }
+    let charge = metadata_charge(policy, d);
+    if capacity.charged_bytes.saturating_add(charge) > policy.storage_budget {
+        return AcceptDecision::Refuse(Refusal::transient(
+            Code::QuotaExceeded,
+            "the client's local storage budget is full",
+        ));
+    }
     AcceptDecision::Insert
 }
 
@@ -454,6 +486,8 @@ mod tests {
             default_cwd: "/tmp".into(),
             max_running: 2,
             max_queued: 1,
+            closeout_reserve: 64 * 1024,
+            storage_budget: 1 << 20,
         }
     }
 
@@ -596,6 +630,7 @@ mod tests {
             running: 2,
             queued: 1,
             records: 3,
+            charged_bytes: 0,
         };
         let held = ExistingCommand {
             request_hash: c.request_hash,
@@ -646,6 +681,7 @@ mod tests {
             running: 2,
             queued: 0,
             records: 2,
+            charged_bytes: 0,
         };
         assert_eq!(
             decide_acceptance(&p, &c, None, None, room),
@@ -655,10 +691,29 @@ mod tests {
             running: 0,
             queued: 0,
             records: MAX_COMMAND_RECORDS,
+            charged_bytes: 0,
         };
         assert_eq!(
             code(decide_acceptance(&p, &c, None, None, records)),
             (wire::AcceptOutcome::Transient, Code::CapacityExhausted)
+        );
+        let charge = metadata_charge(&p, &c);
+        assert!(charge > p.closeout_reserve + COMMAND_ROW_CHARGE);
+        let at_budget = Capacity {
+            charged_bytes: p.storage_budget - charge,
+            ..room
+        };
+        assert_eq!(
+            decide_acceptance(&p, &c, None, None, at_budget),
+            AcceptDecision::Insert
+        );
+        let over = Capacity {
+            charged_bytes: p.storage_budget - charge + 1,
+            ..room
+        };
+        assert_eq!(
+            code(decide_acceptance(&p, &c, None, None, over)),
+            (wire::AcceptOutcome::Transient, Code::QuotaExceeded)
         );
     }
 }

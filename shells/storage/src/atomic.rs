@@ -7,6 +7,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::crash::CrashHook;
 use crate::error::StoreError;
 use crate::fs::StoreFs;
 
@@ -24,11 +25,18 @@ fn temp_path(path: &Path) -> PathBuf {
 
 /// Creates `path` holding exactly `bytes`: a temporary sibling is written
 /// and `fdatasync`ed, renamed over `path`, and the directory is synced. A
-/// temporary file left by an earlier crash is removed first.
+/// temporary file left by an earlier crash is removed first. `hook` is
+/// called at `before_rename` once the temporary file is durable.
 ///
 /// # Errors
 /// [`StoreError::Io`] naming the step and the path.
-pub fn write_new(fs: &dyn StoreFs, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+pub fn write_new(
+    fs: &dyn StoreFs,
+    path: &Path,
+    bytes: &[u8],
+    hook: &dyn CrashHook,
+    before_rename: &'static str,
+) -> Result<(), StoreError> {
     let tmp = temp_path(path);
     match fs.remove_file(&tmp) {
         Ok(()) => {}
@@ -42,6 +50,7 @@ pub fn write_new(fs: &dyn StoreFs, path: &Path, bytes: &[u8]) -> Result<(), Stor
         .and_then(|()| f.sync_data())
         .map_err(|e| StoreError::io("write temporary file", &tmp, e))?;
     drop(f);
+    hook.at(before_rename);
     fs.rename(&tmp, path)
         .map_err(|e| StoreError::io("rename into place", path, e))?;
     if let Some(dir) = path.parent() {
@@ -87,6 +96,7 @@ pub fn read_small(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crash::NoCrash;
     use crate::fs::{CrashMode, FaultyFs, RealFs};
     use std::os::unix::fs::PermissionsExt;
 
@@ -95,7 +105,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("id");
         std::fs::write(temp_path(&path), b"half").unwrap();
-        write_new(&RealFs, &path, b"0123456789abcdef").unwrap();
+        write_new(&RealFs, &path, b"0123456789abcdef", &NoCrash, "t").unwrap();
         assert_eq!(
             read_small(&RealFs, &path, 16).unwrap().unwrap(),
             b"0123456789abcdef"
@@ -119,7 +129,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fs = FaultyFs::new();
         let path = dir.path().join("id");
-        write_new(&fs, &path, b"abc").unwrap();
+        write_new(&fs, &path, b"abc", &NoCrash, "t").unwrap();
         fs.crash(CrashMode::LoseUnsynced).unwrap();
         assert_eq!(read_small(&RealFs, &path, 16).unwrap().unwrap(), b"abc");
     }
