@@ -3,7 +3,10 @@
 //!
 //! Owns: the acceptance decision for a `Dispatch` ([`accept`]: validation
 //! of the generation, ids, request hash, revision, shell, profile, working
-//! directory and expiry; the duplicate and tombstone checks; capacity).
+//! directory and expiry; the duplicate and tombstone checks; capacity) and
+//! the spool ([`spool`]: one durable command-local order, wire sequences
+//! on admission to the send windows, watermarks and loss mode, rolling
+//! caps, truncation markers).
 //!
 //! Must never: do I/O, read a clock, draw randomness, spawn threads or read
 //! the environment. Time arrives with every input; durability is always a
@@ -13,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod accept;
+pub mod spool;
 
 pub use accept::{
     AcceptDecision, AcceptPolicy, Capacity, CheckedDispatch, ExistingCommand, MAX_COMMAND_RECORDS,
