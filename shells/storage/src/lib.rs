@@ -6,8 +6,9 @@
 //! crash-point hook ([`crash::CrashHook`]), SQLite connections with checked
 //! PRAGMAs and checksummed migrations ([`db`]), the single-instance lock
 //! ([`lock::InstanceLock`]), atomic creation of small identity files
-//! ([`atomic`]), the CSPRNG seam ([`entropy`]) and the error type
-//! ([`StoreError`]).
+//! ([`atomic`]), reading a segment back for recovery and cutting its
+//! uncommitted tail ([`segment_io`]: the committed-offset discipline), the
+//! CSPRNG seam ([`entropy`]) and the error type ([`StoreError`]).
 //!
 //! Must never: know a table, a record kind or a protocol message of either
 //! store; log file contents; touch a file except through [`fs::StoreFs`]
@@ -21,5 +22,6 @@ pub mod entropy;
 pub mod error;
 pub mod fs;
 pub mod lock;
+pub mod segment_io;
 
 pub use error::StoreError;

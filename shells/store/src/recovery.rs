@@ -15,7 +15,7 @@
 use crate::db::Cached as _;
 use rusqlite::{TransactionBehavior, params};
 use rvbox_proto::v1 as wire;
-use rvbox_segment::{ByteRange, Recovery, parse_segment_file_name, scan, segment_file_name};
+use rvbox_segment::{ByteRange, Recovery, parse_segment_file_name, segment_file_name};
 
 use crate::db;
 use crate::entropy::uuid_v7;
@@ -275,13 +275,11 @@ impl Store {
         match result.recovery {
             Recovery::Clean if file_len <= max_len => Ok(()),
             Recovery::Clean | Recovery::TruncateTail { .. } => {
-                let cut = file_len.saturating_sub(row.committed_end);
-                let mut f = self
-                    .fs
-                    .open(&path)
-                    .map_err(|e| StoreError::io("open segment", &path, e))?;
-                f.truncate(row.committed_end)
-                    .map_err(|e| StoreError::io("truncate uncommitted tail", &path, e))?;
+                let cut = rvbox_storage::segment_io::cut_tail(
+                    self.fs.as_ref(),
+                    &path,
+                    row.committed_end,
+                )?;
                 report.tails_truncated += 1;
                 report.tail_bytes = report.tail_bytes.saturating_add(cut);
                 self.record_incident(
@@ -308,12 +306,11 @@ impl Store {
                 tail_beyond_committed,
             } => {
                 if tail_beyond_committed {
-                    let mut f = self
-                        .fs
-                        .open(&path)
-                        .map_err(|e| StoreError::io("open segment", &path, e))?;
-                    f.truncate(row.committed_end)
-                        .map_err(|e| StoreError::io("truncate uncommitted tail", &path, e))?;
+                    rvbox_storage::segment_io::cut_tail(
+                        self.fs.as_ref(),
+                        &path,
+                        row.committed_end,
+                    )?;
                 }
                 let missing = file_len < row.committed_end;
                 let lost_events = self.mark_damaged(row, &lost, missing, file_len, now_ms)?;
@@ -710,13 +707,7 @@ impl Store {
     }
 }
 
-/// What one worker read and concluded about one segment.
-struct ScannedSegment {
-    path: std::path::PathBuf,
-    scan: rvbox_segment::Scan,
-    file_len: u64,
-    max_len: u64,
-}
+use rvbox_storage::segment_io::ScannedSegment;
 
 /// Reads and scans one segment (no writes): the part of recovery that the
 /// bounded pool runs in parallel. The buffer lives only while scanning.
@@ -728,39 +719,20 @@ fn scan_segment(
 ) -> Result<ScannedSegment, StoreError> {
     let name = segment_file_name(&row.issue, row.ordinal)
         .ok_or_else(|| StoreError::Integrity("segment ordinal out of range".into()))?;
-    let path = dir.join(&name);
     let limits = if row.ordinal == crate::blobs::BLOB_ORDINAL {
         crate::blobs::script_limits()
     } else {
         record_limits()
     };
-    // Read the committed range plus a bounded tail: a sealed or active
-    // segment is never larger than the seal size plus one record.
-    let max_len = seal_bytes
-        .saturating_add(u64::from(limits.max_stored_len))
-        .saturating_add(rvbox_segment::RECORD_OVERHEAD)
-        .max(row.committed_end);
-    let (buf, file_len) = match fs.open(&path) {
-        Ok(f) => {
-            let len = f
-                .len()
-                .map_err(|e| StoreError::io("stat segment", &path, e))?;
-            let read = len.min(max_len);
-            let mut buf = vec![0u8; usize::try_from(read).unwrap_or(0)];
-            f.read_exact_at(&mut buf, 0)
-                .map_err(|e| StoreError::io("read segment", &path, e))?;
-            (buf, len)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), 0),
-        Err(e) => return Err(StoreError::io("open segment", &path, e)),
-    };
-    let scan = scan(&buf, row.committed_end, &limits);
-    Ok(ScannedSegment {
-        path,
-        scan,
-        file_len,
-        max_len,
-    })
+    // A sealed or active segment is never larger than the seal size plus
+    // one record.
+    rvbox_storage::segment_io::read_and_scan(
+        fs,
+        &dir.join(&name),
+        row.committed_end,
+        seal_bytes,
+        &limits,
+    )
 }
 
 /// Threads of the recovery pool.
