@@ -65,9 +65,11 @@ use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::command_event::Body;
 use thiserror::Error;
 
-/// Raw bytes an output segment takes before the next one starts; rotation
-/// frees whole segments.
+/// Bytes (raw output plus record framing) an output segment takes before
+/// the next one starts; rotation frees whole segments.
 pub const SEGMENT_RAW_BYTES: u64 = 1024 * 1024;
+/// Framing of one segment record (the shared format's header and CRC).
+pub const RECORD_FRAMING: u64 = 132;
 /// Most entries one command holds. Output past it is dropped into loss
 /// mode; essential entries have [`ESSENTIAL_RESERVE`] more.
 pub const MAX_ENTRIES_PER_COMMAND: usize = 16_384;
@@ -433,6 +435,10 @@ struct CommandSpool {
     terminal: bool,
     in_flight: u64,
     releasing: bool,
+    /// An assignment failed: none is tried again until the next
+    /// acknowledgement, session or durable entry (no spinning on a store
+    /// that keeps failing).
+    assign_blocked: bool,
 }
 
 impl CommandSpool {
@@ -451,6 +457,7 @@ impl CommandSpool {
             terminal: false,
             in_flight: 0,
             releasing: false,
+            assign_blocked: false,
         }
     }
 
@@ -870,7 +877,11 @@ impl Spool {
             c.segment = c.segment.saturating_add(1);
             c.segment_raw = 0;
         }
-        c.segment_raw = c.segment_raw.saturating_add(raw);
+        // a segment fills by what its records take on disk at most: the
+        // raw bytes plus the record framing
+        c.segment_raw = c
+            .segment_raw
+            .saturating_add(raw.saturating_add(RECORD_FRAMING));
         let segment = c.segment;
         let raw_len = u32::try_from(raw).unwrap_or(u32::MAX);
         let entry = Entry {
@@ -1097,6 +1108,7 @@ impl Spool {
                 }
             }
             SpoolCompletion::AppendedOutput { stored_len } => {
+                c.assign_blocked = false;
                 if let Some(e) = c.entries.get_mut(pos) {
                     if let Kind::Output { stored_len: s, .. } = &mut e.kind {
                         *s = *stored_len;
@@ -1107,6 +1119,7 @@ impl Spool {
                 self.stored = self.stored.saturating_add(u64::from(*stored_len));
             }
             SpoolCompletion::Done => {
+                c.assign_blocked = false;
                 if let Some(e) = c.entries.get_mut(pos) {
                     debug_assert!(matches!(e.kind, Kind::Event(_)), "output needs its size");
                     e.state = State::Durable;
@@ -1149,6 +1162,7 @@ impl Spool {
             // one Assign per command is in flight at a time, so these were
             // the last sequences handed out
             c.next_seq = first_seq;
+            c.assign_blocked = true;
             c.in_flight = c.in_flight.saturating_sub(freed);
             self.session_in_flight = self.session_in_flight.saturating_sub(freed);
             return;
@@ -1215,6 +1229,9 @@ impl Spool {
             }
         }
         self.active = true;
+        for c in self.commands.values_mut() {
+            c.assign_blocked = false;
+        }
         self.pump();
     }
 
@@ -1254,6 +1271,7 @@ impl Spool {
             return Ok(());
         }
         c.acked = seq;
+        c.assign_blocked = false;
         let mut freed = 0u64;
         let mut freed_stored = 0u64;
         let mut removed = 0usize;
@@ -1325,7 +1343,7 @@ impl Spool {
             return;
         };
         // one Assign in flight per command keeps sequences contiguous
-        if c.entries.iter().any(|e| e.state == State::Assigning) {
+        if c.assign_blocked || c.entries.iter().any(|e| e.state == State::Assigning) {
             return;
         }
         let mut room = limits

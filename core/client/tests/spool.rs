@@ -708,6 +708,10 @@ fn a_failed_assignment_gives_its_sequences_back() {
     h.fail_next.push("assign");
     h.spool.session_active(&BTreeMap::new());
     h.settle();
+    assert!(
+        h.sent.is_empty(),
+        "a failed assignment is not retried at once"
+    );
     h.spool.output(id, OUT, 2, vec![2; 10]).unwrap();
     h.settle();
     let seqs: Vec<u64> = h.sent.iter().map(|(_, s, _)| *s).collect();

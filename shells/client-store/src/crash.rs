@@ -17,6 +17,27 @@ pub const TERMINAL_ACK_AFTER_COMMIT: &str = "terminal_ack.after_commit";
 /// The tombstone FIFO rotated its oldest entries out, not committed.
 pub const TOMBSTONE_ROTATE_BEFORE_COMMIT: &str = "tombstone.rotate.before_commit";
 
+/// A new spool segment file exists; its directory is not yet synced.
+pub const SPOOL_SEGMENT_AFTER_CREATE: &str = "spool.segment.after_create";
+/// An output record is written to its segment, not yet synced.
+pub const SPOOL_APPEND_BEFORE_FSYNC: &str = "spool.append.before_fsync";
+/// The record is synced; its index row is not committed.
+pub const SPOOL_APPEND_AFTER_FSYNC: &str = "spool.append.after_fsync";
+/// The output entry is committed.
+pub const SPOOL_APPEND_AFTER_COMMIT: &str = "spool.append.after_commit";
+/// An event entry is written, not committed.
+pub const SPOOL_EVENT_BEFORE_COMMIT: &str = "spool.event.before_commit";
+/// An event entry is committed.
+pub const SPOOL_EVENT_AFTER_COMMIT: &str = "spool.event.after_commit";
+/// Wire sequences are committed; nothing is sent.
+pub const SPOOL_ASSIGN_AFTER_COMMIT: &str = "spool.assign.after_commit";
+/// A release is committed; its segment files are not yet removed.
+pub const SPOOL_RELEASE_AFTER_COMMIT: &str = "spool.release.after_commit";
+/// A rotation is written, not committed.
+pub const SPOOL_ROTATE_BEFORE_COMMIT: &str = "spool.rotate.before_commit";
+/// A rotation is committed; its segment file is not yet removed.
+pub const SPOOL_ROTATE_AFTER_COMMIT: &str = "spool.rotate.after_commit";
+
 /// Every point, for tests that iterate them.
 pub const ALL: &[&str] = &[
     IDENTITY_BEFORE_RENAME,
@@ -24,4 +45,14 @@ pub const ALL: &[&str] = &[
     ACCEPT_AFTER_COMMIT,
     TERMINAL_ACK_AFTER_COMMIT,
     TOMBSTONE_ROTATE_BEFORE_COMMIT,
+    SPOOL_SEGMENT_AFTER_CREATE,
+    SPOOL_APPEND_BEFORE_FSYNC,
+    SPOOL_APPEND_AFTER_FSYNC,
+    SPOOL_APPEND_AFTER_COMMIT,
+    SPOOL_EVENT_BEFORE_COMMIT,
+    SPOOL_EVENT_AFTER_COMMIT,
+    SPOOL_ASSIGN_AFTER_COMMIT,
+    SPOOL_RELEASE_AFTER_COMMIT,
+    SPOOL_ROTATE_BEFORE_COMMIT,
+    SPOOL_ROTATE_AFTER_COMMIT,
 ];

@@ -20,6 +20,9 @@ pub mod crash;
 pub mod identity;
 pub mod incidents;
 pub mod layout;
+pub mod metrics;
+pub mod recovery;
+pub mod spool;
 pub mod store;
 
 pub use layout::ClientLayout;

@@ -23,6 +23,9 @@ use crate::crash;
 use crate::identity::{self, IdentityFile};
 use crate::incidents::{self, IDENTITY_SCOPE, LocalIncident, NewLocalIncident};
 use crate::layout::ClientLayout;
+use crate::metrics::ClientStoreMetrics;
+use crate::recovery::RecoveryReport;
+use crate::spool::OpenSegments;
 
 /// Every migration of the client store, in order.
 pub const MIGRATIONS: &[Migration] = &[Migration {
@@ -110,12 +113,15 @@ pub struct Counters {
 #[derive(Debug)]
 pub struct ClientStore {
     layout: ClientLayout,
-    fs: Arc<dyn StoreFs>,
-    entropy: Arc<dyn Entropy>,
-    hook: Arc<dyn CrashHook>,
-    conn: Connection,
+    pub(crate) fs: Arc<dyn StoreFs>,
+    pub(crate) entropy: Arc<dyn Entropy>,
+    pub(crate) hook: Arc<dyn CrashHook>,
+    pub(crate) conn: Connection,
     opts: ClientStoreOptions,
     instance: Option<InstanceId>,
+    pub(crate) open_segments: OpenSegments,
+    pub(crate) metrics: ClientStoreMetrics,
+    recovery: RecoveryReport,
     _lock: InstanceLock,
 }
 
@@ -216,15 +222,31 @@ impl ClientStore {
             conn,
             opts,
             instance: None,
+            open_segments: OpenSegments::default(),
+            metrics: ClientStoreMetrics::default(),
+            recovery: RecoveryReport::default(),
             _lock: lock,
         };
         store.instance = store.check_identity(now_ms)?;
+        store.recovery = store.recover(now_ms)?;
         tracing::info!(
             state_dir = %store.layout.root().display(),
             health = ?store.health()?,
             "client store opened"
         );
         Ok(store)
+    }
+
+    /// What recovery did at open.
+    #[must_use]
+    pub fn recovery_report(&self) -> RecoveryReport {
+        self.recovery
+    }
+
+    /// The store's metrics (the shell registers them).
+    #[must_use]
+    pub fn metrics(&self) -> &ClientStoreMetrics {
+        &self.metrics
     }
 
     /// Installs the crash hook.
@@ -445,7 +467,8 @@ impl ClientStore {
                     (SELECT COUNT(*) FROM commands),
                     (SELECT COUNT(*) FROM tombstones),
                     (SELECT COALESCE(SUM(metadata_charge), 0) FROM commands),
-                    (SELECT stored_bytes FROM counters WHERE id = 1)",
+                    (SELECT COALESCE(SUM(stored_len), 0) FROM spool_entries
+                        WHERE segment_ordinal IS NOT NULL)",
                 [],
                 |r| {
                     Ok(Counters {
@@ -608,8 +631,31 @@ impl ClientStore {
         else {
             return Ok(false);
         };
+        let freed: i64 = tx
+            .query_row_cached(
+                "SELECT COALESCE(SUM(stored_len), 0) FROM spool_entries
+                 WHERE issue_uuid = ?1 AND segment_ordinal IS NOT NULL",
+                params![key],
+                |r| r.get(0),
+            )
+            .map_err(|e| StoreError::sqlite("sum remaining spool bytes", e))?;
+        let segments: Vec<u32> = {
+            let mut stmt = tx
+                .prepare_cached("SELECT ordinal FROM segments WHERE issue_uuid = ?1 AND kind = 1")
+                .map_err(|e| StoreError::sqlite("list segments", e))?;
+            let rows = stmt
+                .query_map(params![key], |r| r.get(0))
+                .map_err(|e| StoreError::sqlite("list segments", e))?;
+            rows.collect::<Result<_, _>>()
+                .map_err(|e| StoreError::sqlite("list segments", e))?
+        };
         tx.execute_cached("DELETE FROM commands WHERE issue_uuid = ?1", params![key])
             .map_err(|e| StoreError::sqlite("remove command", e))?;
+        tx.execute_cached(
+            "UPDATE counters SET stored_bytes = stored_bytes - ?1 WHERE id = 1",
+            params![freed],
+        )
+        .map_err(|e| StoreError::sqlite("release command bytes", e))?;
         let serial: i64 = tx
             .query_row_cached(
                 "UPDATE counters SET tombstone_serial = tombstone_serial + 1 WHERE id = 1
@@ -636,7 +682,16 @@ impl ClientStore {
         }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit terminal acknowledgement", e))?;
+        self.metrics.tombstones_written.inc();
+        if rotated > 0 {
+            self.metrics
+                .tombstones_rotated
+                .inc_by(u64::try_from(rotated).unwrap_or(0));
+        }
         self.hook.at(crash::TERMINAL_ACK_AFTER_COMMIT);
+        let key = *issue.as_bytes();
+        self.open_segments.forget_command(&key);
+        self.remove_segment_files(&key, &segments);
         Ok(true)
     }
 
