@@ -6,7 +6,8 @@
 //! directory and expiry; the duplicate and tombstone checks; capacity) and
 //! the spool ([`spool`]: one durable command-local order, wire sequences
 //! on admission to the send windows, watermarks and loss mode, rolling
-//! caps, truncation markers).
+//! caps, truncation markers), and the values every supervisor speaks
+//! ([`process`]: launch specs, launcher identities, process events).
 //!
 //! Must never: do I/O, read a clock, draw randomness, spawn threads or read
 //! the environment. Time arrives with every input; durability is always a
@@ -16,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod accept;
+pub mod process;
 pub mod spool;
 
 pub use accept::{
