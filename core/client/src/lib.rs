@@ -1,7 +1,9 @@
 //! RVBox client cores: the client daemon's protocol decisions (plan §7),
 //! as pure state machines and functions.
 //!
-//! Owns: the acceptance decision for a `Dispatch` ([`accept`]: validation
+//! Owns: the network session ([`link`]: backoff, connecting, hello,
+//! reconciling, active, closing; the server's heartbeat policy; envelope
+//! and session-field checks; snapshot chunks), the acceptance decision for a `Dispatch` ([`accept`]: validation
 //! of the generation, ids, request hash, revision, shell, profile, working
 //! directory and expiry; the duplicate and tombstone checks; capacity) and
 //! the spool ([`spool`]: one durable command-local order, wire sequences
@@ -17,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod accept;
+pub mod link;
 pub mod process;
 pub mod spool;
 
