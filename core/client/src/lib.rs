@@ -1,7 +1,9 @@
 //! RVBox client cores: the client daemon's protocol decisions (plan §7),
 //! as pure state machines and functions.
 //!
-//! Owns: the network session ([`link`]: backoff, connecting, hello,
+//! Owns: the composed client core ([`machine::ClientCore`]: every input
+//! in, every durable and supervisor step out as a value with a token), the
+//! client store port ([`ops`]), the network session ([`link`]: backoff, connecting, hello,
 //! reconciling, active, closing; the server's heartbeat policy; envelope
 //! and session-field checks; snapshot chunks), the acceptance decision for a `Dispatch` ([`accept`]: validation
 //! of the generation, ids, request hash, revision, shell, profile, working
@@ -20,6 +22,8 @@
 
 pub mod accept;
 pub mod link;
+pub mod machine;
+pub mod ops;
 pub mod process;
 pub mod spool;
 
@@ -27,3 +31,4 @@ pub use accept::{
     AcceptDecision, AcceptPolicy, Capacity, CheckedDispatch, ExistingCommand, MAX_COMMAND_RECORDS,
     Refusal, check_dispatch, decide_acceptance,
 };
+pub use machine::{ClientCore, ClientCoreConfig, Input, Output, RestoredRecord};

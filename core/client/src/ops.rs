@@ -1,0 +1,216 @@
+//! The client store port: every durable step the client core asks for
+//! ([`ClientOp`], with a [`Token`]) and how it ended ([`ClientCompletion`]),
+//! and every supervisor step ([`SuperviseOp`]). The client store performs
+//! the first (`rvbox-client-store`), a `Supervisor` the second; the
+//! simulator performs both with faults and delays of its own.
+
+use rvbox_domain::ids::Uuid7;
+use rvbox_proto::v1 as wire;
+
+use crate::accept::{CheckedDispatch, Refusal};
+use crate::process::{LaunchIdentity, LaunchSpec};
+use crate::spool::{SpoolCompletion, SpoolOp};
+
+/// A completion token of the client core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Token(pub u64);
+
+/// What the wrapper file runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WrapperSource {
+    /// The command text, written as the file's content.
+    Text(String),
+    /// The committed script upload, copied from the client store.
+    Script,
+}
+
+/// A durable step of the client store.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientOp {
+    /// Acceptance as one transaction (plan §7.3 steps 2-4).
+    Accept(Box<CheckedDispatch>),
+    /// A spool step.
+    Spool(Box<SpoolOp>),
+    /// Record the highest session generation seen (the floor a welcome
+    /// must exceed after a restart).
+    Generation(u64),
+    /// The tombstones held for `issues` (a read, for a snapshot).
+    Tombstones {
+        /// The commands asked about.
+        issues: Vec<Uuid7>,
+    },
+    /// Apply a checked `ReconcileResult` durably: terminate intents,
+    /// discards, and the server's revisions.
+    Reconcile {
+        /// Active commands to end here (the server holds no live record).
+        terminate: Vec<Uuid7>,
+        /// Terminal records the server already holds.
+        discard: Vec<Uuid7>,
+        /// Kept commands and their revisions.
+        revisions: Vec<(Uuid7, u64)>,
+    },
+    /// Write the private generated wrapper file under the working
+    /// directory (owner-only, atomic rename, parent synced).
+    Materialize {
+        /// The command.
+        issue: Uuid7,
+        /// The effective working directory.
+        cwd: String,
+        /// What it runs.
+        source: WrapperSource,
+    },
+    /// `launch_prepared` with the launcher's identity, committed and synced.
+    LaunchPrepared {
+        /// The command.
+        issue: Uuid7,
+        /// The launcher's identity.
+        identity: LaunchIdentity,
+    },
+    /// `launch_authorized`, committed and synced before the release.
+    LaunchAuthorized {
+        /// The command.
+        issue: Uuid7,
+    },
+    /// The launcher reported `exec`: the command is running.
+    Running {
+        /// The command.
+        issue: Uuid7,
+    },
+    /// Back to accepted after a transient launch failure (the launcher is
+    /// verified dead).
+    Unprepared {
+        /// The command.
+        issue: Uuid7,
+    },
+    /// The terminal event is spooled: the slot is released and the
+    /// wrapper file removed.
+    Ended {
+        /// The command.
+        issue: Uuid7,
+        /// Its terminal lifecycle.
+        lifecycle: wire::Lifecycle,
+    },
+    /// One script chunk at `offset`: verified (zstd, length, SHA-256,
+    /// exact replay of stored bytes), appended and synced before the
+    /// received prefix advances; the whole script verified at the end.
+    ScriptChunk {
+        /// The command.
+        issue: Uuid7,
+        /// The chunk as received.
+        chunk: Box<wire::ScriptChunk>,
+    },
+    /// One stdin write, durable until it is written to the child.
+    StdinWrite {
+        /// The command.
+        issue: Uuid7,
+        /// Its sequence.
+        write_seq: u64,
+        /// Raw bytes.
+        bytes: Vec<u8>,
+        /// Close stdin after it.
+        close_after: bool,
+    },
+    /// The terminal event was acknowledged: the record becomes a tombstone.
+    Finish {
+        /// The command.
+        issue: Uuid7,
+    },
+}
+
+/// How a [`ClientOp`] ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClientCompletion {
+    /// The step is durable.
+    Done,
+    /// It failed; nothing of it is durable (the reason is for logs).
+    Failed(String),
+    /// An acceptance's outcome.
+    Accepted(AcceptOutcome),
+    /// A spool step's outcome.
+    Spool(SpoolCompletion),
+    /// The tombstones found (issue, request hash).
+    Tombstones(Vec<(Uuid7, [u8; 32])>),
+    /// The wrapper file is in place.
+    Materialized {
+        /// Its absolute path.
+        wrapper_path: String,
+    },
+    /// A script chunk's outcome.
+    Script(ScriptOutcome),
+}
+
+/// What an acceptance transaction decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AcceptOutcome {
+    /// A new record is durable.
+    New,
+    /// An exact duplicate of a held record.
+    Repeat {
+        /// The stored revision.
+        revision: u64,
+        /// The shell it was accepted under.
+        resolved_shell: wire::ShellType,
+    },
+    /// Refused; nothing written.
+    Refused(Refusal),
+}
+
+/// What a script chunk did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScriptOutcome {
+    /// Stored (or an exact replay): the durable contiguous prefix now.
+    Received {
+        /// Bytes durable from offset 0.
+        received: u64,
+    },
+    /// The whole script is durable and matches its descriptor.
+    Committed,
+    /// The chunk breaks the upload rules (a hole, changed bytes, a bad
+    /// checksum or length, data past the declared size, a chunk after
+    /// commit): a protocol error. Nothing was written.
+    Invalid(String),
+    /// All bytes arrived but the SHA-256 or length of the whole does not
+    /// match the descriptor: the command is rejected permanently.
+    Mismatch(String),
+}
+
+/// A step of the supervisor.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SuperviseOp {
+    /// Launch steps 1-2 (answered by `Ready` or `Failed`).
+    Prepare(Box<LaunchSpec>),
+    /// The release byte (answered by `Running` or `Failed`).
+    Release(Uuid7),
+    /// End a prepared launch before release (answered by `Drained`).
+    Abort(Uuid7),
+    /// A signal to the tree (answered by [`crate::machine::Input::Signalled`]).
+    Signal {
+        /// The command.
+        issue: Uuid7,
+        /// The signal.
+        kind: wire::SignalKind,
+        /// The revision it carries.
+        revision: u64,
+    },
+    /// One stdin write (answered by `StdinWritten`).
+    WriteStdin {
+        /// The command.
+        issue: Uuid7,
+        /// Its sequence.
+        write_seq: u64,
+        /// Raw bytes.
+        bytes: Vec<u8>,
+    },
+    /// Close the child's stdin after the queued writes.
+    CloseStdin(Uuid7),
+    /// Unclean-start recovery of a recorded launch (answered by
+    /// [`crate::machine::Input::Reaped`]).
+    Reap {
+        /// The command.
+        issue: Uuid7,
+        /// What was recorded.
+        identity: LaunchIdentity,
+    },
+    /// Orderly shutdown of every tree.
+    StopAll,
+}
