@@ -1028,13 +1028,16 @@ impl ClientCore {
         if self.link.is_active() {
             let now = self.capacity();
             if self.last_capacity != Some(now) {
-                self.last_capacity = Some(now);
-                self.send(Payload::ClientCapacity(wire::ClientCapacity {
+                let report = Payload::ClientCapacity(wire::ClientCapacity {
                     running: now.0,
                     queued: now.1,
                     max_running: self.config.policy.max_running,
                     max_queued: self.config.policy.max_queued,
-                }));
+                });
+                if self.link.send(report).is_ok() {
+                    self.last_capacity = Some(now);
+                    self.drain_link_sends();
+                }
             }
         }
     }
