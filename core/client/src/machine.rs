@@ -400,15 +400,36 @@ impl ClientCore {
             let cwd = normalize_cwd(&core.config.policy, &r.spec);
             let order = core.next_order;
             core.next_order += 1;
-            let lifecycle = lifecycle_of(r.launch, r.lifecycle);
+            let terminal = core.spool.terminal_lifecycle(&r.issue);
+            let mut lifecycle = lifecycle_of(r.launch, r.lifecycle);
+            if r.launch != 5
+                && let Some(l) = terminal
+            {
+                // the terminal event is durable (the tree was drained before
+                // it was spooled); only the slot release is left
+                lifecycle = l;
+                core.store(
+                    ClientOp::Ended {
+                        issue: r.issue,
+                        lifecycle: l,
+                    },
+                    Pending::Ended(r.issue),
+                );
+            }
+            if r.launch == 5 && core.spool.entry_count(&r.issue) == 0 && !r.terminate_intent {
+                // every event was acknowledged before the restart: only the
+                // tombstone is left
+                core.spool.discard(r.issue);
+            }
             let phase = match (r.launch, r.identity.clone()) {
                 (5, _) => LaunchPhase::Ended,
+                _ if terminal.is_some() => LaunchPhase::Ended,
                 (2, Some(_)) => LaunchPhase::Reaping { authorized: false },
                 (3 | 4, Some(_)) => LaunchPhase::Reaping { authorized: true },
                 (3 | 4, None) => LaunchPhase::Reaping { authorized: true },
                 _ => LaunchPhase::Accepted,
             };
-            if !core.spool_has(&r.issue) {
+            if !core.spool_has(&r.issue) && phase != LaunchPhase::Ended {
                 core.spool.open_command(r.issue)?;
             }
             if let (LaunchPhase::Reaping { .. }, Some(identity)) = (&phase, r.identity.clone()) {
@@ -1057,6 +1078,13 @@ impl ClientCore {
                 SpoolOutput::Finished { issue } => {
                     self.store(ClientOp::Finish { issue }, Pending::Finish(issue));
                 }
+                SpoolOutput::TerminalDurable { issue } => {
+                    let lifecycle = self
+                        .records
+                        .get(&issue)
+                        .map_or(wire::Lifecycle::Interrupted, |r| r.lifecycle);
+                    self.store(ClientOp::Ended { issue, lifecycle }, Pending::Ended(issue));
+                }
                 SpoolOutput::Unaccountable { issue } => {
                     // plan §7.2: output can no longer be accounted for
                     self.push(Output::Supervise(SuperviseOp::Signal {
@@ -1250,6 +1278,8 @@ impl ClientCore {
             signal_number: None,
             signal_name: String::new(),
         });
+        // the slot is released once the terminal entry is durable
+        // (SpoolOutput::TerminalDurable), never before
         self.spool_event(
             issue,
             wall_ms,
@@ -1260,7 +1290,6 @@ impl ClientCore {
                 reason,
             }),
         );
-        self.store(ClientOp::Ended { issue, lifecycle }, Pending::Ended(issue));
     }
 
     fn spool_event(&mut self, issue: Uuid7, wall_ms: i64, body: Body) {

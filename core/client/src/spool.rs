@@ -280,6 +280,12 @@ pub enum SpoolOutput {
         /// The command.
         issue: Uuid7,
     },
+    /// The command's terminal entry is durable (its slot can be released
+    /// and its wrapper removed).
+    TerminalDurable {
+        /// The command.
+        issue: Uuid7,
+    },
     /// A marker could not be made durable: the command's output can no
     /// longer be accounted for. The command must be interrupted and the
     /// store marked dirty (plan §7.2).
@@ -682,6 +688,18 @@ impl Spool {
     #[must_use]
     pub fn dropping(&self, issue: &Uuid7) -> bool {
         self.daemon_loss || self.commands.get(issue).is_some_and(|c| c.loss)
+    }
+
+    /// The lifecycle of `issue`'s terminal entry, when it is in the spool.
+    #[must_use]
+    pub fn terminal_lifecycle(&self, issue: &Uuid7) -> Option<wire::Lifecycle> {
+        let c = self.commands.get(issue)?;
+        c.entries.iter().rev().find_map(|e| match &e.kind {
+            Kind::Event(Body::Lifecycle(l)) if is_terminal(&Body::Lifecycle(l.clone())) => {
+                wire::Lifecycle::try_from(l.lifecycle).ok()
+            }
+            _ => None,
+        })
     }
 
     /// Entries held for `issue` (pinned and unsequenced).
@@ -1120,9 +1138,14 @@ impl Spool {
             }
             SpoolCompletion::Done => {
                 c.assign_blocked = false;
+                let mut terminal = false;
                 if let Some(e) = c.entries.get_mut(pos) {
                     debug_assert!(matches!(e.kind, Kind::Event(_)), "output needs its size");
                     e.state = State::Durable;
+                    terminal = matches!(&e.kind, Kind::Event(b) if is_terminal(b));
+                }
+                if terminal {
+                    self.push(SpoolOutput::TerminalDurable { issue });
                 }
             }
         }

@@ -38,6 +38,29 @@ pub const SPOOL_ROTATE_BEFORE_COMMIT: &str = "spool.rotate.before_commit";
 /// A rotation is committed; its segment file is not yet removed.
 pub const SPOOL_ROTATE_AFTER_COMMIT: &str = "spool.rotate.after_commit";
 
+/// A reconciliation result is committed; capacity not yet reported.
+pub const RECONCILE_AFTER_COMMIT: &str = "reconcile.after_commit";
+/// The wrapper file is written and synced; not yet renamed into place.
+pub const MATERIALIZE_BEFORE_RENAME: &str = "materialize.before_rename";
+/// `launch_prepared` is committed and synced; nothing released.
+pub const LAUNCH_PREPARED_AFTER_FSYNC: &str = "launch.prepared.after_fsync";
+/// `launch_authorized` is committed and synced; the release byte not sent.
+pub const LAUNCH_AUTHORIZED_AFTER_FSYNC: &str = "launch.authorized.after_fsync";
+/// Running is committed.
+pub const LAUNCH_RUNNING_AFTER_COMMIT: &str = "launch.running.after_commit";
+/// Back to accepted after a transient launch failure is committed.
+pub const LAUNCH_UNPREPARED_AFTER_COMMIT: &str = "launch.unprepared.after_commit";
+/// The slot release after the terminal event is committed.
+pub const LAUNCH_ENDED_AFTER_COMMIT: &str = "launch.ended.after_commit";
+/// A stdin write is committed; not yet written to the child.
+pub const STDIN_AFTER_COMMIT: &str = "stdin.after_commit";
+/// A script chunk is synced; its index row is not committed.
+pub const SCRIPT_CHUNK_AFTER_FSYNC: &str = "script.chunk.after_fsync";
+/// A script chunk is committed; no status sent.
+pub const SCRIPT_CHUNK_AFTER_COMMIT: &str = "script.chunk.after_commit";
+/// The verified script is committed as launch-eligible.
+pub const SCRIPT_COMMIT_AFTER_COMMIT: &str = "script.commit.after_commit";
+
 /// Every point, for tests that iterate them.
 pub const ALL: &[&str] = &[
     IDENTITY_BEFORE_RENAME,
@@ -55,4 +78,15 @@ pub const ALL: &[&str] = &[
     SPOOL_RELEASE_AFTER_COMMIT,
     SPOOL_ROTATE_BEFORE_COMMIT,
     SPOOL_ROTATE_AFTER_COMMIT,
+    RECONCILE_AFTER_COMMIT,
+    MATERIALIZE_BEFORE_RENAME,
+    LAUNCH_PREPARED_AFTER_FSYNC,
+    LAUNCH_AUTHORIZED_AFTER_FSYNC,
+    LAUNCH_RUNNING_AFTER_COMMIT,
+    LAUNCH_UNPREPARED_AFTER_COMMIT,
+    LAUNCH_ENDED_AFTER_COMMIT,
+    STDIN_AFTER_COMMIT,
+    SCRIPT_CHUNK_AFTER_FSYNC,
+    SCRIPT_CHUNK_AFTER_COMMIT,
+    SCRIPT_COMMIT_AFTER_COMMIT,
 ];

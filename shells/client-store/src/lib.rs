@@ -17,11 +17,14 @@
 //! through `StoreFs`.
 
 pub mod crash;
+pub mod executor;
 pub mod identity;
 pub mod incidents;
 pub mod layout;
 pub mod metrics;
+pub mod records;
 pub mod recovery;
+pub mod script;
 pub mod spool;
 pub mod store;
 

@@ -17,6 +17,7 @@ use rvbox_storage::segment_io::{cut_tail, read_and_scan};
 
 use crate::incidents::{self, NewLocalIncident};
 use crate::metrics::StepLabel;
+use crate::script::{script_limits, script_seal_bytes};
 use crate::spool::spool_limits;
 use crate::store::ClientStore;
 
@@ -47,20 +48,21 @@ fn hex(id: &[u8; 16]) -> String {
 impl ClientStore {
     pub(crate) fn recover(&mut self, now_ms: i64) -> Result<RecoveryReport, StoreError> {
         let mut report = RecoveryReport::default();
-        let rows: Vec<(Vec<u8>, u32, i64)> = {
+        let rows: Vec<(Vec<u8>, u32, i64, i64)> = {
             let mut stmt = self
                 .conn
-                .prepare_cached("SELECT issue_uuid, ordinal, committed_end FROM segments")
+                .prepare_cached("SELECT issue_uuid, ordinal, committed_end, kind FROM segments")
                 .map_err(|e| StoreError::sqlite("list segments", e))?;
             let rows = stmt
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
                 .map_err(|e| StoreError::sqlite("list segments", e))?;
             rows.collect::<Result<_, _>>()
                 .map_err(|e| StoreError::sqlite("list segments", e))?
         };
-        let dir = self.layout().spool_dir();
-        let mut known: BTreeSet<String> = BTreeSet::new();
-        for (id, ordinal, committed) in rows {
+        let spool_dir = self.layout().spool_dir();
+        let scripts_dir = self.layout().scripts_dir();
+        let mut known: BTreeSet<std::path::PathBuf> = BTreeSet::new();
+        for (id, ordinal, committed, kind) in rows {
             let key = <[u8; 16]>::try_from(id.as_slice()).map_err(|_| {
                 StoreError::Integrity("a segment's command id is not 16 bytes".into())
             })?;
@@ -69,16 +71,15 @@ impl ClientStore {
                     "a segment ordinal is out of range".into(),
                 ));
             };
-            known.insert(name.clone());
+            let (dir, seal, limits) = if kind == 3 {
+                (&scripts_dir, script_seal_bytes(), script_limits())
+            } else {
+                (&spool_dir, SPOOL_SEAL_BYTES, spool_limits())
+            };
             let committed = u64::try_from(committed).unwrap_or(0);
             let path = dir.join(&name);
-            let scanned = read_and_scan(
-                self.fs.as_ref(),
-                &path,
-                committed,
-                SPOOL_SEAL_BYTES,
-                &spool_limits(),
-            )?;
+            known.insert(path.clone());
+            let scanned = read_and_scan(self.fs.as_ref(), &path, committed, seal, &limits)?;
             match &scanned.scan.recovery {
                 Recovery::Clean if !scanned.overlong() => {}
                 Recovery::Clean | Recovery::TruncateTail { .. } => {
@@ -141,33 +142,37 @@ impl ClientStore {
                 }
             }
         }
-        let names = self
-            .fs
-            .list(&dir, MAX_LISTED_FILES)
-            .map_err(|e| StoreError::io("list spool directory", &dir, e))?;
-        for name in names {
-            if known.contains(&name) || parse_segment_file_name(&name).is_none() {
-                continue;
-            }
-            let path = dir.join(&name);
-            match self.fs.remove_file(&path) {
-                Ok(()) => {
-                    report.orphans_removed += 1;
-                    self.metrics
-                        .recovery
-                        .get_or_create(&StepLabel {
-                            step: "orphan_removed",
-                        })
-                        .inc();
+        for dir in [&spool_dir, &scripts_dir] {
+            let names = self
+                .fs
+                .list(dir, MAX_LISTED_FILES)
+                .map_err(|e| StoreError::io("list segment directory", dir, e))?;
+            let mut removed = 0u64;
+            for name in names {
+                let path = dir.join(&name);
+                if known.contains(&path) || parse_segment_file_name(&name).is_none() {
+                    continue;
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(StoreError::io("remove orphan segment", &path, e)),
+                match self.fs.remove_file(&path) {
+                    Ok(()) => {
+                        removed += 1;
+                        self.metrics
+                            .recovery
+                            .get_or_create(&StepLabel {
+                                step: "orphan_removed",
+                            })
+                            .inc();
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(StoreError::io("remove orphan segment", &path, e)),
+                }
             }
-        }
-        if report.orphans_removed > 0 {
-            self.fs
-                .sync_dir(&dir)
-                .map_err(|e| StoreError::io("sync spool directory", &dir, e))?;
+            if removed > 0 {
+                self.fs
+                    .sync_dir(dir)
+                    .map_err(|e| StoreError::io("sync segment directory", dir, e))?;
+            }
+            report.orphans_removed += removed;
         }
         Ok(report)
     }

@@ -335,7 +335,7 @@ impl ClientStore {
                 let committed: Option<i64> = self
                     .conn
                     .query_row_cached(
-                        "SELECT committed_end FROM segments WHERE issue_uuid = ?1 AND ordinal = ?2",
+                        "SELECT committed_end FROM segments WHERE issue_uuid = ?1 AND kind = 1 AND ordinal = ?2",
                         params![key.as_slice(), segment],
                         |r| r.get(0),
                     )
@@ -367,7 +367,7 @@ impl ClientStore {
                 tx.execute_cached(
                     "INSERT INTO segments (issue_uuid, ordinal, kind, committed_end)
                      VALUES (?1, ?2, 1, ?3)
-                     ON CONFLICT (issue_uuid, ordinal) DO UPDATE SET committed_end = ?3",
+                     ON CONFLICT (issue_uuid, kind, ordinal) DO UPDATE SET committed_end = ?3",
                     params![key.as_slice(), segment, i64_of(end)],
                 )
                 .map_err(|e| StoreError::sqlite("advance committed end", e))?;
@@ -524,7 +524,7 @@ impl ClientStore {
         };
         for s in &empty {
             tx.execute_cached(
-                "DELETE FROM segments WHERE issue_uuid = ?1 AND ordinal = ?2",
+                "DELETE FROM segments WHERE issue_uuid = ?1 AND kind = 1 AND ordinal = ?2",
                 params![key.as_slice(), s],
             )
             .map_err(|e| StoreError::sqlite("remove empty segment", e))?;
@@ -615,7 +615,7 @@ impl ClientStore {
             .map_err(|e| StoreError::sqlite("write spool marker", e))?;
         }
         tx.execute_cached(
-            "DELETE FROM segments WHERE issue_uuid = ?1 AND ordinal = ?2",
+            "DELETE FROM segments WHERE issue_uuid = ?1 AND kind = 1 AND ordinal = ?2",
             params![key.as_slice(), segment],
         )
         .map_err(|e| StoreError::sqlite("remove rotated segment", e))?;
@@ -747,7 +747,7 @@ impl ClientStore {
         let committed: i64 = self
             .conn
             .query_row_cached(
-                "SELECT committed_end FROM segments WHERE issue_uuid = ?1 AND ordinal = ?2",
+                "SELECT committed_end FROM segments WHERE issue_uuid = ?1 AND kind = 1 AND ordinal = ?2",
                 params![key.as_slice(), segment],
                 |r| r.get(0),
             )

@@ -468,7 +468,8 @@ impl ClientStore {
                     (SELECT COUNT(*) FROM tombstones),
                     (SELECT COALESCE(SUM(metadata_charge), 0) FROM commands),
                     (SELECT COALESCE(SUM(stored_len), 0) FROM spool_entries
-                        WHERE segment_ordinal IS NOT NULL)",
+                        WHERE segment_ordinal IS NOT NULL)
+                      + (SELECT COALESCE(SUM(len), 0) FROM script_chunks)",
                 [],
                 |r| {
                     Ok(Counters {
@@ -633,12 +634,20 @@ impl ClientStore {
         };
         let freed: i64 = tx
             .query_row_cached(
-                "SELECT COALESCE(SUM(stored_len), 0) FROM spool_entries
-                 WHERE issue_uuid = ?1 AND segment_ordinal IS NOT NULL",
+                "SELECT (SELECT COALESCE(SUM(stored_len), 0) FROM spool_entries
+                         WHERE issue_uuid = ?1 AND segment_ordinal IS NOT NULL)
+                      + (SELECT COALESCE(SUM(len), 0) FROM script_chunks WHERE issue_uuid = ?1)",
                 params![key],
                 |r| r.get(0),
             )
-            .map_err(|e| StoreError::sqlite("sum remaining spool bytes", e))?;
+            .map_err(|e| StoreError::sqlite("sum remaining stored bytes", e))?;
+        let has_script: bool = tx
+            .query_row_cached(
+                "SELECT EXISTS (SELECT 1 FROM segments WHERE issue_uuid = ?1 AND kind = 3)",
+                params![key],
+                |r| r.get(0),
+            )
+            .map_err(|e| StoreError::sqlite("find script segment", e))?;
         let segments: Vec<u32> = {
             let mut stmt = tx
                 .prepare_cached("SELECT ordinal FROM segments WHERE issue_uuid = ?1 AND kind = 1")
@@ -692,6 +701,9 @@ impl ClientStore {
         let key = *issue.as_bytes();
         self.open_segments.forget_command(&key);
         self.remove_segment_files(&key, &segments);
+        if has_script {
+            self.remove_script_file(&key);
+        }
         Ok(true)
     }
 

@@ -59,6 +59,7 @@ fn run(
                 finished.push(issue);
             }
             SpoolOutput::Unaccountable { issue } => panic!("{issue} unaccountable"),
+            SpoolOutput::TerminalDurable { .. } => {}
         }
     }
 }

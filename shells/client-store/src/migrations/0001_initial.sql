@@ -134,7 +134,7 @@ CREATE TABLE segments (
     ordinal        INTEGER NOT NULL CHECK (ordinal >= 1),
     kind           INTEGER NOT NULL CHECK (kind IN (1, 3)),
     committed_end  INTEGER NOT NULL CHECK (committed_end >= 0),
-    PRIMARY KEY (issue_uuid, ordinal)
+    PRIMARY KEY (issue_uuid, kind, ordinal)
 ) STRICT, WITHOUT ROWID;
 
 -- The script's received ranges: each verified chunk at its offset, and
