@@ -1,0 +1,303 @@
+//! The RVBox client runtime: the thin loop around the client core (plan
+//! §7, conventions rule 11). Each input goes to one `ClientCore::handle`;
+//! every output is then performed: durable steps against the client store
+//! (their completions fed back as inputs), supervisor steps against a
+//! [`Supervisor`], frames handed to the transport through [`Wire`]; the one
+//! timer is re-armed at the core's deadline.
+//!
+//! Owns: the clock (monotonic milliseconds since start, and wall time), the
+//! order outputs are performed in, reading sequenced events back from the
+//! spool for sending, and the mapping of supervisor answers to inputs.
+//!
+//! Must never: decide anything of the protocol (the core does), hold a
+//! frame the core has not released, or block on the network: the
+//! transport is the caller's, and this loop only queues frames for it.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant, SystemTime};
+
+use prost::Message as _;
+use rvbox_client_core::accept::AcceptPolicy;
+use rvbox_client_core::machine::{ClientCore, ClientCoreConfig, Input, Output};
+use rvbox_client_core::ops::SuperviseOp;
+use rvbox_client_core::process::{CommandProcessEvent, LaunchFailure, ProcessEvent};
+use rvbox_client_store::{ClientStore, StoreError};
+use rvbox_proto::v1 as wire;
+use rvbox_supervisor::{OrphanOutcome, Supervisor};
+
+/// What the transport is asked to do, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wire {
+    /// Open a connection to the server.
+    Dial,
+    /// Send one binary frame.
+    Binary(Vec<u8>),
+    /// Send a WebSocket Ping.
+    Ping,
+    /// Send a WebSocket Pong.
+    Pong,
+    /// Close the connection with this code.
+    Close(u16),
+}
+
+/// Most frames waiting for the transport. The core's send windows bound
+/// what it releases; this is the backstop.
+pub const MAX_WIRE: usize = 65_536;
+/// Most inputs one [`Runtime::settle`] performs before returning.
+pub const MAX_STEPS: usize = 1_000_000;
+
+/// Why the runtime could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The store failed.
+    #[error("client store: {0}")]
+    Store(#[from] StoreError),
+    /// The store holds more than the spool can track.
+    #[error("client spool: {0}")]
+    Spool(#[from] rvbox_client_core::spool::SpoolError),
+}
+
+/// The loop's state.
+#[derive(Debug)]
+pub struct Runtime<S: Supervisor> {
+    core: ClientCore,
+    store: ClientStore,
+    supervisor: S,
+    policy: AcceptPolicy,
+    wire: VecDeque<Wire>,
+    start: Instant,
+    inputs: VecDeque<Input>,
+}
+
+impl<S: Supervisor> Runtime<S> {
+    /// The runtime over an opened store: restores the records and the
+    /// spool, and starts the core (which reaps recorded launches first).
+    ///
+    /// # Errors
+    /// [`RuntimeError`] when the store cannot be read back.
+    pub fn new(
+        config: ClientCoreConfig,
+        store: ClientStore,
+        supervisor: S,
+        seed: u64,
+    ) -> Result<Self, RuntimeError> {
+        let records = store.restore_records()?;
+        let spool = store.restore_spool()?;
+        let floor = store.last_generation()?;
+        let policy = config.policy.clone();
+        let core = ClientCore::new(config, records, spool, floor, seed, 0)?;
+        let mut rt = Self {
+            core,
+            store,
+            supervisor,
+            policy,
+            wire: VecDeque::new(),
+            start: Instant::now(),
+            inputs: VecDeque::new(),
+        };
+        rt.settle();
+        Ok(rt)
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn wall_ms() -> i64 {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    /// The core (for health and counters).
+    #[must_use]
+    pub fn core(&self) -> &ClientCore {
+        &self.core
+    }
+
+    /// The store (for health and counters).
+    #[must_use]
+    pub fn store(&self) -> &ClientStore {
+        &self.store
+    }
+
+    /// The supervisor.
+    #[must_use]
+    pub fn supervisor(&self) -> &S {
+        &self.supervisor
+    }
+
+    /// The frames released for the transport, in order.
+    pub fn take_wire(&mut self) -> Vec<Wire> {
+        self.wire.drain(..).collect()
+    }
+
+    /// One input from the transport (or shutdown), then everything it
+    /// causes.
+    pub fn input(&mut self, input: Input) {
+        self.inputs.push_back(input);
+        self.settle();
+    }
+
+    /// How long until the core's deadline (`None`: no timer).
+    #[must_use]
+    pub fn until_deadline(&self) -> Option<Duration> {
+        self.core
+            .poll_timeout()
+            .map(|t| Duration::from_millis(t.saturating_sub(self.now_ms())))
+    }
+
+    /// Fires the core's timer if it is due.
+    pub fn tick(&mut self) {
+        let now = self.now_ms();
+        if self.core.poll_timeout().is_some_and(|t| t <= now) {
+            self.core.handle_timeout(now, Self::wall_ms());
+            self.settle();
+        }
+    }
+
+    /// Waits at most `timeout` for one process event and handles it (and
+    /// every event already waiting). Returns whether any came.
+    pub fn pump_processes(&mut self, timeout: Duration) -> bool {
+        let mut any = false;
+        let mut wait = timeout;
+        while let Some(ev) = self.supervisor.next_event(wait) {
+            any = true;
+            wait = Duration::ZERO;
+            self.inputs.push_back(Input::Process(ev));
+            self.settle();
+        }
+        any
+    }
+
+    /// Performs queued inputs and every output they cause.
+    fn settle(&mut self) {
+        for _ in 0..MAX_STEPS {
+            if let Some(input) = self.inputs.pop_front() {
+                let now = self.now_ms();
+                self.core.handle(now, Self::wall_ms(), input);
+            }
+            let Some(out) = self.core.poll_output() else {
+                if self.inputs.is_empty() {
+                    return;
+                }
+                continue;
+            };
+            self.perform(out);
+        }
+        tracing::error!("the client core did not settle within the step bound");
+    }
+
+    fn push_wire(&mut self, w: Wire) {
+        if self.wire.len() >= MAX_WIRE {
+            // the transport stopped draining: drop the connection rather
+            // than grow; the spool resends everything pinned
+            tracing::warn!("transport queue full; closing the connection");
+            self.wire.clear();
+            self.wire.push_back(Wire::Close(1011));
+            self.inputs.push_back(Input::Closed(None));
+            return;
+        }
+        self.wire.push_back(w);
+    }
+
+    fn perform(&mut self, out: Output) {
+        match out {
+            Output::Dial => self.push_wire(Wire::Dial),
+            Output::Send(b) => self.push_wire(Wire::Binary(b)),
+            Output::SendPing => self.push_wire(Wire::Ping),
+            Output::SendPong => self.push_wire(Wire::Pong),
+            Output::Close(c) => self.push_wire(Wire::Close(c)),
+            Output::SendEvents {
+                issue,
+                first_seq,
+                last_seq,
+                session_id,
+                generation,
+            } => match self.store.read_events(&issue, first_seq, last_seq) {
+                Ok(events) => {
+                    for e in events {
+                        let env = wire::Envelope {
+                            session_id: session_id.clone(),
+                            generation,
+                            payload: Some(wire::envelope::Payload::CommandEvent(e)),
+                        };
+                        self.push_wire(Wire::Binary(env.encode_to_vec()));
+                    }
+                }
+                Err(e) => {
+                    // a damaged record is never sent; the session ends and
+                    // the store is dirty (recovery records the incident)
+                    tracing::error!(error = %e, "spooled events could not be read back");
+                    self.push_wire(Wire::Close(1011));
+                    self.inputs.push_back(Input::Closed(None));
+                }
+            },
+            Output::Store(token, op) => {
+                let done = self.store.perform(&self.policy, &op, Self::wall_ms());
+                self.inputs.push_back(Input::Completion(token, done));
+            }
+            Output::Supervise(op) => self.supervise(op),
+        }
+    }
+
+    fn supervise(&mut self, op: SuperviseOp) {
+        match op {
+            SuperviseOp::Prepare(spec) => {
+                let issue = spec.issue;
+                if let Err(e) = self.supervisor.prepare(*spec) {
+                    self.inputs.push_back(Input::Process(CommandProcessEvent {
+                        issue,
+                        event: ProcessEvent::Failed(LaunchFailure::Transient(e.to_string())),
+                    }));
+                }
+            }
+            SuperviseOp::Release(issue) => {
+                if let Err(e) = self.supervisor.release(&issue) {
+                    tracing::error!(error = %e, "release failed");
+                    self.supervisor.abort(&issue);
+                }
+            }
+            SuperviseOp::Abort(issue) => self.supervisor.abort(&issue),
+            SuperviseOp::Signal {
+                issue,
+                kind,
+                revision,
+            } => {
+                let outcome = self.supervisor.signal(&issue, kind);
+                self.inputs.push_back(Input::Signalled {
+                    issue,
+                    kind,
+                    revision,
+                    outcome,
+                });
+            }
+            SuperviseOp::WriteStdin {
+                issue,
+                write_seq,
+                bytes,
+            } => {
+                if let Err(e) = self.supervisor.write_stdin(&issue, write_seq, bytes) {
+                    tracing::warn!(error = %e, "stdin write refused");
+                }
+            }
+            SuperviseOp::CloseStdin(issue) => self.supervisor.close_stdin(&issue),
+            SuperviseOp::Reap { issue, identity } => {
+                let outcome = self.supervisor.reap_orphan(&issue, &identity);
+                self.inputs.push_back(Input::Reaped {
+                    issue,
+                    gone: matches!(outcome, OrphanOutcome::Gone | OrphanOutcome::Killed),
+                });
+            }
+            SuperviseOp::StopAll => self.supervisor.stop_all(),
+        }
+    }
+
+    /// Ends the runtime the way a crash does (tests): the store closes
+    /// without a checkpoint; running trees are left to the next start's
+    /// reaping.
+    pub fn crash(self) -> S {
+        self.store.close_as_crashed();
+        self.supervisor
+    }
+}
