@@ -7,6 +7,16 @@
 //! validation.
 
 fn main() {
+    // plan §7.4: the blocked launcher is an internal mode of this binary;
+    // it is dispatched before anything else (no configuration, no logging)
+    #[cfg(unix)]
+    {
+        let mut args = std::env::args_os().skip(1);
+        if args.next().as_deref() == Some(std::ffi::OsStr::new(rvbox_supervisor::LAUNCHER_MODE_ARG))
+        {
+            std::process::exit(rvbox_supervisor::launcher_main(args.collect()));
+        }
+    }
     let status = rvbox_daemon_common::run_daemon(
         rvbox_config::Daemon::Client,
         "RVBox client daemon: dials the server over WebSocket and runs commands on this host",

@@ -12,12 +12,43 @@
 //! Must never: run user code before `release`, search `PATH` for a shell,
 //! signal a pid that is not positively ours, block a pipe reader on
 //! anything but its pipe, or log command output.
+//!
+//! Unix only: Windows is not supported (its supervisor would implement the
+//! same trait). See `docs/supervisor.md` for the launch sequence, the
+//! cgroup layouts, the drain, signals and orphan reaping.
+#![warn(missing_docs)]
 
 use std::time::Duration;
 
 use rvbox_client_core::process::{CommandProcessEvent, LaunchIdentity, LaunchSpec, Supervision};
 use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
+
+#[cfg(unix)]
+pub mod cgroup;
+#[cfg(unix)]
+mod channel;
+#[cfg(unix)]
+mod diag;
+#[cfg(unix)]
+mod frame;
+#[cfg(unix)]
+mod hub;
+#[cfg(unix)]
+pub mod launcher;
+#[cfg(unix)]
+mod pipes;
+#[cfg(unix)]
+mod procfs;
+#[cfg(unix)]
+mod unix;
+
+#[cfg(unix)]
+pub use cgroup::{CgroupLayout, CommandCgroups, V1Controller, V1Layout, V2Layout};
+#[cfg(unix)]
+pub use launcher::{LAUNCHER_MODE_ARG, launcher_main};
+#[cfg(unix)]
+pub use unix::{DEFAULT_MAX_TREES, SupervisorConfig, UnixSupervisor};
 
 /// A supervisor failure that is not a process event.
 #[derive(Debug, thiserror::Error)]

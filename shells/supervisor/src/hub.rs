@@ -1,0 +1,380 @@
+//! Where the supervisor's threads hand over to `next_event` (plan §7.4,
+//! §7.2): one bounded output queue per command that a pipe reader never
+//! waits on (when it is full the reader counts the bytes it discards and a
+//! `Dropped` takes the next free slot), and one control queue for the
+//! essential messages (launcher records, stdin completions), which is never
+//! dropped from.
+//!
+//! Ordering: a command's outputs and its `Dropped` records leave its queue
+//! in the order they were read; a stream counts as drained only once its
+//! reader saw end of file and nothing of the stream is left in the queue.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rvbox_domain::ids::Uuid7;
+use rvbox_proto::v1 as wire;
+
+/// Output items (chunks of at most 64 KiB, or drop records) one command may
+/// have waiting: at most 2 MiB of chunk bytes per command.
+pub(crate) const OUTPUT_QUEUE_ITEMS: usize = 32;
+/// Essential messages waiting for `next_event`, all commands together. The
+/// producers are the supervisor's own threads (never a pipe reader); when
+/// it is full they wait for room.
+pub(crate) const CONTROL_QUEUE_MESSAGES: usize = 1024;
+
+/// One item of an output queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OutItem {
+    /// Bytes read from a pipe.
+    Chunk {
+        stream: wire::OutputStream,
+        observed_ms: i64,
+        bytes: Vec<u8>,
+    },
+    /// Bytes a reader discarded while the queue was full.
+    Dropped {
+        stream: wire::OutputStream,
+        raw_bytes: u64,
+        first_ms: i64,
+        last_ms: i64,
+    },
+}
+
+impl OutItem {
+    fn stream(&self) -> wire::OutputStream {
+        match self {
+            Self::Chunk { stream, .. } | Self::Dropped { stream, .. } => *stream,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct DropAcc {
+    raw_bytes: u64,
+    first_ms: i64,
+    last_ms: i64,
+}
+
+#[derive(Debug, Default)]
+struct StreamState {
+    pending: Option<DropAcc>,
+    eof: bool,
+    queued: usize,
+}
+
+impl StreamState {
+    fn drained(&self) -> bool {
+        self.eof && self.pending.is_none() && self.queued == 0
+    }
+}
+
+#[derive(Debug, Default)]
+struct OutputQueue {
+    items: VecDeque<OutItem>,
+    stdout: StreamState,
+    stderr: StreamState,
+}
+
+impl OutputQueue {
+    fn stream_mut(&mut self, s: wire::OutputStream) -> &mut StreamState {
+        if s == wire::OutputStream::Stderr {
+            &mut self.stderr
+        } else {
+            &mut self.stdout
+        }
+    }
+
+    fn push_item(&mut self, item: OutItem) {
+        self.stream_mut(item.stream()).queued += 1;
+        self.items.push_back(item);
+    }
+
+    /// Turns waiting drop counts into items while there is room.
+    fn settle(&mut self) {
+        for s in [wire::OutputStream::Stdout, wire::OutputStream::Stderr] {
+            if self.items.len() >= OUTPUT_QUEUE_ITEMS {
+                return;
+            }
+            if let Some(acc) = self.stream_mut(s).pending.take() {
+                self.push_item(OutItem::Dropped {
+                    stream: s,
+                    raw_bytes: acc.raw_bytes,
+                    first_ms: acc.first_ms,
+                    last_ms: acc.last_ms,
+                });
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State<C> {
+    generation: u64,
+    control: VecDeque<(Uuid7, C)>,
+    outputs: BTreeMap<Uuid7, OutputQueue>,
+}
+
+/// The hand-over point.
+#[derive(Debug)]
+pub(crate) struct Hub<C> {
+    state: Mutex<State<C>>,
+    cond: Condvar,
+}
+
+/// What remained of a closed output queue.
+#[derive(Debug)]
+pub(crate) struct Closed {
+    pub items: Vec<OutItem>,
+    pub stdout_eof: bool,
+    pub stderr_eof: bool,
+}
+
+impl<C> Hub<C> {
+    pub(crate) fn new() -> Self {
+        Self {
+            state: Mutex::new(State {
+                generation: 0,
+                control: VecDeque::new(),
+                outputs: BTreeMap::new(),
+            }),
+            cond: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<C>> {
+        // a poisoned lock only means a thread panicked while holding it;
+        // the queues themselves stay consistent
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn bump(&self, st: &mut State<C>) {
+        st.generation = st.generation.wrapping_add(1);
+        self.cond.notify_all();
+    }
+
+    /// Opens a command's output queue.
+    pub(crate) fn open(&self, issue: Uuid7) {
+        self.lock().outputs.insert(issue, OutputQueue::default());
+    }
+
+    /// A reader's chunk: queued when there is room, else counted as dropped.
+    /// Never waits for the consumer.
+    pub(crate) fn push_output(
+        &self,
+        issue: &Uuid7,
+        stream: wire::OutputStream,
+        bytes: Vec<u8>,
+        now_ms: i64,
+    ) {
+        let mut st = self.lock();
+        let Some(q) = st.outputs.get_mut(issue) else {
+            return; // closed: the command is drained
+        };
+        q.settle();
+        let room = q.items.len() < OUTPUT_QUEUE_ITEMS;
+        if room && q.stream_mut(stream).pending.is_none() {
+            q.push_item(OutItem::Chunk {
+                stream,
+                observed_ms: now_ms,
+                bytes,
+            });
+        } else {
+            let n = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+            let s = q.stream_mut(stream);
+            if let Some(acc) = &mut s.pending {
+                acc.raw_bytes = acc.raw_bytes.saturating_add(n);
+                acc.last_ms = now_ms;
+            } else {
+                s.pending = Some(DropAcc {
+                    raw_bytes: n,
+                    first_ms: now_ms,
+                    last_ms: now_ms,
+                });
+            }
+        }
+        self.bump(&mut st);
+    }
+
+    /// A reader reached end of file.
+    pub(crate) fn eof(&self, issue: &Uuid7, stream: wire::OutputStream) {
+        let mut st = self.lock();
+        if let Some(q) = st.outputs.get_mut(issue) {
+            q.stream_mut(stream).eof = true;
+        }
+        self.bump(&mut st);
+    }
+
+    /// The next output item of a command.
+    pub(crate) fn pop_output(&self, issue: &Uuid7) -> Option<OutItem> {
+        let mut st = self.lock();
+        let q = st.outputs.get_mut(issue)?;
+        q.settle();
+        let item = q.items.pop_front()?;
+        let s = q.stream_mut(item.stream());
+        s.queued = s.queued.saturating_sub(1);
+        q.settle();
+        Some(item)
+    }
+
+    /// Whether each stream of a command is drained to end of file.
+    pub(crate) fn drained(&self, issue: &Uuid7) -> (bool, bool) {
+        let st = self.lock();
+        st.outputs
+            .get(issue)
+            .map_or((true, true), |q| (q.stdout.drained(), q.stderr.drained()))
+    }
+
+    /// Closes a command's queue: what is left, in order, with the drop
+    /// counts last; later reads are discarded.
+    pub(crate) fn close(&self, issue: &Uuid7) -> Closed {
+        let mut st = self.lock();
+        let Some(mut q) = st.outputs.remove(issue) else {
+            return Closed {
+                items: Vec::new(),
+                stdout_eof: true,
+                stderr_eof: true,
+            };
+        };
+        let mut items: Vec<OutItem> = q.items.drain(..).collect();
+        for s in [wire::OutputStream::Stdout, wire::OutputStream::Stderr] {
+            if let Some(acc) = q.stream_mut(s).pending.take() {
+                items.push(OutItem::Dropped {
+                    stream: s,
+                    raw_bytes: acc.raw_bytes,
+                    first_ms: acc.first_ms,
+                    last_ms: acc.last_ms,
+                });
+            }
+        }
+        Closed {
+            items,
+            stdout_eof: q.stdout.eof,
+            stderr_eof: q.stderr.eof,
+        }
+    }
+
+    /// Posts an essential message; waits for room (bounded queue) but
+    /// never drops it.
+    pub(crate) fn post(&self, issue: Uuid7, msg: C) {
+        let mut st = self.lock();
+        while st.control.len() >= CONTROL_QUEUE_MESSAGES {
+            st = self
+                .cond
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        st.control.push_back((issue, msg));
+        self.bump(&mut st);
+    }
+
+    /// Every waiting essential message.
+    pub(crate) fn take_control(&self) -> Vec<(Uuid7, C)> {
+        let mut st = self.lock();
+        let out: Vec<_> = st.control.drain(..).collect();
+        if !out.is_empty() {
+            self.bump(&mut st);
+        }
+        out
+    }
+
+    /// The change counter (any push, end of file or message).
+    pub(crate) fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// Waits until something changed since `seen` or `timeout` passed.
+    pub(crate) fn wait(&self, seen: u64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        while st.generation == seen {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            st = match self.cond.wait_timeout(st, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+
+    fn issue() -> Uuid7 {
+        Uuid7::parse("t", "01890a5d-ac96-774b-bcce-b302099a8057").unwrap()
+    }
+
+    #[test]
+    fn a_full_queue_counts_exact_bytes_and_keeps_order() {
+        let hub: Hub<()> = Hub::new();
+        let id = issue();
+        hub.open(id);
+        let out = wire::OutputStream::Stdout;
+        for i in 0..OUTPUT_QUEUE_ITEMS + 5 {
+            hub.push_output(&id, out, vec![0; 10], i64::try_from(i).unwrap());
+        }
+        // room for one item: the drop count takes it, the next chunk follows
+        let first = hub.pop_output(&id).unwrap();
+        assert!(matches!(first, OutItem::Chunk { observed_ms: 0, .. }));
+        hub.push_output(&id, out, vec![0; 3], 100);
+        let mut chunks = 0u64;
+        let mut dropped = 0u64;
+        let mut order = Vec::new();
+        let mut last_seen = 0;
+        while let Some(item) = hub.pop_output(&id) {
+            match item {
+                OutItem::Chunk {
+                    bytes, observed_ms, ..
+                } => {
+                    chunks += bytes.len() as u64;
+                    order.push(observed_ms);
+                }
+                OutItem::Dropped {
+                    raw_bytes,
+                    first_ms,
+                    last_ms,
+                    ..
+                } => {
+                    dropped += raw_bytes;
+                    order.push(first_ms);
+                    last_seen = last_ms;
+                }
+            }
+        }
+        assert_eq!(
+            chunks + dropped + 10,
+            10 * (OUTPUT_QUEUE_ITEMS as u64 + 5) + 3
+        );
+        assert_eq!(dropped, 5 * 10 + 3);
+        assert_eq!(last_seen, 100);
+        assert!(order.windows(2).all(|w| w[0] <= w[1]), "{order:?}");
+        assert_eq!(hub.drained(&id), (false, false));
+        hub.eof(&id, out);
+        hub.eof(&id, wire::OutputStream::Stderr);
+        assert_eq!(hub.drained(&id), (true, true));
+    }
+
+    #[test]
+    fn eof_counts_only_once_the_stream_is_delivered() {
+        let hub: Hub<()> = Hub::new();
+        let id = issue();
+        hub.open(id);
+        hub.push_output(&id, wire::OutputStream::Stderr, vec![1], 1);
+        hub.eof(&id, wire::OutputStream::Stderr);
+        assert!(!hub.drained(&id).1);
+        let closed = hub.close(&id);
+        assert_eq!(closed.items.len(), 1);
+        assert!(closed.stderr_eof && !closed.stdout_eof);
+        // closed: later reads are discarded
+        hub.push_output(&id, wire::OutputStream::Stderr, vec![1], 2);
+        assert!(hub.pop_output(&id).is_none());
+    }
+}
