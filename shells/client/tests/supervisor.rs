@@ -331,6 +331,15 @@ fn channel_loss_after_release_kills_the_tree() {
             "the tree survived the channel loss (force_pg={force_pg})"
         );
         assert!(gone_within(id.launcher_pid, Duration::from_secs(3)));
+        if let Some(cg) = &id.cgroup {
+            // SIGKILLed tasks leave cgroup.procs a moment after they die
+            let procs = Path::new(cg).join("cgroup.procs");
+            let deadline = Instant::now() + WAIT;
+            while !std::fs::read_to_string(&procs).unwrap().trim().is_empty() {
+                assert!(Instant::now() < deadline, "the cgroup never emptied");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         let mut fresh = supervisor(dir.path(), force_pg);
         assert_eq!(fresh.reap_orphan(&issue, &id), OrphanOutcome::Gone);
         if let Some(cg) = &id.cgroup {
@@ -764,11 +773,21 @@ fn reap_orphan_kills_a_detached_launch_and_never_a_stranger() {
         drop(sup);
 
         let mut fresh = supervisor(dir.path(), force_pg);
-        // a stranger: a live process whose birth identity differs
-        let mut stranger = std::process::Command::new("sleep")
-            .arg("30")
+        // a stranger: a live group leader whose birth identity differs
+        let mut stranger = std::process::Command::new("setsid")
+            .args(["sleep", "30"])
             .spawn()
             .unwrap();
+        let leader = Instant::now() + WAIT;
+        while !std::fs::read_to_string(format!("/proc/{}/stat", stranger.id())).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().nth(2))
+                == Some(stranger.id().to_string().as_str())
+        }) {
+            assert!(Instant::now() < leader, "the stranger never led its group");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let fake = LaunchIdentity {
             launcher_pid: stranger.id(),
             process_group: stranger.id(),
