@@ -1016,3 +1016,63 @@ fn stop_all_terminates_every_tree() {
     );
     assert!(!exits_seen.iter().any(|(i, _)| *i == ids[2]));
 }
+
+#[test]
+fn suspected_hung_follows_progress() {
+    let dir = TempDir::new().unwrap();
+    let mut c = config(dir.path(), false);
+    c.suspected_hung_after = Duration::from_millis(400);
+    c.diagnostics_interval = Duration::from_millis(50);
+    let mut sup = UnixSupervisor::new(c).unwrap();
+    let spec = spec(dir.path(), "while read l; do echo \"$l\"; done\n");
+    let issue = spec.issue;
+    sup.prepare(spec).unwrap();
+    until_ready(&mut sup, &issue);
+    release_and_run(&mut sup, &issue);
+    let wait_for = |sup: &mut UnixSupervisor, want: bool| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sup.suspected_hung(&issue) != Some(want) {
+            assert!(
+                Instant::now() < deadline,
+                "suspected_hung never became {want}"
+            );
+            while sup.next_event(Duration::from_millis(10)).is_some() {}
+        }
+    };
+    wait_for(&mut sup, true);
+    sup.write_stdin(&issue, 1, b"wake\n".to_vec()).unwrap();
+    wait_for(&mut sup, false);
+    sup.close_stdin(&issue);
+    let events = until_drained(&mut sup, &issue);
+    assert_eq!(exits(&events), vec![Exit::Code(0)]);
+}
+
+#[test]
+fn unsupported_shells_and_unusable_paths_are_refused() {
+    let dir = TempDir::new().unwrap();
+    let mut sup = supervisor(dir.path(), false);
+    let plain = dir.path().join("not-executable");
+    std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+    type Change = Box<dyn Fn(&mut LaunchSpec)>;
+    let cases: Vec<Change> = vec![
+        Box::new(|s| s.shell = wire::ShellType::Cmd),
+        Box::new(|s| s.shell = wire::ShellType::Powershell),
+        Box::new(move |s| s.shell_path = plain.display().to_string()),
+        Box::new(|s| s.shell_path = "sh".into()),
+        Box::new(|s| s.cwd = "/nonexistent/dir".into()),
+        Box::new(|s| s.env = vec![("A=B".into(), "x".into())]),
+    ];
+    for change in cases {
+        let mut s = spec(dir.path(), "echo never\n");
+        change(&mut s);
+        let issue = s.issue;
+        sup.prepare(s).unwrap();
+        match until_drained(&mut sup, &issue).as_slice() {
+            [
+                ProcessEvent::Failed(LaunchFailure::Permanent(_)),
+                ProcessEvent::Drained { incomplete },
+            ] => assert!(incomplete.is_empty()),
+            other => panic!("expected a permanent refusal, got {other:?}"),
+        }
+    }
+}
