@@ -11,7 +11,9 @@
 //! release: it exits and nothing ran.
 //!
 //! On release it receives the child's three pipe ends, checks the shell
-//! path again (a regular, executable file that is not a symlink), creates
+//! path again (a regular, executable file that is not a symlink), starts
+//! its watchdog thread (before the shell, so that a tree using up its
+//! `pids.max` cannot keep the watchdog from starting), creates
 //! `[shell_path, wrapper_path]` (absolute path, no `PATH` search) in its
 //! own process group with the working directory and the daemon's
 //! environment plus the overrides, drops its own copies of the pipe ends
@@ -312,6 +314,19 @@ pub fn launcher_main(args: Vec<OsString>) -> i32 {
             ),
         );
     }
+    // 5. the watchdog, before the shell exists: a tree that uses up its
+    // pids.max cannot keep it from starting
+    let watcher = match sock.try_clone() {
+        Ok(s) => s,
+        Err(e) => return fail(false, format!("cannot watch the release channel: {e}")),
+    };
+    let v2 = args.cgroup_v2.clone();
+    if let Err(e) = std::thread::Builder::new()
+        .name("rvbox-watchdog".into())
+        .spawn(move || watch(watcher, v2))
+    {
+        return fail(false, format!("cannot start the watchdog: {e}"));
+    }
     let (encoded, overrides) = overrides();
     let mut cmd = Command::new(&args.shell);
     cmd.arg(&args.wrapper).current_dir(&args.cwd);
@@ -336,28 +351,6 @@ pub fn launcher_main(args: Vec<OsString>) -> i32 {
     };
     if !report(&sock, &Record::ExecOk { child_pid }) {
         eprintln!("rvbox launcher: the daemon is gone; the watchdog kills the tree");
-    }
-    // 5. the watchdog
-    let watcher = match sock.try_clone() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("rvbox launcher: cannot watch the channel: {e}");
-            if let Err(e) = rustix::process::kill_current_process_group(Signal::KILL) {
-                eprintln!("rvbox launcher: killpg failed: {e}");
-            }
-            return EXIT_CHANNEL_LOST;
-        }
-    };
-    let v2 = args.cgroup_v2.clone();
-    if let Err(e) = std::thread::Builder::new()
-        .name("rvbox-watchdog".into())
-        .spawn(move || watch(watcher, v2))
-    {
-        eprintln!("rvbox launcher: cannot start the watchdog: {e}");
-        if let Err(e) = rustix::process::kill_current_process_group(Signal::KILL) {
-            eprintln!("rvbox launcher: killpg failed: {e}");
-        }
-        return EXIT_CHANNEL_LOST;
     }
     let mut reported = false;
     loop {
