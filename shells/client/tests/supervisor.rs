@@ -1075,4 +1075,12 @@ fn unsupported_shells_and_unusable_paths_are_refused() {
             other => panic!("expected a permanent refusal, got {other:?}"),
         }
     }
+    // "wait forever" is a valid timeout
+    let mut s = spec(dir.path(), "echo never\n");
+    s.shell = wire::ShellType::Cmd;
+    sup.prepare(s).unwrap();
+    let first = sup.next_event(Duration::MAX).unwrap().event;
+    assert!(matches!(first, ProcessEvent::Failed(_)), "{first:?}");
+    let second = sup.next_event(Duration::MAX).unwrap().event;
+    assert!(matches!(second, ProcessEvent::Drained { .. }), "{second:?}");
 }

@@ -288,7 +288,7 @@ impl<C> Hub<C> {
 
     /// Waits until something changed since `seen` or `timeout` passed.
     pub(crate) fn wait(&self, seen: u64, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::procfs::after(timeout);
         let mut st = self.lock();
         while st.generation == seen {
             let now = Instant::now();

@@ -6,6 +6,15 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
+/// `now + d`, saturating far in the future instead of overflowing (a
+/// caller may pass `Duration::MAX` as "wait forever").
+pub(crate) fn after(d: std::time::Duration) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    now.checked_add(d)
+        .or_else(|| now.checked_add(std::time::Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(now)
+}
+
 /// Largest `/proc` or cgroup file the supervisor reads.
 pub(crate) const MAX_PROC_FILE_BYTES: u64 = 1024 * 1024;
 

@@ -975,7 +975,7 @@ impl UnixSupervisor {
 
     fn start_drain(tree: &mut Tree, grace: Duration) {
         tree.phase = Phase::Draining;
-        tree.deadline = Some(Instant::now() + grace);
+        tree.deadline = Some(crate::procfs::after(grace));
         tree.next_check = Instant::now();
     }
 
@@ -1562,7 +1562,7 @@ impl Supervisor for UnixSupervisor {
                 .values()
                 .any(|t| matches!(t.phase, Phase::Releasing | Phase::Running))
         };
-        let deadline = Instant::now() + self.config.kill_grace;
+        let deadline = crate::procfs::after(self.config.kill_grace);
         while live(self) && Instant::now() < deadline {
             let seen = self.hub.generation();
             self.pump();
@@ -1586,7 +1586,7 @@ impl Supervisor for UnixSupervisor {
     }
 
     fn next_event(&mut self, timeout: Duration) -> Option<CommandProcessEvent> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::procfs::after(timeout);
         loop {
             if let Some(ev) = self.out.pop_front() {
                 return Some(ev);
