@@ -409,6 +409,26 @@ impl Ledger {
         delta.push(issue);
     }
 
+    /// A fresh positive acceptance (for clients outside this module).
+    pub(crate) fn note_accept_pub(&mut self, issue: Uuid7) {
+        self.note_accept(issue);
+    }
+
+    /// A process start (user code ran).
+    pub(crate) fn note_start_pub(&mut self, issue: Uuid7) {
+        self.note_start(issue);
+    }
+
+    /// An acknowledged event and its content digest.
+    pub(crate) fn note_ack_pub(&mut self, issue: Uuid7, event_seq: u64, digest: [u8; 32]) {
+        self.note_ack(issue, event_seq, digest);
+    }
+
+    /// The terminal lifecycle the client reported (the first one).
+    pub(crate) fn note_outcome_pub(&mut self, issue: Uuid7, to: Lifecycle) {
+        self.outcomes.entry(issue).or_insert(to);
+    }
+
     fn note_accept(&mut self, issue: Uuid7) {
         Self::bump(
             &mut self.accepted,

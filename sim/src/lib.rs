@@ -5,8 +5,9 @@
 //!
 //! Owns: the seeded stream tree ([`rng`]), the simulated network and its
 //! fault model ([`net`]), simulated client daemons that speak the agent
-//! protocol honestly or adversarially ([`client`]), and the invariant
-//! checker ([`invariants`]).
+//! protocol adversarially (and as a model) ([`client`]), honest clients that
+//! are the real client cores over the real client store with a simulated
+//! supervisor ([`real`]), and the invariant checker ([`invariants`]).
 //!
 //! Must never: read the real clock, use OS randomness, spawn threads, or
 //! let a `HashMap` iteration order reach anything observable (a frame, a
@@ -19,5 +20,6 @@
 pub mod client;
 pub mod invariants;
 pub mod net;
+pub mod real;
 pub mod rng;
 pub mod world;

@@ -28,6 +28,7 @@ use rvbox_store_port::ops::PortError;
 use crate::client::{Adversary, ClientConfig, ClientEffect, ClientInput, SimClient};
 use crate::invariants::Checker;
 use crate::net::{ClientSlot, ConnId, Delivery, Dir, Item, Net, NetConfig, NetEvent, Side};
+use crate::real::{AnyClient, RealClient};
 use crate::rng::{SeededEntropy, Seeds, SimRng};
 
 /// The store crash points a run arms: every step of the append path, and
@@ -89,6 +90,9 @@ pub struct SimConfig {
     pub workload_ms: u64,
     /// Inject faults (network, crashes, clock jumps, adversaries).
     pub faults: bool,
+    /// Honest clients are the real client cores over the real client
+    /// store (otherwise the model client of `crate::client`).
+    pub real_clients: bool,
 }
 
 impl Default for SimConfig {
@@ -98,6 +102,7 @@ impl Default for SimConfig {
             commands: 12,
             workload_ms: 60_000,
             faults: true,
+            real_clients: true,
         }
     }
 }
@@ -241,7 +246,7 @@ pub struct World {
     wall_offset: i64,
     net: Net,
     server: Server,
-    clients: Vec<SimClient>,
+    clients: Vec<AnyClient>,
     workload: SimRng,
     faults: SimRng,
     checker: Checker,
@@ -481,8 +486,23 @@ impl World {
                 c.adversary = faults.pick(&kinds).copied();
                 c.adversary_permille = 50;
             }
-            let client =
-                SimClient::new(c, seeds.client(i)).map_err(|e| format!("client config: {e}"))?;
+            // honest clients are the real client; adversaries are the model
+            let client = if c.adversary.is_none() && config.real_clients {
+                if config.faults {
+                    // local storage failures before an acceptance commits
+                    c.transient_permille = 40;
+                }
+                AnyClient::Real(Box::new(RealClient::new(
+                    c,
+                    seeds.client(i),
+                    dir.path().join(format!("client-{i}")),
+                )?))
+            } else {
+                AnyClient::Model(Box::new(
+                    SimClient::new(c, seeds.client(i))
+                        .map_err(|e| format!("client config: {e}"))?,
+                ))
+            };
             clients.push(client);
         }
         let small_windows = clients
@@ -1150,7 +1170,7 @@ impl World {
         for _ in 0..10_000 {
             let mut any = false;
             for i in 0..self.clients.len() {
-                while let Some(e) = self.clients.get_mut(i).and_then(SimClient::poll_effect) {
+                while let Some(e) = self.clients.get_mut(i).and_then(AnyClient::poll_effect) {
                     any = true;
                     match e {
                         ClientEffect::Connect => {
@@ -1173,7 +1193,7 @@ impl World {
                 if let Some((conn, kind, bytes)) = self
                     .clients
                     .get_mut(i)
-                    .and_then(SimClient::take_misbehaviour)
+                    .and_then(AnyClient::take_misbehaviour)
                 {
                     self.adversary_sent.insert(conn.0, (kind, bytes));
                 }
@@ -1223,11 +1243,19 @@ impl World {
             (wire::execution_spec::Source::CommandText(text), Vec::new())
         };
         let script_bytes = script.len();
+        // now and then a profile no client here can enforce: refused
+        // permanently at acceptance, ended by the server as rejected
+        let profile_flags = if self.workload.chance(40) {
+            vec![wire::ProfileFlag::CpuLow as i32]
+        } else {
+            Vec::new()
+        };
         let req = wire::RunCommandRequest {
             request_id: crate::rng::uuid_text(&id),
             client_id: format!("host-{i}"),
             spec: Some(wire::ExecutionSpec {
                 source: Some(source),
+                profile_flags,
                 ..Default::default()
             }),
             script,
@@ -1511,7 +1539,9 @@ impl World {
             return;
         };
         let client_id = first.client_id().to_owned();
-        let twin = first.second_instance(SimRng::new(self.faults.next_u64()));
+        let Ok(twin) = first.second_instance(SimRng::new(self.faults.next_u64())) else {
+            return;
+        };
         // operations in flight (a session's end, a registration) settle
         // first: the check compares with the live session as it stands
         self.with_engine(|e, now, wall| e.run_until_idle(now, wall));
@@ -1608,7 +1638,7 @@ impl World {
         let pairs = names
             .iter()
             .map(String::as_str)
-            .zip(self.clients.iter_mut().map(SimClient::ledger_mut));
+            .zip(self.clients.iter_mut().map(AnyClient::ledger_mut));
         match self.checker.check(engine.store(), pairs) {
             Ok(v) if v.is_empty() => {}
             Ok(v) => {
@@ -1709,7 +1739,7 @@ impl World {
                 self.net.next_due(),
                 self.clients
                     .iter()
-                    .filter_map(SimClient::poll_timeout)
+                    .filter_map(AnyClient::poll_timeout)
                     .min(),
                 self.server.engine.as_ref().and_then(Engine::next_deadline),
                 self.exec_at,
@@ -1750,7 +1780,16 @@ impl World {
             replays = replays.saturating_add(k.script_chunk_replays);
             committed = committed.saturating_add(k.scripts_committed);
         }
+        let real = self.clients.iter().filter(|c| c.is_real()).count() as u64;
+        let store_faults: u64 = self
+            .clients
+            .iter()
+            .filter(|c| c.is_real())
+            .map(|c| c.counters().transient_refusals)
+            .sum();
         for (k, v) in [
+            ("clients real", real),
+            ("client store_faults", store_faults),
             ("client script_chunks", chunks),
             ("client script_chunk_replays", replays),
             ("client scripts_committed", committed),

@@ -55,6 +55,8 @@ const MUST_HAPPEN: &[&str] = &[
     "operator_signal_replayed",
     "second_instance_refused",
     "client scripts_committed",
+    "clients real",
+    "client store_faults",
     "server_close CLOSE_REASON_PROTOCOL_ERROR",
     "server_close CLOSE_REASON_STALE_SESSION",
     "crash_with ops_queued",
