@@ -1,10 +1,15 @@
 //! `rvbox`: the RVBox client daemon.
 //!
-//! Owns: the process entry point — command line, configuration gate and
-//! (later) the client runtime that dials the server and runs commands on
-//! this host. Must never: dial out or launch a child before the
+//! Owns: the process entry point — command line, configuration gate, the
+//! blocked-launcher mode, the offline `repair` tool and (later) the client
+//! runtime that dials the server and runs commands on this host. Must never: dial out or launch a child before the
 //! configuration has validated, or run anything for `--check-config` beyond
 //! validation.
+
+mod repair;
+
+const ABOUT: &str =
+    "RVBox client daemon: dials the server over WebSocket and runs commands on this host";
 
 fn main() {
     // plan §7.4: the blocked launcher is an internal mode of this binary;
@@ -17,9 +22,13 @@ fn main() {
             std::process::exit(rvbox_supervisor::launcher_main(args.collect()));
         }
     }
-    let status = rvbox_daemon_common::run_daemon(
-        rvbox_config::Daemon::Client,
-        "RVBox client daemon: dials the server over WebSocket and runs commands on this host",
-    );
+    let daemon = rvbox_config::Daemon::Client;
+    let matches = rvbox_daemon_common::daemon_command(daemon, ABOUT)
+        .subcommand(repair::command())
+        .get_matches();
+    let status = match matches.subcommand() {
+        Some(("repair", m)) => repair::run(m),
+        _ => rvbox_daemon_common::run_with_matches(daemon, &matches),
+    };
     std::process::exit(status);
 }
