@@ -1,0 +1,310 @@
+//! The client runtime end to end on this host: the client core, the real
+//! client store and the real Unix supervisor run a dispatched command in a
+//! real `sh`, and its output comes back as sequenced events of the session;
+//! a cancellation before launch never runs the command; a second dispatch
+//! after the acknowledgement is refused as already executed.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prost::Message as _;
+use rvbox_client_core::accept::AcceptPolicy;
+use rvbox_client_core::link::LinkConfig;
+use rvbox_client_core::machine::{ClientCoreConfig, Input};
+use rvbox_client_core::spool::SpoolLimits;
+use rvbox_client_runtime::{Runtime, Wire};
+use rvbox_client_store::{ClientLayout, ClientStore, ClientStoreOptions};
+use rvbox_domain::hash::command_hash;
+use rvbox_domain::ids::ClientId;
+use rvbox_domain::validate::check_execution_spec;
+use rvbox_proto::v1 as wire;
+use rvbox_proto::v1::command_event::Body;
+use rvbox_proto::v1::envelope::Payload;
+use rvbox_storage::entropy::OsEntropy;
+use rvbox_storage::fs::RealFs;
+use rvbox_supervisor::{SupervisorConfig, UnixSupervisor};
+
+const SID: &str = "0123456789abcdef0123";
+
+fn client_id() -> ClientId {
+    ClientId::parse("c", "web-1").unwrap()
+}
+
+fn config(cwd: &str) -> ClientCoreConfig {
+    ClientCoreConfig {
+        policy: AcceptPolicy {
+            client_id: client_id(),
+            shells: vec![wire::ShellType::Sh],
+            default_shell: wire::ShellType::Sh,
+            profiles: vec![],
+            cwd_roots: vec![cwd.into()],
+            default_cwd: cwd.into(),
+            max_running: 4,
+            max_queued: 4,
+            closeout_reserve: 4096,
+            storage_budget: 1 << 30,
+        },
+        link: LinkConfig::default(),
+        spool: SpoolLimits::default(),
+        // the configuration resolves each shell once to its canonical
+        // executable (/bin/sh is a symlink on many hosts)
+        shell_paths: BTreeMap::from([(
+            wire::ShellType::Sh as i32,
+            std::fs::canonicalize("/bin/sh")
+                .unwrap()
+                .to_string_lossy()
+                .into_owned(),
+        )]),
+        profiles: BTreeMap::new(),
+        hello: wire::ClientHello {
+            client_id: "web-1".into(),
+            protocol_major: 1,
+            supported_minors: vec![0],
+            ..Default::default()
+        },
+    }
+}
+
+struct Host {
+    rt: Runtime<UnixSupervisor>,
+    envs: Vec<wire::Envelope>,
+}
+
+impl Host {
+    fn start(root: &Path, cwd: &str) -> Self {
+        let store = ClientStore::open(
+            ClientLayout::new(root.join("state")),
+            Arc::new(RealFs),
+            Arc::new(OsEntropy),
+            ClientStoreOptions::default(),
+            0,
+        )
+        .unwrap();
+        let run = root.join("run");
+        std::fs::create_dir_all(&run).unwrap();
+        let mut sc = SupervisorConfig::new(env!("CARGO_BIN_EXE_rvbox").into(), run);
+        sc.drain_grace = Duration::from_millis(500);
+        let sup = UnixSupervisor::new(sc).unwrap();
+        let rt = Runtime::new(config(cwd), store, sup, 3).unwrap();
+        Self {
+            rt,
+            envs: Vec::new(),
+        }
+    }
+
+    fn frame(&mut self, p: Payload) {
+        let env = wire::Envelope {
+            session_id: SID.into(),
+            generation: 1,
+            payload: Some(p),
+        };
+        self.rt.input(Input::Frame(env.encode_to_vec()));
+        self.collect();
+    }
+
+    fn collect(&mut self) {
+        for w in self.rt.take_wire() {
+            if let Wire::Binary(b) = w {
+                self.envs
+                    .push(wire::Envelope::decode(b.as_slice()).unwrap());
+            }
+        }
+    }
+
+    fn connect(&mut self) {
+        self.rt.input(Input::Opened);
+        self.frame(Payload::ServerWelcome(wire::ServerWelcome {
+            protocol_major: 1,
+            session_id: SID.into(),
+            generation: 1,
+            ..Default::default()
+        }));
+        self.frame(Payload::ReconcileRequest(wire::ReconcileRequest {
+            round: 1,
+            rows: vec![],
+        }));
+        let mut r = wire::ReconcileResult {
+            round: 1,
+            ..Default::default()
+        };
+        r.result_digest = rvbox_reconcile::result_digest(&r).to_vec();
+        self.frame(Payload::ReconcileResult(r));
+    }
+
+    fn events(&self, issue: &str) -> Vec<wire::CommandEvent> {
+        self.envs
+            .iter()
+            .filter_map(|e| match &e.payload {
+                Some(Payload::CommandEvent(ev)) if ev.issue_uuid == issue => Some(ev.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Runs processes until `issue` has a terminal event or `limit` passes.
+    fn run_until_terminal(&mut self, issue: &str, limit: Duration) {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            self.rt.pump_processes(Duration::from_millis(20));
+            self.rt.tick();
+            self.collect();
+            let done = self.events(issue).iter().any(|e| {
+                matches!(&e.body, Some(Body::Lifecycle(l))
+                    if l.lifecycle != wire::Lifecycle::Running as i32)
+            });
+            if done {
+                return;
+            }
+        }
+        panic!("no terminal event for {issue} within {limit:?}");
+    }
+
+    fn ack(&mut self, issue: &str) {
+        let last = self
+            .events(issue)
+            .iter()
+            .map(|e| e.event_seq)
+            .max()
+            .unwrap();
+        self.frame(Payload::EventAck(wire::EventAck {
+            issue_uuid: issue.into(),
+            durable_event_seq: last,
+        }));
+    }
+
+    fn answers(&self, issue: &str) -> Vec<wire::CommandAccepted> {
+        self.envs
+            .iter()
+            .filter_map(|e| match &e.payload {
+                Some(Payload::CommandAccepted(a)) if a.issue_uuid == issue => Some(a.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn dispatch(issue: &str, text: &str) -> Payload {
+    let spec = wire::ExecutionSpec {
+        source: Some(wire::execution_spec::Source::CommandText(text.into())),
+        ..Default::default()
+    };
+    let normalized = check_execution_spec(&spec).unwrap();
+    Payload::Dispatch(wire::Dispatch {
+        issue_uuid: issue.into(),
+        generation: 1,
+        revision: 1,
+        request_hash: command_hash(&client_id(), &normalized).0.to_vec(),
+        spec: Some(spec),
+        queue_expiry_time: None,
+    })
+}
+
+fn output_of(events: &[wire::CommandEvent], stream: wire::OutputStream) -> Vec<u8> {
+    events
+        .iter()
+        .filter_map(|e| match &e.body {
+            Some(Body::Output(o)) if o.stream == stream as i32 => {
+                Some(zstd::bulk::decompress(&o.payload, o.raw_length as usize).unwrap())
+            }
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+#[test]
+fn a_real_shell_runs_once_and_its_output_comes_back_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().join("work");
+    std::fs::create_dir(&cwd).unwrap();
+    let cwd_s = cwd.to_str().unwrap().to_owned();
+    let mut host = Host::start(dir.path(), &cwd_s);
+    host.connect();
+    let issue = "01890a5d-ac96-774b-bcce-b302099a8001";
+    let text = "printf 'out-%s' \"$(pwd)\"; printf 'err' >&2; echo ran >> side-effects; exit 3";
+    host.frame(dispatch(issue, text));
+    assert_eq!(
+        host.answers(issue)[0].outcome,
+        wire::AcceptOutcome::Positive as i32
+    );
+    host.run_until_terminal(issue, Duration::from_secs(20));
+    let events = host.events(issue);
+    let seqs: Vec<u64> = events.iter().map(|e| e.event_seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "contiguous"
+    );
+    assert_eq!(
+        output_of(&events, wire::OutputStream::Stdout),
+        format!("out-{cwd_s}").into_bytes()
+    );
+    assert_eq!(output_of(&events, wire::OutputStream::Stderr), b"err");
+    let last = events.last().unwrap();
+    let Some(Body::Lifecycle(l)) = &last.body else {
+        panic!("the terminal event is the last: {last:?}")
+    };
+    assert_eq!(l.lifecycle, wire::Lifecycle::Failed as i32);
+    assert_eq!(l.exit_result.as_ref().unwrap().exit_code, Some(3));
+    host.ack(issue);
+    assert_eq!(
+        std::fs::read_to_string(cwd.join("side-effects")).unwrap(),
+        "ran\n"
+    );
+    // the same dispatch again is refused: it already ran here
+    host.frame(dispatch(issue, text));
+    let answers = host.answers(issue);
+    assert_eq!(answers.len(), 2);
+    assert_eq!(answers[1].outcome, wire::AcceptOutcome::Permanent as i32);
+    let left: Vec<_> = std::fs::read_dir(&cwd)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".rvbox-"))
+        .collect();
+    assert!(left.is_empty(), "the wrapper file is removed: {left:?}");
+}
+
+#[test]
+fn a_signal_sent_through_rvbox_terminates_a_running_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().join("work");
+    std::fs::create_dir(&cwd).unwrap();
+    let cwd_s = cwd.to_str().unwrap().to_owned();
+    let mut host = Host::start(dir.path(), &cwd_s);
+    host.connect();
+    let issue = "01890a5d-ac96-774b-bcce-b302099a8002";
+    host.frame(dispatch(issue, "echo started; sleep 60"));
+    // wait for RUNNING and the first output
+    let until = Instant::now() + Duration::from_secs(20);
+    while !output_of(&host.events(issue), wire::OutputStream::Stdout).starts_with(b"started") {
+        assert!(Instant::now() < until, "never started");
+        host.rt.pump_processes(Duration::from_millis(20));
+        host.rt.tick();
+        host.collect();
+    }
+    host.frame(Payload::Signal(wire::Signal {
+        issue_uuid: issue.into(),
+        revision: 2,
+        signal: wire::SignalKind::Kill as i32,
+    }));
+    host.run_until_terminal(issue, Duration::from_secs(20));
+    let events = host.events(issue);
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.body, Some(Body::SignalResult(s))
+        if s.outcome == wire::SignalOutcome::Delivered as i32))
+    );
+    let Some(Body::Lifecycle(l)) = &events.last().unwrap().body else {
+        panic!()
+    };
+    assert_eq!(l.lifecycle, wire::Lifecycle::Terminated as i32);
+}
