@@ -14,7 +14,12 @@
 //!   flat out, against the 8 MiB raw-backlog bound.
 //!
 //! `RVBOX_BENCH_ROUNDS` sets the rounds (default 3).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
@@ -170,9 +175,15 @@ fn run_once(root: &Path, file: &Path, n: u32) -> Run {
     );
     feed(
         &mut rt,
-        Payload::ReconcileRequest(wire::ReconcileRequest { round: 1, rows: vec![] }),
+        Payload::ReconcileRequest(wire::ReconcileRequest {
+            round: 1,
+            rows: vec![],
+        }),
     );
-    let mut r = wire::ReconcileResult { round: 1, ..Default::default() };
+    let mut r = wire::ReconcileResult {
+        round: 1,
+        ..Default::default()
+    };
     r.result_digest = rvbox_reconcile::result_digest(&r).to_vec();
     feed(&mut rt, Payload::ReconcileResult(r));
     let _ = rt.take_wire();
@@ -254,7 +265,8 @@ fn main() {
     let text = dir.path().join("text");
     let random = dir.path().join("random");
     {
-        let line = b"2026-12-01T17:00:00Z INFO request served path=/api/v1/items status=200 ms=12\n";
+        let line =
+            b"2026-12-01T17:00:00Z INFO request served path=/api/v1/items status=200 ms=12\n";
         let data: Vec<u8> = line.iter().copied().cycle().take(SIZE).collect();
         std::fs::write(&text, data).unwrap();
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -268,7 +280,9 @@ fn main() {
             .collect();
         std::fs::write(&random, data).unwrap();
     }
-    println!("client spool: a real `cat` of 64 MiB under the runtime, every event acknowledged at once");
+    println!(
+        "client spool: a real `cat` of 64 MiB under the runtime, every event acknowledged at once"
+    );
     println!(
         "{:<8} {:>9} {:>9} {:>9} {:>8} {:>9} {:>10} {:>9} {:>11}",
         "data", "kept MB", "drop MB", "spool/s", "cat/s", "ratio", "probe/s", "/probe", "RSS+ MiB"
@@ -298,5 +312,7 @@ fn main() {
             let _ = round;
         }
     }
-    println!("RSS+ is the daemon's peak resident memory over its idle level while the child writes; the raw backlog bound is 8 MiB");
+    println!(
+        "RSS+ is the daemon's peak resident memory over its idle level while the child writes; the raw backlog bound is 8 MiB"
+    );
 }
