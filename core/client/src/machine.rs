@@ -913,21 +913,7 @@ impl ClientCore {
                     self.abort(issue);
                 }
             }
-            Pending::Running(issue) => {
-                if result == ClientCompletion::Done {
-                    self.spool_event(
-                        issue,
-                        wall_ms,
-                        Body::Lifecycle(wire::LifecycleChange {
-                            lifecycle: wire::Lifecycle::Running as i32,
-                            revision: self.records.get(&issue).map_or(0, |r| r.revision),
-                            exit_result: None,
-                            reason: String::new(),
-                        }),
-                    );
-                }
-            }
-            Pending::Unprepared(_) | Pending::Ended(_) => {}
+            Pending::Running(_) | Pending::Unprepared(_) | Pending::Ended(_) => {}
             Pending::Script(issue, offset, prefix) => {
                 self.script_stored(now_ms, wall_ms, issue, offset < prefix, result);
             }
@@ -1328,6 +1314,19 @@ impl ClientCore {
                 if let LaunchPhase::Released(id) = r.phase.clone() {
                     r.phase = LaunchPhase::Running(id);
                     r.lifecycle = wire::Lifecycle::Running;
+                    let revision = r.revision;
+                    // RUNNING is spooled at once, before any output of the
+                    // tree can be (the spool's order is the command's)
+                    self.spool_event(
+                        issue,
+                        wall_ms,
+                        Body::Lifecycle(wire::LifecycleChange {
+                            lifecycle: wire::Lifecycle::Running as i32,
+                            revision,
+                            exit_result: None,
+                            reason: String::new(),
+                        }),
+                    );
                     self.store(ClientOp::Running { issue }, Pending::Running(issue));
                 }
             }

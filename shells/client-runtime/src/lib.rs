@@ -19,8 +19,9 @@ use std::time::{Duration, Instant, SystemTime};
 use prost::Message as _;
 use rvbox_client_core::accept::AcceptPolicy;
 use rvbox_client_core::machine::{ClientCore, ClientCoreConfig, Input, Output};
-use rvbox_client_core::ops::SuperviseOp;
+use rvbox_client_core::ops::{ClientCompletion, ClientOp, SuperviseOp};
 use rvbox_client_core::process::{CommandProcessEvent, LaunchFailure, ProcessEvent};
+use rvbox_client_core::spool::SpoolOp;
 use rvbox_client_store::{ClientStore, StoreError};
 use rvbox_proto::v1 as wire;
 use rvbox_supervisor::{OrphanOutcome, Supervisor};
@@ -43,8 +44,10 @@ pub enum Wire {
 /// Most frames waiting for the transport. The core's send windows bound
 /// what it releases; this is the backstop.
 pub const MAX_WIRE: usize = 65_536;
-/// Most inputs one [`Runtime::settle`] performs before returning.
+/// Most rounds one settle performs before returning.
 pub const MAX_STEPS: usize = 1_000_000;
+/// Most process events handled together (their appends are one group).
+pub const MAX_EVENTS_PER_PUMP: usize = 256;
 
 /// Why the runtime could not start.
 #[derive(Debug, thiserror::Error)]
@@ -156,36 +159,74 @@ impl<S: Supervisor> Runtime<S> {
         }
     }
 
-    /// Waits at most `timeout` for one process event and handles it (and
-    /// every event already waiting). Returns whether any came.
+    /// Waits at most `timeout` for one process event, then takes every
+    /// event already waiting (at most [`MAX_EVENTS_PER_PUMP`]) and handles
+    /// them together, so that their spool appends share one durable group.
+    /// Returns whether any came.
     pub fn pump_processes(&mut self, timeout: Duration) -> bool {
-        let mut any = false;
-        let mut wait = timeout;
-        while let Some(ev) = self.supervisor.next_event(wait) {
-            any = true;
-            wait = Duration::ZERO;
-            self.inputs.push_back(Input::Process(ev));
-            self.settle();
+        let Some(first) = self.supervisor.next_event(timeout) else {
+            return false;
+        };
+        self.inputs.push_back(Input::Process(first));
+        for _ in 1..MAX_EVENTS_PER_PUMP {
+            match self.supervisor.next_event(Duration::ZERO) {
+                Some(ev) => self.inputs.push_back(Input::Process(ev)),
+                None => break,
+            }
         }
-        any
+        self.settle();
+        true
     }
 
-    /// Performs queued inputs and every output they cause.
+    /// Handles every queued input, then performs every output they caused
+    /// (consecutive spool appends as one group), and again until nothing
+    /// is left.
     fn settle(&mut self) {
         for _ in 0..MAX_STEPS {
-            if let Some(input) = self.inputs.pop_front() {
+            let mut handled = false;
+            while let Some(input) = self.inputs.pop_front() {
                 let now = self.now_ms();
                 self.core.handle(now, Self::wall_ms(), input);
+                handled = true;
             }
-            let Some(out) = self.core.poll_output() else {
-                if self.inputs.is_empty() {
-                    return;
-                }
-                continue;
-            };
-            self.perform(out);
+            let mut outs = Vec::new();
+            while let Some(o) = self.core.poll_output() {
+                outs.push(o);
+            }
+            if outs.is_empty() && !handled && self.inputs.is_empty() {
+                return;
+            }
+            self.perform_all(outs);
         }
         tracing::error!("the client core did not settle within the step bound");
+    }
+
+    fn perform_all(&mut self, outs: Vec<Output>) {
+        let mut group: Vec<(rvbox_client_core::ops::Token, Box<SpoolOp>)> = Vec::new();
+        for out in outs {
+            match out {
+                Output::Store(t, ClientOp::Spool(op)) if matches!(*op, SpoolOp::Append { .. }) => {
+                    group.push((t, op));
+                }
+                other => {
+                    self.flush_appends(&mut group);
+                    self.perform(other);
+                }
+            }
+        }
+        self.flush_appends(&mut group);
+    }
+
+    fn flush_appends(&mut self, group: &mut Vec<(rvbox_client_core::ops::Token, Box<SpoolOp>)>) {
+        if group.is_empty() {
+            return;
+        }
+        let ops: Vec<&SpoolOp> = group.iter().map(|(_, op)| op.as_ref()).collect();
+        let done = self.store.perform_spool_appends(&ops, Self::wall_ms());
+        for ((t, _), d) in group.drain(..).zip(done) {
+            self.inputs
+                .push_back(Input::Completion(t, ClientCompletion::Spool(d)));
+        }
     }
 
     fn push_wire(&mut self, w: Wire) {

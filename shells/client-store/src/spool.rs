@@ -259,152 +259,271 @@ impl ClientStore {
         item: &AppendItem,
         now_ms: i64,
     ) -> Result<Option<u32>, StoreError> {
-        let key = *issue.as_bytes();
-        match item {
-            AppendItem::Event(body) => {
-                let bytes = encode_body(body);
-                if bytes.len() > MAX_EVENT_BODY_BYTES {
-                    return Err(StoreError::Integrity(format!(
-                        "an event body of {} bytes is over {MAX_EVENT_BODY_BYTES}",
-                        bytes.len()
-                    )));
-                }
-                let sha = rvbox_segment::sha256(&bytes);
-                let len = i64_of(bytes.len() as u64);
-                let tx = self
-                    .conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(|e| StoreError::sqlite("begin spool append", e))?;
-                tx.execute_cached(
-                    "INSERT INTO spool_entries (issue_uuid, local_ordinal, kind, stream,
-                         observed_ms, raw_len, stored_len, payload_sha256, body)
-                     VALUES (?1, ?2, ?3, 0, ?4, ?5, ?5, ?6, ?7)",
-                    params![
-                        key.as_slice(),
-                        i64_of(ordinal),
-                        body_kind(body),
-                        observed_ms,
-                        len,
-                        sha.as_slice(),
-                        bytes
-                    ],
-                )
-                .map_err(|e| StoreError::sqlite("insert spool event", e))?;
-                tx.execute_cached(
-                    "UPDATE commands SET next_ordinal = ?2 WHERE issue_uuid = ?1",
-                    params![key.as_slice(), i64_of(ordinal.saturating_add(1))],
-                )
-                .map_err(|e| StoreError::sqlite("advance ordinal", e))?;
-                self.hook.at(crash::SPOOL_EVENT_BEFORE_COMMIT);
-                tx.commit()
-                    .map_err(|e| StoreError::sqlite("commit spool event", e))?;
-                self.hook.at(crash::SPOOL_EVENT_AFTER_COMMIT);
-                Ok(None)
-            }
-            AppendItem::Output {
-                stream,
-                segment,
-                bytes,
-            } => {
-                let raw_len = u32::try_from(bytes.len())
-                    .ok()
-                    .filter(|n| u64::from(*n) <= MAX_RAW_CHUNK_BYTES && *n > 0)
-                    .ok_or_else(|| {
-                        StoreError::Integrity(format!(
-                            "an output chunk of {} bytes is outside 1..={MAX_RAW_CHUNK_BYTES}",
-                            bytes.len()
-                        ))
-                    })?;
-                let sha = rvbox_segment::sha256(bytes);
-                let stored =
-                    zstd_frame(bytes).map_err(|e| StoreError::io("compress output", "", e))?;
-                let meta = RecordMeta {
-                    issue_uuid: key,
-                    seq: ordinal,
-                    observed_unix_ms: observed_ms,
-                    receipt_unix_ms: now_ms,
-                    kind: Kind::Output,
-                    stream: record_stream(*stream),
-                    compression: Compression::Zstd,
-                    raw_len,
-                    sha256: sha,
-                };
-                let record = rvbox_segment::encode(&meta, &stored, &spool_limits())
-                    .map_err(|e| StoreError::Integrity(format!("encode spool record: {e}")))?;
-                let stored_len = u32::try_from(stored.len()).unwrap_or(u32::MAX);
-                let committed: Option<i64> = self
-                    .conn
-                    .query_row_cached(
-                        "SELECT committed_end FROM segments WHERE issue_uuid = ?1 AND kind = 1 AND ordinal = ?2",
-                        params![key.as_slice(), segment],
-                        |r| r.get(0),
-                    )
-                    .optional()
-                    .map_err(|e| StoreError::sqlite("read spool segment", e))?;
-                let committed = committed.map(u64_of);
-                let hook = self.hook.clone();
-                let file = self.segment_file(&key, *segment, committed)?;
-                let offset = committed.unwrap_or(0);
-                let len = file
-                    .len()
-                    .map_err(|e| StoreError::io("stat spool segment", "", e))?;
-                if len != offset {
-                    // a tail of an append whose commit never happened
-                    file.truncate(offset)
-                        .map_err(|e| StoreError::io("cut spool tail", "", e))?;
-                }
-                file.append(&record)
-                    .map_err(|e| StoreError::io("write spool record", "", e))?;
-                hook.at(crash::SPOOL_APPEND_BEFORE_FSYNC);
-                file.sync_data()
-                    .map_err(|e| StoreError::io("sync spool segment", "", e))?;
-                hook.at(crash::SPOOL_APPEND_AFTER_FSYNC);
-                let end = offset.saturating_add(record.len() as u64);
-                let tx = self
-                    .conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(|e| StoreError::sqlite("begin spool append", e))?;
-                tx.execute_cached(
-                    "INSERT INTO segments (issue_uuid, ordinal, kind, committed_end)
-                     VALUES (?1, ?2, 1, ?3)
-                     ON CONFLICT (issue_uuid, kind, ordinal) DO UPDATE SET committed_end = ?3",
-                    params![key.as_slice(), segment, i64_of(end)],
-                )
-                .map_err(|e| StoreError::sqlite("advance committed end", e))?;
-                tx.execute_cached(
-                    "INSERT INTO spool_entries (issue_uuid, local_ordinal, kind, stream,
-                         observed_ms, raw_len, stored_len, payload_sha256, segment_ordinal,
-                         segment_offset)
-                     VALUES (?1, ?2, 4, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                    params![
-                        key.as_slice(),
-                        i64_of(ordinal),
-                        *stream as i32,
-                        observed_ms,
-                        raw_len,
-                        stored_len,
-                        sha.as_slice(),
-                        segment,
-                        i64_of(offset)
-                    ],
-                )
-                .map_err(|e| StoreError::sqlite("insert spool output", e))?;
-                tx.execute_cached(
-                    "UPDATE commands SET next_ordinal = ?2 WHERE issue_uuid = ?1",
-                    params![key.as_slice(), i64_of(ordinal.saturating_add(1))],
-                )
-                .map_err(|e| StoreError::sqlite("advance ordinal", e))?;
-                tx.execute_cached(
-                    "UPDATE counters SET stored_bytes = stored_bytes + ?1 WHERE id = 1",
-                    params![stored_len],
-                )
-                .map_err(|e| StoreError::sqlite("charge spool bytes", e))?;
-                tx.commit()
-                    .map_err(|e| StoreError::sqlite("commit spool output", e))?;
-                self.hook.at(crash::SPOOL_APPEND_AFTER_COMMIT);
-                Ok(Some(stored_len))
+        let mut out = self.append_group(&[(issue, ordinal, observed_ms, item)], now_ms)?;
+        Ok(out.pop().flatten())
+    }
+
+    /// Performs a run of consecutive spool appends (of any commands) as one
+    /// durable group: every output record is written to its segment, each
+    /// touched segment is synced once, and one transaction indexes every
+    /// entry and moves every committed end. Answers each op in order; a
+    /// failure fails the whole group (nothing of it is durable).
+    pub fn perform_spool_appends(&mut self, ops: &[&SpoolOp], now_ms: i64) -> Vec<SpoolCompletion> {
+        let items: Vec<(&Uuid7, u64, i64, &AppendItem)> = ops
+            .iter()
+            .filter_map(|op| match op {
+                SpoolOp::Append {
+                    issue,
+                    ordinal,
+                    observed_ms,
+                    item,
+                    ..
+                } => Some((issue, *ordinal, *observed_ms, item)),
+                _ => None,
+            })
+            .collect();
+        if items.len() != ops.len() {
+            // not a run of appends: perform them one by one
+            return ops
+                .iter()
+                .map(|op| self.perform_spool(op, now_ms))
+                .collect();
+        }
+        match self.append_group(&items, now_ms) {
+            Ok(stored) => stored
+                .into_iter()
+                .map(|s| match s {
+                    Some(stored_len) => SpoolCompletion::AppendedOutput { stored_len },
+                    None => SpoolCompletion::Done,
+                })
+                .collect(),
+            Err(e) => {
+                self.metrics.spool_failures.inc();
+                tracing::error!(error = %e, entries = items.len(), "spool append group failed");
+                vec![SpoolCompletion::Failed; items.len()]
             }
         }
+    }
+
+    fn append_group(
+        &mut self,
+        items: &[(&Uuid7, u64, i64, &AppendItem)],
+        now_ms: i64,
+    ) -> Result<Vec<Option<u32>>, StoreError> {
+        /// One entry ready for its index row.
+        struct Row {
+            key: [u8; 16],
+            ordinal: u64,
+            observed_ms: i64,
+            kind: i64,
+            stream: i32,
+            raw_len: u32,
+            stored_len: u32,
+            sha: [u8; 32],
+            place: Option<(u32, u64)>,
+            body: Option<Vec<u8>>,
+        }
+        let mut rows: Vec<Row> = Vec::with_capacity(items.len());
+        // per segment: (committed end before the group, end after it)
+        let mut ends: BTreeMap<([u8; 16], u32), (Option<u64>, u64)> = BTreeMap::new();
+        let hook = self.hook.clone();
+        let mut outputs = false;
+        let mut events = false;
+        for (issue, ordinal, observed_ms, item) in items {
+            let key = *issue.as_bytes();
+            match item {
+                AppendItem::Event(body) => {
+                    events = true;
+                    let bytes = encode_body(body);
+                    if bytes.len() > MAX_EVENT_BODY_BYTES {
+                        return Err(StoreError::Integrity(format!(
+                            "an event body of {} bytes is over {MAX_EVENT_BODY_BYTES}",
+                            bytes.len()
+                        )));
+                    }
+                    let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+                    rows.push(Row {
+                        key,
+                        ordinal: *ordinal,
+                        observed_ms: *observed_ms,
+                        kind: body_kind(body),
+                        stream: 0,
+                        raw_len: len,
+                        stored_len: len,
+                        sha: rvbox_segment::sha256(&bytes),
+                        place: None,
+                        body: Some(bytes),
+                    });
+                }
+                AppendItem::Output {
+                    stream,
+                    segment,
+                    bytes,
+                } => {
+                    outputs = true;
+                    let raw_len = u32::try_from(bytes.len())
+                        .ok()
+                        .filter(|n| u64::from(*n) <= MAX_RAW_CHUNK_BYTES && *n > 0)
+                        .ok_or_else(|| {
+                            StoreError::Integrity(format!(
+                                "an output chunk of {} bytes is outside 1..={MAX_RAW_CHUNK_BYTES}",
+                                bytes.len()
+                            ))
+                        })?;
+                    let sha = rvbox_segment::sha256(bytes);
+                    let stored =
+                        zstd_frame(bytes).map_err(|e| StoreError::io("compress output", "", e))?;
+                    let meta = RecordMeta {
+                        issue_uuid: key,
+                        seq: *ordinal,
+                        observed_unix_ms: *observed_ms,
+                        receipt_unix_ms: now_ms,
+                        kind: Kind::Output,
+                        stream: record_stream(*stream),
+                        compression: Compression::Zstd,
+                        raw_len,
+                        sha256: sha,
+                    };
+                    let record = rvbox_segment::encode(&meta, &stored, &spool_limits())
+                        .map_err(|e| StoreError::Integrity(format!("encode spool record: {e}")))?;
+                    let stored_len = u32::try_from(stored.len()).unwrap_or(u32::MAX);
+                    let seg = (key, *segment);
+                    let (committed, offset) = match ends.get(&seg) {
+                        Some((c, end)) => (*c, *end),
+                        None => {
+                            let c: Option<i64> = self
+                                .conn
+                                .query_row_cached(
+                                    "SELECT committed_end FROM segments
+                                     WHERE issue_uuid = ?1 AND kind = 1 AND ordinal = ?2",
+                                    params![key.as_slice(), segment],
+                                    |r| r.get(0),
+                                )
+                                .optional()
+                                .map_err(|e| StoreError::sqlite("read spool segment", e))?;
+                            let c = c.map(u64_of);
+                            let file = self.segment_file(&key, *segment, c)?;
+                            let at = c.unwrap_or(0);
+                            let len = file
+                                .len()
+                                .map_err(|e| StoreError::io("stat spool segment", "", e))?;
+                            if len != at {
+                                // a tail of an append whose commit never happened
+                                file.truncate(at)
+                                    .map_err(|e| StoreError::io("cut spool tail", "", e))?;
+                            }
+                            (c, at)
+                        }
+                    };
+                    // the file exists now (opened or created above)
+                    let file = self.segment_file(&key, *segment, Some(offset))?;
+                    file.append(&record)
+                        .map_err(|e| StoreError::io("write spool record", "", e))?;
+                    ends.insert(seg, (committed, offset.saturating_add(record.len() as u64)));
+                    rows.push(Row {
+                        key,
+                        ordinal: *ordinal,
+                        observed_ms: *observed_ms,
+                        kind: 4,
+                        stream: *stream as i32,
+                        raw_len,
+                        stored_len,
+                        sha,
+                        place: Some((*segment, offset)),
+                        body: None,
+                    });
+                }
+            }
+        }
+        if outputs {
+            hook.at(crash::SPOOL_APPEND_BEFORE_FSYNC);
+            for (key, segment) in ends.keys() {
+                let file = self.segment_file(key, *segment, Some(0))?;
+                file.sync_data()
+                    .map_err(|e| StoreError::io("sync spool segment", "", e))?;
+            }
+            hook.at(crash::SPOOL_APPEND_AFTER_FSYNC);
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin spool append", e))?;
+        let mut stored_total: i64 = 0;
+        for r in &rows {
+            match (&r.place, &r.body) {
+                (Some((segment, offset)), _) => {
+                    tx.execute_cached(
+                        "INSERT INTO spool_entries (issue_uuid, local_ordinal, kind, stream,
+                             observed_ms, raw_len, stored_len, payload_sha256, segment_ordinal,
+                             segment_offset)
+                         VALUES (?1, ?2, 4, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                        params![
+                            r.key.as_slice(),
+                            i64_of(r.ordinal),
+                            r.stream,
+                            r.observed_ms,
+                            r.raw_len,
+                            r.stored_len,
+                            r.sha.as_slice(),
+                            segment,
+                            i64_of(*offset)
+                        ],
+                    )
+                    .map_err(|e| StoreError::sqlite("insert spool output", e))?;
+                    stored_total = stored_total.saturating_add(i64::from(r.stored_len));
+                }
+                (None, body) => {
+                    tx.execute_cached(
+                        "INSERT INTO spool_entries (issue_uuid, local_ordinal, kind, stream,
+                             observed_ms, raw_len, stored_len, payload_sha256, body)
+                         VALUES (?1, ?2, ?3, 0, ?4, ?5, ?5, ?6, ?7)",
+                        params![
+                            r.key.as_slice(),
+                            i64_of(r.ordinal),
+                            r.kind,
+                            r.observed_ms,
+                            r.raw_len,
+                            r.sha.as_slice(),
+                            body
+                        ],
+                    )
+                    .map_err(|e| StoreError::sqlite("insert spool event", e))?;
+                }
+            }
+            tx.execute_cached(
+                "UPDATE commands SET next_ordinal = MAX(next_ordinal, ?2) WHERE issue_uuid = ?1",
+                params![r.key.as_slice(), i64_of(r.ordinal.saturating_add(1))],
+            )
+            .map_err(|e| StoreError::sqlite("advance ordinal", e))?;
+        }
+        for ((key, segment), (_, end)) in &ends {
+            tx.execute_cached(
+                "INSERT INTO segments (issue_uuid, ordinal, kind, committed_end)
+                 VALUES (?1, ?2, 1, ?3)
+                 ON CONFLICT (issue_uuid, kind, ordinal) DO UPDATE SET committed_end = ?3",
+                params![key.as_slice(), segment, i64_of(*end)],
+            )
+            .map_err(|e| StoreError::sqlite("advance committed end", e))?;
+        }
+        if stored_total > 0 {
+            tx.execute_cached(
+                "UPDATE counters SET stored_bytes = stored_bytes + ?1 WHERE id = 1",
+                params![stored_total],
+            )
+            .map_err(|e| StoreError::sqlite("charge spool bytes", e))?;
+        }
+        if events {
+            self.hook.at(crash::SPOOL_EVENT_BEFORE_COMMIT);
+        }
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit spool append", e))?;
+        if outputs {
+            self.hook.at(crash::SPOOL_APPEND_AFTER_COMMIT);
+        }
+        if events {
+            self.hook.at(crash::SPOOL_EVENT_AFTER_COMMIT);
+        }
+        Ok(rows.iter().map(|r| r.place.map(|_| r.stored_len)).collect())
     }
 
     fn spool_assign(
