@@ -1,0 +1,444 @@
+//! The crash suite of plan §7.6: the client daemon, a real process (this
+//! test binary re-run as a child: the client runtime over the real client
+//! store and the Unix supervisor), is killed at each acceptance, launch,
+//! event-spool, script-upload and terminal-acknowledgement commit point;
+//! after a restart the same dispatch is sent again. The command appends one
+//! line to a side-effect file each time it runs. Every case must show
+//! exactly one of: a durable refusal before authorization (nothing ran), one
+//! supervised run, or an interrupted uncertain launch; never a second run.
+//!
+//! The parent plays the server over a Unix socket the child connects to
+//! (away from the test harness's own output): each frame is a
+//! little-endian `u32` length and an encoded envelope. Every event is
+//! acknowledged as it arrives.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use prost::Message as _;
+use rvbox_client_core::accept::AcceptPolicy;
+use rvbox_client_core::link::LinkConfig;
+use rvbox_client_core::machine::{ClientCoreConfig, Input};
+use rvbox_client_core::spool::SpoolLimits;
+use rvbox_client_runtime::{Runtime, Wire};
+use rvbox_client_store::{ClientLayout, ClientStore, ClientStoreOptions, crash};
+use rvbox_domain::hash::command_hash;
+use rvbox_domain::ids::ClientId;
+use rvbox_domain::validate::check_execution_spec;
+use rvbox_proto::v1 as wire;
+use rvbox_proto::v1::command_event::Body;
+use rvbox_proto::v1::envelope::Payload;
+use rvbox_storage::crash::CrashHook;
+use rvbox_storage::entropy::OsEntropy;
+use rvbox_storage::fs::RealFs;
+use rvbox_supervisor::{SupervisorConfig, UnixSupervisor};
+
+const CHILD_ENV: &str = "RVBOX_CLIENT_CRASH_CHILD";
+const DIR_ENV: &str = "RVBOX_CLIENT_CRASH_DIR";
+const SID: &str = "0123456789abcdef0123";
+const ISSUE: &str = "01890a5d-ac96-774b-bcce-b302099a8001";
+
+/// Aborts the process the `after`-th time `point` is reached.
+#[derive(Debug)]
+struct AbortAt {
+    point: String,
+    after: u32,
+    hits: AtomicU32,
+}
+
+impl CrashHook for AbortAt {
+    fn at(&self, point: &'static str) {
+        if point == self.point && self.hits.fetch_add(1, Ordering::SeqCst) + 1 >= self.after {
+            std::process::abort();
+        }
+    }
+}
+
+fn client_id() -> ClientId {
+    ClientId::parse("c", "web-1").unwrap()
+}
+
+fn config(cwd: &str) -> ClientCoreConfig {
+    ClientCoreConfig {
+        policy: AcceptPolicy {
+            client_id: client_id(),
+            shells: vec![wire::ShellType::Sh],
+            default_shell: wire::ShellType::Sh,
+            profiles: vec![],
+            cwd_roots: vec![cwd.into()],
+            default_cwd: cwd.into(),
+            max_running: 4,
+            max_queued: 4,
+            closeout_reserve: 4096,
+            storage_budget: 1 << 30,
+        },
+        link: LinkConfig::default(),
+        spool: SpoolLimits::default(),
+        shell_paths: BTreeMap::from([(
+            wire::ShellType::Sh as i32,
+            std::fs::canonicalize("/bin/sh")
+                .unwrap()
+                .to_string_lossy()
+                .into_owned(),
+        )]),
+        profiles: BTreeMap::new(),
+        hello: wire::ClientHello {
+            client_id: "web-1".into(),
+            protocol_major: 1,
+            supported_minors: vec![0],
+            ..Default::default()
+        },
+    }
+}
+
+fn write_frame(w: &mut impl Write, bytes: &[u8]) -> std::io::Result<()> {
+    w.write_all(&u32::try_from(bytes.len()).unwrap().to_le_bytes())?;
+    w.write_all(bytes)?;
+    w.flush()
+}
+
+fn read_frame(r: &mut impl Read) -> Option<Vec<u8>> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).ok()?;
+    let mut buf = vec![0u8; u32::from_le_bytes(len) as usize];
+    r.read_exact(&mut buf).ok()?;
+    Some(buf)
+}
+
+/// The child: the daemon. Frames from the parent are inputs; frames the
+/// runtime releases go to the parent.
+#[test]
+fn crash_child() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return; // only meaningful as a child process of the suite below
+    };
+    let dir = std::path::PathBuf::from(std::env::var(DIR_ENV).unwrap());
+    let cwd = dir.join("work");
+    let mut store = ClientStore::open(
+        ClientLayout::new(dir.join("state")),
+        Arc::new(RealFs),
+        Arc::new(OsEntropy),
+        ClientStoreOptions::default(),
+        0,
+    )
+    .unwrap();
+    if let Some((point, after)) = spec.split_once('@') {
+        store.set_crash_hook(Arc::new(AbortAt {
+            point: point.to_owned(),
+            after: after.parse().unwrap(),
+            hits: AtomicU32::new(0),
+        }));
+    }
+    let run = dir.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let mut sc = SupervisorConfig::new(env!("CARGO_BIN_EXE_rvbox").into(), run);
+    sc.drain_grace = Duration::from_millis(300);
+    let sup = UnixSupervisor::new(sc).unwrap();
+    let mut rt = Runtime::new(config(cwd.to_str().unwrap()), store, sup, 5).unwrap();
+    let sock = std::os::unix::net::UnixStream::connect(dir.join("server.sock")).unwrap();
+    let mut reader = sock.try_clone().unwrap();
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        while let Some(f) = read_frame(&mut reader) {
+            if tx.send(f).is_err() {
+                return;
+            }
+        }
+    });
+    rt.input(Input::Opened);
+    let mut out = sock;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        for w in rt.take_wire() {
+            if let Wire::Binary(b) = w {
+                write_frame(&mut out, &b).unwrap();
+            }
+        }
+        match rx.recv_timeout(Duration::from_millis(5)) {
+            Ok(f) => rt.input(Input::Frame(f)),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+        rt.pump_processes(Duration::from_millis(5));
+        rt.tick();
+    }
+}
+
+/// The parent's view of one daemon process: the server end of its
+/// connection (a Unix socket, away from the test harness's own output).
+struct Daemon {
+    child: std::process::Child,
+    stream: std::os::unix::net::UnixStream,
+    rx: mpsc::Receiver<wire::Envelope>,
+    generation: u64,
+    seen: Vec<wire::Envelope>,
+}
+
+impl Daemon {
+    fn spawn(dir: &Path, crash: Option<(&str, u32)>, generation: u64) -> Self {
+        let path = dir.join("server.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
+            .env(
+                CHILD_ENV,
+                crash.map_or("none".to_owned(), |(p, n)| format!("{p}@{n}")),
+            )
+            .env(DIR_ENV, dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let (stream, _) = listener.accept().unwrap();
+        let mut reader = stream.try_clone().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            while let Some(f) = read_frame(&mut reader) {
+                match wire::Envelope::decode(f.as_slice()) {
+                    Ok(env) => {
+                        if tx.send(env).is_err() {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+        Self {
+            child,
+            stream,
+            rx,
+            generation,
+            seen: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, p: Payload) -> bool {
+        let env = wire::Envelope {
+            session_id: SID.into(),
+            generation: self.generation,
+            payload: Some(p),
+        };
+        write_frame(&mut self.stream, &env.encode_to_vec()).is_ok()
+    }
+
+    /// Collects frames for up to `wait`, acknowledging events as they come.
+    fn drive(&mut self, wait: Duration, stop: impl Fn(&[wire::Envelope]) -> bool) -> bool {
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            match self.rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(env) => {
+                    if let Some(Payload::CommandEvent(e)) = &env.payload {
+                        let ack = Payload::EventAck(wire::EventAck {
+                            issue_uuid: e.issue_uuid.clone(),
+                            durable_event_seq: e.event_seq,
+                        });
+                        self.seen.push(env.clone());
+                        if !self.send(ack) {
+                            return false;
+                        }
+                    } else {
+                        self.seen.push(env);
+                    }
+                    if stop(&self.seen) {
+                        return true;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Ok(Some(_)) = self.child.try_wait() {
+                        return false;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return false,
+            }
+        }
+        false
+    }
+
+    fn connect(&mut self) -> bool {
+        if !self.drive(Duration::from_secs(10), |s| {
+            s.iter()
+                .any(|e| matches!(e.payload, Some(Payload::ClientHello(_))))
+        }) {
+            return false;
+        }
+        let g = self.generation;
+        let ok = self.send(Payload::ServerWelcome(wire::ServerWelcome {
+            protocol_major: 1,
+            session_id: SID.into(),
+            generation: g,
+            ..Default::default()
+        })) && self.send(Payload::ReconcileRequest(wire::ReconcileRequest {
+            round: 1,
+            rows: vec![wire::ReconcileRow {
+                issue_uuid: ISSUE.into(),
+                ..Default::default()
+            }],
+        }));
+        if !ok
+            || !self.drive(Duration::from_secs(10), |s| {
+                s.iter().any(
+                    |e| matches!(&e.payload, Some(Payload::ClientSnapshot(c)) if c.final_chunk),
+                )
+            })
+        {
+            return false;
+        }
+        let mut r = wire::ReconcileResult {
+            round: 1,
+            ..Default::default()
+        };
+        // the server holds no record of the command in this suite: a
+        // record the client holds is terminated, a tombstone kept
+        if let Some(Payload::ClientSnapshot(c)) = self
+            .seen
+            .iter()
+            .rev()
+            .find(|e| matches!(e.payload, Some(Payload::ClientSnapshot(_))))
+            .and_then(|e| e.payload.clone())
+        {
+            for rec in c.records {
+                r.resume.push(wire::ResumeRow {
+                    issue_uuid: rec.issue_uuid,
+                    revision: rec.revision.max(1),
+                    durable_event_seq: 0,
+                    script_resume_offset: 0,
+                });
+            }
+        }
+        r.result_digest = rvbox_reconcile::result_digest(&r).to_vec();
+        self.send(Payload::ReconcileResult(r))
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn dispatch(generation: u64) -> Payload {
+    let spec = wire::ExecutionSpec {
+        source: Some(wire::execution_spec::Source::CommandText(
+            "echo ran >> side-effects; echo out".into(),
+        )),
+        ..Default::default()
+    };
+    let normalized = check_execution_spec(&spec).unwrap();
+    Payload::Dispatch(wire::Dispatch {
+        issue_uuid: ISSUE.into(),
+        generation,
+        revision: 1,
+        request_hash: command_hash(&client_id(), &normalized).0.to_vec(),
+        spec: Some(spec),
+        queue_expiry_time: None,
+    })
+}
+
+fn terminal(seen: &[wire::Envelope]) -> Option<i32> {
+    seen.iter().rev().find_map(|e| match &e.payload {
+        Some(Payload::CommandEvent(ev)) => match &ev.body {
+            Some(Body::Lifecycle(l)) if l.lifecycle != wire::Lifecycle::Running as i32 => {
+                Some(l.lifecycle)
+            }
+            _ => None,
+        },
+        _ => None,
+    })
+}
+
+fn refused(seen: &[wire::Envelope]) -> bool {
+    seen.iter().any(|e| {
+        matches!(&e.payload, Some(Payload::CommandAccepted(a))
+            if a.outcome == wire::AcceptOutcome::Permanent as i32)
+    })
+}
+
+/// One case: crash at `point`, restart, dispatch again.
+fn case(point: &'static str) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("work")).unwrap();
+    let mut d = Daemon::spawn(dir.path(), Some((point, 1)), 1);
+    assert!(d.connect(), "{point}: the first daemon did not connect");
+    d.send(dispatch(1));
+    // run until it dies at the point (or finishes the command)
+    let finished = d.drive(Duration::from_secs(20), |s| terminal(s).is_some());
+    let _ = d.drive(Duration::from_millis(300), |_| false);
+    // the connection can close before the exit is visible: wait for it
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut crashed = false;
+    while Instant::now() < until {
+        if let Ok(Some(_)) = d.child.try_wait() {
+            crashed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    d.kill();
+    assert!(crashed || finished, "{point}: neither a crash nor an end");
+    assert!(crashed, "{point} was never reached");
+
+    let mut d = Daemon::spawn(dir.path(), None, 2);
+    assert!(d.connect(), "{point}: the restarted daemon did not connect");
+    d.send(dispatch(2));
+    let _ = d.drive(Duration::from_secs(20), |s| {
+        terminal(s).is_some() || refused(s)
+    });
+    let _ = d.drive(Duration::from_millis(500), |_| false);
+    let seen = std::mem::take(&mut d.seen);
+    d.kill();
+
+    let runs = std::fs::read_to_string(dir.path().join("work/side-effects"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0);
+    assert!(runs <= 1, "{point}: the command ran {runs} times");
+    let fate = terminal(&seen);
+    let ok = match (runs, fate) {
+        (1, Some(l)) => {
+            l == wire::Lifecycle::Succeeded as i32 || l == wire::Lifecycle::Interrupted as i32
+        }
+        // ran and was acknowledged before the kill: refused as executed
+        (1, None) => refused(&seen),
+        // an authorized launch whose child never got to run
+        (0, Some(l)) => l == wire::Lifecycle::Interrupted as i32,
+        (0, None) => false,
+        _ => false,
+    };
+    assert!(ok, "{point}: runs {runs}, fate {fate:?}");
+}
+
+#[test]
+fn a_killed_daemon_runs_a_command_at_most_once_at_every_commit_point() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    for point in [
+        crash::ACCEPT_BEFORE_COMMIT,
+        crash::ACCEPT_AFTER_COMMIT,
+        crash::MATERIALIZE_BEFORE_RENAME,
+        crash::LAUNCH_PREPARED_AFTER_FSYNC,
+        crash::LAUNCH_AUTHORIZED_AFTER_FSYNC,
+        crash::LAUNCH_RUNNING_AFTER_COMMIT,
+        crash::SPOOL_EVENT_AFTER_COMMIT,
+        crash::SPOOL_APPEND_AFTER_FSYNC,
+        crash::SPOOL_APPEND_AFTER_COMMIT,
+        crash::SPOOL_ASSIGN_AFTER_COMMIT,
+        crash::LAUNCH_ENDED_AFTER_COMMIT,
+        crash::SPOOL_RELEASE_AFTER_COMMIT,
+        crash::TERMINAL_ACK_AFTER_COMMIT,
+    ] {
+        case(point);
+    }
+}
