@@ -1,7 +1,8 @@
 //! The crash suite of plan §7.6: the client daemon, a real process (this
 //! test binary re-run as a child: the client runtime over the real client
 //! store and the Unix supervisor), is killed at each acceptance, launch,
-//! event-spool, script-upload and terminal-acknowledgement commit point;
+//! event-spool, script-upload, terminal-acknowledgement and tombstone-rotation
+//! commit point;
 //! after a restart the same dispatch is sent again. The command appends one
 //! line to a side-effect file each time it runs. Every case must show
 //! exactly one of: a durable refusal before authorization (nothing ran), one
@@ -129,7 +130,10 @@ fn crash_child() {
         ClientLayout::new(dir.join("state")),
         Arc::new(RealFs),
         Arc::new(OsEntropy),
-        ClientStoreOptions::default(),
+        ClientStoreOptions {
+            tombstone_cap: 1,
+            ..ClientStoreOptions::default()
+        },
         0,
     )
     .unwrap();
@@ -329,21 +333,67 @@ impl Daemon {
     }
 }
 
-fn dispatch(generation: u64) -> Payload {
-    let spec = wire::ExecutionSpec {
-        source: Some(wire::execution_spec::Source::CommandText(
-            "echo ran >> side-effects; echo out".into(),
-        )),
-        ..Default::default()
+const SCRIPT: &[u8] = b"echo ran >> side-effects\necho out\n";
+
+fn spec_of(script: bool) -> wire::ExecutionSpec {
+    let source = if script {
+        wire::execution_spec::Source::Script(wire::ScriptDescriptor {
+            display_basename: "job.sh".into(),
+            size_bytes: SCRIPT.len() as u64,
+            sha256: rvbox_segment_sha(SCRIPT),
+        })
+    } else {
+        wire::execution_spec::Source::CommandText("echo ran >> side-effects; echo out".into())
     };
+    wire::ExecutionSpec {
+        source: Some(source),
+        ..Default::default()
+    }
+}
+
+fn rvbox_segment_sha(b: &[u8]) -> Vec<u8> {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(b).to_vec()
+}
+
+fn dispatch_of(issue: &str, generation: u64, script: bool) -> Payload {
+    let spec = spec_of(script);
     let normalized = check_execution_spec(&spec).unwrap();
     Payload::Dispatch(wire::Dispatch {
-        issue_uuid: ISSUE.into(),
+        issue_uuid: issue.into(),
         generation,
         revision: 1,
         request_hash: command_hash(&client_id(), &normalized).0.to_vec(),
         spec: Some(spec),
         queue_expiry_time: None,
+    })
+}
+
+/// The script upload of `issue`, in two chunks (the server's resend after a
+/// restart sends them again from the start: an exact replay).
+fn chunks(issue: &str) -> Vec<Payload> {
+    let half = SCRIPT.len() / 2;
+    [(0, &SCRIPT[..half]), (half, &SCRIPT[half..])]
+        .into_iter()
+        .map(|(offset, part)| {
+            Payload::ScriptChunk(wire::ScriptChunk {
+                issue_uuid: issue.into(),
+                offset: offset as u64,
+                declared_size: SCRIPT.len() as u64,
+                compression: wire::Compression::None as i32,
+                payload: part.to_vec(),
+                raw_length: part.len() as u32,
+                stored_length: part.len() as u32,
+                raw_sha256: rvbox_segment_sha(part),
+            })
+        })
+        .collect()
+}
+
+fn accepted(seen: &[wire::Envelope], issue: &str) -> bool {
+    seen.iter().any(|e| {
+        matches!(&e.payload, Some(Payload::CommandAccepted(a))
+            if a.issue_uuid == issue && a.outcome == wire::AcceptOutcome::Positive as i32)
     })
 }
 
@@ -366,13 +416,64 @@ fn refused(seen: &[wire::Envelope]) -> bool {
     })
 }
 
+/// What a case dispatches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A command text.
+    Text,
+    /// A script, uploaded after the acceptance.
+    Script,
+    /// A command text after another command finished, so that the
+    /// tombstone FIFO (cap 1) rotates.
+    Rotation,
+}
+
+const WARMUP: &str = "01890a5d-ac96-774b-bcce-b302099a80ff";
+
+/// Dispatches the case's command (and its script) on `d`.
+fn start(d: &mut Daemon, kind: Kind, generation: u64) {
+    d.send(dispatch_of(ISSUE, generation, kind == Kind::Script));
+    if kind == Kind::Script {
+        let _ = d.drive(Duration::from_secs(10), |s| accepted(s, ISSUE));
+        for c in chunks(ISSUE) {
+            d.send(c);
+        }
+    }
+}
+
 /// One case: crash at `point`, restart, dispatch again.
-fn case(point: &'static str) {
+fn case(point: &'static str, kind: Kind) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("work")).unwrap();
     let mut d = Daemon::spawn(dir.path(), Some((point, 1)), 1);
     assert!(d.connect(), "{point}: the first daemon did not connect");
-    d.send(dispatch(1));
+    if kind == Kind::Rotation {
+        // a first command runs and is acknowledged: its tombstone fills
+        // the FIFO; it writes no side effect
+        let spec = wire::ExecutionSpec {
+            source: Some(wire::execution_spec::Source::CommandText("true".into())),
+            ..Default::default()
+        };
+        let normalized = check_execution_spec(&spec).unwrap();
+        d.send(Payload::Dispatch(wire::Dispatch {
+            issue_uuid: WARMUP.into(),
+            generation: 1,
+            revision: 1,
+            request_hash: command_hash(&client_id(), &normalized).0.to_vec(),
+            spec: Some(spec),
+            queue_expiry_time: None,
+        }));
+        let _ = d.drive(Duration::from_secs(20), |s| {
+            s.iter().any(|e| {
+                matches!(&e.payload, Some(Payload::CommandEvent(ev))
+                if ev.issue_uuid == WARMUP && matches!(&ev.body, Some(Body::Lifecycle(l))
+                    if l.lifecycle != wire::Lifecycle::Running as i32))
+            })
+        });
+        let _ = d.drive(Duration::from_millis(300), |_| false);
+        d.seen.clear();
+    }
+    start(&mut d, kind, 1);
     // run until it dies at the point (or finishes the command)
     let finished = d.drive(Duration::from_secs(20), |s| terminal(s).is_some());
     let _ = d.drive(Duration::from_millis(300), |_| false);
@@ -392,7 +493,7 @@ fn case(point: &'static str) {
 
     let mut d = Daemon::spawn(dir.path(), None, 2);
     assert!(d.connect(), "{point}: the restarted daemon did not connect");
-    d.send(dispatch(2));
+    start(&mut d, kind, 2);
     let _ = d.drive(Duration::from_secs(20), |s| {
         terminal(s).is_some() || refused(s)
     });
@@ -439,6 +540,17 @@ fn a_killed_daemon_runs_a_command_at_most_once_at_every_commit_point() {
         crash::SPOOL_RELEASE_AFTER_COMMIT,
         crash::TERMINAL_ACK_AFTER_COMMIT,
     ] {
-        case(point);
+        case(point, Kind::Text);
     }
+    for point in [
+        crash::SCRIPT_CHUNK_AFTER_FSYNC,
+        crash::SCRIPT_CHUNK_AFTER_COMMIT,
+        crash::SCRIPT_COMMIT_AFTER_COMMIT,
+        crash::MATERIALIZE_BEFORE_RENAME,
+        crash::LAUNCH_AUTHORIZED_AFTER_FSYNC,
+    ] {
+        case(point, Kind::Script);
+    }
+    case(crash::TOMBSTONE_ROTATE_BEFORE_COMMIT, Kind::Rotation);
+    case(crash::TERMINAL_ACK_AFTER_COMMIT, Kind::Rotation);
 }

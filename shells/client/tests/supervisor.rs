@@ -1084,3 +1084,32 @@ fn unsupported_shells_and_unusable_paths_are_refused() {
     let second = sup.next_event(Duration::MAX).unwrap().event;
     assert!(matches!(second, ProcessEvent::Drained { .. }), "{second:?}");
 }
+
+#[test]
+fn a_stale_cgroup_of_an_unrecorded_launch_is_reclaimed_before_the_retry() {
+    let dir = TempDir::new().unwrap();
+    let mut sup = supervisor(dir.path(), false);
+    if !cgroups_or_skip(&sup, "stale cgroup") {
+        return;
+    }
+    let spec = spec(dir.path(), "printf again\n");
+    let issue = spec.issue;
+    // a daemon that crashed before `launch_prepared` was durable left the
+    // command's cgroup behind (empty: its blocked launcher died with the
+    // channel)
+    let parent = sup.layout().v2.as_ref().unwrap().parent.clone();
+    let stale = parent.join(issue.to_string());
+    std::fs::create_dir_all(&stale).unwrap();
+    sup.prepare(spec).unwrap();
+    until_ready(&mut sup, &issue);
+    release_and_run(&mut sup, &issue);
+    let events = until_drained(&mut sup, &issue);
+    assert_eq!(
+        stream_bytes(&events, wire::OutputStream::Stdout),
+        b"again".to_vec()
+    );
+    assert!(
+        !stale.exists(),
+        "the command cgroup is removed after the run"
+    );
+}

@@ -454,13 +454,60 @@ fn has_io_limit(l: &IoLimit) -> bool {
 }
 
 fn make_dir(dir: &Path) -> Result<(), Refusal> {
-    std::fs::create_dir(dir).map_err(|e| {
+    let refuse = |e: io::Error| {
         let what = format!("cannot create cgroup {}: {e}", dir.display());
         match e.kind() {
             io::ErrorKind::PermissionDenied => Refusal::Unsupported(what),
             _ => Refusal::Transient(what),
         }
-    })
+    };
+    match std::fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            // plan §7.4 step 5: a cgroup of this command that exists before
+            // its launch is prepared was left by a launcher the daemon never
+            // recorded (it crashed before `launch_prepared` was durable, so
+            // nothing was released): an untrusted orphan, cleaned before
+            // the retry. A recorded launch is reaped before it is retried,
+            // so this never meets one.
+            reclaim_stale(dir);
+            std::fs::create_dir(dir).map_err(refuse)
+        }
+        Err(e) => Err(refuse(e)),
+    }
+}
+
+/// Bound on waiting for a stale cgroup to empty after `cgroup.kill`.
+const STALE_EMPTY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Kills what a stale command cgroup holds (v2 `cgroup.kill`; a v1
+/// hierarchy's processes are the same processes, placed in both) and
+/// removes it.
+fn reclaim_stale(dir: &Path) {
+    let kill = dir.join("cgroup.kill");
+    if kill.exists()
+        && let Err(e) = std::fs::write(&kill, "1")
+    {
+        tracing::warn!(cgroup = %dir.display(), error = %e, "cannot kill a stale command cgroup");
+    }
+    let until = std::time::Instant::now() + STALE_EMPTY_WAIT;
+    while std::time::Instant::now() < until {
+        let empty = procfs::read_bounded(&dir.join("cgroup.procs"))
+            .map(|t| t.trim().is_empty())
+            .unwrap_or(true);
+        if empty {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    match remove_dirs(std::iter::once(dir)) {
+        Ok(()) => {
+            tracing::warn!(cgroup = %dir.display(), "removed a stale command cgroup of an unrecorded launch")
+        }
+        Err(e) => {
+            tracing::error!(cgroup = %dir.display(), error = %e, "cannot remove a stale command cgroup")
+        }
+    }
 }
 
 fn read_control(dir: &Path, file: &str) -> Result<String, String> {
