@@ -1427,7 +1427,20 @@ impl ClientCore {
                     );
                 }
                 let (lifecycle, exit) = self.outcome(issue);
-                self.end(wall_ms, issue, lifecycle, Some(exit), "");
+                if self.shutting_down {
+                    // plan §7.4: an orderly shutdown terminates surviving
+                    // trees and reports them interrupted
+                    self.stats.interrupted += 1;
+                    self.end(
+                        wall_ms,
+                        issue,
+                        wire::Lifecycle::Interrupted,
+                        None,
+                        "the client daemon shut down while the command ran",
+                    );
+                } else {
+                    self.end(wall_ms, issue, lifecycle, Some(exit), "");
+                }
             }
             _ => {
                 // drained before running (a failed exec): the Failed event

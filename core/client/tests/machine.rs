@@ -733,3 +733,44 @@ fn after_a_restart_an_authorized_launch_ends_interrupted_and_a_prepared_one_runs
     );
     assert_eq!(w.core.phase_of(&issue(7)), Some(&LaunchPhase::Ended));
 }
+
+#[test]
+fn an_orderly_shutdown_stops_every_tree_and_reports_it_interrupted() {
+    let mut w = World::new(vec![]);
+    w.connect();
+    let id = issue(8);
+    w.frame(Payload::Dispatch(dispatch(8, GEN)));
+    // launch up to running, but the tree does not exit on its own
+    while let Some(op) = w.supervise.pop_front() {
+        match op {
+            SuperviseOp::Prepare(s) => w.process(
+                s.issue,
+                ProcessEvent::Ready(LaunchIdentity {
+                    launcher_pid: 5,
+                    process_group: 5,
+                    birth_ticks: 5,
+                    cgroup: None,
+                }),
+            ),
+            SuperviseOp::Release(i) => w.process(i, ProcessEvent::Running),
+            _ => {}
+        }
+    }
+    w.input(Input::Shutdown);
+    assert!(w.steps.contains(&Step::Supervise("stop_all", issue(0))));
+    w.process(id, ProcessEvent::Exited(Exit::Signal(15)));
+    w.process(id, ProcessEvent::Drained { incomplete: vec![] });
+    // the session is closed: the terminal event waits in the spool
+    let terminal = w
+        .store
+        .rows
+        .iter()
+        .filter(|((i, _), _)| *i == id)
+        .filter_map(|(_, r)| match &r.body {
+            Body::Lifecycle(l) => Some(l.lifecycle),
+            _ => None,
+        })
+        .last();
+    assert_eq!(terminal, Some(wire::Lifecycle::Interrupted as i32));
+    assert_eq!(w.core.phase_of(&id), Some(&LaunchPhase::Ended));
+}
