@@ -770,7 +770,7 @@ fn an_orderly_shutdown_stops_every_tree_and_reports_it_interrupted() {
             Body::Lifecycle(l) => Some(l.lifecycle),
             _ => None,
         })
-        .last();
+        .next_back();
     assert_eq!(terminal, Some(wire::Lifecycle::Interrupted as i32));
     assert_eq!(w.core.phase_of(&id), Some(&LaunchPhase::Ended));
 }
