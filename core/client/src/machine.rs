@@ -1278,6 +1278,28 @@ impl ClientCore {
         );
     }
 
+    /// Spools the result of a signal sent through RVBox.
+    fn signal_result(
+        &mut self,
+        issue: Uuid7,
+        wall_ms: i64,
+        revision: u64,
+        kind: wire::SignalKind,
+        outcome: wire::SignalOutcome,
+        reason: &str,
+    ) {
+        self.spool_event(
+            issue,
+            wall_ms,
+            Body::SignalResult(wire::SignalResult {
+                revision,
+                signal: kind as i32,
+                outcome: outcome as i32,
+                reason: reason.to_owned(),
+            }),
+        );
+    }
+
     fn spool_event(&mut self, issue: Uuid7, wall_ms: i64, body: Body) {
         if let Err(e) = self.spool.event(issue, wall_ms, body) {
             // a command ended or unknown to the spool: nothing to record
@@ -1526,15 +1548,13 @@ impl ClientCore {
         match r.phase.clone() {
             LaunchPhase::Accepted => {
                 r.cancel_pending = Some((s.revision, kind));
-                self.spool_event(
+                self.signal_result(
                     issue,
                     wall,
-                    Body::SignalResult(wire::SignalResult {
-                        revision: s.revision,
-                        signal: kind as i32,
-                        outcome: wire::SignalOutcome::CancelledBeforeLaunch as i32,
-                        reason: String::new(),
-                    }),
+                    s.revision,
+                    kind,
+                    wire::SignalOutcome::CancelledBeforeLaunch,
+                    "",
                 );
                 self.end(
                     wall,
@@ -1556,15 +1576,13 @@ impl ClientCore {
             }
             LaunchPhase::Authorizing(_) | LaunchPhase::Released(_) | LaunchPhase::Running(_) => {
                 if signal_number(kind).is_none() {
-                    self.spool_event(
+                    self.signal_result(
                         issue,
                         wall,
-                        Body::SignalResult(wire::SignalResult {
-                            revision: s.revision,
-                            signal: kind as i32,
-                            outcome: wire::SignalOutcome::Failed as i32,
-                            reason: "unsupported signal".into(),
-                        }),
+                        s.revision,
+                        kind,
+                        wire::SignalOutcome::Failed,
+                        "unsupported signal",
                     );
                     return;
                 }
@@ -1575,15 +1593,13 @@ impl ClientCore {
                 }));
             }
             LaunchPhase::Ended => {
-                self.spool_event(
+                self.signal_result(
                     issue,
                     wall,
-                    Body::SignalResult(wire::SignalResult {
-                        revision: s.revision,
-                        signal: kind as i32,
-                        outcome: wire::SignalOutcome::NoOpAfterExit as i32,
-                        reason: String::new(),
-                    }),
+                    s.revision,
+                    kind,
+                    wire::SignalOutcome::NoOpAfterExit,
+                    "",
                 );
             }
             LaunchPhase::Aborting | LaunchPhase::Reaping { .. } => {}
