@@ -31,7 +31,6 @@ use rvbox_domain::lifecycle::Lifecycle;
 use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::command_event::Body;
 use rvbox_proto::v1::envelope::Payload;
-use rvbox_storage::crash::NoCrash;
 use rvbox_storage::fs::{CrashMode, FaultyFs, StoreFs};
 use rvbox_supervisor::{OrphanOutcome, Supervisor, SupervisorError};
 
@@ -39,6 +38,33 @@ use crate::client::{ClientConfig, ClientCounters, ClientEffect, ClientInput, Led
 use crate::invariants::content_digest;
 use crate::net::{ConnId, Item, NetEvent};
 use crate::rng::SimRng;
+use crate::world::CrashedAt;
+
+/// Crashes the client the next time its store passes the armed point.
+#[derive(Debug, Default)]
+pub struct ClientCrashHook {
+    armed: std::sync::Mutex<Option<&'static str>>,
+}
+
+impl rvbox_storage::crash::CrashHook for ClientCrashHook {
+    fn at(&self, point: &'static str) {
+        let hit = self
+            .armed
+            .lock()
+            .map(|mut a| {
+                if *a == Some(point) {
+                    *a = None;
+                    true
+                } else {
+                    false
+                }
+            })
+            .unwrap_or(false);
+        if hit {
+            std::panic::panic_any(CrashedAt(point));
+        }
+    }
+}
 
 /// Most sent-event digests kept for acknowledgements.
 pub const MAX_SENT_DIGESTS: usize = 1_000_000;
@@ -279,6 +305,8 @@ pub struct RealClient {
     sent: BTreeMap<(Uuid7, u64), [u8; 32]>,
     acked: BTreeMap<Uuid7, u64>,
     script_prefix: BTreeMap<Uuid7, u64>,
+    hook: Arc<ClientCrashHook>,
+    crashed: Option<(Option<ConnId>, &'static str)>,
     now: u64,
 }
 
@@ -378,7 +406,8 @@ impl RealClient {
         let entropy = Arc::new(SeedEntropy(std::sync::Mutex::new(SimRng::new(
             rng.next_u64(),
         ))));
-        let store = Self::open_store(&root, &fs, entropy)?;
+        let hook = Arc::new(ClientCrashHook::default());
+        let store = Self::open_store(&root, &fs, entropy, hook.clone())?;
         let sup = SimSupervisor::new(SimRng::new(rng.next_u64()), &config);
         let mut cc = core_config(&config, &client_id);
         let instance = store
@@ -404,6 +433,8 @@ impl RealClient {
             sent: BTreeMap::new(),
             acked: BTreeMap::new(),
             script_prefix: BTreeMap::new(),
+            hook,
+            crashed: None,
             now: 0,
         };
         c.settle();
@@ -414,12 +445,13 @@ impl RealClient {
         root: &std::path::Path,
         fs: &Arc<FaultyFs>,
         entropy: Arc<SeedEntropy>,
+        hook: Arc<ClientCrashHook>,
     ) -> Result<ClientStore, String> {
         ClientStore::open_with_hook(
             ClientLayout::new(root),
             fs.clone() as Arc<dyn StoreFs>,
             entropy,
-            Arc::new(NoCrash),
+            hook,
             ClientStoreOptions {
                 tombstone_cap: 100_000,
                 ..ClientStoreOptions::default()
@@ -666,9 +698,24 @@ impl RealClient {
                     }
                     _ => {
                         let wall = self.wall();
-                        match self.store.as_mut() {
-                            Some(s) => s.perform(&self.core_config.policy, &op, wall),
-                            None => ClientCompletion::Failed("no store".into()),
+                        let policy = &self.core_config.policy;
+                        let store = &mut self.store;
+                        let r =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match store
+                                .as_mut()
+                            {
+                                Some(s) => s.perform(policy, &op, wall),
+                                None => ClientCompletion::Failed("no store".into()),
+                            }));
+                        match r {
+                            Ok(done) => done,
+                            Err(payload) => {
+                                let point = payload
+                                    .downcast_ref::<CrashedAt>()
+                                    .map_or("unknown", |c| c.0);
+                                self.crash_at_point(point);
+                                return;
+                            }
                         }
                     }
                 };
@@ -758,6 +805,33 @@ impl RealClient {
         }
     }
 
+    /// The store panicked at a crash point: the daemon dies there (the
+    /// world is told through [`Self::take_crashed`]).
+    fn crash_at_point(&mut self, point: &'static str) {
+        let now = self.now;
+        let conn = self.crash_restart(now);
+        self.crashed = Some((conn, point));
+    }
+
+    /// Arms a crash at `point` (the next time the store passes it).
+    pub fn arm_crash(&mut self, point: &'static str) {
+        if let Ok(mut a) = self.hook.armed.lock() {
+            *a = Some(point);
+        }
+    }
+
+    fn arm_crash_none(&mut self) {
+        if let Ok(mut a) = self.hook.armed.lock() {
+            *a = None;
+        }
+    }
+
+    /// A crash at an armed point since the last call, with the connection
+    /// that was open.
+    pub fn take_crashed(&mut self) -> Option<(Option<ConnId>, &'static str)> {
+        self.crashed.take()
+    }
+
     /// The daemon crashes (and the host may lose power) at `now`: the
     /// store closes as a crash leaves it, un-synced bytes go (some of the
     /// last write may stay), and a new core starts from the store. Returns
@@ -782,7 +856,7 @@ impl RealClient {
             old.close_as_crashed();
         }
         let _ = self.fs.crash(mode);
-        match Self::open_store(&self.root, &self.fs, entropy) {
+        match Self::open_store(&self.root, &self.fs, entropy, self.hook.clone()) {
             Ok(s) => self.store = Some(s),
             Err(_) => {
                 self.counters.server_violations = self.counters.server_violations.saturating_add(1);
@@ -924,6 +998,32 @@ impl AnyClient {
         match self {
             Self::Model(c) => c.take_misbehaviour(),
             Self::Real(_) => None,
+        }
+    }
+
+    /// Arms a crash at a named commit point (real clients only).
+    pub fn arm_crash(&mut self, point: &'static str) -> bool {
+        match self {
+            Self::Model(_) => false,
+            Self::Real(c) => {
+                c.arm_crash(point);
+                true
+            }
+        }
+    }
+
+    /// Disarms any armed crash point (the calm tail has no faults).
+    pub fn disarm_crash(&mut self) {
+        if let Self::Real(c) = self {
+            c.arm_crash_none();
+        }
+    }
+
+    /// A crash at an armed point since the last call.
+    pub fn take_crashed(&mut self) -> Option<(Option<ConnId>, &'static str)> {
+        match self {
+            Self::Model(_) => None,
+            Self::Real(c) => c.take_crashed(),
         }
     }
 

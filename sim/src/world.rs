@@ -195,7 +195,7 @@ fn has_incident(store: &Store, issue: &[u8; 16]) -> bool {
 
 /// The panic payload of a simulated crash.
 #[derive(Debug)]
-struct CrashedAt(&'static str);
+pub(crate) struct CrashedAt(pub(crate) &'static str);
 
 /// Simulated crashes unwind by design; only other panics are reported.
 fn quiet_crash_panics() {
@@ -1190,6 +1190,19 @@ impl World {
                 }
             }
             for i in 0..self.clients.len() {
+                if let Some((conn, point)) =
+                    self.clients.get_mut(i).and_then(AnyClient::take_crashed)
+                {
+                    any = true;
+                    self.log(format!("CRASH client {i} at {point}"));
+                    self.count("client_crash_point");
+                    self.count(&format!("client_crash_point {point}"));
+                    if let Some(conn) = conn {
+                        self.net.crash(conn, Side::Client, self.now);
+                    }
+                }
+            }
+            for i in 0..self.clients.len() {
                 if let Some((conn, kind, bytes)) = self
                     .clients
                     .get_mut(i)
@@ -1480,7 +1493,23 @@ impl World {
         match roll {
             0..=14 => self.arm_crash_point(false),
             15..=24 => self.crash_server("between steps"),
-            25..=39 => {
+            25..=31 => {
+                // a real client crashes the next time it passes a named
+                // commit point of its store
+                let i = self.faults.below(self.clients.len() as u64);
+                let point = self
+                    .faults
+                    .pick(rvbox_client_store::crash::ALL)
+                    .copied()
+                    .unwrap_or(rvbox_client_store::crash::ACCEPT_AFTER_COMMIT);
+                if let Some(c) = self.clients.get_mut(usize::try_from(i).unwrap_or(0))
+                    && c.arm_crash(point)
+                {
+                    self.log(format!("ARM client {i} at {point}"));
+                    self.count("client_crash_point armed");
+                }
+            }
+            32..=39 => {
                 let i = self.faults.below(self.clients.len() as u64);
                 self.log(format!("CRASH client {i}"));
                 self.count("client_crash");
@@ -1703,6 +1732,9 @@ impl World {
                 self.calm_from = self.now;
                 self.net.set_config(crate::net::NetConfig::calm());
                 self.log("CALM tail begins".into());
+                for c in &mut self.clients {
+                    c.disarm_crash();
+                }
                 // and the server's clock is put right (as time sync would):
                 // a queue expiry is decided on it
                 if self.wall_offset != 0 {

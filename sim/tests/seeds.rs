@@ -56,6 +56,7 @@ const MUST_HAPPEN: &[&str] = &[
     "second_instance_refused",
     "client scripts_committed",
     "clients real",
+    "client_crash_point",
     "client store_faults",
     "server_close CLOSE_REASON_PROTOCOL_ERROR",
     "server_close CLOSE_REASON_STALE_SESSION",
