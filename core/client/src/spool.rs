@@ -603,19 +603,12 @@ fn event_cost(issue: &Uuid7, seq: u64, observed_ms: i64, body: &Body) -> u64 {
     len_u64(event.encoded_len())
 }
 
+/// Whether `body` is a terminal lifecycle change (the domain's lifecycle
+/// table decides, cancelled included).
 fn is_terminal(body: &Body) -> bool {
     match body {
-        Body::Lifecycle(l) => wire::Lifecycle::try_from(l.lifecycle).is_ok_and(|l| {
-            matches!(
-                l,
-                wire::Lifecycle::Succeeded
-                    | wire::Lifecycle::Failed
-                    | wire::Lifecycle::Terminated
-                    | wire::Lifecycle::Interrupted
-                    | wire::Lifecycle::Expired
-                    | wire::Lifecycle::Rejected
-            )
-        }),
+        Body::Lifecycle(l) => rvbox_domain::lifecycle::Lifecycle::from_wire(l.lifecycle)
+            .is_ok_and(rvbox_domain::lifecycle::Lifecycle::is_terminal),
         _ => false,
     }
 }

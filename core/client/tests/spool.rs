@@ -765,3 +765,31 @@ fn rotation_under_a_lagging_ack_never_touches_pinned_entries() {
     assert_eq!(total, produced);
     assert_eq!(h.finished, vec![id]);
 }
+
+#[test]
+fn every_terminal_lifecycle_is_the_last_entry_cancelled_included() {
+    for terminal in [
+        wire::Lifecycle::Succeeded,
+        wire::Lifecycle::Failed,
+        wire::Lifecycle::Terminated,
+        wire::Lifecycle::Interrupted,
+        wire::Lifecycle::Rejected,
+        wire::Lifecycle::Cancelled,
+    ] {
+        let mut h = Harness::new(SpoolLimits::default());
+        let id = issue(1);
+        h.spool.open_command(id).unwrap();
+        h.spool.session_active(&BTreeMap::new());
+        h.spool.event(id, 1, lifecycle(terminal)).unwrap();
+        assert_eq!(
+            h.spool
+                .event(id, 2, Body::SignalResult(wire::SignalResult::default())),
+            Err(SpoolError::AfterTerminal(id)),
+            "{terminal:?}"
+        );
+        h.settle();
+        h.ack_all();
+        h.settle();
+        assert_eq!(h.finished, vec![id], "{terminal:?}");
+    }
+}
