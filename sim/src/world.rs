@@ -285,6 +285,9 @@ pub struct World {
     calm_from: u64,
     /// Server closes of each client during the calm tail.
     calm_closes: BTreeMap<u32, u64>,
+    /// How much longer the calm tail runs: a backward correction of the
+    /// server's wall clock that retries scheduled on it wait out.
+    calm_extra: u64,
     /// Adversary frames sent and not yet delivered, per connection.
     adversary_sent: BTreeMap<u64, (Adversary, Vec<u8>)>,
     /// Connections whose adversary frame reached the server: the kind
@@ -550,6 +553,7 @@ impl World {
             calm: false,
             calm_from: 0,
             calm_closes: BTreeMap::new(),
+            calm_extra: 0,
             adversary_sent: BTreeMap::new(),
             adversary_awaiting: BTreeMap::new(),
             server_closed: std::collections::BTreeSet::new(),
@@ -1739,6 +1743,10 @@ impl World {
                 // a queue expiry is decided on it
                 if self.wall_offset != 0 {
                     self.log(format!("WALL CLOCK corrected by {} ms", -self.wall_offset));
+                    // a dispatch retry is scheduled on the server's wall
+                    // clock (it survives restarts): a clock put back waits
+                    // it out, so the tail is that much longer
+                    self.calm_extra = u64::try_from(self.wall_offset.max(0)).unwrap_or(0);
                     self.wall_offset = 0;
                 }
             }
@@ -1746,10 +1754,11 @@ impl World {
                 self.check_agreement();
                 break;
             }
-            if self.calm && self.now > self.calm_from.saturating_add(CALM_TAIL_MS) {
+            let tail = CALM_TAIL_MS.saturating_add(self.calm_extra);
+            if self.calm && self.now > self.calm_from.saturating_add(tail) {
                 let stuck = self.unfinished();
                 self.failure = Some(format!(
-                    "liveness: {} of {} commands not terminal {CALM_TAIL_MS} ms into the calm tail: {}",
+                    "liveness: {} of {} commands not terminal {tail} ms into the calm tail: {}",
                     stuck.len(),
                     self.created,
                     stuck.join("; ")

@@ -39,6 +39,9 @@ pub struct RecoveryReport {
     pub segments_damaged: u64,
     /// Segment files without a row, removed.
     pub orphans_removed: u64,
+    /// Scripts whose bytes were all durable but not yet verified, verified
+    /// and made launch-eligible.
+    pub scripts_committed: u64,
 }
 
 fn hex(id: &[u8; 16]) -> String {
@@ -173,6 +176,25 @@ impl ClientStore {
                     .map_err(|e| StoreError::io("sync segment directory", dir, e))?;
             }
             report.orphans_removed += removed;
+        }
+        let (committed, mismatched) = self.finish_complete_scripts()?;
+        report.scripts_committed = committed;
+        for issue in mismatched {
+            incidents::record(
+                &self.conn,
+                self.entropy.as_ref(),
+                &NewLocalIncident {
+                    kind: wire::IncidentKind::ChecksumMismatch,
+                    scope_kind: wire::ScopeKind::Command,
+                    scope_key: issue.to_string(),
+                    summary: format!(
+                        "the durable script of {issue} does not match its descriptor's SHA-256"
+                    ),
+                    evidence: Vec::new(),
+                },
+                now_ms,
+            )?;
+            self.metrics.incidents.inc();
         }
         Ok(report)
     }

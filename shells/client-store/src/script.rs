@@ -269,9 +269,19 @@ impl ClientStore {
         if received < row.len {
             return Ok(ScriptOutcome::Received { received });
         }
-        // the whole script: verify against the descriptor before it can run
-        let all = self.script_range(issue, 0, row.len)?;
-        if rvbox_segment::sha256(&all) != row.sha {
+        self.commit_script(issue, row.len, &row.sha)
+    }
+
+    /// The whole script is durable: verify it against the descriptor and
+    /// make the command launch-eligible.
+    fn commit_script(
+        &mut self,
+        issue: &Uuid7,
+        len: u64,
+        sha: &[u8; 32],
+    ) -> Result<ScriptOutcome, StoreError> {
+        let all = self.script_range(issue, 0, len)?;
+        if rvbox_segment::sha256(&all) != *sha {
             return Ok(ScriptOutcome::Mismatch(
                 "the received script does not match the descriptor's SHA-256".into(),
             ));
@@ -284,6 +294,49 @@ impl ClientStore {
             .map_err(|e| StoreError::sqlite("commit script", e))?;
         self.hook.at(crash::SCRIPT_COMMIT_AFTER_COMMIT);
         Ok(ScriptOutcome::Committed)
+    }
+
+    /// Recovery: a script whose every byte became durable before a crash
+    /// that came before its verification is verified now. The server
+    /// sends no more chunks for it (the client's prefix is complete), so
+    /// without this the command would wait for ever. Returns the commands
+    /// committed now and those whose bytes do not match (left for the
+    /// incident the caller records).
+    pub(crate) fn finish_complete_scripts(&mut self) -> Result<(u64, Vec<Uuid7>), StoreError> {
+        let rows: Vec<(Vec<u8>, i64, Vec<u8>)> = {
+            let mut stmt = self
+                .conn
+                .prepare_cached(
+                    "SELECT issue_uuid, script_len, script_sha256 FROM commands
+                     WHERE script_committed = 0 AND script_len IS NOT NULL
+                       AND script_received = script_len",
+                )
+                .map_err(|e| StoreError::sqlite("find complete scripts", e))?;
+            let mapped = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .map_err(|e| StoreError::sqlite("find complete scripts", e))?;
+            mapped
+                .collect::<Result<_, _>>()
+                .map_err(|e| StoreError::sqlite("find complete scripts", e))?
+        };
+        let mut committed = 0u64;
+        let mut mismatched = Vec::new();
+        for (id, len, sha) in rows {
+            let (Ok(key), Ok(sha)) = (
+                <[u8; 16]>::try_from(id.as_slice()),
+                <[u8; 32]>::try_from(sha.as_slice()),
+            ) else {
+                continue;
+            };
+            let Ok(issue) = Uuid7::from_bytes("issue_uuid", key) else {
+                continue;
+            };
+            match self.commit_script(&issue, u64_of(len), &sha)? {
+                ScriptOutcome::Committed => committed += 1,
+                _ => mismatched.push(issue),
+            }
+        }
+        Ok((committed, mismatched))
     }
 
     fn append_script(
