@@ -21,21 +21,19 @@
     clippy::indexing_slicing
 )]
 
-use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message as _;
-use rvbox_client_core::accept::AcceptPolicy;
-use rvbox_client_core::link::LinkConfig;
-use rvbox_client_core::machine::{ClientCoreConfig, Input};
-use rvbox_client_core::spool::SpoolLimits;
+
+use rvbox_client_core::machine::Input;
+
 use rvbox_client_runtime::{Runtime, Wire};
 use rvbox_client_store::{ClientLayout, ClientStore, ClientStoreOptions};
 use rvbox_domain::hash::command_hash;
-use rvbox_domain::ids::ClientId;
+
 use rvbox_domain::validate::check_execution_spec;
 use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::command_event::Body;
@@ -44,7 +42,10 @@ use rvbox_storage::entropy::OsEntropy;
 use rvbox_storage::fs::RealFs;
 use rvbox_supervisor::{SupervisorConfig, UnixSupervisor};
 
-const SID: &str = "0123456789abcdef0123";
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use support::{SID, client_id, config};
 const SIZE: usize = 64 << 20;
 
 fn rss_kib() -> u64 {
@@ -92,39 +93,6 @@ fn cat_mb_s(file: &Path) -> f64 {
     }
     child.wait().unwrap();
     n as f64 / start.elapsed().as_secs_f64() / 1e6
-}
-
-fn config(cwd: &str) -> ClientCoreConfig {
-    ClientCoreConfig {
-        policy: AcceptPolicy {
-            client_id: ClientId::parse("c", "bench").unwrap(),
-            shells: vec![wire::ShellType::Sh],
-            default_shell: wire::ShellType::Sh,
-            profiles: vec![],
-            cwd_roots: vec![cwd.into()],
-            default_cwd: cwd.into(),
-            max_running: 4,
-            max_queued: 4,
-            closeout_reserve: 64 * 1024,
-            storage_budget: 1 << 30,
-        },
-        link: LinkConfig::default(),
-        spool: SpoolLimits::default(),
-        shell_paths: BTreeMap::from([(
-            wire::ShellType::Sh as i32,
-            std::fs::canonicalize("/bin/sh")
-                .unwrap()
-                .to_string_lossy()
-                .into_owned(),
-        )]),
-        profiles: BTreeMap::new(),
-        hello: wire::ClientHello {
-            client_id: "bench".into(),
-            protocol_major: 1,
-            supported_minors: vec![0],
-            ..Default::default()
-        },
-    }
 }
 
 struct Run {
@@ -195,10 +163,7 @@ fn run_once(root: &Path, file: &Path, n: u32) -> Run {
         ))),
         ..Default::default()
     };
-    let hash = command_hash(
-        &ClientId::parse("c", "bench").unwrap(),
-        &check_execution_spec(&spec).unwrap(),
-    );
+    let hash = command_hash(&client_id(), &check_execution_spec(&spec).unwrap());
     let idle = rss_kib();
     let mut peak = idle;
     let start = Instant::now();

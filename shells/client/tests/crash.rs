@@ -19,7 +19,6 @@
     clippy::indexing_slicing
 )]
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -28,14 +27,13 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use prost::Message as _;
-use rvbox_client_core::accept::AcceptPolicy;
-use rvbox_client_core::link::LinkConfig;
-use rvbox_client_core::machine::{ClientCoreConfig, Input};
-use rvbox_client_core::spool::SpoolLimits;
+
+use rvbox_client_core::machine::Input;
+
 use rvbox_client_runtime::{Runtime, Wire};
 use rvbox_client_store::{ClientLayout, ClientStore, ClientStoreOptions, crash};
 use rvbox_domain::hash::command_hash;
-use rvbox_domain::ids::ClientId;
+
 use rvbox_domain::validate::check_execution_spec;
 use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::command_event::Body;
@@ -45,9 +43,12 @@ use rvbox_storage::entropy::OsEntropy;
 use rvbox_storage::fs::RealFs;
 use rvbox_supervisor::{SupervisorConfig, UnixSupervisor};
 
+mod support;
+
+use support::{SID, client_id, config};
+
 const CHILD_ENV: &str = "RVBOX_CLIENT_CRASH_CHILD";
 const DIR_ENV: &str = "RVBOX_CLIENT_CRASH_DIR";
-const SID: &str = "0123456789abcdef0123";
 const ISSUE: &str = "01890a5d-ac96-774b-bcce-b302099a8001";
 
 /// Aborts the process the `after`-th time `point` is reached.
@@ -63,43 +64,6 @@ impl CrashHook for AbortAt {
         if point == self.point && self.hits.fetch_add(1, Ordering::SeqCst) + 1 >= self.after {
             std::process::abort();
         }
-    }
-}
-
-fn client_id() -> ClientId {
-    ClientId::parse("c", "web-1").unwrap()
-}
-
-fn config(cwd: &str) -> ClientCoreConfig {
-    ClientCoreConfig {
-        policy: AcceptPolicy {
-            client_id: client_id(),
-            shells: vec![wire::ShellType::Sh],
-            default_shell: wire::ShellType::Sh,
-            profiles: vec![],
-            cwd_roots: vec![cwd.into()],
-            default_cwd: cwd.into(),
-            max_running: 4,
-            max_queued: 4,
-            closeout_reserve: 4096,
-            storage_budget: 1 << 30,
-        },
-        link: LinkConfig::default(),
-        spool: SpoolLimits::default(),
-        shell_paths: BTreeMap::from([(
-            wire::ShellType::Sh as i32,
-            std::fs::canonicalize("/bin/sh")
-                .unwrap()
-                .to_string_lossy()
-                .into_owned(),
-        )]),
-        profiles: BTreeMap::new(),
-        hello: wire::ClientHello {
-            client_id: "web-1".into(),
-            protocol_major: 1,
-            supported_minors: vec![0],
-            ..Default::default()
-        },
     }
 }
 

@@ -10,20 +10,15 @@
     clippy::indexing_slicing
 )]
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message as _;
-use rvbox_client_core::accept::AcceptPolicy;
-use rvbox_client_core::link::LinkConfig;
-use rvbox_client_core::machine::{ClientCoreConfig, Input};
-use rvbox_client_core::spool::SpoolLimits;
+use rvbox_client_core::machine::Input;
 use rvbox_client_runtime::{Runtime, Wire};
 use rvbox_client_store::{ClientLayout, ClientStore, ClientStoreOptions};
 use rvbox_domain::hash::command_hash;
-use rvbox_domain::ids::ClientId;
 use rvbox_domain::validate::check_execution_spec;
 use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::command_event::Body;
@@ -32,46 +27,9 @@ use rvbox_storage::entropy::OsEntropy;
 use rvbox_storage::fs::RealFs;
 use rvbox_supervisor::{SupervisorConfig, UnixSupervisor};
 
-const SID: &str = "0123456789abcdef0123";
+mod support;
 
-fn client_id() -> ClientId {
-    ClientId::parse("c", "web-1").unwrap()
-}
-
-fn config(cwd: &str) -> ClientCoreConfig {
-    ClientCoreConfig {
-        policy: AcceptPolicy {
-            client_id: client_id(),
-            shells: vec![wire::ShellType::Sh],
-            default_shell: wire::ShellType::Sh,
-            profiles: vec![],
-            cwd_roots: vec![cwd.into()],
-            default_cwd: cwd.into(),
-            max_running: 4,
-            max_queued: 4,
-            closeout_reserve: 4096,
-            storage_budget: 1 << 30,
-        },
-        link: LinkConfig::default(),
-        spool: SpoolLimits::default(),
-        // the configuration resolves each shell once to its canonical
-        // executable (/bin/sh is a symlink on many hosts)
-        shell_paths: BTreeMap::from([(
-            wire::ShellType::Sh as i32,
-            std::fs::canonicalize("/bin/sh")
-                .unwrap()
-                .to_string_lossy()
-                .into_owned(),
-        )]),
-        profiles: BTreeMap::new(),
-        hello: wire::ClientHello {
-            client_id: "web-1".into(),
-            protocol_major: 1,
-            supported_minors: vec![0],
-            ..Default::default()
-        },
-    }
-}
+use support::{SID, client_id, config};
 
 struct Host {
     rt: Runtime<UnixSupervisor>,

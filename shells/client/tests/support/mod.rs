@@ -1,0 +1,57 @@
+//! Shared helpers of the client daemon's tests and benches: the session
+//! id the scripted server uses, the test client's id, and a client core
+//! configuration for a working directory on this host.
+#![allow(clippy::unwrap_used, dead_code, unreachable_pub)]
+
+use std::collections::BTreeMap;
+
+use rvbox_client_core::accept::AcceptPolicy;
+use rvbox_client_core::link::LinkConfig;
+use rvbox_client_core::machine::ClientCoreConfig;
+use rvbox_client_core::spool::SpoolLimits;
+use rvbox_domain::ids::ClientId;
+use rvbox_proto::v1 as wire;
+
+/// The session id of the scripted server.
+pub const SID: &str = "0123456789abcdef0123";
+
+/// The test client's id.
+pub fn client_id() -> ClientId {
+    ClientId::parse("c", "web-1").unwrap()
+}
+
+/// A client core configuration running `sh` in `cwd`.
+pub fn config(cwd: &str) -> ClientCoreConfig {
+    ClientCoreConfig {
+        policy: AcceptPolicy {
+            client_id: client_id(),
+            shells: vec![wire::ShellType::Sh],
+            default_shell: wire::ShellType::Sh,
+            profiles: vec![],
+            cwd_roots: vec![cwd.into()],
+            default_cwd: cwd.into(),
+            max_running: 4,
+            max_queued: 4,
+            closeout_reserve: 64 * 1024,
+            storage_budget: 1 << 30,
+        },
+        link: LinkConfig::default(),
+        spool: SpoolLimits::default(),
+        // the configuration resolves each shell once to its canonical
+        // executable (/bin/sh is a symlink on many hosts)
+        shell_paths: BTreeMap::from([(
+            wire::ShellType::Sh as i32,
+            std::fs::canonicalize("/bin/sh")
+                .unwrap()
+                .to_string_lossy()
+                .into_owned(),
+        )]),
+        profiles: BTreeMap::new(),
+        hello: wire::ClientHello {
+            client_id: client_id().as_str().to_owned(),
+            protocol_major: 1,
+            supported_minors: vec![0],
+            ..Default::default()
+        },
+    }
+}
