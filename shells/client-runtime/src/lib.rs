@@ -13,6 +13,8 @@
 //! frame the core has not released, or block on the network: the
 //! transport is the caller's, and this loop only queues frames for it.
 
+pub mod profiles;
+
 use std::collections::VecDeque;
 use std::time::{Duration, Instant, SystemTime};
 

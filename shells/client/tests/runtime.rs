@@ -38,6 +38,16 @@ struct Host {
 
 impl Host {
     fn start(root: &Path, cwd: &str) -> Self {
+        Self::start_with(root, |_| {}, |_| config(cwd))
+    }
+
+    /// A host whose supervisor is given to `build` for the core
+    /// configuration (startup compiles profiles against its layout).
+    fn start_with(
+        root: &Path,
+        tune: impl FnOnce(&mut SupervisorConfig),
+        build: impl FnOnce(&UnixSupervisor) -> rvbox_client_core::machine::ClientCoreConfig,
+    ) -> Self {
         let store = ClientStore::open(
             ClientLayout::new(root.join("state")),
             Arc::new(RealFs),
@@ -50,8 +60,10 @@ impl Host {
         std::fs::create_dir_all(&run).unwrap();
         let mut sc = SupervisorConfig::new(env!("CARGO_BIN_EXE_rvbox").into(), run);
         sc.drain_grace = Duration::from_millis(500);
+        tune(&mut sc);
         let sup = UnixSupervisor::new(sc).unwrap();
-        let rt = Runtime::new(config(cwd), store, sup, 3).unwrap();
+        let core_config = build(&sup);
+        let rt = Runtime::new(core_config, store, sup, 3).unwrap();
         Self {
             rt,
             envs: Vec::new(),
@@ -150,8 +162,13 @@ impl Host {
 }
 
 fn dispatch(issue: &str, text: &str) -> Payload {
+    dispatch_with(issue, text, &[])
+}
+
+fn dispatch_with(issue: &str, text: &str, profiles: &[wire::ProfileFlag]) -> Payload {
     let spec = wire::ExecutionSpec {
         source: Some(wire::execution_spec::Source::CommandText(text.into())),
+        profile_flags: profiles.iter().map(|f| *f as i32).collect(),
         ..Default::default()
     };
     let normalized = check_execution_spec(&spec).unwrap();
@@ -265,4 +282,168 @@ fn a_signal_sent_through_rvbox_terminates_a_running_tree() {
         panic!()
     };
     assert_eq!(l.lifecycle, wire::Lifecycle::Terminated as i32);
+}
+
+/// Profiles of a client configuration, as the daemon loads them.
+fn configured_profiles() -> rvbox_config::ProfilesConfig {
+    let text = r#"
+[client]
+client_id = "web-1"
+server_urls = ["ws://127.0.0.1:9/agent"]
+
+[profiles.mem_low]
+required_controls = ["memory_max"]
+memory_max = "64MiB"
+pids_max = 64
+
+[profiles.mem_medium]
+required_controls = ["memory_max"]
+memory_max = "128MiB"
+memory_high = "96MiB"
+
+[profiles.disk_low]
+required_controls = ["io_max"]
+
+[profiles.disk_low.io."8:0"]
+read_bps = "10MiB"
+
+[profiles.cpu_low]
+enabled = false
+required_controls = ["cpu_max"]
+cpu_quota_us = 10000
+cpu_period_us = 100000
+"#;
+    rvbox_config::load_client("client.toml", text, &[], &rvbox_daemon_common::RealHost)
+        .unwrap()
+        .profiles
+}
+
+/// The memory limit of the cgroup the command runs in, as the command
+/// itself reads it (v1 memory controller, else the v2 tree).
+const PRINT_MEMORY_LIMIT: &str = r#"p=$(grep -E '^[0-9]+:memory:' /proc/self/cgroup | cut -d: -f3)
+if [ -n "$p" ]; then cat "/sys/fs/cgroup/memory$p/memory.limit_in_bytes"
+else p=$(grep '^0::' /proc/self/cgroup | cut -d: -f3); cat "/sys/fs/cgroup$p/memory.max"; fi
+"#;
+
+#[test]
+fn configured_profiles_compile_against_this_layout_and_an_unenforceable_one_is_refused_at_acceptance()
+ {
+    use rvbox_client_runtime::profiles::compile_profiles;
+    use rvbox_config::{Control, ProfileName};
+    use rvbox_supervisor::Supervisor as _;
+
+    let configured = configured_profiles();
+    let dir = tempfile::TempDir::new().unwrap();
+    let cwd = dir.path().join("work");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let cwd = cwd.to_string_lossy().into_owned();
+
+    // without controllers nothing restricting is enforceable
+    {
+        let root = dir.path().join("pg");
+        std::fs::create_dir_all(&root).unwrap();
+        let mut compiled = None;
+        let _pg = Host::start_with(
+            &root,
+            |sc| sc.force_process_group = true,
+            |sup| {
+                compiled = Some(compile_profiles(&configured, |l| sup.check_limits(l)));
+                config(&cwd)
+            },
+        );
+        let compiled = compiled.unwrap();
+        assert!(compiled.enforceable.is_empty(), "{compiled:?}");
+        let refused: Vec<ProfileName> = compiled.unenforceable.iter().map(|u| u.profile).collect();
+        assert_eq!(
+            refused,
+            vec![ProfileName::MemLow, ProfileName::MemMedium, ProfileName::DiskLow]
+        );
+    }
+
+    // this host's layout
+    let mut compiled = None;
+    let cg_root = dir.path().join("cg");
+    std::fs::create_dir_all(&cg_root).unwrap();
+    let mut host = Host::start_with(
+        &cg_root,
+        |_| {},
+        |sup| {
+            let c = compile_profiles(&configured, |l| sup.check_limits(l));
+            let mut cfg = config(&cwd);
+            cfg.policy.profiles = c.enforceable.clone();
+            cfg.profiles = c.limits.clone();
+            cfg.hello.capabilities = Some(wire::Capabilities {
+                profiles: c.advertised(),
+                ..Default::default()
+            });
+            compiled = Some(c);
+            cfg
+        },
+    );
+    let compiled = compiled.unwrap();
+    let layout = host.rt.supervisor().layout().clone();
+    let v2_has = |c: &str| {
+        layout
+            .v2
+            .as_ref()
+            .is_some_and(|v| v.controllers.contains(c))
+    };
+    let has_memory = v2_has("memory") || layout.v1.iter().any(|l| l.controller.name() == "memory");
+    if !has_memory {
+        eprintln!("no memory controller on this host; the memory half is skipped");
+        return;
+    }
+    // the disabled profile is neither compiled nor refused
+    assert!(!compiled.enforceable.contains(&wire::ProfileFlag::CpuLow));
+    assert!(compiled.unenforceable.iter().all(|u| u.profile != ProfileName::CpuLow));
+    // mem_low: both controls kept
+    assert!(compiled.enforceable.contains(&wire::ProfileFlag::MemLow));
+    let mem_low = &compiled.limits[&(wire::ProfileFlag::MemLow as i32)];
+    assert_eq!(mem_low.memory_max, Some(64 << 20));
+    // mem_medium: memory.high has no v1 equivalent, so on a hybrid host
+    // it is left out and named; memory.max stays
+    let mem_medium = &compiled.limits[&(wire::ProfileFlag::MemMedium as i32)];
+    assert_eq!(mem_medium.memory_max, Some(128 << 20));
+    if v2_has("memory") {
+        assert_eq!(mem_medium.memory_high, Some(96 << 20));
+    } else {
+        assert_eq!(mem_medium.memory_high, None);
+        assert!(compiled.omitted.iter().any(|o| o.profile == ProfileName::MemMedium
+            && o.control == Control::MemoryHigh));
+    }
+
+    host.connect();
+    // an enforceable profile runs under its compiled limit
+    let issue = "01890000-0000-7000-8000-0000000000e1";
+    host.frame(dispatch_with(issue, PRINT_MEMORY_LIMIT, &[wire::ProfileFlag::MemLow]));
+    host.run_until_terminal(issue, Duration::from_secs(20));
+    let printed = output_of(&host.events(issue), wire::OutputStream::Stdout);
+    assert_eq!(String::from_utf8_lossy(&printed).trim(), (64u64 << 20).to_string());
+
+    // an unenforceable profile is refused at acceptance, permanently, as
+    // unsupported: nothing is prepared
+    if v2_has("io") {
+        eprintln!("io.max is enforceable here; the refusal half is skipped");
+        return;
+    }
+    assert!(compiled.unenforceable.iter().any(|u| u.profile == ProfileName::DiskLow
+        && u.control == Control::IoMax));
+    let marker = dir.path().join("ran");
+    let issue = "01890000-0000-7000-8000-0000000000e2";
+    host.frame(dispatch_with(
+        issue,
+        &format!("touch {}\n", marker.display()),
+        &[wire::ProfileFlag::DiskLow],
+    ));
+    let answers = host.answers(issue);
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    let a = &answers[0];
+    assert_eq!(a.outcome, wire::AcceptOutcome::Permanent as i32, "{a:?}");
+    let error = a.error.as_ref().unwrap();
+    assert_eq!(error.code, wire::ErrorCode::Unsupported as i32, "{error:?}");
+    for _ in 0..10 {
+        host.rt.pump_processes(Duration::from_millis(20));
+    }
+    assert!(!marker.exists(), "user code ran for a refused profile");
+    assert!(host.events(issue).is_empty());
 }

@@ -394,6 +394,19 @@ impl CgroupLayout {
         }
     }
 
+    /// Whether this layout can apply every control in `limits` (a check of
+    /// where each would go; nothing is created). Startup compiles each
+    /// configured profile against it (plan §7.5).
+    ///
+    /// # Errors
+    /// The reason naming the first control that cannot go anywhere.
+    pub fn check(&self, limits: &ResourceLimits) -> Result<(), String> {
+        match self.plan(limits) {
+            Ok(_) => Ok(()),
+            Err(Refusal::Unsupported(s) | Refusal::Transient(s)) => Err(s),
+        }
+    }
+
     /// Where each requested control goes; a refusal before anything is
     /// created when one cannot go anywhere.
     fn plan(&self, limits: &ResourceLimits) -> Result<Plan, Refusal> {

@@ -20,7 +20,9 @@
 
 use std::time::Duration;
 
-use rvbox_client_core::process::{CommandProcessEvent, LaunchIdentity, LaunchSpec, Supervision};
+use rvbox_client_core::process::{
+    CommandProcessEvent, LaunchIdentity, LaunchSpec, ResourceLimits, Supervision,
+};
 use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
 
@@ -130,6 +132,20 @@ pub trait Supervisor: Send {
     ) -> Result<(), SupervisorError>;
     /// Closes the child's stdin after every queued write.
     fn close_stdin(&mut self, issue: &Uuid7);
+    /// Whether every control in `limits` can be applied on this host
+    /// (checked once per configured profile at startup; nothing is
+    /// created). A supervisor without resource controls refuses any
+    /// restriction.
+    ///
+    /// # Errors
+    /// The reason naming the control that cannot be applied.
+    fn check_limits(&self, limits: &ResourceLimits) -> Result<(), String> {
+        if limits.is_empty() {
+            Ok(())
+        } else {
+            Err("this supervisor applies no resource controls".to_owned())
+        }
+    }
     /// The latest diagnostics sample of a running tree.
     fn snapshot(&self, issue: &Uuid7) -> Option<wire::ResourceSnapshot>;
     /// Unclean-start recovery of a launch recorded before the restart.

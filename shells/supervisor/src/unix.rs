@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use rvbox_client_core::process::{
-    CommandProcessEvent, Exit, LaunchFailure, LaunchIdentity, LaunchSpec, ProcessEvent, Supervision,
+    CommandProcessEvent, Exit, LaunchFailure, LaunchIdentity, LaunchSpec, ProcessEvent, ResourceLimits,
+    Supervision,
 };
 use rvbox_domain::ids::Uuid7;
 use rvbox_domain::limits::{
@@ -1256,6 +1257,10 @@ fn out_event(item: OutItem) -> ProcessEvent {
 impl Supervisor for UnixSupervisor {
     fn mode(&self) -> Supervision {
         self.layout.mode
+    }
+
+    fn check_limits(&self, limits: &ResourceLimits) -> Result<(), String> {
+        self.layout.check(limits)
     }
 
     fn prepare(&mut self, spec: LaunchSpec) -> Result<(), SupervisorError> {
