@@ -177,6 +177,19 @@ impl SimSupervisor {
                             bytes,
                         },
                     );
+                    // now and then the diagnostics sampler reports a
+                    // change of the tree's progress state
+                    if self.rng.chance(20) {
+                        let suspected_hung = self.rng.chance(500);
+                        self.push(
+                            issue,
+                            ProcessEvent::Diagnostics(wire::Diagnostics {
+                                snapshot: None,
+                                suspected_hung,
+                                no_progress_since: None,
+                            }),
+                        );
+                    }
                     if let Some(p) = self.procs.get_mut(&issue) {
                         p.chunks_left -= 1;
                         p.next_at = now.saturating_add(step);

@@ -32,7 +32,8 @@ use rvbox_proto::v1::envelope::Payload;
 use crate::accept::{AcceptPolicy, Refusal, check_dispatch};
 use crate::link::{Link, LinkConfig, LinkEffect, snapshot_chunks};
 use crate::ops::{
-    AcceptOutcome, ClientCompletion, ClientOp, ScriptOutcome, SuperviseOp, Token, WrapperSource,
+    AcceptOutcome, ClientCompletion, ClientOp, ScriptOutcome, StdinOutcome, SuperviseOp, Token,
+    WrapperSource,
 };
 use crate::process::{
     CommandProcessEvent, Exit, LaunchFailure, LaunchIdentity, LaunchSpec, ProcessEvent,
@@ -289,7 +290,8 @@ enum Pending {
     Unprepared(Uuid7),
     Ended(Uuid7),
     Script(Uuid7, u64, u64),
-    Stdin(Uuid7, u64, Vec<u8>),
+    Stdin(Uuid7, u64),
+    StdinWritten,
     Finish(Uuid7),
 }
 
@@ -917,11 +919,29 @@ impl ClientCore {
             Pending::Script(issue, offset, prefix) => {
                 self.script_stored(now_ms, wall_ms, issue, offset < prefix, result);
             }
-            Pending::Stdin(issue, write_seq, bytes) => {
-                if result == ClientCompletion::Done {
+            Pending::Stdin(issue, write_seq) => {
+                if let ClientCompletion::Stdin(StdinOutcome::Stored(bytes)) = result {
                     self.stdin_durable(issue, write_seq, bytes);
+                    return;
+                }
+                // not durable, so not acknowledged: the write is expected
+                // again, and the session ends so that the server resends it
+                // after reconnecting (stdin was open before it, or it would
+                // not have been stored)
+                if let Some(r) = self.records.get_mut(&issue)
+                    && r.stdin_next == write_seq.saturating_add(1)
+                {
+                    r.stdin_next = write_seq;
+                    r.stdin_closed = false;
+                }
+                if matches!(result, ClientCompletion::Stdin(StdinOutcome::Invalid(_))) {
+                    self.protocol_error(now_ms);
+                } else {
+                    self.protocol_error_local(now_ms);
                 }
             }
+            // a failure leaves the written copy until the record goes
+            Pending::StdinWritten => {}
             Pending::Finish(issue) => {
                 if result == ClientCompletion::Done {
                     self.records.remove(&issue);
@@ -1373,6 +1393,10 @@ impl ClientCore {
             }
             ProcessEvent::StdinWritten { write_seq } => {
                 let closed = self.records.get(&issue).is_some_and(|r| r.stdin_closed);
+                self.store(
+                    ClientOp::StdinWritten { issue, write_seq },
+                    Pending::StdinWritten,
+                );
                 self.spool_event(
                     issue,
                     wall_ms,
@@ -1383,6 +1407,18 @@ impl ClientCore {
                         reason: String::new(),
                     }),
                 );
+            }
+            ProcessEvent::Diagnostics(d) => {
+                // only while the tree runs, and never from the reserve
+                // kept for lifecycle events and markers
+                let running = self
+                    .records
+                    .get(&issue)
+                    .is_some_and(|r| matches!(r.phase, LaunchPhase::Running(_)) && r.exit.is_none());
+                if running {
+                    // refused at the entry cap: the next change is sent
+                    let _ = self.spool.diagnostics(issue, wall_ms, d);
+                }
             }
             ProcessEvent::Exited(exit) => {
                 if let Some(r) = self.records.get_mut(&issue) {
@@ -1657,9 +1693,21 @@ impl ClientCore {
             self.protocol_error(now_ms);
             return;
         }
-        // compression is resolved by the store; the raw length bounds it
+        // the store decodes the payload and checks it against the raw
+        // length and digest; the envelope's fields are checked here
+        let compression = wire::Compression::try_from(w.compression).ok();
+        let newline = wire::StdinNewline::try_from(w.newline).ok();
         if u64::from(w.raw_length) > MAX_STDIN_WRITE_BYTES
             || usize::try_from(w.stored_length).ok() != Some(w.payload.len())
+            || w.raw_sha256.len() != 32
+            || !matches!(
+                compression,
+                Some(wire::Compression::None | wire::Compression::Zstd)
+            )
+            || !matches!(
+                newline,
+                Some(wire::StdinNewline::Append | wire::StdinNewline::Raw)
+            )
         {
             self.protocol_error(now_ms);
             return;
@@ -1686,14 +1734,13 @@ impl ClientCore {
             );
             return;
         }
+        let write_seq = w.write_seq;
         self.store(
             ClientOp::StdinWrite {
                 issue,
-                write_seq: w.write_seq,
-                bytes: w.payload.clone(),
-                close_after: w.close_after,
+                write: Box::new(w),
             },
-            Pending::Stdin(issue, w.write_seq, w.payload),
+            Pending::Stdin(issue, write_seq),
         );
     }
 

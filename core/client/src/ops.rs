@@ -99,16 +99,22 @@ pub enum ClientOp {
         /// The chunk as received.
         chunk: Box<wire::ScriptChunk>,
     },
-    /// One stdin write, durable until it is written to the child.
+    /// One stdin write as received: the store decodes it, checks its
+    /// raw length and SHA-256, appends the newline it asks for, and keeps
+    /// the bytes durable until they are written to the child.
     StdinWrite {
+        /// The command.
+        issue: Uuid7,
+        /// The write (sequence, encoded payload, digest, newline, close).
+        write: Box<wire::StdinWrite>,
+    },
+    /// A stdin write reached the child's pipe: its durable copy goes (the
+    /// command's stdin sequence and close state stay).
+    StdinWritten {
         /// The command.
         issue: Uuid7,
         /// Its sequence.
         write_seq: u64,
-        /// Raw bytes.
-        bytes: Vec<u8>,
-        /// Close stdin after it.
-        close_after: bool,
     },
     /// The terminal event was acknowledged: the record becomes a tombstone.
     Finish {
@@ -137,6 +143,19 @@ pub enum ClientCompletion {
     },
     /// A script chunk's outcome.
     Script(ScriptOutcome),
+    /// A stdin write's outcome.
+    Stdin(StdinOutcome),
+}
+
+/// What a stdin write did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StdinOutcome {
+    /// Durable: the bytes to write to the child (decoded, the newline
+    /// appended when asked).
+    Stored(Vec<u8>),
+    /// The payload does not decode to its raw length and digest (the
+    /// reason names the field); nothing was stored.
+    Invalid(String),
 }
 
 /// What an acceptance transaction decided.

@@ -172,6 +172,11 @@ pub enum ProcessEvent {
         /// Its sequence.
         write_seq: u64,
     },
+    /// The diagnostics sampler saw the tree's progress state change:
+    /// `suspected_hung` set after the configured period without progress,
+    /// or cleared by the next progress. Diagnostic only: it never changes
+    /// the command's lifecycle.
+    Diagnostics(wire::Diagnostics),
     /// The root exited; the drain grace period runs.
     Exited(Exit),
     /// The tree is gone and the pipes are closed (or were given up after

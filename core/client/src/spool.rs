@@ -996,6 +996,29 @@ impl Spool {
         Ok(())
     }
 
+    /// Spools a diagnostics event (plan §7.5): like [`Spool::event`], but
+    /// refused rather than taken from the essential reserve when the
+    /// command's entries are at their cap, so diagnostics never crowd out
+    /// a lifecycle event or a marker.
+    ///
+    /// # Errors
+    /// As [`Spool::event`]; [`SpoolError::Full`] at the entry cap.
+    pub fn diagnostics(
+        &mut self,
+        issue: Uuid7,
+        observed_ms: i64,
+        d: wire::Diagnostics,
+    ) -> Result<(), SpoolError> {
+        let c = self
+            .commands
+            .get(&issue)
+            .ok_or(SpoolError::UnknownCommand(issue))?;
+        if c.entries.len() >= MAX_ENTRIES_PER_COMMAND {
+            return Err(SpoolError::Full(issue));
+        }
+        self.event(issue, observed_ms, Body::Diagnostics(d))
+    }
+
     /// Closes the open loss run of `issue` into its `CLIENT_OVERLOAD`
     /// marker (uses the essential reserve).
     fn close_run(&mut self, issue: Uuid7) {

@@ -20,7 +20,7 @@ use rvbox_client_core::machine::{
     ClientCore, ClientCoreConfig, Input, LaunchPhase, Output, RestoredRecord,
 };
 use rvbox_client_core::ops::{
-    AcceptOutcome, ClientCompletion, ClientOp, ScriptOutcome, SuperviseOp,
+    AcceptOutcome, ClientCompletion, ClientOp, ScriptOutcome, StdinOutcome, SuperviseOp,
 };
 use rvbox_client_core::process::{CommandProcessEvent, Exit, LaunchIdentity, ProcessEvent};
 use rvbox_client_core::spool::{AppendItem, SpoolCompletion, SpoolLimits, SpoolOp};
@@ -141,6 +141,7 @@ fn op_name(op: &ClientOp) -> &'static str {
         ClientOp::Ended { .. } => "ended",
         ClientOp::ScriptChunk { .. } => "script",
         ClientOp::StdinWrite { .. } => "stdin",
+        ClientOp::StdinWritten { .. } => "stdin_written",
         ClientOp::Finish { .. } => "finish",
     }
 }
@@ -156,6 +157,7 @@ fn op_issue(op: &ClientOp) -> Uuid7 {
         | ClientOp::Ended { issue, .. }
         | ClientOp::ScriptChunk { issue, .. }
         | ClientOp::StdinWrite { issue, .. }
+        | ClientOp::StdinWritten { issue, .. }
         | ClientOp::Finish { issue } => *issue,
         ClientOp::Spool(op) => match op.as_ref() {
             SpoolOp::Append { issue, .. }
@@ -413,7 +415,10 @@ impl World {
             ClientOp::ScriptChunk { .. } => ClientCompletion::Script(ScriptOutcome::Committed),
             ClientOp::Reconcile { .. }
             | ClientOp::Unprepared { .. }
-            | ClientOp::StdinWrite { .. } => ClientCompletion::Done,
+            | ClientOp::StdinWritten { .. } => ClientCompletion::Done,
+            ClientOp::StdinWrite { write, .. } => {
+                ClientCompletion::Stdin(StdinOutcome::Stored(write.payload.clone()))
+            }
         };
         self.core.handle(
             self.now,
@@ -773,4 +778,61 @@ fn an_orderly_shutdown_stops_every_tree_and_reports_it_interrupted() {
         .next_back();
     assert_eq!(terminal, Some(wire::Lifecycle::Interrupted as i32));
     assert_eq!(w.core.phase_of(&id), Some(&LaunchPhase::Ended));
+}
+
+#[test]
+fn diagnostics_are_spooled_in_order_only_while_the_tree_runs() {
+    let mut w = World::new(vec![]);
+    w.connect();
+    let id = issue(7);
+    let hung = |on: bool| wire::Diagnostics {
+        snapshot: None,
+        suspected_hung: on,
+        no_progress_since: None,
+    };
+    w.frame(Payload::Dispatch(dispatch(7, GEN)));
+    // before the launch runs: not a progress report of a tree
+    w.process(id, ProcessEvent::Diagnostics(hung(true)));
+    while let Some(op) = w.supervise.pop_front() {
+        match op {
+            SuperviseOp::Prepare(s) => w.process(
+                s.issue,
+                ProcessEvent::Ready(LaunchIdentity {
+                    launcher_pid: 100,
+                    process_group: 100,
+                    birth_ticks: 5,
+                    cgroup: None,
+                }),
+            ),
+            SuperviseOp::Release(i) => {
+                w.process(i, ProcessEvent::Running);
+                w.process(i, ProcessEvent::Diagnostics(hung(true)));
+                w.process(i, ProcessEvent::Diagnostics(hung(false)));
+                w.process(i, ProcessEvent::Exited(Exit::Code(0)));
+                // after the root exited: the tree is draining, not running
+                w.process(i, ProcessEvent::Diagnostics(hung(true)));
+                w.process(i, ProcessEvent::Drained { incomplete: vec![] });
+                w.process(i, ProcessEvent::Diagnostics(hung(true)));
+            }
+            _ => {}
+        }
+    }
+    let kinds: Vec<String> = w
+        .events_of(id)
+        .iter()
+        .map(|e| match &e.body {
+            Some(Body::Lifecycle(l)) => format!("lifecycle {}", l.lifecycle),
+            Some(Body::Diagnostics(d)) => format!("hung {}", d.suspected_hung),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            format!("lifecycle {}", wire::Lifecycle::Running as i32),
+            "hung true".to_owned(),
+            "hung false".to_owned(),
+            format!("lifecycle {}", wire::Lifecycle::Succeeded as i32),
+        ]
+    );
 }

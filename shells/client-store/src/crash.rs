@@ -54,6 +54,8 @@ pub const LAUNCH_UNPREPARED_AFTER_COMMIT: &str = "launch.unprepared.after_commit
 pub const LAUNCH_ENDED_AFTER_COMMIT: &str = "launch.ended.after_commit";
 /// A stdin write is committed; not yet written to the child.
 pub const STDIN_AFTER_COMMIT: &str = "stdin.after_commit";
+/// A written stdin write's durable copy is removed.
+pub const STDIN_WRITTEN_AFTER_COMMIT: &str = "stdin.written.after_commit";
 /// A script chunk is synced; its index row is not committed.
 pub const SCRIPT_CHUNK_AFTER_FSYNC: &str = "script.chunk.after_fsync";
 /// A script chunk is committed; no status sent.
@@ -86,6 +88,7 @@ pub const ALL: &[&str] = &[
     LAUNCH_UNPREPARED_AFTER_COMMIT,
     LAUNCH_ENDED_AFTER_COMMIT,
     STDIN_AFTER_COMMIT,
+    STDIN_WRITTEN_AFTER_COMMIT,
     SCRIPT_CHUNK_AFTER_FSYNC,
     SCRIPT_CHUNK_AFTER_COMMIT,
     SCRIPT_COMMIT_AFTER_COMMIT,

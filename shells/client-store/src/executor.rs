@@ -62,12 +62,12 @@ impl ClientStore {
             ClientOp::ScriptChunk { issue, chunk } => self
                 .script_chunk(issue, chunk, now_ms)
                 .map(ClientCompletion::Script),
-            ClientOp::StdinWrite {
-                issue,
-                write_seq,
-                bytes,
-                close_after,
-            } => done(self.stdin_write(issue, *write_seq, bytes, *close_after)),
+            ClientOp::StdinWrite { issue, write } => {
+                self.stdin_write(issue, write).map(ClientCompletion::Stdin)
+            }
+            ClientOp::StdinWritten { issue, write_seq } => {
+                done(self.stdin_written(issue, *write_seq))
+            }
             ClientOp::Finish { issue } => done(self.finish_acknowledged(issue, now_ms).map(|_| ())),
         };
         match result {

@@ -8,6 +8,7 @@
 use prost::Message as _;
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 use rvbox_client_core::machine::RestoredRecord;
+use rvbox_client_core::ops::StdinOutcome;
 use rvbox_client_core::process::LaunchIdentity;
 use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
@@ -284,17 +285,29 @@ impl ClientStore {
         Ok(text)
     }
 
-    /// One stdin write, durable until the child has it.
+    /// One stdin write, durable until the child has it: decoded, checked
+    /// against its raw length and SHA-256, and the newline appended when
+    /// it asks for one. A payload that fails the checks is
+    /// [`StdinOutcome::Invalid`] and nothing is stored.
     ///
     /// # Errors
     /// SQLite failures, or more unwritten stdin than the bound.
     pub fn stdin_write(
         &mut self,
         issue: &Uuid7,
-        write_seq: u64,
-        bytes: &[u8],
-        close_after: bool,
-    ) -> Result<(), StoreError> {
+        w: &wire::StdinWrite,
+    ) -> Result<StdinOutcome, StoreError> {
+        let mut bytes = match decode_stdin(w) {
+            Ok(b) => b,
+            Err(reason) => {
+                tracing::warn!(%issue, write_seq = w.write_seq, %reason, "stdin write refused");
+                return Ok(StdinOutcome::Invalid(reason));
+            }
+        };
+        if w.newline == wire::StdinNewline::Append as i32 {
+            bytes.push(b'\n');
+        }
+        let (write_seq, close_after) = (w.write_seq, w.close_after);
         let key = issue.as_bytes().as_slice();
         let pending: i64 = self
             .conn
@@ -320,8 +333,8 @@ impl ClientStore {
                 key,
                 i64_of(write_seq),
                 i64_of(bytes.len() as u64),
-                rvbox_segment::sha256(bytes).as_slice(),
-                bytes
+                rvbox_segment::sha256(&bytes).as_slice(),
+                bytes.as_slice()
             ],
         )
         .map_err(|e| StoreError::sqlite("record stdin write", e))?;
@@ -335,6 +348,22 @@ impl ClientStore {
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit stdin write", e))?;
         self.hook.at(crash::STDIN_AFTER_COMMIT);
+        Ok(StdinOutcome::Stored(bytes))
+    }
+
+    /// A stdin write reached the child: its durable copy is removed, so
+    /// that the unwritten bound counts only what still waits.
+    ///
+    /// # Errors
+    /// SQLite failures.
+    pub fn stdin_written(&mut self, issue: &Uuid7, write_seq: u64) -> Result<(), StoreError> {
+        self.conn
+            .execute_cached(
+                "DELETE FROM stdin_writes WHERE issue_uuid = ?1 AND write_seq = ?2",
+                params![issue.as_bytes().as_slice(), i64_of(write_seq)],
+            )
+            .map_err(|e| StoreError::sqlite("remove written stdin", e))?;
+        self.hook.at(crash::STDIN_WRITTEN_AFTER_COMMIT);
         Ok(())
     }
 
@@ -428,4 +457,34 @@ impl ClientStore {
         }
         Ok(out)
     }
+}
+
+/// The raw bytes of a stdin write, checked against its raw length and
+/// SHA-256; the reason names what is wrong.
+fn decode_stdin(w: &wire::StdinWrite) -> Result<Vec<u8>, String> {
+    let raw_length = u64::from(w.raw_length);
+    if raw_length > rvbox_domain::limits::MAX_STDIN_WRITE_BYTES {
+        return Err(format!(
+            "stdin_write.raw_length {raw_length} exceeds {}",
+            rvbox_domain::limits::MAX_STDIN_WRITE_BYTES
+        ));
+    }
+    let raw = match wire::Compression::try_from(w.compression) {
+        Ok(wire::Compression::None) => w.payload.clone(),
+        Ok(wire::Compression::Zstd) => zstd::bulk::decompress(&w.payload, w.raw_length as usize)
+            .map_err(|_| {
+                "stdin_write.payload: the zstd frame does not decode within raw_length".to_owned()
+            })?,
+        _ => return Err("stdin_write.compression is not NONE or ZSTD".into()),
+    };
+    if raw.len() as u64 != raw_length {
+        return Err(format!(
+            "stdin_write.payload decodes to {} bytes but raw_length is {raw_length}",
+            raw.len()
+        ));
+    }
+    if rvbox_segment::sha256(&raw).as_slice() != w.raw_sha256.as_slice() {
+        return Err("stdin_write.raw_sha256 does not match the payload".into());
+    }
+    Ok(raw)
 }

@@ -34,6 +34,7 @@ use support::{SID, client_id, config};
 struct Host {
     rt: Runtime<UnixSupervisor>,
     envs: Vec<wire::Envelope>,
+    closes: Vec<u16>,
 }
 
 impl Host {
@@ -67,6 +68,7 @@ impl Host {
         Self {
             rt,
             envs: Vec::new(),
+            closes: Vec::new(),
         }
     }
 
@@ -82,9 +84,12 @@ impl Host {
 
     fn collect(&mut self) {
         for w in self.rt.take_wire() {
-            if let Wire::Binary(b) = w {
-                self.envs
-                    .push(wire::Envelope::decode(b.as_slice()).unwrap());
+            match w {
+                Wire::Binary(b) => self
+                    .envs
+                    .push(wire::Envelope::decode(b.as_slice()).unwrap()),
+                Wire::Close(c) => self.closes.push(c),
+                _ => {}
             }
         }
     }
@@ -446,4 +451,140 @@ fn configured_profiles_compile_against_this_layout_and_an_unenforceable_one_is_r
     }
     assert!(!marker.exists(), "user code ran for a refused profile");
     assert!(host.events(issue).is_empty());
+}
+
+fn stdin_write(issue: &str, seq: u64, raw: &[u8], zstd: bool, last: bool) -> Payload {
+    use sha2::Digest as _;
+    let payload = if zstd {
+        zstd::bulk::compress(raw, 3).unwrap()
+    } else {
+        raw.to_vec()
+    };
+    Payload::StdinWrite(wire::StdinWrite {
+        issue_uuid: issue.into(),
+        write_seq: seq,
+        compression: if zstd {
+            wire::Compression::Zstd
+        } else {
+            wire::Compression::None
+        } as i32,
+        stored_length: payload.len() as u32,
+        payload,
+        raw_length: raw.len() as u32,
+        raw_sha256: sha2::Sha256::digest(raw).to_vec(),
+        newline: if last {
+            wire::StdinNewline::Append
+        } else {
+            wire::StdinNewline::Raw
+        } as i32,
+        close_after: last,
+    })
+}
+
+#[test]
+fn stdin_writes_reach_the_child_in_order_decoded_and_acknowledged_past_the_unwritten_bound() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let cwd = dir.path().join("work");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let mut host = Host::start(dir.path(), &cwd.to_string_lossy());
+    host.connect();
+    let issue = "01890000-0000-7000-8000-0000000000f1";
+    host.frame(dispatch(issue, "cat\n"));
+    // wait until the tree runs
+    let until = Instant::now() + Duration::from_secs(10);
+    while !host.events(issue).iter().any(|e| {
+        matches!(&e.body, Some(Body::Lifecycle(l)) if l.lifecycle == wire::Lifecycle::Running as i32)
+    }) {
+        assert!(Instant::now() < until, "cat never ran");
+        host.rt.pump_processes(Duration::from_millis(20));
+        host.collect();
+    }
+    // 5 MiB in 20 writes of 256 KiB, more than the 4 MiB the store keeps
+    // unwritten: each write's durable copy goes once the child has it
+    let mut expected = Vec::new();
+    const WRITES: u64 = 20;
+    for seq in 1..=WRITES {
+        let raw: Vec<u8> = (0..256 * 1024u32)
+            .map(|i| b'a' + u8::try_from((i / 1024 + u32::try_from(seq).unwrap()) % 26).unwrap())
+            .collect();
+        expected.extend_from_slice(&raw);
+        host.frame(stdin_write(issue, seq, &raw, seq % 2 == 0, seq == WRITES));
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let acked = host.events(issue).iter().any(|e| {
+                matches!(&e.body, Some(Body::StdinAck(a)) if a.write_seq == seq)
+            });
+            if acked {
+                break;
+            }
+            assert!(Instant::now() < until, "write {seq} never acknowledged");
+            host.rt.pump_processes(Duration::from_millis(10));
+            host.collect();
+            // the transport acknowledges what it got, as the server would
+            if let Some(last) = host.events(issue).iter().map(|e| e.event_seq).max() {
+                host.frame(Payload::EventAck(wire::EventAck {
+                    issue_uuid: issue.into(),
+                    durable_event_seq: last,
+                }));
+            }
+        }
+    }
+    expected.push(b'\n');
+    host.run_until_terminal(issue, Duration::from_secs(20));
+    let events = host.events(issue);
+    let acks: Vec<(u64, i32, bool)> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            Some(Body::StdinAck(a)) => Some((a.write_seq, a.delivery, a.closed)),
+            _ => None,
+        })
+        .collect();
+    let want: Vec<(u64, i32, bool)> = (1..=WRITES)
+        .map(|s| (s, wire::StdinDelivery::Written as i32, s == WRITES))
+        .collect();
+    assert_eq!(acks, want);
+    let out = output_of(&events, wire::OutputStream::Stdout);
+    assert_eq!(out.len(), expected.len());
+    assert!(out == expected, "stdout differs from the stdin written");
+    let last = events.last().unwrap();
+    assert!(matches!(&last.body, Some(Body::Lifecycle(l)) if l.lifecycle == wire::Lifecycle::Succeeded as i32));
+}
+
+#[test]
+fn a_stdin_write_that_does_not_match_its_digest_is_never_written() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let cwd = dir.path().join("work");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let mut host = Host::start(dir.path(), &cwd.to_string_lossy());
+    host.connect();
+    let issue = "01890000-0000-7000-8000-0000000000f2";
+    host.frame(dispatch(issue, "cat\n"));
+    let until = Instant::now() + Duration::from_secs(10);
+    while !host.events(issue).iter().any(|e| {
+        matches!(&e.body, Some(Body::Lifecycle(l)) if l.lifecycle == wire::Lifecycle::Running as i32)
+    }) {
+        assert!(Instant::now() < until, "cat never ran");
+        host.rt.pump_processes(Duration::from_millis(20));
+        host.collect();
+    }
+    let mut bad = stdin_write(issue, 1, b"secret\n", true, false);
+    if let Payload::StdinWrite(w) = &mut bad {
+        w.raw_sha256[0] ^= 1;
+    }
+    host.frame(bad);
+    assert_eq!(host.closes, vec![1002], "the session ends with a protocol error");
+    for _ in 0..20 {
+        host.rt.pump_processes(Duration::from_millis(10));
+        host.collect();
+    }
+    let events = host.events(issue);
+    assert!(
+        !events.iter().any(|e| matches!(&e.body, Some(Body::StdinAck(_)))),
+        "a write that failed its digest was acknowledged"
+    );
+    assert!(
+        output_of(&events, wire::OutputStream::Stdout).is_empty(),
+        "a write that failed its digest reached the child"
+    );
+    assert_eq!(host.rt.core().stats().protocol_errors, 1);
 }

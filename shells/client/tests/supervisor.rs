@@ -1029,22 +1029,64 @@ fn suspected_hung_follows_progress() {
     sup.prepare(spec).unwrap();
     until_ready(&mut sup, &issue);
     release_and_run(&mut sup, &issue);
-    let wait_for = |sup: &mut UnixSupervisor, want: bool| {
+    // each change of the state is also reported as a process event, once
+    let mut reported: Vec<wire::Diagnostics> = Vec::new();
+    let mut wait_for = |sup: &mut UnixSupervisor, want: bool| {
         let deadline = Instant::now() + Duration::from_secs(5);
-        while sup.suspected_hung(&issue) != Some(want) {
+        loop {
+            while let Some(ev) = sup.next_event(Duration::from_millis(10)) {
+                if let ProcessEvent::Diagnostics(d) = ev.event {
+                    assert_eq!(ev.issue, issue);
+                    reported.push(d);
+                }
+            }
+            if sup.suspected_hung(&issue) == Some(want)
+                && reported.last().is_some_and(|d| d.suspected_hung == want)
+            {
+                break;
+            }
             assert!(
                 Instant::now() < deadline,
-                "suspected_hung never became {want}"
+                "suspected_hung never became {want} (reported {reported:?})"
             );
-            while sup.next_event(Duration::from_millis(10)).is_some() {}
         }
     };
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     wait_for(&mut sup, true);
+    // it stays set while nothing progresses (its own report is not
+    // progress): several sampling intervals, still handling events
+    let hold = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < hold {
+        while let Some(ev) = sup.next_event(Duration::from_millis(10)) {
+            assert!(
+                !matches!(ev.event, ProcessEvent::Diagnostics(_)),
+                "a second report without progress: {ev:?}"
+            );
+        }
+    }
+    assert_eq!(sup.suspected_hung(&issue), Some(true));
     sup.write_stdin(&issue, 1, b"wake\n".to_vec()).unwrap();
     wait_for(&mut sup, false);
     sup.close_stdin(&issue);
     let events = until_drained(&mut sup, &issue);
     assert_eq!(exits(&events), vec![Exit::Code(0)]);
+    assert!(
+        events
+            .iter()
+            .all(|e| !matches!(e, ProcessEvent::Diagnostics(_))),
+        "diagnostics after the tree stopped running"
+    );
+    assert_eq!(reported.len(), 2, "{reported:?}");
+    let hung = &reported[0];
+    assert!(hung.suspected_hung);
+    let since = hung.no_progress_since.as_ref().unwrap().seconds;
+    assert!(since + 1 >= i64::try_from(before).unwrap(), "{hung:?}");
+    assert!(hung.snapshot.as_ref().is_some_and(|s| s.rss_bytes.is_some()));
+    let cleared = &reported[1];
+    assert!(!cleared.suspected_hung && cleared.no_progress_since.is_none());
 }
 
 #[test]

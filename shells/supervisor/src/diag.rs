@@ -59,13 +59,26 @@ struct Entry {
     hung: bool,
 }
 
-#[derive(Debug)]
+/// Where a change of a tree's progress state goes (the supervisor posts
+/// it as a process event). Called outside every lock of the sampler.
+pub(crate) type Report = Box<dyn Fn(Uuid7, wire::Diagnostics) + Send + Sync>;
+
 struct Shared {
     entries: Mutex<BTreeMap<Uuid7, Entry>>,
+    report: Report,
     stop: Mutex<bool>,
     wake: Condvar,
     interval: Duration,
     hung_after: Duration,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("interval", &self.interval)
+            .field("hung_after", &self.hung_after)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The sampler handle.
@@ -79,10 +92,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Diagnostics {
-    /// Starts the sampler thread.
-    pub(crate) fn start(interval: Duration, hung_after: Duration) -> std::io::Result<Self> {
+    /// Starts the sampler thread; `report` hears every change of a tree's
+    /// `suspected_hung`.
+    pub(crate) fn start(
+        interval: Duration,
+        hung_after: Duration,
+        report: Report,
+    ) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             entries: Mutex::new(BTreeMap::new()),
+            report,
             stop: Mutex::new(false),
             wake: Condvar::new(),
             interval: interval.max(Duration::from_millis(10)),
@@ -161,23 +180,52 @@ fn run(shared: &Shared) {
         for (issue, target) in targets {
             let (snapshot, fp) = sample(&target);
             let now = Instant::now();
-            let mut entries = lock(&shared.entries);
-            let Some(e) = entries.get_mut(&issue) else {
-                continue;
-            };
-            if e.last != Some(fp) {
-                if e.hung {
-                    tracing::info!(%issue, "diagnostics: progress again; suspected_hung cleared");
+            let changed = {
+                let mut entries = lock(&shared.entries);
+                let Some(e) = entries.get_mut(&issue) else {
+                    continue;
+                };
+                let mut changed = None;
+                if e.last != Some(fp) {
+                    if e.hung {
+                        tracing::info!(%issue, "diagnostics: progress again; suspected_hung cleared");
+                        changed = Some(wire::Diagnostics {
+                            snapshot: Some(snapshot.clone()),
+                            suspected_hung: false,
+                            no_progress_since: None,
+                        });
+                    }
+                    e.last = Some(fp);
+                    e.since = now;
+                    e.hung = false;
+                } else if !e.hung && now.duration_since(e.since) >= shared.hung_after {
+                    e.hung = true;
+                    tracing::info!(%issue, "diagnostics: no observable progress; suspected_hung (diagnostic only)");
+                    changed = Some(wire::Diagnostics {
+                        snapshot: Some(snapshot.clone()),
+                        suspected_hung: true,
+                        no_progress_since: Some(wall_at(now, e.since)),
+                    });
                 }
-                e.last = Some(fp);
-                e.since = now;
-                e.hung = false;
-            } else if !e.hung && now.duration_since(e.since) >= shared.hung_after {
-                e.hung = true;
-                tracing::info!(%issue, "diagnostics: no observable progress; suspected_hung (diagnostic only)");
+                e.snapshot = Some(snapshot);
+                changed
+            };
+            if let Some(d) = changed {
+                (shared.report)(issue, d);
             }
-            e.snapshot = Some(snapshot);
         }
+    }
+}
+
+/// The wall time of `then`, an instant at or before `now`.
+fn wall_at(now: Instant, then: Instant) -> prost_types::Timestamp {
+    let wall = SystemTime::now()
+        .checked_sub(now.saturating_duration_since(then))
+        .unwrap_or(UNIX_EPOCH);
+    let d = wall.duration_since(UNIX_EPOCH).unwrap_or_default();
+    prost_types::Timestamp {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
     }
 }
 

@@ -123,6 +123,7 @@ enum Internal {
     RootExited(Exit),
     LauncherGone(Option<Exit>),
     StdinWritten(u64),
+    Diagnostics(wire::Diagnostics),
     CleanedUp,
 }
 
@@ -534,12 +535,18 @@ impl UnixSupervisor {
             v1 = ?layout.v1.iter().map(|l| l.controller.name()).collect::<Vec<_>>(),
             "process supervision layout detected"
         );
-        let diag = Diagnostics::start(config.diagnostics_interval, config.suspected_hung_after)
-            .map_err(io_err("starting the diagnostics sampler"))?;
+        let hub = Arc::new(Hub::new());
+        let to_hub = Arc::clone(&hub);
+        let diag = Diagnostics::start(
+            config.diagnostics_interval,
+            config.suspected_hung_after,
+            Box::new(move |issue, d| to_hub.post(issue, Internal::Diagnostics(d))),
+        )
+        .map_err(io_err("starting the diagnostics sampler"))?;
         Ok(Self {
             config,
             layout,
-            hub: Arc::new(Hub::new()),
+            hub,
             trees: BTreeMap::new(),
             out: VecDeque::new(),
             diag,
@@ -986,6 +993,13 @@ impl UnixSupervisor {
             tracing::debug!(%issue, ?msg, "message for a command no longer supervised");
             return;
         };
+        if let Internal::Diagnostics(d) = msg {
+            // the sampler's own report is not the tree's progress
+            if tree.phase == Phase::Running {
+                self.emit(issue, ProcessEvent::Diagnostics(d));
+            }
+            return;
+        }
         tree.activity.fetch_add(1, Ordering::Relaxed);
         match msg {
             Internal::Ready(identity) => {
@@ -1074,6 +1088,7 @@ impl UnixSupervisor {
                 self.emit(issue, ProcessEvent::StdinWritten { write_seq });
             }
             Internal::CleanedUp => self.finish(issue),
+            Internal::Diagnostics(_) => {}
         }
     }
 
