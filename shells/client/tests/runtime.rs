@@ -312,6 +312,12 @@ required_controls = ["io_max"]
 [profiles.disk_low.io."8:0"]
 read_bps = "10MiB"
 
+[profiles.cpu_medium]
+required_controls = ["cpu_max"]
+cpu_quota_us = 50000
+cpu_period_us = 100000
+cpu_weight = 50
+
 [profiles.cpu_low]
 enabled = false
 required_controls = ["cpu_max"]
@@ -328,6 +334,16 @@ cpu_period_us = 100000
 const PRINT_MEMORY_LIMIT: &str = r#"p=$(grep -E '^[0-9]+:memory:' /proc/self/cgroup | cut -d: -f3)
 if [ -n "$p" ]; then cat "/sys/fs/cgroup/memory$p/memory.limit_in_bytes"
 else p=$(grep '^0::' /proc/self/cgroup | cut -d: -f3); cat "/sys/fs/cgroup$p/memory.max"; fi
+"#;
+
+/// The CPU controls of the cgroup the command runs in, as the command
+/// reads them, after it has spun for 0.6 s: `quota period shares` (v1) or
+/// `quota period weight` (v2), then the throttled-period count.
+const PRINT_CPU_CONTROLS: &str = r#"timeout 0.6 sh -c 'while :; do :; done'
+p=$(grep -E '^[0-9]+:([^:]*,)?cpu(,[^:]*)?:' /proc/self/cgroup | cut -d: -f3)
+if [ -n "$p" ]; then d="/sys/fs/cgroup/cpu$p"; echo "$(cat "$d/cpu.cfs_quota_us") $(cat "$d/cpu.cfs_period_us") $(cat "$d/cpu.shares")"
+else p=$(grep '^0::' /proc/self/cgroup | cut -d: -f3); d="/sys/fs/cgroup$p"; echo "$(cat "$d/cpu.max") $(cat "$d/cpu.weight")"; fi
+grep nr_throttled "$d/cpu.stat" | cut -d' ' -f2
 "#;
 
 #[test]
@@ -361,7 +377,12 @@ fn configured_profiles_compile_against_this_layout_and_an_unenforceable_one_is_r
         let refused: Vec<ProfileName> = compiled.unenforceable.iter().map(|u| u.profile).collect();
         assert_eq!(
             refused,
-            vec![ProfileName::MemLow, ProfileName::MemMedium, ProfileName::DiskLow]
+            vec![
+                ProfileName::CpuMedium,
+                ProfileName::MemLow,
+                ProfileName::MemMedium,
+                ProfileName::DiskLow
+            ]
         );
     }
 
@@ -424,6 +445,28 @@ fn configured_profiles_compile_against_this_layout_and_an_unenforceable_one_is_r
     host.run_until_terminal(issue, Duration::from_secs(20));
     let printed = output_of(&host.events(issue), wire::OutputStream::Stdout);
     assert_eq!(String::from_utf8_lossy(&printed).trim(), (64u64 << 20).to_string());
+
+    // cpu_medium: cpu.max and cpu.weight (v1: cfs quota and period, and
+    // shares = weight * 1024 / 100), and a spinning child is throttled
+    let has_cpu = v2_has("cpu") || layout.v1.iter().any(|l| l.controller.name() == "cpu");
+    if has_cpu {
+        let cpu = &compiled.limits[&(wire::ProfileFlag::CpuMedium as i32)];
+        assert_eq!(cpu.cpu_max, Some((50_000, 100_000)));
+        assert_eq!(cpu.cpu_weight, Some(50));
+        let issue = "01890000-0000-7000-8000-0000000000e3";
+        host.frame(dispatch_with(issue, PRINT_CPU_CONTROLS, &[wire::ProfileFlag::CpuMedium]));
+        host.run_until_terminal(issue, Duration::from_secs(20));
+        let printed = output_of(&host.events(issue), wire::OutputStream::Stdout);
+        let text = String::from_utf8_lossy(&printed).into_owned();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text:?}");
+        let want = if v2_has("cpu") { "50000 100000 50" } else { "50000 100000 512" };
+        assert_eq!(lines[0], want, "{text:?}");
+        let throttled: u64 = lines[1].trim().parse().unwrap();
+        assert!(throttled > 0, "a child spinning at 50% quota was never throttled: {text:?}");
+    } else {
+        eprintln!("no cpu controller on this host; the cpu half is skipped");
+    }
 
     // an unenforceable profile is refused at acceptance, permanently, as
     // unsupported: nothing is prepared
