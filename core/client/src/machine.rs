@@ -1411,10 +1411,9 @@ impl ClientCore {
             ProcessEvent::Diagnostics(d) => {
                 // only while the tree runs, and never from the reserve
                 // kept for lifecycle events and markers
-                let running = self
-                    .records
-                    .get(&issue)
-                    .is_some_and(|r| matches!(r.phase, LaunchPhase::Running(_)) && r.exit.is_none());
+                let running = self.records.get(&issue).is_some_and(|r| {
+                    matches!(r.phase, LaunchPhase::Running(_)) && r.exit.is_none()
+                });
                 if running {
                     // refused at the entry cap: the next change is sent
                     let _ = self.spool.diagnostics(issue, wall_ms, d);

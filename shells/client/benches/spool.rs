@@ -40,7 +40,7 @@ use rvbox_proto::v1::command_event::Body;
 use rvbox_proto::v1::envelope::Payload;
 use rvbox_storage::entropy::OsEntropy;
 use rvbox_storage::fs::RealFs;
-use rvbox_supervisor::{SupervisorConfig, UnixSupervisor};
+use rvbox_supervisor::UnixSupervisor;
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -125,11 +125,7 @@ fn run_once(root: &Path, file: &Path, n: u32) -> Run {
     .unwrap();
     let run = root.join("run");
     std::fs::create_dir_all(&run).unwrap();
-    let sup = UnixSupervisor::new(SupervisorConfig::new(
-        env!("CARGO_BIN_EXE_rvbox").into(),
-        run,
-    ))
-    .unwrap();
+    let sup = UnixSupervisor::new(support::supervisor_config(run)).unwrap();
     let mut rt = Runtime::new(config(&cwd_s), store, sup, 1).unwrap();
     rt.input(Input::Opened);
     feed(

@@ -41,7 +41,7 @@ use rvbox_proto::v1::envelope::Payload;
 use rvbox_storage::crash::CrashHook;
 use rvbox_storage::entropy::OsEntropy;
 use rvbox_storage::fs::RealFs;
-use rvbox_supervisor::{SupervisorConfig, UnixSupervisor};
+use rvbox_supervisor::UnixSupervisor;
 
 mod support;
 
@@ -110,7 +110,7 @@ fn crash_child() {
     }
     let run = dir.join("run");
     std::fs::create_dir_all(&run).unwrap();
-    let mut sc = SupervisorConfig::new(env!("CARGO_BIN_EXE_rvbox").into(), run);
+    let mut sc = support::supervisor_config(run);
     sc.drain_grace = Duration::from_millis(300);
     let sup = UnixSupervisor::new(sc).unwrap();
     let mut rt = Runtime::new(config(cwd.to_str().unwrap()), store, sup, 5).unwrap();

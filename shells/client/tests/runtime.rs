@@ -59,7 +59,7 @@ impl Host {
         .unwrap();
         let run = root.join("run");
         std::fs::create_dir_all(&run).unwrap();
-        let mut sc = SupervisorConfig::new(env!("CARGO_BIN_EXE_rvbox").into(), run);
+        let mut sc = support::supervisor_config(run);
         sc.drain_grace = Duration::from_millis(500);
         tune(&mut sc);
         let sup = UnixSupervisor::new(sc).unwrap();
@@ -421,7 +421,12 @@ fn configured_profiles_compile_against_this_layout_and_an_unenforceable_one_is_r
     }
     // the disabled profile is neither compiled nor refused
     assert!(!compiled.enforceable.contains(&wire::ProfileFlag::CpuLow));
-    assert!(compiled.unenforceable.iter().all(|u| u.profile != ProfileName::CpuLow));
+    assert!(
+        compiled
+            .unenforceable
+            .iter()
+            .all(|u| u.profile != ProfileName::CpuLow)
+    );
     // mem_low: both controls kept
     assert!(compiled.enforceable.contains(&wire::ProfileFlag::MemLow));
     let mem_low = &compiled.limits[&(wire::ProfileFlag::MemLow as i32)];
@@ -434,17 +439,28 @@ fn configured_profiles_compile_against_this_layout_and_an_unenforceable_one_is_r
         assert_eq!(mem_medium.memory_high, Some(96 << 20));
     } else {
         assert_eq!(mem_medium.memory_high, None);
-        assert!(compiled.omitted.iter().any(|o| o.profile == ProfileName::MemMedium
-            && o.control == Control::MemoryHigh));
+        assert!(
+            compiled
+                .omitted
+                .iter()
+                .any(|o| o.profile == ProfileName::MemMedium && o.control == Control::MemoryHigh)
+        );
     }
 
     host.connect();
     // an enforceable profile runs under its compiled limit
     let issue = "01890000-0000-7000-8000-0000000000e1";
-    host.frame(dispatch_with(issue, PRINT_MEMORY_LIMIT, &[wire::ProfileFlag::MemLow]));
+    host.frame(dispatch_with(
+        issue,
+        PRINT_MEMORY_LIMIT,
+        &[wire::ProfileFlag::MemLow],
+    ));
     host.run_until_terminal(issue, Duration::from_secs(20));
     let printed = output_of(&host.events(issue), wire::OutputStream::Stdout);
-    assert_eq!(String::from_utf8_lossy(&printed).trim(), (64u64 << 20).to_string());
+    assert_eq!(
+        String::from_utf8_lossy(&printed).trim(),
+        (64u64 << 20).to_string()
+    );
 
     // cpu_medium: cpu.max and cpu.weight (v1: cfs quota and period, and
     // shares = weight * 1024 / 100), and a spinning child is throttled
@@ -454,16 +470,27 @@ fn configured_profiles_compile_against_this_layout_and_an_unenforceable_one_is_r
         assert_eq!(cpu.cpu_max, Some((50_000, 100_000)));
         assert_eq!(cpu.cpu_weight, Some(50));
         let issue = "01890000-0000-7000-8000-0000000000e3";
-        host.frame(dispatch_with(issue, PRINT_CPU_CONTROLS, &[wire::ProfileFlag::CpuMedium]));
+        host.frame(dispatch_with(
+            issue,
+            PRINT_CPU_CONTROLS,
+            &[wire::ProfileFlag::CpuMedium],
+        ));
         host.run_until_terminal(issue, Duration::from_secs(20));
         let printed = output_of(&host.events(issue), wire::OutputStream::Stdout);
         let text = String::from_utf8_lossy(&printed).into_owned();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text:?}");
-        let want = if v2_has("cpu") { "50000 100000 50" } else { "50000 100000 512" };
+        let want = if v2_has("cpu") {
+            "50000 100000 50"
+        } else {
+            "50000 100000 512"
+        };
         assert_eq!(lines[0], want, "{text:?}");
         let throttled: u64 = lines[1].trim().parse().unwrap();
-        assert!(throttled > 0, "a child spinning at 50% quota was never throttled: {text:?}");
+        assert!(
+            throttled > 0,
+            "a child spinning at 50% quota was never throttled: {text:?}"
+        );
     } else {
         eprintln!("no cpu controller on this host; the cpu half is skipped");
     }
@@ -474,8 +501,12 @@ fn configured_profiles_compile_against_this_layout_and_an_unenforceable_one_is_r
         eprintln!("io.max is enforceable here; the refusal half is skipped");
         return;
     }
-    assert!(compiled.unenforceable.iter().any(|u| u.profile == ProfileName::DiskLow
-        && u.control == Control::IoMax));
+    assert!(
+        compiled
+            .unenforceable
+            .iter()
+            .any(|u| u.profile == ProfileName::DiskLow && u.control == Control::IoMax)
+    );
     let marker = dir.path().join("ran");
     let issue = "01890000-0000-7000-8000-0000000000e2";
     host.frame(dispatch_with(
@@ -554,9 +585,10 @@ fn stdin_writes_reach_the_child_in_order_decoded_and_acknowledged_past_the_unwri
         host.frame(stdin_write(issue, seq, &raw, seq % 2 == 0, seq == WRITES));
         let until = Instant::now() + Duration::from_secs(10);
         loop {
-            let acked = host.events(issue).iter().any(|e| {
-                matches!(&e.body, Some(Body::StdinAck(a)) if a.write_seq == seq)
-            });
+            let acked = host
+                .events(issue)
+                .iter()
+                .any(|e| matches!(&e.body, Some(Body::StdinAck(a)) if a.write_seq == seq));
             if acked {
                 break;
             }
@@ -590,7 +622,9 @@ fn stdin_writes_reach_the_child_in_order_decoded_and_acknowledged_past_the_unwri
     assert_eq!(out.len(), expected.len());
     assert!(out == expected, "stdout differs from the stdin written");
     let last = events.last().unwrap();
-    assert!(matches!(&last.body, Some(Body::Lifecycle(l)) if l.lifecycle == wire::Lifecycle::Succeeded as i32));
+    assert!(
+        matches!(&last.body, Some(Body::Lifecycle(l)) if l.lifecycle == wire::Lifecycle::Succeeded as i32)
+    );
 }
 
 #[test]
@@ -615,14 +649,20 @@ fn a_stdin_write_that_does_not_match_its_digest_is_never_written() {
         w.raw_sha256[0] ^= 1;
     }
     host.frame(bad);
-    assert_eq!(host.closes, vec![1002], "the session ends with a protocol error");
+    assert_eq!(
+        host.closes,
+        vec![1002],
+        "the session ends with a protocol error"
+    );
     for _ in 0..20 {
         host.rt.pump_processes(Duration::from_millis(10));
         host.collect();
     }
     let events = host.events(issue);
     assert!(
-        !events.iter().any(|e| matches!(&e.body, Some(Body::StdinAck(_)))),
+        !events
+            .iter()
+            .any(|e| matches!(&e.body, Some(Body::StdinAck(_)))),
         "a write that failed its digest was acknowledged"
     );
     assert!(

@@ -11,7 +11,7 @@
 //! Tests that need cgroups check the detected layout at runtime and skip
 //! with a message only when the facility is missing on the host.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -50,8 +50,10 @@ fn new_issue() -> Uuid7 {
     Uuid7::from_bytes("test", b).unwrap()
 }
 
+mod support;
+
 fn config(dir: &Path, force_process_group: bool) -> SupervisorConfig {
-    let mut c = SupervisorConfig::new(PathBuf::from(env!("CARGO_BIN_EXE_rvbox")), dir.join("run"));
+    let mut c = support::supervisor_config(dir.join("run"));
     c.drain_grace = GRACE;
     c.kill_grace = Duration::from_secs(2);
     c.diagnostics_interval = Duration::from_millis(100);
@@ -1084,7 +1086,11 @@ fn suspected_hung_follows_progress() {
     assert!(hung.suspected_hung);
     let since = hung.no_progress_since.as_ref().unwrap().seconds;
     assert!(since + 1 >= i64::try_from(before).unwrap(), "{hung:?}");
-    assert!(hung.snapshot.as_ref().is_some_and(|s| s.rss_bytes.is_some()));
+    assert!(
+        hung.snapshot
+            .as_ref()
+            .is_some_and(|s| s.rss_bytes.is_some())
+    );
     let cleared = &reported[1];
     assert!(!cleared.suspected_hung && cleared.no_progress_since.is_none());
 }
@@ -1154,4 +1160,54 @@ fn a_stale_cgroup_of_an_unrecorded_launch_is_reclaimed_before_the_retry() {
         !stale.exists(),
         "the command cgroup is removed after the run"
     );
+}
+
+#[test]
+fn a_shell_that_changed_since_it_was_validated_or_was_never_validated_is_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = TempDir::new().unwrap();
+    let copy = dir.path().join("validated-sh");
+    std::fs::copy(sh(), &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let marker = dir.path().join("ran");
+    let script = format!("touch {}\n", marker.display());
+    let mut c = config(dir.path(), true);
+    c.validated_shell(&copy).unwrap();
+    let mut sup = UnixSupervisor::new(c).unwrap();
+    let refused = |sup: &mut UnixSupervisor, path: &Path, want: &str| {
+        let mut s = spec(dir.path(), &script);
+        s.shell_path = path.display().to_string();
+        let issue = s.issue;
+        sup.prepare(s).unwrap();
+        match until_drained(sup, &issue).as_slice() {
+            [
+                ProcessEvent::Failed(LaunchFailure::Permanent(reason)),
+                ProcessEvent::Drained { .. },
+            ] => assert!(reason.contains(want), "{reason}"),
+            other => panic!("expected a permanent refusal, got {other:?}"),
+        }
+    };
+    // as validated, it runs
+    let mut s = spec(dir.path(), &script);
+    s.shell_path = copy.display().to_string();
+    let issue = s.issue;
+    sup.prepare(s).unwrap();
+    until_ready(&mut sup, &issue);
+    release_and_run(&mut sup, &issue);
+    assert_eq!(exits(&until_drained(&mut sup, &issue)), vec![Exit::Code(0)]);
+    assert!(marker.exists());
+    std::fs::remove_file(&marker).unwrap();
+    // replaced in place by another file (a new inode at the same path)
+    let replacement = dir.path().join("other-sh");
+    std::fs::copy(sh(), &replacement).unwrap();
+    std::fs::set_permissions(&replacement, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&replacement, &copy).unwrap();
+    refused(&mut sup, &copy, "changed since it was validated");
+    // a shell the startup never validated
+    let other = dir.path().join("never-validated-sh");
+    std::fs::copy(sh(), &other).unwrap();
+    std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o755)).unwrap();
+    refused(&mut sup, &other, "not one validated at startup");
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!marker.exists(), "a refused shell ran user code");
 }

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use rvbox_client_core::process::{
-    CommandProcessEvent, Exit, LaunchFailure, LaunchIdentity, LaunchSpec, ProcessEvent, ResourceLimits,
-    Supervision,
+    CommandProcessEvent, Exit, LaunchFailure, LaunchIdentity, LaunchSpec, ProcessEvent,
+    ResourceLimits, Supervision,
 };
 use rvbox_domain::ids::Uuid7;
 use rvbox_domain::limits::{
@@ -92,6 +92,51 @@ pub struct SupervisorConfig {
     /// Use no cgroups at all, whatever the host offers (process-group
     /// supervision; every resource control is then unsupported).
     pub force_process_group: bool,
+    /// The shell executables validated at startup, by canonical path, with
+    /// the identity recorded then. A launch names one of them, and its
+    /// identity is compared again immediately before the launcher starts:
+    /// a shell that is not listed, or whose identity changed, refuses the
+    /// launch permanently (never a fallback).
+    pub shells: BTreeMap<PathBuf, ExecutableIdentity>,
+}
+
+/// The identity of a validated executable (plan §4.3 item 6): device,
+/// inode, size, modification time, permission bits and owner, as the
+/// configuration's validation records them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecutableIdentity {
+    /// Device id.
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    /// Owner uid.
+    pub uid: u32,
+}
+
+impl ExecutableIdentity {
+    /// The identity of `path` now (not following a final symlink: a
+    /// validated shell path is canonical).
+    ///
+    /// # Errors
+    /// The file cannot be examined.
+    pub fn of(path: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let m = std::fs::symlink_metadata(path)?;
+        Ok(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            mode: m.mode() & 0o7777,
+            uid: m.uid(),
+        })
+    }
 }
 
 impl SupervisorConfig {
@@ -109,7 +154,20 @@ impl SupervisorConfig {
             cgroup_parent: None,
             max_trees: DEFAULT_MAX_TREES,
             force_process_group: false,
+            shells: BTreeMap::new(),
         }
+    }
+
+    /// Records `path` as a validated shell with its identity now (for a
+    /// caller that validated it just before; the daemon takes the
+    /// identity the configuration recorded).
+    ///
+    /// # Errors
+    /// The file cannot be examined.
+    pub fn validated_shell(&mut self, path: &Path) -> std::io::Result<()> {
+        let identity = ExecutableIdentity::of(path)?;
+        self.shells.insert(path.to_path_buf(), identity);
+        Ok(())
     }
 }
 
@@ -597,7 +655,7 @@ impl UnixSupervisor {
         self.emit(issue, ProcessEvent::Drained { incomplete: vec![] });
     }
 
-    fn validate(spec: &LaunchSpec) -> Result<(), LaunchFailure> {
+    fn validate(&self, spec: &LaunchSpec) -> Result<(), LaunchFailure> {
         let permanent = |what: String| Err(LaunchFailure::Permanent(what));
         if !matches!(spec.shell, wire::ShellType::Sh | wire::ShellType::Bash) {
             return permanent(format!(
@@ -608,6 +666,24 @@ impl UnixSupervisor {
         let shell = Path::new(&spec.shell_path);
         if !shell.is_absolute() {
             return permanent(format!("shell path {} is not absolute", spec.shell_path));
+        }
+        let Some(validated) = self.config.shells.get(shell) else {
+            return permanent(format!(
+                "shell {} is not one validated at startup",
+                spec.shell_path
+            ));
+        };
+        match ExecutableIdentity::of(shell) {
+            Ok(now) if now == *validated => {}
+            Ok(_) => {
+                return permanent(format!(
+                    "shell {} changed since it was validated: its identity (device, inode, size, mtime, mode or owner) differs",
+                    spec.shell_path
+                ));
+            }
+            Err(e) => {
+                return permanent(format!("shell {} cannot be examined: {e}", spec.shell_path));
+            }
         }
         launcher::check_shell(shell).map_err(LaunchFailure::Permanent)?;
         if !Path::new(&spec.wrapper_path).is_absolute() || !Path::new(&spec.wrapper_path).is_file()
@@ -651,7 +727,7 @@ impl UnixSupervisor {
 
     /// Launch steps 1-2 up to the started launcher.
     fn start(&mut self, spec: &LaunchSpec) -> Result<Tree, LaunchFailure> {
-        Self::validate(spec)?;
+        self.validate(spec)?;
         let issue = spec.issue;
         let cgroups = self
             .layout

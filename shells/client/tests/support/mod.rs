@@ -55,3 +55,15 @@ pub fn config(cwd: &str) -> ClientCoreConfig {
         },
     }
 }
+
+/// A supervisor configuration for the `rvbox` under test, with this host's
+/// `sh` and `bash` validated as the daemon's startup validates its shells.
+pub fn supervisor_config(run: std::path::PathBuf) -> rvbox_supervisor::SupervisorConfig {
+    let mut c = rvbox_supervisor::SupervisorConfig::new(env!("CARGO_BIN_EXE_rvbox").into(), run);
+    for shell in ["/bin/sh", "/bin/bash"] {
+        if let Ok(path) = std::fs::canonicalize(shell) {
+            c.validated_shell(&path).unwrap();
+        }
+    }
+    c
+}
