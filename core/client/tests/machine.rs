@@ -444,15 +444,7 @@ impl World {
     fn supervise_all(&mut self, code: i32) {
         while let Some(op) = self.supervise.pop_front() {
             match op {
-                SuperviseOp::Prepare(s) => self.process(
-                    s.issue,
-                    ProcessEvent::Ready(LaunchIdentity {
-                        launcher_pid: 100,
-                        process_group: 100,
-                        birth_ticks: 5,
-                        cgroup: None,
-                    }),
-                ),
+                SuperviseOp::Prepare(s) => self.process(s.issue, ready()),
                 SuperviseOp::Release(i) => {
                     self.process(i, ProcessEvent::Running);
                     self.process(
@@ -512,6 +504,16 @@ impl World {
             })
             .collect()
     }
+}
+
+/// A blocked launcher's `Ready`, as a well-behaved supervisor reports it.
+fn ready() -> ProcessEvent {
+    ProcessEvent::Ready(LaunchIdentity {
+        launcher_pid: 100,
+        process_group: 100,
+        birth_ticks: 5,
+        cgroup: None,
+    })
 }
 
 fn lifecycles(events: &[wire::CommandEvent]) -> Vec<i32> {
@@ -795,15 +797,7 @@ fn diagnostics_are_spooled_in_order_only_while_the_tree_runs() {
     w.process(id, ProcessEvent::Diagnostics(hung(true)));
     while let Some(op) = w.supervise.pop_front() {
         match op {
-            SuperviseOp::Prepare(s) => w.process(
-                s.issue,
-                ProcessEvent::Ready(LaunchIdentity {
-                    launcher_pid: 100,
-                    process_group: 100,
-                    birth_ticks: 5,
-                    cgroup: None,
-                }),
-            ),
+            SuperviseOp::Prepare(s) => w.process(s.issue, ready()),
             SuperviseOp::Release(i) => {
                 w.process(i, ProcessEvent::Running);
                 w.process(i, ProcessEvent::Diagnostics(hung(true)));

@@ -469,22 +469,8 @@ fn decode_stdin(w: &wire::StdinWrite) -> Result<Vec<u8>, String> {
             rvbox_domain::limits::MAX_STDIN_WRITE_BYTES
         ));
     }
-    let raw = match wire::Compression::try_from(w.compression) {
-        Ok(wire::Compression::None) => w.payload.clone(),
-        Ok(wire::Compression::Zstd) => zstd::bulk::decompress(&w.payload, w.raw_length as usize)
-            .map_err(|_| {
-                "stdin_write.payload: the zstd frame does not decode within raw_length".to_owned()
-            })?,
-        _ => return Err("stdin_write.compression is not NONE or ZSTD".into()),
-    };
-    if raw.len() as u64 != raw_length {
-        return Err(format!(
-            "stdin_write.payload decodes to {} bytes but raw_length is {raw_length}",
-            raw.len()
-        ));
-    }
-    if rvbox_segment::sha256(&raw).as_slice() != w.raw_sha256.as_slice() {
-        return Err("stdin_write.raw_sha256 does not match the payload".into());
-    }
-    Ok(raw)
+    let compression = wire::Compression::try_from(w.compression)
+        .map_err(|_| format!("stdin_write.compression {} is unknown", w.compression))?;
+    crate::script::decode_payload(compression, &w.payload, w.raw_length, &w.raw_sha256)
+        .map_err(|e| format!("stdin_write.payload: {e}"))
 }

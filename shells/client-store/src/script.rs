@@ -81,20 +81,32 @@ fn decode_chunk(c: &wire::ScriptChunk, size: u64) -> Result<Vec<u8>, String> {
             c.offset
         ));
     }
+    decode_payload(compression, &c.payload, c.raw_length, &c.raw_sha256)
+}
+
+/// The raw bytes of a payload the server sent (a script chunk or a stdin
+/// write), checked against its raw length and SHA-256: `NONE`, or one
+/// zstd frame that decodes within the raw length.
+pub(crate) fn decode_payload(
+    compression: wire::Compression,
+    payload: &[u8],
+    raw_length: u32,
+    raw_sha256: &[u8],
+) -> Result<Vec<u8>, String> {
     let raw = match compression {
-        wire::Compression::Zstd => zstd::bulk::decompress(&c.payload, c.raw_length as usize)
+        wire::Compression::Zstd => zstd::bulk::decompress(payload, raw_length as usize)
             .map_err(|_| "the zstd payload does not decode within raw_length".to_string())?,
-        wire::Compression::None => c.payload.clone(),
+        wire::Compression::None => payload.to_vec(),
         wire::Compression::Unspecified => return Err("compression is unspecified".into()),
     };
-    if raw.len() as u64 != raw_length {
+    if raw.len() as u64 != u64::from(raw_length) {
         return Err(format!(
             "decodes to {} bytes but raw_length is {raw_length}",
             raw.len()
         ));
     }
-    if rvbox_segment::sha256(&raw).as_slice() != c.raw_sha256.as_slice() {
-        return Err("raw_sha256 does not match the chunk's bytes".into());
+    if rvbox_segment::sha256(&raw).as_slice() != raw_sha256 {
+        return Err("raw_sha256 does not match the payload's bytes".into());
     }
     Ok(raw)
 }

@@ -124,6 +124,18 @@ impl Host {
             .collect()
     }
 
+    /// Runs processes until `issue` has spooled `RUNNING`.
+    fn run_until_running(&mut self, issue: &str) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !self.events(issue).iter().any(|e| {
+            matches!(&e.body, Some(Body::Lifecycle(l)) if l.lifecycle == wire::Lifecycle::Running as i32)
+        }) {
+            assert!(Instant::now() < until, "{issue} never ran");
+            self.rt.pump_processes(Duration::from_millis(20));
+            self.collect();
+        }
+    }
+
     /// Runs processes until `issue` has a terminal event or `limit` passes.
     fn run_until_terminal(&mut self, issue: &str, limit: Duration) {
         let until = Instant::now() + limit;
@@ -564,15 +576,7 @@ fn stdin_writes_reach_the_child_in_order_decoded_and_acknowledged_past_the_unwri
     host.connect();
     let issue = "01890000-0000-7000-8000-0000000000f1";
     host.frame(dispatch(issue, "cat\n"));
-    // wait until the tree runs
-    let until = Instant::now() + Duration::from_secs(10);
-    while !host.events(issue).iter().any(|e| {
-        matches!(&e.body, Some(Body::Lifecycle(l)) if l.lifecycle == wire::Lifecycle::Running as i32)
-    }) {
-        assert!(Instant::now() < until, "cat never ran");
-        host.rt.pump_processes(Duration::from_millis(20));
-        host.collect();
-    }
+    host.run_until_running(issue);
     // 5 MiB in 20 writes of 256 KiB, more than the 4 MiB the store keeps
     // unwritten: each write's durable copy goes once the child has it
     let mut expected = Vec::new();
@@ -636,14 +640,7 @@ fn a_stdin_write_that_does_not_match_its_digest_is_never_written() {
     host.connect();
     let issue = "01890000-0000-7000-8000-0000000000f2";
     host.frame(dispatch(issue, "cat\n"));
-    let until = Instant::now() + Duration::from_secs(10);
-    while !host.events(issue).iter().any(|e| {
-        matches!(&e.body, Some(Body::Lifecycle(l)) if l.lifecycle == wire::Lifecycle::Running as i32)
-    }) {
-        assert!(Instant::now() < until, "cat never ran");
-        host.rt.pump_processes(Duration::from_millis(20));
-        host.collect();
-    }
+    host.run_until_running(issue);
     let mut bad = stdin_write(issue, 1, b"secret\n", true, false);
     if let Payload::StdinWrite(w) = &mut bad {
         w.raw_sha256[0] ^= 1;

@@ -50,7 +50,9 @@ pub use cgroup::{CgroupLayout, CommandCgroups, V1Controller, V1Layout, V2Layout}
 #[cfg(unix)]
 pub use launcher::{LAUNCHER_MODE_ARG, launcher_main};
 #[cfg(unix)]
-pub use unix::{DEFAULT_MAX_TREES, ExecutableIdentity, SupervisorConfig, UnixSupervisor};
+pub use unix::{
+    DEFAULT_MAX_TREES, ExecutableIdentity, SupervisorConfig, UnixSupervisor, identity_of,
+};
 
 /// A supervisor failure that is not a process event.
 #[derive(Debug, thiserror::Error)]

@@ -100,42 +100,24 @@ pub struct SupervisorConfig {
     pub shells: BTreeMap<PathBuf, ExecutableIdentity>,
 }
 
-/// The identity of a validated executable (plan §4.3 item 6): device,
-/// inode, size, modification time, permission bits and owner, as the
-/// configuration's validation records them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExecutableIdentity {
-    /// Device id.
-    pub dev: u64,
-    /// Inode number.
-    pub ino: u64,
-    /// Size in bytes.
-    pub size: u64,
-    /// Modification time, nanoseconds since the epoch.
-    pub mtime_ns: i128,
-    /// Permission bits (`st_mode & 0o7777`).
-    pub mode: u32,
-    /// Owner uid.
-    pub uid: u32,
-}
+/// The identity of a validated executable (plan §4.3 item 6), as the
+/// configuration's validation records it.
+pub use rvbox_config::FileIdentity as ExecutableIdentity;
 
-impl ExecutableIdentity {
-    /// The identity of `path` now (not following a final symlink: a
-    /// validated shell path is canonical).
-    ///
-    /// # Errors
-    /// The file cannot be examined.
-    pub fn of(path: &Path) -> std::io::Result<Self> {
-        use std::os::unix::fs::MetadataExt as _;
-        let m = std::fs::symlink_metadata(path)?;
-        Ok(Self {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-            mode: m.mode() & 0o7777,
-            uid: m.uid(),
-        })
+/// The identity of `path` now, as the configuration's host probe records
+/// it at validation.
+///
+/// # Errors
+/// The file cannot be examined, or does not exist.
+pub fn identity_of(path: &Path) -> std::io::Result<ExecutableIdentity> {
+    use rvbox_config::HostProbe as _;
+    match rvbox_daemon_common::RealHost.stat(path) {
+        Ok(Some(stat)) => Ok(stat.identity()),
+        Ok(None) => Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "it does not exist",
+        )),
+        Err(e) => Err(std::io::Error::other(e)),
     }
 }
 
@@ -165,7 +147,7 @@ impl SupervisorConfig {
     /// # Errors
     /// The file cannot be examined.
     pub fn validated_shell(&mut self, path: &Path) -> std::io::Result<()> {
-        let identity = ExecutableIdentity::of(path)?;
+        let identity = identity_of(path)?;
         self.shells.insert(path.to_path_buf(), identity);
         Ok(())
     }
@@ -673,7 +655,7 @@ impl UnixSupervisor {
                 spec.shell_path
             ));
         };
-        match ExecutableIdentity::of(shell) {
+        match identity_of(shell) {
             Ok(now) if now == *validated => {}
             Ok(_) => {
                 return permanent(format!(
