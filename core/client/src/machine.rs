@@ -234,7 +234,16 @@ pub struct CoreStats {
     pub stray_completions: u64,
     /// Protocol errors found in server messages.
     pub protocol_errors: u64,
+    /// Commands whose output could no longer be accounted for.
+    pub unaccountable: u64,
 }
+
+/// Most times a command's lost terminal event is spooled again.
+pub const MAX_TERMINAL_ATTEMPTS: u32 = 3;
+
+/// Why a command whose output could not be recorded ends interrupted.
+const UNACCOUNTABLE_REASON: &str =
+    "the client could not record the command's output durably; its output is incomplete";
 
 #[derive(Debug, Clone, PartialEq)]
 struct Record {
@@ -262,6 +271,10 @@ struct Record {
     retry_at: Option<u64>,
     order: u64,
     running_slot: bool,
+    /// An essential entry or marker of it could not be made durable.
+    unaccountable: bool,
+    /// Times a lost terminal event was spooled again.
+    terminal_attempts: u32,
 }
 
 impl Record {
@@ -477,6 +490,8 @@ impl ClientCore {
                     exit: None,
                     retry_at: None,
                     order,
+                    unaccountable: false,
+                    terminal_attempts: 0,
                 },
             );
         }
@@ -809,6 +824,8 @@ impl ClientCore {
                         retry_at: None,
                         order,
                         running_slot: false,
+                        unaccountable: false,
+                        terminal_attempts: 0,
                     },
                 );
                 self.stats.accepted += 1;
@@ -1091,16 +1108,77 @@ impl ClientCore {
                         .map_or(wire::Lifecycle::Interrupted, |r| r.lifecycle);
                     self.store(ClientOp::Ended { issue, lifecycle }, Pending::Ended(issue));
                 }
-                SpoolOutput::Unaccountable { issue } => {
-                    // plan §7.2: output can no longer be accounted for
-                    self.push(Output::Supervise(SuperviseOp::Signal {
-                        issue,
-                        kind: wire::SignalKind::Kill,
-                        revision: 0,
-                    }));
-                }
+                SpoolOutput::Unaccountable {
+                    issue,
+                    terminal_lost,
+                } => self.unaccountable(issue, terminal_lost),
             }
         }
+    }
+
+    /// plan §7.2 (R-7.2-13): an essential entry or a marker could not be
+    /// made durable, so the command's output can no longer be accounted
+    /// for. The tree is killed, and the command ends `INTERRUPTED` after an
+    /// `OutputIncomplete` event, never as a complete run; a lost terminal
+    /// event is spooled again in that form, at most
+    /// [`MAX_TERMINAL_ATTEMPTS`] times (a store that keeps failing leaves
+    /// the command to the next start's recovery).
+    fn unaccountable(&mut self, issue: Uuid7, terminal_lost: bool) {
+        self.stats.unaccountable += 1;
+        let wall = self.wall;
+        let Some(r) = self.records.get_mut(&issue) else {
+            return;
+        };
+        r.unaccountable = true;
+        if !terminal_lost {
+            if matches!(
+                r.phase,
+                LaunchPhase::Running(_) | LaunchPhase::Released(_) | LaunchPhase::Authorizing(_)
+            ) {
+                self.push(Output::Supervise(SuperviseOp::Signal {
+                    issue,
+                    kind: wire::SignalKind::Kill,
+                    revision: 0,
+                }));
+            }
+            return;
+        }
+        if r.terminal_attempts >= MAX_TERMINAL_ATTEMPTS {
+            return;
+        }
+        r.terminal_attempts += 1;
+        let revision = r.revision;
+        r.lifecycle = wire::Lifecycle::Interrupted;
+        self.spool_incomplete_and_interrupted(issue, wall, revision);
+    }
+
+    fn spool_incomplete_and_interrupted(&mut self, issue: Uuid7, wall_ms: i64, revision: u64) {
+        self.spool_event(
+            issue,
+            wall_ms,
+            Body::Incomplete(wire::OutputIncomplete {
+                streams: vec![
+                    wire::OutputStream::Stdout as i32,
+                    wire::OutputStream::Stderr as i32,
+                ],
+                reason: UNACCOUNTABLE_REASON.into(),
+            }),
+        );
+        self.spool_event(
+            issue,
+            wall_ms,
+            Body::Lifecycle(wire::LifecycleChange {
+                lifecycle: wire::Lifecycle::Interrupted as i32,
+                revision,
+                exit_result: Some(wire::ExitResult {
+                    lifecycle: wire::Lifecycle::Interrupted as i32,
+                    exit_code: None,
+                    signal_number: None,
+                    signal_name: String::new(),
+                }),
+                reason: UNACCOUNTABLE_REASON.into(),
+            }),
+        );
     }
 
     /// The shell reads `first_seq..=last_seq` back from the store and sends
@@ -1274,6 +1352,11 @@ impl ClientCore {
             // goes straight to its tombstone
             self.spool.discard(issue);
             self.store(ClientOp::Finish { issue }, Pending::Finish(issue));
+            return;
+        }
+        if r.unaccountable {
+            r.lifecycle = wire::Lifecycle::Interrupted;
+            self.spool_incomplete_and_interrupted(issue, wall_ms, revision);
             return;
         }
         let mut reason = reason.to_owned();

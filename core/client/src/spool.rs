@@ -292,6 +292,9 @@ pub enum SpoolOutput {
     Unaccountable {
         /// The command.
         issue: Uuid7,
+        /// The entry that failed was the command's terminal event: a new
+        /// terminal event may (and must) be spooled in its place.
+        terminal_lost: bool,
     },
 }
 
@@ -1136,8 +1139,15 @@ impl Spool {
                         run.first_ms = run.first_ms.min(e.observed_ms);
                         run.last_ms = run.last_ms.max(e.observed_ms);
                     }
-                    Kind::Event(_) => {
-                        self.push(SpoolOutput::Unaccountable { issue });
+                    Kind::Event(b) => {
+                        let terminal_lost = is_terminal(&b);
+                        if terminal_lost {
+                            c.terminal = false;
+                        }
+                        self.push(SpoolOutput::Unaccountable {
+                            issue,
+                            terminal_lost,
+                        });
                     }
                 }
             }
@@ -1222,7 +1232,19 @@ impl Spool {
             return;
         };
         if *result == SpoolCompletion::Failed {
-            self.push(SpoolOutput::Unaccountable { issue });
+            // nothing of the rotation is durable: its markers are not
+            // stored (the rotated entries still are, until a restart
+            // reads them back), so they go, and the command's output can
+            // no longer be accounted for in this run
+            let before = c.entries.len();
+            c.entries
+                .retain(|e| !(markers.contains(&e.ordinal) && e.state == State::Appending));
+            let removed = before - c.entries.len();
+            self.entries = self.entries.saturating_sub(removed);
+            self.push(SpoolOutput::Unaccountable {
+                issue,
+                terminal_lost: false,
+            });
             return;
         }
         for e in c.entries.iter_mut() {

@@ -124,6 +124,8 @@ struct World {
     hold: Vec<&'static str>,
     held: VecDeque<(rvbox_client_core::ops::Token, ClientOp)>,
     closes: Vec<u16>,
+    /// Appends of a terminal lifecycle event that fail, from now on.
+    fail_terminal_appends: u32,
 }
 
 fn op_name(op: &ClientOp) -> &'static str {
@@ -182,6 +184,7 @@ impl World {
             hold: Vec::new(),
             held: VecDeque::new(),
             closes: Vec::new(),
+            fail_terminal_appends: 0,
         };
         w.run();
         w
@@ -328,6 +331,15 @@ impl World {
                     AcceptDecision::Refuse(r) => AcceptOutcome::Refused(r),
                 };
                 ClientCompletion::Accepted(outcome)
+            }
+            ClientOp::Spool(op)
+                if self.fail_terminal_appends > 0
+                    && matches!(op.as_ref(), SpoolOp::Append {
+                        item: AppendItem::Event(Body::Lifecycle(l)), ..
+                    } if l.lifecycle != wire::Lifecycle::Running as i32) =>
+            {
+                self.fail_terminal_appends -= 1;
+                ClientCompletion::Spool(SpoolCompletion::Failed)
             }
             ClientOp::Spool(op) => ClientCompletion::Spool(match *op {
                 SpoolOp::Append {
@@ -829,4 +841,73 @@ fn diagnostics_are_spooled_in_order_only_while_the_tree_runs() {
             format!("lifecycle {}", wire::Lifecycle::Succeeded as i32),
         ]
     );
+}
+
+#[test]
+fn a_terminal_event_that_cannot_be_made_durable_ends_the_command_interrupted_and_incomplete() {
+    let mut w = World::new(vec![]);
+    w.connect();
+    let id = issue(8);
+    w.frame(Payload::Dispatch(dispatch(8, GEN)));
+    w.fail_terminal_appends = 1;
+    w.supervise_all(0);
+    let evs = w.events_of(id);
+    let kinds: Vec<String> = evs
+        .iter()
+        .map(|e| match &e.body {
+            Some(Body::Lifecycle(l)) => format!("lifecycle {}", l.lifecycle),
+            Some(Body::Output(_)) => "output".to_owned(),
+            Some(Body::Incomplete(i)) => format!("incomplete {:?}", i.streams),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            format!("lifecycle {}", wire::Lifecycle::Running as i32),
+            "output".to_owned(),
+            format!(
+                "incomplete {:?}",
+                vec![
+                    wire::OutputStream::Stdout as i32,
+                    wire::OutputStream::Stderr as i32
+                ]
+            ),
+            format!("lifecycle {}", wire::Lifecycle::Interrupted as i32),
+        ],
+        "the run is never claimed complete"
+    );
+    assert_eq!(w.core.stats().unaccountable, 1);
+    assert_eq!(
+        w.store.launch.get(&id),
+        Some(&5),
+        "the slot is released once the terminal is durable"
+    );
+    w.ack_all();
+    assert!(w.store.tombstones.contains_key(&id));
+    assert_eq!(w.core.record_count(), 0);
+}
+
+#[test]
+fn a_store_that_keeps_failing_the_terminal_event_leaves_the_command_unfinished() {
+    let mut w = World::new(vec![]);
+    w.connect();
+    let id = issue(9);
+    w.frame(Payload::Dispatch(dispatch(9, GEN)));
+    w.fail_terminal_appends = u32::MAX;
+    w.supervise_all(0);
+    w.ack_all();
+    let evs = w.events_of(id);
+    assert!(
+        !evs.iter()
+            .any(|e| matches!(&e.body, Some(Body::Lifecycle(l))
+            if l.lifecycle != wire::Lifecycle::Running as i32)),
+        "no terminal event was durable, so none is sent"
+    );
+    assert!(
+        !w.store.tombstones.contains_key(&id),
+        "never finished without its terminal event"
+    );
+    assert_eq!(w.core.record_count(), 1);
+    assert_eq!(w.store.launch.get(&id), Some(&4), "the slot stays reserved");
 }

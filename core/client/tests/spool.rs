@@ -85,7 +85,7 @@ impl Harness {
                     }
                 }
                 SpoolOutput::Finished { issue } => self.finished.push(issue),
-                SpoolOutput::Unaccountable { issue } => self.unaccountable.push(issue),
+                SpoolOutput::Unaccountable { issue, .. } => self.unaccountable.push(issue),
                 SpoolOutput::TerminalDurable { .. } => {}
             }
         }

@@ -196,7 +196,51 @@ impl ClientStore {
             Err(e) => {
                 self.metrics.spool_failures.inc();
                 tracing::error!(error = %e, "spool step failed");
+                let issue = match op {
+                    SpoolOp::Append { issue, .. }
+                    | SpoolOp::Assign { issue, .. }
+                    | SpoolOp::Release { issue, .. }
+                    | SpoolOp::Rotate { issue, .. } => issue,
+                };
+                self.record_spool_failure(std::slice::from_ref(issue), &e, now_ms);
                 SpoolCompletion::Failed
+            }
+        }
+    }
+
+    /// plan §7.2 (R-7.2-13): a spool write that failed leaves the
+    /// commands it concerned unaccountable, so local health turns dirty
+    /// with one open incident per command (best effort: the store that
+    /// just failed may refuse this too, which is logged).
+    fn record_spool_failure(&mut self, issues: &[Uuid7], e: &StoreError, now_ms: i64) {
+        let os = match e {
+            StoreError::Io { source, .. } => Some(source.kind()),
+            _ => None,
+        };
+        let full = os == Some(std::io::ErrorKind::StorageFull)
+            || matches!(e, StoreError::Sqlite { source, .. }
+                if source.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull));
+        let kind = if full {
+            wire::IncidentKind::DiskExhaustion
+        } else if os == Some(std::io::ErrorKind::PermissionDenied) {
+            wire::IncidentKind::PermissionError
+        } else {
+            wire::IncidentKind::SqliteIntegrityFailure
+        };
+        for issue in issues {
+            let incident = crate::incidents::NewLocalIncident {
+                kind,
+                scope_kind: wire::ScopeKind::Command,
+                scope_key: issue.to_string(),
+                summary: format!(
+                    "a spool write for command {issue} failed; its output is incomplete and it ends interrupted"
+                ),
+                evidence: e.to_string().into_bytes(),
+            };
+            if let Err(e2) =
+                crate::incidents::record(&self.conn, self.entropy.as_ref(), &incident, now_ms)
+            {
+                tracing::error!(%issue, error = %e2, "the spool failure could not be recorded as an incident");
             }
         }
     }
@@ -300,6 +344,10 @@ impl ClientStore {
             Err(e) => {
                 self.metrics.spool_failures.inc();
                 tracing::error!(error = %e, entries = items.len(), "spool append group failed");
+                let mut issues: Vec<Uuid7> = items.iter().map(|(i, ..)| **i).collect();
+                issues.sort_unstable();
+                issues.dedup();
+                self.record_spool_failure(&issues, &e, now_ms);
                 vec![SpoolCompletion::Failed; items.len()]
             }
         }

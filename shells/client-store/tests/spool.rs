@@ -14,7 +14,9 @@ mod support;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rvbox_client_core::spool::{SEGMENT_RAW_BYTES, Spool, SpoolLimits, SpoolOutput};
+use rvbox_client_core::spool::{
+    SEGMENT_RAW_BYTES, Spool, SpoolCompletion, SpoolLimits, SpoolOutput,
+};
 use rvbox_client_store::crash;
 use rvbox_client_store::{ClientLayout, ClientStore, ClientStoreOptions, LocalHealth};
 use rvbox_domain::ids::Uuid7;
@@ -58,7 +60,7 @@ fn run(
                 store.finish_acknowledged(&issue, NOW).unwrap();
                 finished.push(issue);
             }
-            SpoolOutput::Unaccountable { issue } => panic!("{issue} unaccountable"),
+            SpoolOutput::Unaccountable { issue, .. } => panic!("{issue} unaccountable"),
             SpoolOutput::TerminalDurable { .. } => {}
         }
     }
@@ -360,4 +362,39 @@ fn a_power_cut_at_every_spool_commit_point_loses_nothing_committed() {
     ] {
         crash_case(point, nth);
     }
+}
+
+#[test]
+fn a_spool_write_that_fails_makes_local_health_dirty_with_an_incident_for_the_command() {
+    use rvbox_storage::fs::{FaultKind, FaultOp};
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(FaultyFs::new());
+    let mut store = ClientStore::open(
+        ClientLayout::new(dir.path().join("state")),
+        fs.clone() as Arc<dyn StoreFs>,
+        Arc::new(OsEntropy),
+        ClientStoreOptions::default(),
+        NOW,
+    )
+    .unwrap();
+    let id = accepted(&mut store, 1);
+    let mut spool = Spool::new(SpoolLimits::default());
+    spool.open_command(id).unwrap();
+    spool.output(id, OUT, NOW, chunk(1, 4096, true)).unwrap();
+    fs.inject(FaultOp::Append, FaultKind::NoSpace);
+    let mut failed = Vec::new();
+    while let Some(o) = spool.poll_output() {
+        if let SpoolOutput::Store(op) = o {
+            let done = store.perform_spool(&op, NOW);
+            failed.push(done == SpoolCompletion::Failed);
+            spool.completed(op.token(), done);
+        }
+    }
+    assert_eq!(failed, vec![true], "the append failed");
+    assert_eq!(store.health().unwrap(), LocalHealth::Dirty);
+    let incidents = store.incidents().unwrap();
+    assert_eq!(incidents.len(), 1, "{incidents:?}");
+    assert_eq!(incidents[0].kind, wire::IncidentKind::DiskExhaustion);
+    assert_eq!(incidents[0].scope_kind, wire::ScopeKind::Command);
+    assert_eq!(incidents[0].scope_key, id.to_string());
 }
