@@ -490,13 +490,17 @@ fn a_killed_daemon_runs_a_command_at_most_once_at_every_commit_point() {
         return;
     }
     for point in [
+        crash::RECONCILE_AFTER_COMMIT,
         crash::ACCEPT_BEFORE_COMMIT,
         crash::ACCEPT_AFTER_COMMIT,
         crash::MATERIALIZE_BEFORE_RENAME,
         crash::LAUNCH_PREPARED_AFTER_FSYNC,
         crash::LAUNCH_AUTHORIZED_AFTER_FSYNC,
         crash::LAUNCH_RUNNING_AFTER_COMMIT,
+        crash::SPOOL_SEGMENT_AFTER_CREATE,
+        crash::SPOOL_EVENT_BEFORE_COMMIT,
         crash::SPOOL_EVENT_AFTER_COMMIT,
+        crash::SPOOL_APPEND_BEFORE_FSYNC,
         crash::SPOOL_APPEND_AFTER_FSYNC,
         crash::SPOOL_APPEND_AFTER_COMMIT,
         crash::SPOOL_ASSIGN_AFTER_COMMIT,
