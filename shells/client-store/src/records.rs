@@ -244,7 +244,7 @@ impl ClientStore {
         Ok(())
     }
 
-    fn remove_wrapper(&self, path: &std::path::Path) {
+    pub(crate) fn remove_wrapper(&self, path: &std::path::Path) {
         match self.fs.remove_file(path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

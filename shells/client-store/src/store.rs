@@ -621,11 +621,11 @@ impl ClientStore {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sqlite("begin terminal acknowledgement", e))?;
         let key = issue.as_bytes().as_slice();
-        let Some(hash) = tx
+        let Some((hash, wrapper)) = tx
             .query_row_cached(
-                "SELECT request_hash FROM commands WHERE issue_uuid = ?1",
+                "SELECT request_hash, wrapper_path FROM commands WHERE issue_uuid = ?1",
                 params![key],
-                |r| r.get::<_, Vec<u8>>(0),
+                |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Option<String>>(1)?)),
             )
             .optional()
             .map_err(|e| StoreError::sqlite("read command", e))?
@@ -703,6 +703,11 @@ impl ClientStore {
         self.remove_segment_files(&key, &segments);
         if has_script {
             self.remove_script_file(&key);
+        }
+        // a command that ended without its slot release (one reconciliation
+        // ended, or one that never ran) still has its wrapper here
+        if let Some(path) = wrapper {
+            self.remove_wrapper(std::path::Path::new(&path));
         }
         Ok(true)
     }

@@ -140,6 +140,11 @@ impl Daemon {
     }
 
     fn connect(&mut self) {
+        self.connect_terminating(&[]);
+    }
+
+    /// Connects; the reconciliation result terminates `terminate`.
+    fn connect_terminating(&mut self, terminate: &[String]) {
         self.input(Input::Opened);
         self.frame(Payload::ServerWelcome(wire::ServerWelcome {
             protocol_major: 1,
@@ -153,6 +158,7 @@ impl Daemon {
         }));
         let mut r = wire::ReconcileResult {
             round: 1,
+            terminate_local_issue_uuids: terminate.to_vec(),
             ..Default::default()
         };
         r.result_digest = rvbox_reconcile::result_digest(&r).to_vec();
@@ -482,4 +488,41 @@ fn a_power_cut_at_every_acceptance_launch_spool_and_acknowledgement_point_runs_a
     ] {
         crash_and_redispatch(point);
     }
+}
+
+/// The wrapper files in `cwd`.
+fn wrappers_in(cwd: &str) -> Vec<String> {
+    std::fs::read_dir(cwd)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".rvbox-"))
+        .collect()
+}
+
+#[test]
+fn a_command_reconciliation_terminates_before_it_ran_leaves_no_wrapper_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().join("work");
+    std::fs::create_dir(&cwd).unwrap();
+    let cwd = cwd.to_str().unwrap().to_owned();
+    let root = dir.path().join("state");
+    let fs: Arc<dyn StoreFs> = Arc::new(FaultyFs::new());
+    let mut d = Daemon::open(&root, fs.clone(), Arc::new(NoCrash), &cwd, 1);
+    d.connect();
+    d.frame(Payload::Dispatch(dispatch(1, text_spec("echo never"), 1)));
+    assert_eq!(
+        answers(&d.sent, &issue(1))[0].outcome,
+        wire::AcceptOutcome::Positive as i32
+    );
+    assert_eq!(wrappers_in(&cwd).len(), 1, "materialized before the launch");
+    // the daemon restarts before the launch; the server no longer holds
+    // the command, so reconciliation terminates it
+    d.store.close_as_crashed();
+    let mut d = Daemon::open(&root, fs, Arc::new(NoCrash), &cwd, 2);
+    d.connect_terminating(&[issue(1)]);
+    d.supervise_all();
+    let c = d.store.counters().unwrap();
+    assert_eq!((c.commands, c.tombstones), (0, 1));
+    assert!(d.side_effects().is_empty(), "it never ran");
+    assert!(wrappers_in(&cwd).is_empty(), "{:?}", wrappers_in(&cwd));
 }
