@@ -105,6 +105,9 @@ pub struct RestoredRecord {
     pub identity: Option<LaunchIdentity>,
     /// Reconciliation told this client to end it.
     pub terminate_intent: bool,
+    /// Reconciliation told this client the server holds its terminal
+    /// record: it only waits for its tombstone.
+    pub discard_intent: bool,
     /// Script length and SHA-256, for a script source.
     pub script: Option<(u64, [u8; 32])>,
     /// Durable script prefix.
@@ -431,8 +434,12 @@ impl ClientCore {
                     Pending::Ended(r.issue),
                 );
             }
-            if r.launch == 5 && core.spool.entry_count(&r.issue) == 0 && !r.terminate_intent {
-                // every event was acknowledged before the restart: only the
+            if r.launch == 5
+                && !r.terminate_intent
+                && (r.discard_intent || core.spool.entry_count(&r.issue) == 0)
+            {
+                // every event was acknowledged before the restart, or the
+                // server said it holds the terminal record: only the
                 // tombstone is left
                 core.spool.discard(r.issue);
             }
@@ -495,6 +502,8 @@ impl ClientCore {
                 },
             );
         }
+        // records that only wait for their tombstone finish now
+        core.drain_spool();
         core.drain_link(now_ms);
         Ok(core)
     }

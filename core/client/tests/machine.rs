@@ -715,6 +715,7 @@ fn restored(n: u8, launch: u8) -> RestoredRecord {
             cgroup: None,
         }),
         terminate_intent: false,
+        discard_intent: false,
         script: None,
         script_received: 0,
         script_committed: false,

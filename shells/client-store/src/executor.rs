@@ -38,9 +38,9 @@ impl ClientStore {
             }
             ClientOp::Reconcile {
                 terminate,
+                discard,
                 revisions,
-                ..
-            } => done(self.apply_reconcile(terminate, revisions)),
+            } => done(self.apply_reconcile(terminate, discard, revisions)),
             ClientOp::Materialize { issue, cwd, source } => {
                 let content = match source {
                     WrapperSource::Text(t) => Ok(t.clone().into_bytes()),

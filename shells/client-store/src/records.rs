@@ -93,6 +93,7 @@ impl ClientStore {
     pub fn apply_reconcile(
         &mut self,
         terminate: &[Uuid7],
+        discard: &[Uuid7],
         revisions: &[(Uuid7, u64)],
     ) -> Result<(), StoreError> {
         let tx = self
@@ -105,6 +106,14 @@ impl ClientStore {
                 params![id.as_bytes().as_slice()],
             )
             .map_err(|e| StoreError::sqlite("record terminate intent", e))?;
+        }
+        for id in discard {
+            // only a terminal record is discarded; a restart finishes it
+            tx.execute_cached(
+                "UPDATE commands SET intent = 2 WHERE issue_uuid = ?1 AND launch = 5 AND intent = 0",
+                params![id.as_bytes().as_slice()],
+            )
+            .map_err(|e| StoreError::sqlite("record discard intent", e))?;
         }
         for (id, rev) in revisions {
             tx.execute_cached(
@@ -447,6 +456,7 @@ impl ClientStore {
                 launch: u8::try_from(launch).unwrap_or(1),
                 identity,
                 terminate_intent: intent == 1,
+                discard_intent: intent == 2,
                 script,
                 script_received: u64_of(up.2),
                 script_committed: up.3 != 0,

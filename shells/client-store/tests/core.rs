@@ -140,11 +140,12 @@ impl Daemon {
     }
 
     fn connect(&mut self) {
-        self.connect_terminating(&[]);
+        self.connect_with(&[], &[]);
     }
 
-    /// Connects; the reconciliation result terminates `terminate`.
-    fn connect_terminating(&mut self, terminate: &[String]) {
+    /// Connects; the reconciliation result terminates `terminate` and
+    /// discards `discard`.
+    fn connect_with(&mut self, terminate: &[String], discard: &[String]) {
         self.input(Input::Opened);
         self.frame(Payload::ServerWelcome(wire::ServerWelcome {
             protocol_major: 1,
@@ -159,6 +160,7 @@ impl Daemon {
         let mut r = wire::ReconcileResult {
             round: 1,
             terminate_local_issue_uuids: terminate.to_vec(),
+            discard_local_terminal_issue_uuids: discard.to_vec(),
             ..Default::default()
         };
         r.result_digest = rvbox_reconcile::result_digest(&r).to_vec();
@@ -519,10 +521,49 @@ fn a_command_reconciliation_terminates_before_it_ran_leaves_no_wrapper_behind() 
     // the command, so reconciliation terminates it
     d.store.close_as_crashed();
     let mut d = Daemon::open(&root, fs, Arc::new(NoCrash), &cwd, 2);
-    d.connect_terminating(&[issue(1)]);
+    d.connect_with(&[issue(1)], &[]);
     d.supervise_all();
     let c = d.store.counters().unwrap();
     assert_eq!((c.commands, c.tombstones), (0, 1));
     assert!(d.side_effects().is_empty(), "it never ran");
     assert!(wrappers_in(&cwd).is_empty(), "{:?}", wrappers_in(&cwd));
+}
+
+#[test]
+fn a_discard_intent_is_durable_with_the_reconciliation_and_finishes_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().join("work");
+    std::fs::create_dir(&cwd).unwrap();
+    let cwd = cwd.to_str().unwrap().to_owned();
+    let root = dir.path().join("state");
+    let fs = Arc::new(FaultyFs::new());
+    let mut d = Daemon::open(&root, fs.clone(), Arc::new(NoCrash), &cwd, 1);
+    d.connect();
+    d.frame(Payload::Dispatch(dispatch(1, text_spec("echo once"), 1)));
+    d.supervise_all();
+    assert_eq!(
+        lifecycles(&d.events_of(&issue(1))).last(),
+        Some(&(wire::Lifecycle::Succeeded as i32))
+    );
+    // the acknowledgement never arrives; after a restart the server says
+    // it holds the terminal record, and the daemon dies right after
+    // committing that
+    d.store.close_as_crashed();
+    let mut d = Daemon::open(&root, fs.clone(), Arc::new(NoCrash), &cwd, 2);
+    d.store
+        .set_crash_hook(Arc::new(StopAt::new(crash::RECONCILE_AFTER_COMMIT)));
+    let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        d.connect_with(&[], &[issue(1)]);
+    }));
+    assert!(
+        crashed.is_err(),
+        "the reconciliation commit was never reached"
+    );
+    d.store.close_as_crashed();
+    fs.crash(CrashMode::LoseUnsynced).unwrap();
+    // the next start finishes it without a session
+    let d = Daemon::open(&root, fs, Arc::new(NoCrash), &cwd, 3);
+    let c = d.store.counters().unwrap();
+    assert_eq!((c.commands, c.tombstones), (0, 1));
+    assert_eq!(d.side_effects().len(), 1, "it ran once");
 }
