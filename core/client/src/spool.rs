@@ -534,6 +534,9 @@ pub struct Spool {
     stored: u64,
     active: bool,
     session_in_flight: u64,
+    /// The command admitted last: the next pump starts after it, so the
+    /// session window goes round-robin across commands.
+    admitted_last: Option<Uuid7>,
     out: VecDeque<SpoolOutput>,
     stats: SpoolStats,
 }
@@ -651,6 +654,7 @@ impl Spool {
             stored: 0,
             active: false,
             session_in_flight: 0,
+            admitted_last: None,
             out: VecDeque::new(),
             stats: SpoolStats::default(),
         }
@@ -1391,21 +1395,34 @@ impl Spool {
         if !self.active {
             return;
         }
-        let issues: Vec<Uuid7> = self.commands.keys().copied().collect();
+        let issues: Vec<Uuid7> = match self.admitted_last {
+            Some(last) => {
+                use std::ops::Bound::{Excluded, Included, Unbounded};
+                self.commands
+                    .range((Excluded(last), Unbounded))
+                    .chain(self.commands.range((Unbounded, Included(last))))
+                    .map(|(k, _)| *k)
+                    .collect()
+            }
+            None => self.commands.keys().copied().collect(),
+        };
         for issue in issues {
-            self.admit(issue);
+            if self.admit(issue) {
+                self.admitted_last = Some(issue);
+            }
         }
     }
 
-    fn admit(&mut self, issue: Uuid7) {
+    /// Admits what fits of `issue`; true when anything was.
+    fn admit(&mut self, issue: Uuid7) -> bool {
         let limits = self.limits;
         let session_room = limits.session_window.saturating_sub(self.session_in_flight);
         let Some(c) = self.commands.get(&issue) else {
-            return;
+            return false;
         };
         // one Assign in flight per command keeps sequences contiguous
         if c.assign_blocked || c.entries.iter().any(|e| e.state == State::Assigning) {
-            return;
+            return false;
         }
         let mut room = limits
             .command_window
@@ -1426,10 +1443,10 @@ impl Spool {
             seq += 1;
         }
         if picked.is_empty() {
-            return;
+            return false;
         }
         let Some(c) = self.commands.get_mut(&issue) else {
-            return;
+            return false;
         };
         let first_seq = c.next_seq;
         let mut total = 0u64;
@@ -1463,6 +1480,7 @@ impl Spool {
             ordinals,
             first_seq,
         })));
+        true
     }
 
     /// Rotates the oldest unsequenced segment of any command over its

@@ -793,3 +793,40 @@ fn every_terminal_lifecycle_is_the_last_entry_cancelled_included() {
         assert_eq!(h.finished, vec![id], "{terminal:?}");
     }
 }
+
+#[test]
+fn the_session_window_is_shared_round_robin_so_no_command_starves() {
+    let limits = SpoolLimits {
+        command_window: 160 * KIB,
+        session_window: 160 * KIB,
+        ..SpoolLimits::default()
+    };
+    let mut h = Harness::new(limits);
+    let ids: Vec<Uuid7> = (1..=4).map(issue).collect();
+    for id in &ids {
+        h.spool.open_command(*id).unwrap();
+    }
+    for _ in 0..20 {
+        for id in &ids {
+            h.spool.output(*id, OUT, 1, vec![7; 60_000]).unwrap();
+        }
+    }
+    h.settle();
+    h.spool.session_active(&BTreeMap::new());
+    h.settle();
+    // the window holds two 60 KB events; after as many rounds as there
+    // are commands, every command has been given a turn
+    for _ in 0..ids.len() {
+        h.ack_all();
+        h.settle();
+    }
+    for id in &ids {
+        assert!(
+            !h.stream_of(*id).is_empty(),
+            "{id} was starved of the session window: {:?}",
+            ids.iter()
+                .map(|i| h.stream_of(*i).len())
+                .collect::<Vec<_>>()
+        );
+    }
+}
