@@ -327,6 +327,8 @@ pub struct ClientCore {
     stats: CoreStats,
     shutting_down: bool,
     wall: i64,
+    /// What the next snapshot reports (the store shell keeps it current).
+    store_health: wire::ScopeState,
 }
 
 fn normalize_cwd(policy: &AcceptPolicy, spec: &wire::ExecutionSpec) -> String {
@@ -409,6 +411,7 @@ impl ClientCore {
             stats: CoreStats::default(),
             shutting_down: false,
             wall: 0,
+            store_health: wire::ScopeState::Ready,
             config,
         };
         for c in spool {
@@ -510,6 +513,13 @@ impl ClientCore {
 
     fn spool_has(&self, issue: &Uuid7) -> bool {
         self.spool.cursors(issue).is_some()
+    }
+
+    /// The client store's health as a snapshot reports it: anything but
+    /// READY means the server completes no reconciliation and dispatches
+    /// nothing until it is READY again (plan §6.4).
+    pub fn set_store_health(&mut self, health: wire::ScopeState) {
+        self.store_health = health;
     }
 
     /// Counters.
@@ -1009,7 +1019,7 @@ impl ClientCore {
                 request_hash: hash.to_vec(),
             })
             .collect();
-        let health = wire::ScopeState::Ready;
+        let health = self.store_health;
         for r in self.records.values_mut() {
             r.script_reported = r.script_received;
         }

@@ -912,3 +912,19 @@ fn a_store_that_keeps_failing_the_terminal_event_leaves_the_command_unfinished()
     assert_eq!(w.core.record_count(), 1);
     assert_eq!(w.store.launch.get(&id), Some(&4), "the slot stays reserved");
 }
+
+#[test]
+fn the_snapshot_reports_the_store_health_the_shell_set() {
+    let mut w = World::new(vec![]);
+    w.core.set_store_health(wire::ScopeState::Unavailable);
+    w.connect();
+    let health: Vec<i32> = w
+        .sent
+        .iter()
+        .filter_map(|p| match p {
+            Payload::ClientSnapshot(s) => Some(s.store_health),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(health, vec![wire::ScopeState::Unavailable as i32]);
+}

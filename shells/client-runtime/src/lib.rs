@@ -100,6 +100,7 @@ impl<S: Supervisor> Runtime<S> {
             start: Instant::now(),
             inputs: VecDeque::new(),
         };
+        rt.refresh_health();
         rt.settle();
         Ok(rt)
     }
@@ -138,10 +139,22 @@ impl<S: Supervisor> Runtime<S> {
     }
 
     /// One input from the transport (or shutdown), then everything it
-    /// causes.
+    /// causes. A frame is preceded by a refresh of the store health the
+    /// next snapshot reports.
     pub fn input(&mut self, input: Input) {
+        if matches!(input, Input::Frame(_)) {
+            self.refresh_health();
+        }
         self.inputs.push_back(input);
         self.settle();
+    }
+
+    fn refresh_health(&mut self) {
+        let health = self.store.reconcile_health().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "client store health unreadable; reporting it unavailable");
+            wire::ScopeState::Unavailable
+        });
+        self.core.set_store_health(health);
     }
 
     /// How long until the core's deadline (`None`: no timer).

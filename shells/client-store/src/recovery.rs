@@ -44,7 +44,7 @@ pub struct RecoveryReport {
     pub scripts_committed: u64,
 }
 
-fn hex(id: &[u8; 16]) -> String {
+pub(crate) fn hex(id: &[u8; 16]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -869,13 +869,23 @@ impl ClientStore {
             let body = match (segment, offset, body) {
                 (_, _, Some(bytes)) => decode_body(&bytes)?,
                 (Some(segment), Some(offset), None) => {
-                    let stored = self.read_output(&key, segment, u64_of(offset), raw_len, &sha)?;
-                    Body::Output(wire::OutputChunk {
-                        stream,
-                        stored_length: u32::try_from(stored.len()).unwrap_or(u32::MAX),
-                        payload: stored,
-                        raw_length: raw_len,
-                    })
+                    match self.read_output(&key, segment, u64_of(offset), raw_len, &sha) {
+                        Ok(stored) => Body::Output(wire::OutputChunk {
+                            stream,
+                            stored_length: u32::try_from(stored.len()).unwrap_or(u32::MAX),
+                            payload: stored,
+                            raw_length: raw_len,
+                        }),
+                        Err(e) if is_damage(&e) => {
+                            // the stored copy is damaged: the sequence is
+                            // sent as an explicit gap of exactly its bytes,
+                            // never as altered output and never holding up
+                            // the session (plan §5.5, R1)
+                            self.record_damaged_read(issue, segment, &e);
+                            Body::Truncation(damaged_marker(stream, raw_len, seq, observed_ms))
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 _ => {
                     return Err(StoreError::Integrity(format!(
@@ -896,6 +906,31 @@ impl ClientStore {
             )));
         }
         Ok(out)
+    }
+
+    /// A damaged output record found while reading it for sending: one
+    /// open incident for its segment (dirty local health until repaired or
+    /// acknowledged).
+    fn record_damaged_read(&mut self, issue: &Uuid7, segment: u32, e: &StoreError) {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.metrics.incidents.inc();
+        tracing::error!(%issue, segment, error = %e, "a spooled output record is damaged; it is sent as a truncation marker");
+        let incident = crate::incidents::NewLocalIncident {
+            kind: wire::IncidentKind::ChecksumMismatch,
+            scope_kind: wire::ScopeKind::Segment,
+            scope_key: format!("{}/{segment}", crate::recovery::hex(issue.as_bytes())),
+            summary: format!(
+                "an output record of command {issue} in spool segment {segment} is damaged; it was sent as a truncation marker"
+            ),
+            evidence: e.to_string().into_bytes(),
+        };
+        if let Err(e2) =
+            crate::incidents::record(&self.conn, self.entropy.as_ref(), &incident, now_ms)
+        {
+            tracing::error!(%issue, error = %e2, "the damaged record could not be recorded as an incident");
+        }
     }
 
     /// Reads one output record and verifies it: record framing and CRC,
@@ -1053,5 +1088,31 @@ impl ClientStore {
     /// SQLite failures.
     pub fn unreferenced_segments(&self, issue: &Uuid7) -> Result<Vec<u32>, StoreError> {
         self.empty_segments(issue.as_bytes().as_slice())
+    }
+}
+
+/// Whether a read failure means the stored bytes are damaged or missing
+/// (as opposed to a failure that may pass).
+fn is_damage(e: &StoreError) -> bool {
+    match e {
+        StoreError::Integrity(_) => true,
+        StoreError::Io { source, .. } => source.kind() == std::io::ErrorKind::UnexpectedEof,
+        _ => false,
+    }
+}
+
+/// The marker sent in place of the output record at `seq` whose stored
+/// copy is damaged: exactly its raw bytes, on its stream.
+fn damaged_marker(stream: i32, raw_len: u32, seq: u64, observed_ms: i64) -> wire::OutputTruncation {
+    wire::OutputTruncation {
+        source: wire::TruncationSource::ClientSpool as i32,
+        streams: vec![stream],
+        reason: "the client's stored copy of this output is damaged".into(),
+        first_removed_event_seq: Some(seq),
+        last_removed_event_seq: Some(seq),
+        raw_bytes: u64::from(raw_len),
+        compressed_bytes: None,
+        first_observed_time: Some(timestamp(observed_ms)),
+        last_observed_time: Some(timestamp(observed_ms)),
     }
 }

@@ -279,6 +279,31 @@ impl ClientStore {
         })
     }
 
+    /// The store health a snapshot reports (plan §6.4, R-6.4-33): an open
+    /// incident of the whole store (the identity, the database) is
+    /// essential corruption, and the server then completes no
+    /// reconciliation and dispatches nothing; damage scoped to one
+    /// command or one output segment is already explicit in that command's
+    /// events (markers, an interrupted end), and the store stays READY.
+    ///
+    /// # Errors
+    /// [`StoreError::Sqlite`].
+    pub fn reconcile_health(&self) -> Result<wire::ScopeState, StoreError> {
+        let essential: bool = self
+            .conn
+            .query_row_cached(
+                "SELECT EXISTS (SELECT 1 FROM incidents WHERE state = 1 AND scope_kind = ?1)",
+                params![wire::ScopeKind::GlobalStore as i32],
+                |r| r.get(0),
+            )
+            .map_err(|e| StoreError::sqlite("read open incidents", e))?;
+        Ok(if essential {
+            wire::ScopeState::Unavailable
+        } else {
+            wire::ScopeState::Ready
+        })
+    }
+
     fn has_history(&self) -> Result<bool, StoreError> {
         let c = read_counters(&self.conn)?;
         Ok(c.commands > 0 || c.tombstones > 0)

@@ -61,6 +61,11 @@ fn a_damaged_identity_is_dirty_until_repaired_from_the_stores_copy() {
         "a damaged identity is never used"
     );
     assert_eq!(store.health().unwrap(), LocalHealth::Dirty);
+    assert_eq!(
+        store.reconcile_health().unwrap(),
+        rvbox_proto::v1::ScopeState::Unavailable,
+        "a damaged identity is essential: no reconciliation completes"
+    );
     let incidents = store.incidents().unwrap();
     assert_eq!(incidents.len(), 1);
     assert!(

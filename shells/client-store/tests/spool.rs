@@ -194,7 +194,7 @@ fn output_round_trips_byte_for_byte_and_survives_a_restart_unchanged() {
 }
 
 #[test]
-fn a_damaged_committed_record_is_never_sent_and_the_store_is_dirty() {
+fn a_damaged_committed_record_is_sent_as_an_exact_marker_and_the_store_is_dirty() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(dir.path());
     let id = accepted(&mut store, 1);
@@ -218,12 +218,19 @@ fn a_damaged_committed_record_is_never_sent_and_the_store_is_dirty() {
     let mut store = open(dir.path());
     assert_eq!(store.health().unwrap(), LocalHealth::Dirty);
     assert_eq!(store.recovery_report().segments_damaged, 1);
+    assert_eq!(
+        store.reconcile_health().unwrap(),
+        wire::ScopeState::Ready,
+        "damaged output is not essential: the client keeps working"
+    );
     let mut spool = Spool::new(SpoolLimits::default());
     for c in store.restore_spool().unwrap() {
         spool.restore(c).unwrap();
     }
     spool.session_active(&BTreeMap::new());
-    // the assignment succeeds (metadata), the read-back refuses the record
+    // the assignment succeeds (metadata); the read-back finds the damage
+    // and sends an explicit gap of exactly the record's bytes in its place,
+    // so the session (and every other command) goes on
     while let Some(o) = spool.poll_output() {
         match o {
             SpoolOutput::Store(op) => {
@@ -235,8 +242,20 @@ fn a_damaged_committed_record_is_never_sent_and_the_store_is_dirty() {
                 first_seq,
                 last_seq,
             } => {
-                let err = store.read_events(&issue, first_seq, last_seq).unwrap_err();
-                assert!(err.to_string().contains("spool record"), "{err}");
+                let events = store.read_events(&issue, first_seq, last_seq).unwrap();
+                assert_eq!(events.len(), 1);
+                assert_eq!(events[0].event_seq, first_seq);
+                match &events[0].body {
+                    Some(Body::Truncation(t)) => {
+                        assert_eq!(t.source, wire::TruncationSource::ClientSpool as i32);
+                        assert_eq!(t.streams, vec![OUT as i32]);
+                        assert_eq!(t.raw_bytes, 5000, "exactly the damaged record's bytes");
+                        assert_eq!(t.first_removed_event_seq, Some(first_seq));
+                        assert_eq!(t.last_removed_event_seq, Some(first_seq));
+                    }
+                    other => panic!("damaged output was sent as {other:?}"),
+                }
+                assert_eq!(store.health().unwrap(), LocalHealth::Dirty);
                 return;
             }
             other => panic!("{other:?}"),
