@@ -78,6 +78,15 @@ pub const MAX_ENTRIES_PER_COMMAND: usize = 16_384;
 pub const ESSENTIAL_RESERVE: usize = 1_024;
 /// Most entries the daemon's spool holds; output past it is dropped.
 pub const MAX_ENTRIES: usize = 262_144;
+/// Entries of one command at which its oldest unsequenced segment is
+/// rotated, as past its byte window: small output fills the entry cap
+/// long before 10 MiB, and the rolling window then keeps the newest output
+/// (rotating the oldest into `CLIENT_SPOOL` markers) instead of dropping
+/// the newest.
+pub const ROTATE_AT_ENTRIES: usize = MAX_ENTRIES_PER_COMMAND / 4 * 3;
+/// Entries of the daemon at which the command with the most entries has
+/// its oldest unsequenced segment rotated.
+pub const ROTATE_AT_DAEMON_ENTRIES: usize = MAX_ENTRIES / 4 * 3;
 /// Most commands the spool tracks (the client's record ceiling).
 pub const MAX_COMMANDS: usize = 16_384;
 /// Most outputs waiting to be drained; the shell drains after every input.
@@ -1490,10 +1499,19 @@ impl Spool {
         let over: Vec<Uuid7> = self
             .commands
             .iter()
-            .filter(|(_, c)| c.stored > limits.output_window)
+            .filter(|(_, c)| c.stored > limits.output_window || c.entries.len() >= ROTATE_AT_ENTRIES)
             .map(|(id, _)| *id)
             .collect();
         for issue in over {
+            self.rotate_one(issue);
+        }
+        if self.entries >= ROTATE_AT_DAEMON_ENTRIES
+            && let Some(issue) = self
+                .commands
+                .iter()
+                .max_by_key(|(id, c)| (c.entries.len(), std::cmp::Reverse(**id)))
+                .map(|(id, _)| *id)
+        {
             self.rotate_one(issue);
         }
         if self.stored > limits.daemon_output

@@ -36,6 +36,8 @@ enum Row {
 #[derive(Debug, Default)]
 struct Model {
     rows: BTreeMap<(Uuid7, u64), (Option<u64>, Row)>,
+    /// (command, sequence) to ordinal, for the sequenced rows.
+    by_seq: BTreeMap<(Uuid7, u64), u64>,
     acked: BTreeMap<Uuid7, u64>,
 }
 
@@ -74,12 +76,21 @@ impl Harness {
                     last_seq,
                 } => {
                     for seq in first_seq..=last_seq {
+                        // the index, else a scan (rows a test put in place)
                         let row = self
                             .model
-                            .rows
-                            .iter()
-                            .find(|((i, _), (s, _))| *i == issue && *s == Some(seq))
-                            .map(|(_, (_, r))| r.clone())
+                            .by_seq
+                            .get(&(issue, seq))
+                            .and_then(|o| self.model.rows.get(&(issue, *o)))
+                            .filter(|(s, _)| *s == Some(seq))
+                            .map(|(_, r)| r.clone())
+                            .or_else(|| {
+                                self.model
+                                    .rows
+                                    .iter()
+                                    .find(|((i, _), (s, _))| *i == issue && *s == Some(seq))
+                                    .map(|(_, (_, r))| r.clone())
+                            })
                             .unwrap_or_else(|| panic!("send of seq {seq} that is not durable"));
                         self.sent.push((issue, seq, row));
                     }
@@ -156,6 +167,7 @@ impl Harness {
                             .expect("assign of a missing row");
                         assert_eq!(row.0, None, "an assigned row is immutable");
                         row.0 = Some(first_seq + i as u64);
+                        self.model.by_seq.insert((issue, first_seq + i as u64), *o);
                     }
                     SpoolCompletion::Done
                 }
@@ -166,6 +178,9 @@ impl Harness {
                 self.model
                     .rows
                     .retain(|(i, _), (s, _)| !(*i == issue && s.is_some_and(|s| s <= upto_seq)));
+                self.model
+                    .by_seq
+                    .retain(|(i, s), _| !(*i == issue && *s <= upto_seq));
                 self.model.acked.insert(issue, upto_seq);
                 SpoolCompletion::Done
             }
@@ -829,4 +844,56 @@ fn the_session_window_is_shared_round_robin_so_no_command_starves() {
                 .collect::<Vec<_>>()
         );
     }
+}
+
+#[test]
+fn small_offline_output_rolls_at_the_entry_cap_keeping_the_newest() {
+    use rvbox_client_core::spool::MAX_ENTRIES_PER_COMMAND;
+    let mut h = Harness::new(SpoolLimits::default());
+    let a = issue(1);
+    h.spool.open_command(a).unwrap();
+    // offline: more small chunks than the entry cap holds
+    let chunks = MAX_ENTRIES_PER_COMMAND * 2;
+    for n in 0..chunks {
+        let taken = h.spool.output(a, OUT, 1, vec![b'x'; 100]).unwrap();
+        assert_eq!(taken, Taken::Kept, "chunk {n} was dropped instead of rolling");
+        if n % 64 == 63 {
+            h.settle();
+        }
+    }
+    h.spool.event(a, 2, lifecycle(wire::Lifecycle::Succeeded)).unwrap();
+    h.settle();
+    h.spool.session_active(&BTreeMap::new());
+    for _ in 0..10_000 {
+        h.settle();
+        h.ack_all();
+        if h.finished.contains(&a) {
+            break;
+        }
+    }
+    assert!(h.finished.contains(&a), "never finished");
+    let rows = h.stream_of(a);
+    let (mut kept, mut rotated, mut overload) = (0u64, 0u64, 0u64);
+    let mut seen_output = false;
+    for r in &rows {
+        match r {
+            Row::Output { raw, .. } => {
+                kept += raw;
+                seen_output = true;
+            }
+            Row::Event(Body::Truncation(t)) => {
+                assert!(!seen_output, "the rotated output is the oldest");
+                if t.source == wire::TruncationSource::ClientSpool as i32 {
+                    rotated += t.raw_bytes;
+                } else {
+                    overload += t.raw_bytes;
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(overload, 0, "nothing was dropped as overload");
+    assert!(rotated > 0, "the oldest output rolled");
+    assert_eq!(kept + rotated, 100 * chunks as u64, "every byte is output or in a marker");
+    assert!(matches!(rows.last(), Some(Row::Event(Body::Lifecycle(_)))));
 }
