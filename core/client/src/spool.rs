@@ -1499,7 +1499,9 @@ impl Spool {
         let over: Vec<Uuid7> = self
             .commands
             .iter()
-            .filter(|(_, c)| c.stored > limits.output_window || c.entries.len() >= ROTATE_AT_ENTRIES)
+            .filter(|(_, c)| {
+                c.stored > limits.output_window || c.entries.len() >= ROTATE_AT_ENTRIES
+            })
             .map(|(id, _)| *id)
             .collect();
         for issue in over {

@@ -856,12 +856,18 @@ fn small_offline_output_rolls_at_the_entry_cap_keeping_the_newest() {
     let chunks = MAX_ENTRIES_PER_COMMAND * 2;
     for n in 0..chunks {
         let taken = h.spool.output(a, OUT, 1, vec![b'x'; 100]).unwrap();
-        assert_eq!(taken, Taken::Kept, "chunk {n} was dropped instead of rolling");
+        assert_eq!(
+            taken,
+            Taken::Kept,
+            "chunk {n} was dropped instead of rolling"
+        );
         if n % 64 == 63 {
             h.settle();
         }
     }
-    h.spool.event(a, 2, lifecycle(wire::Lifecycle::Succeeded)).unwrap();
+    h.spool
+        .event(a, 2, lifecycle(wire::Lifecycle::Succeeded))
+        .unwrap();
     h.settle();
     h.spool.session_active(&BTreeMap::new());
     for _ in 0..10_000 {
@@ -894,6 +900,10 @@ fn small_offline_output_rolls_at_the_entry_cap_keeping_the_newest() {
     }
     assert_eq!(overload, 0, "nothing was dropped as overload");
     assert!(rotated > 0, "the oldest output rolled");
-    assert_eq!(kept + rotated, 100 * chunks as u64, "every byte is output or in a marker");
+    assert_eq!(
+        kept + rotated,
+        100 * chunks as u64,
+        "every byte is output or in a marker"
+    );
     assert!(matches!(rows.last(), Some(Row::Event(Body::Lifecycle(_)))));
 }

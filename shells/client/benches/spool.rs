@@ -111,7 +111,8 @@ fn feed(rt: &mut Runtime<UnixSupervisor>, p: Payload) {
     rt.input(Input::Frame(env.encode_to_vec()));
 }
 
-fn run_once(root: &Path, file: &Path, n: u32) -> Run {
+/// `cmds` commands each `cat` the file at once.
+fn run_once(root: &Path, file: &Path, n: u32, cmds: u32) -> Run {
     let cwd = root.join("work");
     std::fs::create_dir_all(&cwd).unwrap();
     let cwd_s = cwd.to_str().unwrap().to_owned();
@@ -126,7 +127,9 @@ fn run_once(root: &Path, file: &Path, n: u32) -> Run {
     let run = root.join("run");
     std::fs::create_dir_all(&run).unwrap();
     let sup = UnixSupervisor::new(support::supervisor_config(run)).unwrap();
-    let mut rt = Runtime::new(config(&cwd_s), store, sup, 1).unwrap();
+    let mut cfg = config(&cwd_s);
+    cfg.policy.max_running = cfg.policy.max_running.max(cmds);
+    let mut rt = Runtime::new(cfg, store, sup, 1).unwrap();
     rt.input(Input::Opened);
     feed(
         &mut rt,
@@ -151,7 +154,9 @@ fn run_once(root: &Path, file: &Path, n: u32) -> Run {
     r.result_digest = rvbox_reconcile::result_digest(&r).to_vec();
     feed(&mut rt, Payload::ReconcileResult(r));
     let _ = rt.take_wire();
-    let issue = format!("01890a5d-ac96-774b-bcce-b30209{n:06x}");
+    let issues: Vec<String> = (0..cmds)
+        .map(|k| format!("01890a5d-ac96-774b-bcce-b3{k:04x}{n:06x}"))
+        .collect();
     let spec = wire::ExecutionSpec {
         source: Some(wire::execution_spec::Source::CommandText(format!(
             "cat '{}'",
@@ -163,46 +168,49 @@ fn run_once(root: &Path, file: &Path, n: u32) -> Run {
     let idle = rss_kib();
     let mut peak = idle;
     let start = Instant::now();
-    feed(
-        &mut rt,
-        Payload::Dispatch(wire::Dispatch {
-            issue_uuid: issue.clone(),
-            generation: 1,
-            revision: 1,
-            request_hash: hash.0.to_vec(),
-            spec: Some(spec),
-            queue_expiry_time: None,
-        }),
-    );
+    for issue in &issues {
+        feed(
+            &mut rt,
+            Payload::Dispatch(wire::Dispatch {
+                issue_uuid: issue.clone(),
+                generation: 1,
+                revision: 1,
+                request_hash: hash.0.to_vec(),
+                spec: Some(spec.clone()),
+                queue_expiry_time: None,
+            }),
+        );
+    }
     let (mut kept, mut dropped) = (0u64, 0u64);
-    let mut done = false;
-    while !done && start.elapsed() < Duration::from_secs(300) {
+    let mut ended = 0u32;
+    while ended < cmds && start.elapsed() < Duration::from_secs(300) {
         rt.pump_processes(Duration::from_millis(5));
         rt.tick();
-        let mut last = 0u64;
+        let mut last: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
         for w in rt.take_wire() {
             let Wire::Binary(b) = w else { continue };
             let Ok(env) = wire::Envelope::decode(b.as_slice()) else {
                 continue;
             };
             if let Some(Payload::CommandEvent(e)) = env.payload {
-                last = last.max(e.event_seq);
+                let l = last.entry(e.issue_uuid.clone()).or_default();
+                *l = (*l).max(e.event_seq);
                 match e.body {
                     Some(Body::Output(o)) => kept += u64::from(o.raw_length),
                     Some(Body::Truncation(t)) => dropped += t.raw_bytes,
                     Some(Body::Lifecycle(l)) if l.lifecycle != wire::Lifecycle::Running as i32 => {
-                        done = true;
+                        ended += 1;
                     }
                     _ => {}
                 }
             }
         }
-        if last > 0 {
+        for (issue, seq) in last {
             feed(
                 &mut rt,
                 Payload::EventAck(wire::EventAck {
-                    issue_uuid: issue.clone(),
-                    durable_event_seq: last,
+                    issue_uuid: issue,
+                    durable_event_seq: seq,
                 }),
             );
         }
@@ -254,7 +262,7 @@ fn main() {
             n += 1;
             let p0 = probe_mb_s(dir.path());
             let cat = cat_mb_s(file);
-            let r = run_once(dir.path(), file, n);
+            let r = run_once(dir.path(), file, n, 1);
             let p1 = probe_mb_s(dir.path());
             let probe = (p0 + p1) / 2.0;
             let rate = r.kept as f64 / r.secs / 1e6;
@@ -273,7 +281,26 @@ fn main() {
             let _ = round;
         }
     }
+    // memory with many flat-out writers at once: the spool's 8 MiB daemon
+    // backlog and the supervisor's hand-over bound hold whatever the count
+    println!();
     println!(
-        "RSS+ is the daemon's peak resident memory over its idle level while the child writes; the raw backlog bound is 8 MiB"
+        "{:<12} {:>9} {:>9} {:>11} {:>22}",
+        "writers", "kept MB", "drop MB", "RSS+ MiB", "bound MiB (8 + hand-over)"
+    );
+    for cmds in [1u32, 8, 16] {
+        n += 1;
+        let r = run_once(dir.path(), &random, n, cmds);
+        println!(
+            "{:<12} {:>9.1} {:>9.1} {:>11.1} {:>22.0}",
+            format!("{cmds} x random"),
+            r.kept as f64 / 1e6,
+            r.dropped as f64 / 1e6,
+            r.rss_growth_kib as f64 / 1024.0,
+            8.0 + rvbox_supervisor::MAX_HANDOVER_BYTES as f64 / 1_048_576.0
+        );
+    }
+    println!(
+        "RSS+ is the daemon's peak resident memory over its idle level while the children write; the raw backlog bound is 8 MiB"
     );
 }

@@ -19,6 +19,11 @@ use rvbox_proto::v1 as wire;
 /// Output items (chunks of at most 64 KiB, or drop records) one command may
 /// have waiting: at most 2 MiB of chunk bytes per command.
 pub(crate) const OUTPUT_QUEUE_ITEMS: usize = 32;
+/// Chunk bytes waiting in every output queue together: the hand-over
+/// holds at most this much whatever the number of commands (a reader
+/// whose chunk does not fit counts it as dropped), so the daemon's memory
+/// is bounded by the spool's backlog plus this constant.
+pub const MAX_QUEUED_BYTES: u64 = 4 * 1024 * 1024;
 /// Essential messages waiting for `next_event`, all commands together. The
 /// producers are the supervisor's own threads (never a pipe reader); when
 /// it is full they wait for room.
@@ -73,6 +78,8 @@ impl StreamState {
 #[derive(Debug, Default)]
 struct OutputQueue {
     items: VecDeque<OutItem>,
+    /// Chunk bytes in `items`.
+    bytes: u64,
     stdout: StreamState,
     stderr: StreamState,
 }
@@ -114,6 +121,8 @@ struct State<C> {
     generation: u64,
     control: VecDeque<(Uuid7, C)>,
     outputs: BTreeMap<Uuid7, OutputQueue>,
+    /// Chunk bytes in every output queue.
+    queued_bytes: u64,
 }
 
 /// The hand-over point.
@@ -138,6 +147,7 @@ impl<C> Hub<C> {
                 generation: 0,
                 control: VecDeque::new(),
                 outputs: BTreeMap::new(),
+                queued_bytes: 0,
             }),
             cond: Condvar::new(),
         }
@@ -170,20 +180,24 @@ impl<C> Hub<C> {
         bytes: Vec<u8>,
         now_ms: i64,
     ) {
-        let mut st = self.lock();
+        let mut guard = self.lock();
+        let st = &mut *guard;
         let Some(q) = st.outputs.get_mut(issue) else {
             return; // closed: the command is drained
         };
         q.settle();
-        let room = q.items.len() < OUTPUT_QUEUE_ITEMS;
+        let n = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+        let room = q.items.len() < OUTPUT_QUEUE_ITEMS
+            && st.queued_bytes.saturating_add(n) <= MAX_QUEUED_BYTES;
         if room && q.stream_mut(stream).pending.is_none() {
+            q.bytes = q.bytes.saturating_add(n);
+            st.queued_bytes = st.queued_bytes.saturating_add(n);
             q.push_item(OutItem::Chunk {
                 stream,
                 observed_ms: now_ms,
                 bytes,
             });
         } else {
-            let n = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
             let s = q.stream_mut(stream);
             if let Some(acc) = &mut s.pending {
                 acc.raw_bytes = acc.raw_bytes.saturating_add(n);
@@ -196,7 +210,7 @@ impl<C> Hub<C> {
                 });
             }
         }
-        self.bump(&mut st);
+        self.bump(st);
     }
 
     /// A reader reached end of file.
@@ -211,9 +225,15 @@ impl<C> Hub<C> {
     /// The next output item of a command.
     pub(crate) fn pop_output(&self, issue: &Uuid7) -> Option<OutItem> {
         let mut st = self.lock();
+        let st = &mut *st;
         let q = st.outputs.get_mut(issue)?;
         q.settle();
         let item = q.items.pop_front()?;
+        if let OutItem::Chunk { bytes, .. } = &item {
+            let n = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+            q.bytes = q.bytes.saturating_sub(n);
+            st.queued_bytes = st.queued_bytes.saturating_sub(n);
+        }
         let s = q.stream_mut(item.stream());
         s.queued = s.queued.saturating_sub(1);
         q.settle();
@@ -239,6 +259,7 @@ impl<C> Hub<C> {
                 stderr_eof: true,
             };
         };
+        st.queued_bytes = st.queued_bytes.saturating_sub(q.bytes);
         let mut items: Vec<OutItem> = q.items.drain(..).collect();
         for s in [wire::OutputStream::Stdout, wire::OutputStream::Stderr] {
             if let Some(acc) = q.stream_mut(s).pending.take() {
@@ -310,6 +331,47 @@ mod tests {
 
     fn issue() -> Uuid7 {
         Uuid7::parse("t", "01890a5d-ac96-774b-bcce-b302099a8057").unwrap()
+    }
+
+    #[test]
+    fn every_queue_together_holds_at_most_the_handover_bound() {
+        let hub: Hub<()> = Hub::new();
+        let out = wire::OutputStream::Stdout;
+        let ids: Vec<Uuid7> = (0..16u32)
+            .map(|n| {
+                Uuid7::parse("t", &format!("01890a5d-ac96-774b-bcce-b302099a80{n:02x}")).unwrap()
+            })
+            .collect();
+        let chunk = 64 * 1024;
+        let mut pushed = 0u64;
+        for id in &ids {
+            hub.open(*id);
+            for _ in 0..OUTPUT_QUEUE_ITEMS {
+                hub.push_output(id, out, vec![1; chunk], 1);
+                pushed += chunk as u64;
+            }
+        }
+        let queued = hub.lock().queued_bytes;
+        assert!(queued <= MAX_QUEUED_BYTES, "{queued}");
+        assert_eq!(queued, MAX_QUEUED_BYTES, "the bound is used, not undershot");
+        // every byte is a chunk or counted dropped, and popping frees room
+        let (mut chunks, mut dropped) = (0u64, 0u64);
+        for id in &ids {
+            while let Some(item) = hub.pop_output(id) {
+                match item {
+                    OutItem::Chunk { bytes, .. } => chunks += bytes.len() as u64,
+                    OutItem::Dropped { raw_bytes, .. } => dropped += raw_bytes,
+                }
+            }
+            let closed = hub.close(id);
+            for item in closed.items {
+                if let OutItem::Dropped { raw_bytes, .. } = item {
+                    dropped += raw_bytes;
+                }
+            }
+        }
+        assert_eq!(chunks + dropped, pushed);
+        assert_eq!(hub.lock().queued_bytes, 0);
     }
 
     #[test]
