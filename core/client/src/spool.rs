@@ -253,6 +253,21 @@ pub enum SpoolOp {
         /// earlier marker in place).
         markers: Vec<(u64, i64, wire::OutputTruncation)>,
     },
+    /// Record the open loss run's known totals (as the `CLIENT_OVERLOAD`
+    /// marker it will become) on the command, so that a crash in loss
+    /// mode still ends in its marker; applied only while the command's
+    /// next ordinal is `marker_ordinal` (the marker's place: any later
+    /// append has closed the run, and clears what was recorded).
+    PersistLoss {
+        /// Completion token.
+        token: SpoolToken,
+        /// The command.
+        issue: Uuid7,
+        /// The ordinal the run's marker will take.
+        marker_ordinal: u64,
+        /// The marker as it stands.
+        run: wire::OutputTruncation,
+    },
 }
 
 impl SpoolOp {
@@ -263,7 +278,20 @@ impl SpoolOp {
             Self::Append { token, .. }
             | Self::Assign { token, .. }
             | Self::Release { token, .. }
-            | Self::Rotate { token, .. } => *token,
+            | Self::Rotate { token, .. }
+            | Self::PersistLoss { token, .. } => *token,
+        }
+    }
+
+    /// The command it concerns.
+    #[must_use]
+    pub fn issue(&self) -> Uuid7 {
+        match self {
+            Self::Append { issue, .. }
+            | Self::Assign { issue, .. }
+            | Self::Release { issue, .. }
+            | Self::Rotate { issue, .. }
+            | Self::PersistLoss { issue, .. } => *issue,
         }
     }
 }
@@ -457,6 +485,11 @@ struct CommandSpool {
     /// acknowledgement, session or durable entry (no spinning on a store
     /// that keeps failing).
     assign_blocked: bool,
+    /// Raw bytes and last observation of the open loss run as last
+    /// recorded (0: nothing recorded).
+    loss_recorded: (u64, i64),
+    /// A `PersistLoss` is in flight.
+    loss_recording: bool,
 }
 
 impl CommandSpool {
@@ -476,6 +509,8 @@ impl CommandSpool {
             in_flight: 0,
             releasing: false,
             assign_blocked: false,
+            loss_recorded: (0, 0),
+            loss_recording: false,
         }
     }
 
@@ -528,6 +563,8 @@ pub struct RestoredCommand {
     pub acked: u64,
     /// Its entries, in ordinal order.
     pub entries: Vec<RestoredEntry>,
+    /// The loss run open at the crash, as recorded (its marker).
+    pub loss_run: Option<wire::OutputTruncation>,
 }
 
 /// The daemon's spool.
@@ -552,10 +589,23 @@ pub struct Spool {
 
 #[derive(Debug, Clone, PartialEq)]
 enum Pending {
-    Append { ordinal: u64, raw: u64 },
-    Assign { ordinals: Vec<u64>, first_seq: u64 },
+    PersistLoss {
+        marker_ordinal: u64,
+        raw: u64,
+        last_ms: i64,
+    },
+    Append {
+        ordinal: u64,
+        raw: u64,
+    },
+    Assign {
+        ordinals: Vec<u64>,
+        first_seq: u64,
+    },
     Release,
-    Rotate { markers: Vec<u64> },
+    Rotate {
+        markers: Vec<u64>,
+    },
 }
 
 fn timestamp(ms: i64) -> prost_types::Timestamp {
@@ -640,6 +690,30 @@ fn overload_marker(run: &LossRun) -> wire::OutputTruncation {
         compressed_bytes: None,
         first_observed_time: Some(timestamp(run.first_ms)),
         last_observed_time: Some(timestamp(run.last_ms)),
+    }
+}
+
+/// A loss run's totals are recorded when it opens, then again once it has
+/// grown by this many raw bytes and [`LOSS_RECORD_INTERVAL_MS`] passed: a
+/// crash in loss mode loses at most this much of the count.
+pub const LOSS_RECORD_STEP: u64 = 1024 * 1024;
+/// See [`LOSS_RECORD_STEP`].
+pub const LOSS_RECORD_INTERVAL_MS: i64 = 1000;
+
+/// The loss run a marker describes (for a restore).
+fn run_of(t: &wire::OutputTruncation) -> LossRun {
+    let ms = |ts: &Option<prost_types::Timestamp>| {
+        ts.as_ref().map_or(0, |t| {
+            t.seconds
+                .saturating_mul(1000)
+                .saturating_add(i64::from(t.nanos) / 1_000_000)
+        })
+    };
+    LossRun {
+        streams: t.streams.iter().copied().collect(),
+        raw_bytes: t.raw_bytes,
+        first_ms: ms(&t.first_observed_time),
+        last_ms: ms(&t.last_observed_time),
     }
 }
 
@@ -773,6 +847,12 @@ impl Spool {
             return Err(SpoolError::TooManyCommands);
         }
         let mut c = CommandSpool::new(r.next_ordinal, r.next_seq, r.acked);
+        if let Some(t) = &r.loss_run {
+            // closed into its marker before the command's next entry
+            let run = run_of(t);
+            c.loss_recorded = (run.raw_bytes, run.last_ms);
+            c.run = Some(run);
+        }
         for e in r.entries {
             let state = if e.seq.is_some() {
                 State::Pinned
@@ -894,6 +974,7 @@ impl Spool {
             run.last_ms = run.last_ms.max(observed_ms);
             self.stats.chunks_dropped += 1;
             self.stats.raw_bytes_dropped = self.stats.raw_bytes_dropped.saturating_add(raw);
+            self.record_loss(issue);
             return Ok(Taken::Dropped);
         }
         self.close_run(issue);
@@ -972,7 +1053,49 @@ impl Spool {
         run.first_ms = run.first_ms.min(first_ms);
         run.last_ms = run.last_ms.max(last_ms);
         self.stats.raw_bytes_dropped = self.stats.raw_bytes_dropped.saturating_add(raw_bytes);
+        self.record_loss(issue);
         Ok(())
+    }
+
+    /// Records the open loss run of `issue` when it is new, or has grown by
+    /// [`LOSS_RECORD_STEP`] over [`LOSS_RECORD_INTERVAL_MS`] since it was
+    /// last recorded (plan §7.2: known totals are persisted).
+    fn record_loss(&mut self, issue: Uuid7) {
+        let Some(c) = self.commands.get_mut(&issue) else {
+            return;
+        };
+        let Some(run) = &c.run else {
+            return;
+        };
+        let (recorded, at) = c.loss_recorded;
+        let due = recorded == 0
+            || (run.raw_bytes >= recorded.saturating_add(LOSS_RECORD_STEP)
+                && run.last_ms >= at.saturating_add(LOSS_RECORD_INTERVAL_MS));
+        if !due || c.loss_recording || run.raw_bytes == recorded {
+            return;
+        }
+        let marker = overload_marker(run);
+        let (raw, last_ms) = (run.raw_bytes, run.last_ms);
+        let marker_ordinal = c.next_ordinal;
+        c.loss_recording = true;
+        let token = self.token();
+        self.pending.insert(
+            token,
+            (
+                issue,
+                Pending::PersistLoss {
+                    marker_ordinal,
+                    raw,
+                    last_ms,
+                },
+            ),
+        );
+        self.push(SpoolOutput::Store(Box::new(SpoolOp::PersistLoss {
+            token,
+            issue,
+            marker_ordinal,
+            run: marker,
+        })));
     }
 
     /// Takes one essential event (lifecycle, signal result, stdin
@@ -1044,6 +1167,8 @@ impl Spool {
         let Some(run) = c.run.take() else {
             return;
         };
+        // the marker's append clears what was recorded of the run
+        c.loss_recorded = (0, 0);
         let marker = overload_marker(&run);
         let entry = Entry {
             ordinal: c.next_ordinal,
@@ -1101,6 +1226,23 @@ impl Spool {
             self.stats.failures += 1;
         }
         match pending {
+            Pending::PersistLoss {
+                marker_ordinal,
+                raw,
+                last_ms,
+            } => {
+                if let Some(c) = self.commands.get_mut(&issue) {
+                    c.loss_recording = false;
+                    // still the same run (its marker not yet placed)
+                    if result != SpoolCompletion::Failed
+                        && c.run.is_some()
+                        && c.next_ordinal == marker_ordinal
+                    {
+                        c.loss_recorded = (raw, last_ms);
+                    }
+                }
+                self.record_loss(issue);
+            }
             Pending::Append { ordinal, raw } => self.appended(issue, ordinal, raw, &result),
             Pending::Assign {
                 ordinals,

@@ -161,12 +161,7 @@ fn op_issue(op: &ClientOp) -> Uuid7 {
         | ClientOp::StdinWrite { issue, .. }
         | ClientOp::StdinWritten { issue, .. }
         | ClientOp::Finish { issue } => *issue,
-        ClientOp::Spool(op) => match op.as_ref() {
-            SpoolOp::Append { issue, .. }
-            | SpoolOp::Assign { issue, .. }
-            | SpoolOp::Release { issue, .. }
-            | SpoolOp::Rotate { issue, .. } => *issue,
-        },
+        ClientOp::Spool(op) => op.issue(),
         _ => issue(0),
     }
 }
@@ -387,7 +382,7 @@ impl World {
                         .retain(|(i, _), r| !(*i == issue && r.seq.is_some_and(|s| s <= upto_seq)));
                     SpoolCompletion::Done
                 }
-                SpoolOp::Rotate { .. } => SpoolCompletion::Done,
+                SpoolOp::Rotate { .. } | SpoolOp::PersistLoss { .. } => SpoolCompletion::Done,
             }),
             ClientOp::Generation(g) => {
                 self.store.generation = g;

@@ -39,6 +39,8 @@ struct Model {
     /// (command, sequence) to ordinal, for the sequenced rows.
     by_seq: BTreeMap<(Uuid7, u64), u64>,
     acked: BTreeMap<Uuid7, u64>,
+    /// The recorded open loss run of each command, as a store keeps it.
+    loss: BTreeMap<Uuid7, wire::OutputTruncation>,
 }
 
 #[derive(Debug)]
@@ -147,6 +149,8 @@ impl Harness {
                             .is_none(),
                         "ordinal {ordinal} appended twice"
                     );
+                    // any later entry means the run was closed into its marker
+                    self.model.loss.remove(&issue);
                     done
                 }
             }
@@ -182,6 +186,23 @@ impl Harness {
                     .by_seq
                     .retain(|(i, s), _| !(*i == issue && *s <= upto_seq));
                 self.model.acked.insert(issue, upto_seq);
+                SpoolCompletion::Done
+            }
+            SpoolOp::PersistLoss {
+                issue,
+                marker_ordinal,
+                run,
+                ..
+            } => {
+                let closed = self
+                    .model
+                    .rows
+                    .range((issue, marker_ordinal)..=(issue, u64::MAX))
+                    .next()
+                    .is_some();
+                if !closed {
+                    self.model.loss.insert(issue, run);
+                }
                 SpoolCompletion::Done
             }
             SpoolOp::Rotate {
@@ -640,6 +661,7 @@ fn a_restored_spool_keeps_its_pins_and_continues_the_order() {
             next_ordinal: 4,
             next_seq: 3,
             acked: 1,
+            loss_run: None,
             entries: vec![
                 RestoredEntry {
                     ordinal: 2,

@@ -52,6 +52,8 @@ pub const LAUNCH_RUNNING_AFTER_COMMIT: &str = "launch.running.after_commit";
 pub const LAUNCH_UNPREPARED_AFTER_COMMIT: &str = "launch.unprepared.after_commit";
 /// The slot release after the terminal event is committed.
 pub const LAUNCH_ENDED_AFTER_COMMIT: &str = "launch.ended.after_commit";
+/// An open loss run's totals are committed on its command.
+pub const SPOOL_LOSS_AFTER_COMMIT: &str = "spool.loss.after_commit";
 /// A stdin write is committed; not yet written to the child.
 pub const STDIN_AFTER_COMMIT: &str = "stdin.after_commit";
 /// A written stdin write's durable copy is removed.
@@ -80,6 +82,7 @@ pub const ALL: &[&str] = &[
     SPOOL_RELEASE_AFTER_COMMIT,
     SPOOL_ROTATE_BEFORE_COMMIT,
     SPOOL_ROTATE_AFTER_COMMIT,
+    SPOOL_LOSS_AFTER_COMMIT,
     RECONCILE_AFTER_COMMIT,
     MATERIALIZE_BEFORE_RENAME,
     LAUNCH_PREPARED_AFTER_FSYNC,

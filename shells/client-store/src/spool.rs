@@ -190,22 +190,47 @@ impl ClientStore {
             } => self
                 .spool_rotate(issue, *segment, removed, markers)
                 .map(|()| SpoolCompletion::Done),
+            SpoolOp::PersistLoss {
+                issue,
+                marker_ordinal,
+                run,
+                ..
+            } => self
+                .record_loss_run(issue, *marker_ordinal, run)
+                .map(|()| SpoolCompletion::Done),
         };
         match result {
             Ok(done) => done,
             Err(e) => {
                 self.metrics.spool_failures.inc();
                 tracing::error!(error = %e, "spool step failed");
-                let issue = match op {
-                    SpoolOp::Append { issue, .. }
-                    | SpoolOp::Assign { issue, .. }
-                    | SpoolOp::Release { issue, .. }
-                    | SpoolOp::Rotate { issue, .. } => issue,
-                };
-                self.record_spool_failure(std::slice::from_ref(issue), &e, now_ms);
+                self.record_spool_failure(&[op.issue()], &e, now_ms);
                 SpoolCompletion::Failed
             }
         }
+    }
+
+    /// Records an open loss run's totals on its command, unless an entry
+    /// at or after the run's marker ordinal was appended since (that entry
+    /// closed the run). One autocommit statement.
+    fn record_loss_run(
+        &mut self,
+        issue: &Uuid7,
+        marker_ordinal: u64,
+        run: &wire::OutputTruncation,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .execute_cached(
+                "UPDATE commands SET loss_run = ?2 WHERE issue_uuid = ?1 AND next_ordinal = ?3",
+                params![
+                    issue.as_bytes().as_slice(),
+                    run.encode_to_vec(),
+                    i64_of(marker_ordinal)
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("record loss run", e))?;
+        self.hook.at(crash::SPOOL_LOSS_AFTER_COMMIT);
+        Ok(())
     }
 
     /// plan §7.2 (R-7.2-13): a spool write that failed leaves the
@@ -538,8 +563,11 @@ impl ClientStore {
                     .map_err(|e| StoreError::sqlite("insert spool event", e))?;
                 }
             }
+            // any entry closes the command's open loss run (its marker is
+            // the first entry after the run), so what was recorded goes
             tx.execute_cached(
-                "UPDATE commands SET next_ordinal = MAX(next_ordinal, ?2) WHERE issue_uuid = ?1",
+                "UPDATE commands SET next_ordinal = MAX(next_ordinal, ?2), loss_run = NULL
+                 WHERE issue_uuid = ?1",
                 params![r.key.as_slice(), i64_of(r.ordinal.saturating_add(1))],
             )
             .map_err(|e| StoreError::sqlite("advance ordinal", e))?;
@@ -988,7 +1016,8 @@ impl ClientStore {
             let mut stmt = self
                 .conn
                 .prepare_cached(
-                    "SELECT issue_uuid, next_ordinal, next_event_seq, acked_event_seq FROM commands",
+                    "SELECT issue_uuid, next_ordinal, next_event_seq, acked_event_seq, loss_run
+                     FROM commands",
                 )
                 .map_err(|e| StoreError::sqlite("read commands", e))?;
             let rows = stmt
@@ -998,12 +1027,22 @@ impl ClientStore {
                         u64_of(r.get(1)?),
                         u64_of(r.get(2)?),
                         u64_of(r.get(3)?),
+                        r.get::<_, Option<Vec<u8>>>(4)?,
                     ))
                 })
                 .map_err(|e| StoreError::sqlite("read commands", e))?;
             for row in rows {
-                let (id, next_ordinal, next_seq, acked) =
+                let (id, next_ordinal, next_seq, acked, loss) =
                     row.map_err(|e| StoreError::sqlite("read commands", e))?;
+                let loss_run = loss
+                    .map(|b| {
+                        wire::OutputTruncation::decode(b.as_slice()).map_err(|e| {
+                            StoreError::Integrity(format!(
+                                "a recorded loss run does not decode: {e}"
+                            ))
+                        })
+                    })
+                    .transpose()?;
                 let key = <[u8; 16]>::try_from(id.as_slice())
                     .map_err(|_| StoreError::Integrity("a command id is not 16 bytes".into()))?;
                 let issue = Uuid7::from_bytes("issue_uuid", key)
@@ -1016,6 +1055,7 @@ impl ClientStore {
                         next_seq,
                         acked,
                         entries: Vec::new(),
+                        loss_run,
                     },
                 );
             }

@@ -28,10 +28,16 @@ use crate::recovery::RecoveryReport;
 use crate::spool::OpenSegments;
 
 /// Every migration of the client store, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: include_str!("migrations/0001_initial.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: include_str!("migrations/0001_initial.sql"),
+    },
+    Migration {
+        version: 2,
+        sql: include_str!("migrations/0002_loss_run.sql"),
+    },
+];
 
 /// Default length of the tombstone FIFO (plan §7.1).
 pub const DEFAULT_TOMBSTONES: u64 = 1_000_000;

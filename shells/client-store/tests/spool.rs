@@ -417,3 +417,89 @@ fn a_spool_write_that_fails_makes_local_health_dirty_with_an_incident_for_the_co
     assert_eq!(incidents[0].scope_kind, wire::ScopeKind::Command);
     assert_eq!(incidents[0].scope_key, id.to_string());
 }
+
+#[test]
+fn a_crash_in_loss_mode_still_ends_in_a_marker_of_the_recorded_totals() {
+    use rvbox_client_core::spool::LOSS_RECORD_STEP;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("state");
+    let fs = Arc::new(FaultyFs::new());
+    let open_fs = || support::open_on(&root, fs.clone() as Arc<dyn StoreFs>, Arc::new(NoCrash));
+    let mut store = open_fs();
+    let id = accepted(&mut store, 1);
+    let mut spool = Spool::new(SpoolLimits::default());
+    spool.open_command(id).unwrap();
+    let (mut sent, mut finished) = (Vec::new(), Vec::new());
+    // nothing is made durable while the child writes: the backlog passes
+    // the 1 MiB high watermark and output is dropped, over two seconds
+    let mut dropped = 0u64;
+    for (n, at) in (0..60u32).map(|n| (n, NOW + i64::from(n) * 50)) {
+        let bytes = chunk(n, 64 * 1024, true);
+        let len = bytes.len() as u64;
+        if spool.output(id, OUT, at, bytes).unwrap() == rvbox_client_core::spool::Taken::Dropped {
+            dropped += len;
+        }
+    }
+    assert!(dropped > LOSS_RECORD_STEP, "{dropped}");
+    run(&mut spool, &mut store, &mut sent, &mut finished);
+    // the daemon dies in loss mode, before any marker
+    store.close_as_crashed();
+    drop(spool);
+    fs.crash(CrashMode::LoseUnsynced).unwrap();
+    let mut store = open_fs();
+    let restored = store.restore_spool().unwrap();
+    let run_of = restored[0]
+        .loss_run
+        .clone()
+        .expect("the open loss run was recorded");
+    assert_eq!(run_of.source, wire::TruncationSource::ClientOverload as i32);
+    assert!(
+        run_of.raw_bytes <= dropped && run_of.raw_bytes + LOSS_RECORD_STEP >= dropped,
+        "recorded {} of {dropped}",
+        run_of.raw_bytes
+    );
+    assert!(
+        run_of.raw_bytes > 64 * 1024,
+        "it was recorded again as it grew"
+    );
+    // the restart closes it into its marker before the command's next event
+    let mut spool = Spool::new(SpoolLimits::default());
+    for c in restored {
+        spool.restore(c).unwrap();
+    }
+    spool
+        .event(id, NOW + 10_000, lifecycle(wire::Lifecycle::Interrupted))
+        .unwrap();
+    spool.session_active(&BTreeMap::new());
+    for _ in 0..100 {
+        run(&mut spool, &mut store, &mut sent, &mut finished);
+        if sent
+            .iter()
+            .any(|e| matches!(e.body, Some(Body::Lifecycle(_))))
+        {
+            break;
+        }
+        ack_everything(&mut spool, &sent);
+    }
+    let bodies: Vec<&Body> = sent.iter().filter_map(|e| e.body.as_ref()).collect();
+    let kinds: Vec<&str> = bodies
+        .iter()
+        .map(|b| match b {
+            Body::Output(_) => "output",
+            Body::Truncation(_) => "marker",
+            Body::Lifecycle(_) => "lifecycle",
+            _ => "other",
+        })
+        .collect();
+    let n = bodies.len();
+    assert!(n >= 2, "{kinds:?}");
+    match (bodies[n - 2], bodies[n - 1]) {
+        (Body::Truncation(t), Body::Lifecycle(_)) => {
+            assert_eq!(t.raw_bytes, run_of.raw_bytes);
+            assert_eq!(t.source, wire::TruncationSource::ClientOverload as i32);
+        }
+        _ => panic!("{kinds:?}"),
+    }
+    // and nothing is recorded any more
+    assert!(store.restore_spool().unwrap()[0].loss_run.is_none());
+}
