@@ -177,6 +177,22 @@ impl SimSupervisor {
                             bytes,
                         },
                     );
+                    // now and then a pipe reader had to discard bytes (its
+                    // hand-over was full): a loss run the spool records and
+                    // closes into a CLIENT_OVERLOAD marker
+                    if self.rng.chance(60) {
+                        let raw_bytes = self.rng.range_inclusive(1..=256 * 1024);
+                        let at = self.wall();
+                        self.push(
+                            issue,
+                            ProcessEvent::Dropped {
+                                stream,
+                                raw_bytes,
+                                first_ms: at,
+                                last_ms: at,
+                            },
+                        );
+                    }
                     // now and then the diagnostics sampler reports a
                     // change of the tree's progress state
                     if self.rng.chance(20) {
