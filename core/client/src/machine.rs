@@ -239,10 +239,18 @@ pub struct CoreStats {
     pub protocol_errors: u64,
     /// Commands whose output could no longer be accounted for.
     pub unaccountable: u64,
+    /// Commands ended interrupted with a tree that could not be verified
+    /// gone.
+    pub unverified_trees: u64,
 }
 
 /// Most times a command's lost terminal event is spooled again.
 pub const MAX_TERMINAL_ATTEMPTS: u32 = 3;
+/// Times a recorded, authorized tree that cannot be verified gone after a
+/// restart is checked again before the command ends interrupted.
+pub const MAX_REAP_ATTEMPTS: u32 = 10;
+/// Between those checks.
+pub const REAP_RETRY_MS: u64 = 30_000;
 
 /// Why a command whose output could not be recorded ends interrupted.
 const UNACCOUNTABLE_REASON: &str =
@@ -278,6 +286,10 @@ struct Record {
     unaccountable: bool,
     /// Times a lost terminal event was spooled again.
     terminal_attempts: u32,
+    /// Times a recorded tree could not be verified gone after a restart.
+    reap_attempts: u32,
+    /// The recorded launch identity a restart reaps.
+    reap_identity: Option<LaunchIdentity>,
 }
 
 impl Record {
@@ -502,6 +514,8 @@ impl ClientCore {
                     order,
                     unaccountable: false,
                     terminal_attempts: 0,
+                    reap_attempts: 0,
+                    reap_identity: r.identity.clone(),
                 },
             );
         }
@@ -614,10 +628,18 @@ impl ClientCore {
     pub fn handle_timeout(&mut self, now_ms: u64, wall_ms: i64) {
         self.wall = wall_ms;
         self.link.handle_timeout(now_ms);
-        for r in self.records.values_mut() {
+        let mut reap = Vec::new();
+        for (id, r) in &mut self.records {
             if r.retry_at.is_some_and(|t| t <= now_ms) {
                 r.retry_at = None;
+                if let (LaunchPhase::Reaping { .. }, Some(identity)) = (&r.phase, &r.reap_identity)
+                {
+                    reap.push((*id, identity.clone()));
+                }
             }
+        }
+        for (issue, identity) in reap {
+            self.push(Output::Supervise(SuperviseOp::Reap { issue, identity }));
         }
         self.drain_link(now_ms);
         self.settle(now_ms, wall_ms);
@@ -640,7 +662,7 @@ impl ClientCore {
                 revision,
                 outcome,
             } => self.signalled(wall_ms, issue, kind, revision, outcome),
-            Input::Reaped { issue, gone } => self.reaped(wall_ms, issue, gone),
+            Input::Reaped { issue, gone } => self.reaped(now_ms, wall_ms, issue, gone),
             Input::Shutdown => {
                 self.shutting_down = true;
                 self.link.shutdown();
@@ -845,6 +867,8 @@ impl ClientCore {
                         running_slot: false,
                         unaccountable: false,
                         terminal_attempts: 0,
+                        reap_attempts: 0,
+                        reap_identity: None,
                     },
                 );
                 self.stats.accepted += 1;
@@ -1634,18 +1658,37 @@ impl ClientCore {
         )
     }
 
-    fn reaped(&mut self, wall_ms: i64, issue: Uuid7, gone: bool) {
+    fn reaped(&mut self, now_ms: u64, wall_ms: i64, issue: Uuid7, gone: bool) {
         let Some(r) = self.records.get_mut(&issue) else {
             return;
         };
         let LaunchPhase::Reaping { authorized } = r.phase else {
             return;
         };
-        if !gone {
-            // not verifiably gone: keep the slot; the record stays for the
-            // operator (reconciliation reports it as accepted)
+        if !gone && authorized {
+            // not verifiably gone, so not killed: the slot stays taken and
+            // the check is tried again; after the last try the command ends
+            // interrupted, its tree possibly still alive (never launched
+            // again either way)
+            r.reap_attempts = r.reap_attempts.saturating_add(1);
+            if r.reap_attempts < MAX_REAP_ATTEMPTS {
+                r.retry_at = Some(now_ms.saturating_add(REAP_RETRY_MS));
+                return;
+            }
+            self.stats.interrupted += 1;
+            self.stats.unverified_trees += 1;
+            self.end(
+                wall_ms,
+                issue,
+                wire::Lifecycle::Interrupted,
+                None,
+                "the client restarted while the command ran, and could not verify that its process tree is gone; it may still be running",
+            );
             return;
         }
+        // a prepared launch that cannot be verified gone never ran user
+        // code and never can (its release channel died with the daemon):
+        // like a gone one, it may be launched again
         if authorized {
             // plan §7.4 step 5: authorized but uncertain: killed as a tree,
             // ends interrupted, never launched again

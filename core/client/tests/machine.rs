@@ -923,3 +923,59 @@ fn the_snapshot_reports_the_store_health_the_shell_set() {
         .collect();
     assert_eq!(health, vec![wire::ScopeState::Unavailable as i32]);
 }
+
+#[test]
+fn a_tree_that_cannot_be_verified_gone_is_checked_again_then_ends_interrupted() {
+    use rvbox_client_core::machine::{MAX_REAP_ATTEMPTS, REAP_RETRY_MS};
+    let mut w = World::new(vec![restored(6, 3), restored(7, 2)]);
+    w.connect();
+    let mut reaps = 0u32;
+    let mut others = Vec::new();
+    for _ in 0..(MAX_REAP_ATTEMPTS + 5) {
+        let ops: Vec<SuperviseOp> = w.supervise.drain(..).collect();
+        for op in ops {
+            match op {
+                // the recorded trees cannot be verified gone
+                SuperviseOp::Reap { issue: i, .. } => {
+                    if i == issue(6) {
+                        reaps += 1;
+                    }
+                    w.input(Input::Reaped {
+                        issue: i,
+                        gone: false,
+                    });
+                }
+                other => others.push(other),
+            }
+        }
+        // time passes in heartbeat-sized steps, the server answering
+        for _ in 0..(REAP_RETRY_MS / 5_000) {
+            w.now += 5_000;
+            let now = w.now;
+            w.core.handle_timeout(now, 1_800_000_000_000);
+            w.run();
+            w.input(Input::Pong);
+        }
+    }
+    assert_eq!(
+        reaps, MAX_REAP_ATTEMPTS,
+        "checked again, a bounded number of times"
+    );
+    // the authorized one ends interrupted, never launched again
+    assert_eq!(
+        lifecycles(&w.events_of(issue(6))),
+        vec![wire::Lifecycle::Interrupted as i32]
+    );
+    assert!(!w.steps.contains(&Step::Supervise("release", issue(6))));
+    assert_eq!(w.core.stats().unverified_trees, 1);
+    // the prepared one never ran user code and is launched again
+    w.supervise.extend(others);
+    w.supervise_all(0);
+    assert_eq!(
+        lifecycles(&w.events_of(issue(7))),
+        vec![
+            wire::Lifecycle::Running as i32,
+            wire::Lifecycle::Succeeded as i32
+        ]
+    );
+}
