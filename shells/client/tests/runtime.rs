@@ -10,6 +10,7 @@
     clippy::indexing_slicing
 )]
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -667,4 +668,185 @@ fn a_stdin_write_that_does_not_match_its_digest_is_never_written() {
         "a write that failed its digest reached the child"
     );
     assert_eq!(host.rt.core().stats().protocol_errors, 1);
+}
+
+/// Raw bytes of `stream` kept in output events, and dropped into markers.
+fn accounted(events: &[wire::CommandEvent], stream: wire::OutputStream) -> (u64, u64) {
+    let mut kept = 0u64;
+    let mut dropped = 0u64;
+    for e in events {
+        match &e.body {
+            Some(Body::Output(o)) if o.stream == stream as i32 => kept += u64::from(o.raw_length),
+            Some(Body::Truncation(t)) if t.streams.contains(&(stream as i32)) => {
+                // a marker of both streams: the test writes one stream only
+                dropped += t.raw_bytes;
+            }
+            _ => {}
+        }
+    }
+    (kept, dropped)
+}
+
+/// Runs until terminal, acknowledging everything sent as a server would.
+fn run_acking(host: &mut Host, issue: &str, limit: Duration) {
+    let until = Instant::now() + limit;
+    loop {
+        host.rt.pump_processes(Duration::from_millis(10));
+        host.rt.tick();
+        host.collect();
+        let events = host.events(issue);
+        if let Some(last) = events.iter().map(|e| e.event_seq).max() {
+            host.frame(Payload::EventAck(wire::EventAck {
+                issue_uuid: issue.into(),
+                durable_event_seq: last,
+            }));
+        }
+        if events.iter().any(|e| {
+            matches!(&e.body, Some(Body::Lifecycle(l)) if l.lifecycle != wire::Lifecycle::Running as i32)
+        }) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "no terminal event for {issue} within {limit:?}"
+        );
+    }
+}
+
+fn host_in(dir: &Path) -> (Host, String) {
+    let cwd = dir.join("work");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let cwd = cwd.to_string_lossy().into_owned();
+    let mut host = Host::start(dir, &cwd);
+    host.connect();
+    (host, cwd)
+}
+
+#[test]
+fn alternating_stdout_and_stderr_without_newlines_keep_each_streams_bytes_in_order() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let (mut host, _) = host_in(dir.path());
+    let issue = "01890000-0000-7000-8000-0000000000a1";
+    host.frame(dispatch(
+        issue,
+        "i=0\nwhile [ $i -lt 3000 ]; do printf 'o%d,' $i; printf 'e%d;' $i >&2; i=$((i+1)); done\n",
+    ));
+    run_acking(&mut host, issue, Duration::from_secs(30));
+    let events = host.events(issue);
+    let want_out: String = (0..3000).map(|i| format!("o{i},")).collect();
+    let want_err: String = (0..3000).map(|i| format!("e{i};")).collect();
+    // each stream's kept chunks are its bytes in order: pieces of it at
+    // increasing positions, with a skip only where a marker came between
+    let mut pos = BTreeMap::<i32, usize>::new();
+    let mut marked = false;
+    let mut dropped = 0u64;
+    let mut kept = 0u64;
+    for e in &events {
+        match &e.body {
+            Some(Body::Output(o)) => {
+                let raw = zstd::bulk::decompress(&o.payload, o.raw_length as usize).unwrap();
+                let want = if o.stream == wire::OutputStream::Stdout as i32 {
+                    want_out.as_bytes()
+                } else {
+                    want_err.as_bytes()
+                };
+                let at = pos.entry(o.stream).or_default();
+                let found = (*at..=want.len().saturating_sub(raw.len()))
+                    .find(|p| want[*p..].starts_with(&raw))
+                    .expect("kept bytes that are not the stream's, in order");
+                assert!(found == *at || marked, "bytes skipped without a marker");
+                *at = found + raw.len();
+                kept += raw.len() as u64;
+            }
+            Some(Body::Truncation(t)) => {
+                marked = true;
+                dropped += t.raw_bytes;
+            }
+            _ => {}
+        }
+    }
+    let total = (want_out.len() + want_err.len()) as u64;
+    assert_eq!(kept + dropped, total, "every byte is kept or in a marker");
+    if dropped == 0 {
+        assert_eq!(
+            output_of(&events, wire::OutputStream::Stdout),
+            want_out.as_bytes()
+        );
+        assert_eq!(
+            output_of(&events, wire::OutputStream::Stderr),
+            want_err.as_bytes()
+        );
+    } else {
+        eprintln!("the loop stalled: {dropped} of {total} bytes dropped into markers");
+    }
+    let seqs: Vec<u64> = events.iter().map(|e| e.event_seq).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "contiguous sequences"
+    );
+    assert!(matches!(&events.last().unwrap().body,
+        Some(Body::Lifecycle(l)) if l.lifecycle == wire::Lifecycle::Succeeded as i32));
+}
+
+#[test]
+fn a_terminal_exit_above_the_high_watermark_ends_last_after_every_byte_is_accounted() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let (mut host, _) = host_in(dir.path());
+    let issue = "01890000-0000-7000-8000-0000000000a2";
+    // 16 MiB at pipe speed, then a failing exit: the backlog passes the
+    // 1 MiB high watermark while the child writes, and the exit comes in
+    // loss mode
+    host.frame(dispatch(issue, "head -c 16777216 /dev/urandom\nexit 3\n"));
+    run_acking(&mut host, issue, Duration::from_secs(60));
+    let events = host.events(issue);
+    let (kept, dropped) = accounted(&events, wire::OutputStream::Stdout);
+    assert_eq!(
+        kept + dropped,
+        16 * 1024 * 1024,
+        "every byte is kept or in a marker"
+    );
+    let last = events.last().unwrap();
+    match &last.body {
+        Some(Body::Lifecycle(l)) => {
+            assert_eq!(l.lifecycle, wire::Lifecycle::Failed as i32);
+            assert_eq!(l.exit_result.as_ref().and_then(|e| e.exit_code), Some(3));
+        }
+        other => panic!("the terminal event is not last: {other:?}"),
+    }
+    let seqs: Vec<u64> = events.iter().map(|e| e.event_seq).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "contiguous sequences"
+    );
+}
+
+#[test]
+fn a_continuously_verbose_child_is_never_blocked_by_the_daemon() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let (mut host, cwd) = host_in(dir.path());
+    let issue = "01890000-0000-7000-8000-0000000000a3";
+    let done = Path::new(&cwd).join("wrote-everything");
+    let total: u64 = 64 * 1024 * 1024;
+    host.frame(dispatch(
+        issue,
+        &format!("head -c {total} /dev/zero\ntouch '{}'\n", done.display()),
+    ));
+    // the launch needs the loop until the shell runs
+    host.run_until_running(issue);
+    // then the daemon's loop does nothing at all: the child still writes
+    // its 64 MiB to the end (the pipe readers never wait on the loop, the
+    // spool, its disk or the network)
+    let until = Instant::now() + Duration::from_secs(20);
+    while !done.exists() {
+        assert!(
+            Instant::now() < until,
+            "the child was blocked while the daemon's loop was idle"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run_acking(&mut host, issue, Duration::from_secs(60));
+    let events = host.events(issue);
+    let (kept, dropped) = accounted(&events, wire::OutputStream::Stdout);
+    assert_eq!(kept + dropped, total, "every byte is kept or in a marker");
+    assert!(dropped > 0, "an idle loop drops, it does not block");
 }

@@ -17,17 +17,31 @@ use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
 
 /// Output items (chunks of at most 64 KiB, or drop records) one command may
-/// have waiting: at most 2 MiB of chunk bytes per command.
-pub(crate) const OUTPUT_QUEUE_ITEMS: usize = 32;
-/// Chunk bytes waiting in every output queue together: the hand-over
-/// holds at most this much whatever the number of commands (a reader
-/// whose chunk does not fit counts it as dropped), so the daemon's memory
-/// is bounded by the spool's backlog plus this constant.
+/// have waiting. A chunk read right after another of the same stream is
+/// appended to it while it stays within 64 KiB, so this bounds the items
+/// of output that alternates between the streams in tiny writes.
+pub(crate) const OUTPUT_QUEUE_ITEMS: usize = 1024;
+/// Chunk bytes (with [`ITEM_CHARGE`] per item) one command may have
+/// waiting.
+pub(crate) const OUTPUT_QUEUE_BYTES: u64 = 2 * 1024 * 1024;
+/// What one queued item is charged at least, for its bookkeeping: tiny
+/// chunks cannot hold more memory than the byte bounds say.
+pub(crate) const ITEM_CHARGE: u64 = 256;
+/// Chunk bytes (with [`ITEM_CHARGE`] per item) waiting in every output
+/// queue together: the hand-over holds at most this much whatever the
+/// number of commands (a reader whose chunk does not fit counts it as
+/// dropped), so the daemon's memory is bounded by the spool's backlog plus
+/// this constant.
 pub const MAX_QUEUED_BYTES: u64 = 4 * 1024 * 1024;
 /// Essential messages waiting for `next_event`, all commands together. The
 /// producers are the supervisor's own threads (never a pipe reader); when
 /// it is full they wait for room.
 pub(crate) const CONTROL_QUEUE_MESSAGES: usize = 1024;
+
+/// What a queued chunk of `len` bytes counts against the bounds.
+fn item_charge(len: u64) -> u64 {
+    len.max(ITEM_CHARGE)
+}
 
 /// One item of an output queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,16 +201,40 @@ impl<C> Hub<C> {
         };
         q.settle();
         let n = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-        let room = q.items.len() < OUTPUT_QUEUE_ITEMS
-            && st.queued_bytes.saturating_add(n) <= MAX_QUEUED_BYTES;
+        let max_chunk = u64::try_from(crate::pipes::READ_CHUNK_BYTES).unwrap_or(u64::MAX);
+        // the same stream's last chunk, when this one still fits in it
+        let no_drops = q.stream_mut(stream).pending.is_none();
+        let last_len = match q.items.back() {
+            Some(OutItem::Chunk {
+                stream: s,
+                bytes: b,
+                ..
+            }) if *s == stream && no_drops => u64::try_from(b.len()).ok(),
+            _ => None,
+        };
+        let joinable = last_len.is_some_and(|l| l.saturating_add(n) <= max_chunk);
+        // what this chunk adds to the bounds (an item is charged
+        // `item_charge` of its length)
+        let charge = match last_len {
+            Some(l) if joinable => item_charge(l.saturating_add(n)).saturating_sub(item_charge(l)),
+            _ => item_charge(n),
+        };
+        let room = (joinable || q.items.len() < OUTPUT_QUEUE_ITEMS)
+            && q.bytes.saturating_add(charge) <= OUTPUT_QUEUE_BYTES
+            && st.queued_bytes.saturating_add(charge) <= MAX_QUEUED_BYTES;
         if room && q.stream_mut(stream).pending.is_none() {
-            q.bytes = q.bytes.saturating_add(n);
-            st.queued_bytes = st.queued_bytes.saturating_add(n);
-            q.push_item(OutItem::Chunk {
-                stream,
-                observed_ms: now_ms,
-                bytes,
-            });
+            q.bytes = q.bytes.saturating_add(charge);
+            st.queued_bytes = st.queued_bytes.saturating_add(charge);
+            match q.items.back_mut() {
+                Some(OutItem::Chunk { bytes: last, .. }) if joinable => {
+                    last.extend_from_slice(&bytes)
+                }
+                _ => q.push_item(OutItem::Chunk {
+                    stream,
+                    observed_ms: now_ms,
+                    bytes,
+                }),
+            }
         } else {
             let s = q.stream_mut(stream);
             if let Some(acc) = &mut s.pending {
@@ -230,7 +268,7 @@ impl<C> Hub<C> {
         q.settle();
         let item = q.items.pop_front()?;
         if let OutItem::Chunk { bytes, .. } = &item {
-            let n = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+            let n = item_charge(u64::try_from(bytes.len()).unwrap_or(u64::MAX));
             q.bytes = q.bytes.saturating_sub(n);
             st.queued_bytes = st.queued_bytes.saturating_sub(n);
         }
@@ -379,49 +417,83 @@ mod tests {
         let hub: Hub<()> = Hub::new();
         let id = issue();
         hub.open(id);
-        let out = wire::OutputStream::Stdout;
-        for i in 0..OUTPUT_QUEUE_ITEMS + 5 {
-            hub.push_output(&id, out, vec![0; 10], i64::try_from(i).unwrap());
+        let (out, err) = (wire::OutputStream::Stdout, wire::OutputStream::Stderr);
+        // alternating streams: one item per chunk, up to the item bound
+        let n = OUTPUT_QUEUE_ITEMS + 5;
+        for i in 0..n {
+            let s = if i % 2 == 0 { out } else { err };
+            hub.push_output(&id, s, vec![0; 10], i64::try_from(i).unwrap());
         }
-        // room for one item: the drop count takes it, the next chunk follows
+        // room for one item: a drop count takes it
         let first = hub.pop_output(&id).unwrap();
         assert!(matches!(first, OutItem::Chunk { observed_ms: 0, .. }));
-        hub.push_output(&id, out, vec![0; 3], 100);
-        let mut chunks = 0u64;
-        let mut dropped = 0u64;
-        let mut order = Vec::new();
+        hub.push_output(&id, out, vec![0; 3], 10_000);
+        let (mut chunks, mut dropped) = (0u64, 0u64);
+        let mut order: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
         let mut last_seen = 0;
         while let Some(item) = hub.pop_output(&id) {
             match item {
                 OutItem::Chunk {
-                    bytes, observed_ms, ..
+                    stream,
+                    bytes,
+                    observed_ms,
                 } => {
                     chunks += bytes.len() as u64;
-                    order.push(observed_ms);
+                    order.entry(stream as i32).or_default().push(observed_ms);
                 }
                 OutItem::Dropped {
+                    stream,
                     raw_bytes,
                     first_ms,
                     last_ms,
-                    ..
                 } => {
                     dropped += raw_bytes;
-                    order.push(first_ms);
-                    last_seen = last_ms;
+                    order.entry(stream as i32).or_default().push(first_ms);
+                    if stream == out {
+                        last_seen = last_seen.max(last_ms);
+                    }
                 }
             }
         }
-        assert_eq!(
-            chunks + dropped + 10,
-            10 * (OUTPUT_QUEUE_ITEMS as u64 + 5) + 3
-        );
-        assert_eq!(dropped, 5 * 10 + 3);
-        assert_eq!(last_seen, 100);
-        assert!(order.windows(2).all(|w| w[0] <= w[1]), "{order:?}");
+        assert_eq!(chunks + dropped + 10, 10 * n as u64 + 3);
+        // past the item bound stdout's chunks are dropped (the last item is
+        // stderr's), while stderr's still join its last item
+        assert_eq!(dropped, 3 * 10 + 3);
+        assert_eq!(last_seen, 10_000);
+        for (stream, o) in &order {
+            assert!(o.windows(2).all(|w| w[0] <= w[1]), "{stream}: {o:?}");
+        }
         assert_eq!(hub.drained(&id), (false, false));
         hub.eof(&id, out);
-        hub.eof(&id, wire::OutputStream::Stderr);
+        hub.eof(&id, err);
         assert_eq!(hub.drained(&id), (true, true));
+        assert_eq!(hub.lock().queued_bytes, 0, "every charge was given back");
+    }
+
+    #[test]
+    fn tiny_chunks_of_one_stream_join_the_last_one() {
+        let hub: Hub<()> = Hub::new();
+        let id = issue();
+        hub.open(id);
+        let out = wire::OutputStream::Stdout;
+        for i in 0..10_000u32 {
+            hub.push_output(&id, out, i.to_le_bytes().to_vec(), 1);
+        }
+        let mut items = Vec::new();
+        while let Some(item) = hub.pop_output(&id) {
+            items.push(item);
+        }
+        let joined: Vec<u8> = items
+            .iter()
+            .flat_map(|i| match i {
+                OutItem::Chunk { bytes, .. } => bytes.clone(),
+                OutItem::Dropped { .. } => panic!("tiny output was dropped"),
+            })
+            .collect();
+        let want: Vec<u8> = (0..10_000u32).flat_map(u32::to_le_bytes).collect();
+        assert_eq!(joined, want);
+        assert!(items.len() <= 2, "{} items", items.len());
+        assert_eq!(hub.lock().queued_bytes, 0);
     }
 
     #[test]
