@@ -318,7 +318,7 @@ enum Pending {
     Unprepared(Uuid7),
     Ended(Uuid7),
     Script(Uuid7, u64, u64),
-    Stdin(Uuid7, u64),
+    Stdin(Uuid7, u64, bool),
     StdinWritten,
     Finish(Uuid7),
 }
@@ -632,9 +632,15 @@ impl ClientCore {
         for (id, r) in &mut self.records {
             if r.retry_at.is_some_and(|t| t <= now_ms) {
                 r.retry_at = None;
-                if let (LaunchPhase::Reaping { .. }, Some(identity)) = (&r.phase, &r.reap_identity)
-                {
-                    reap.push((*id, identity.clone()));
+                if let LaunchPhase::Reaping { .. } = r.phase {
+                    // no recorded identity: the null one, which no process has
+                    let identity = r.reap_identity.clone().unwrap_or(LaunchIdentity {
+                        launcher_pid: 0,
+                        process_group: 0,
+                        birth_ticks: 0,
+                        cgroup: None,
+                    });
+                    reap.push((*id, identity));
                 }
             }
         }
@@ -979,17 +985,18 @@ impl ClientCore {
             Pending::Script(issue, offset, prefix) => {
                 self.script_stored(now_ms, wall_ms, issue, offset < prefix, result);
             }
-            Pending::Stdin(issue, write_seq) => {
+            Pending::Stdin(issue, write_seq, close_after) => {
                 if let ClientCompletion::Stdin(StdinOutcome::Stored(bytes)) = result {
-                    self.stdin_durable(issue, write_seq, bytes);
+                    self.stdin_durable(issue, write_seq, bytes, close_after);
                     return;
                 }
-                // not durable, so not acknowledged: the write is expected
-                // again, and the session ends so that the server resends it
-                // after reconnecting (stdin was open before it, or it would
-                // not have been stored)
+                // not durable, so not acknowledged: this write is expected
+                // again (and every later one in flight, which the store
+                // refuses as out of order), and the session ends so that
+                // the server resends from it after reconnecting (stdin was
+                // open before it, or it would not have been stored)
                 if let Some(r) = self.records.get_mut(&issue)
-                    && r.stdin_next == write_seq.saturating_add(1)
+                    && r.stdin_next > write_seq
                 {
                     r.stdin_next = write_seq;
                     r.stdin_closed = false;
@@ -1878,27 +1885,27 @@ impl ClientCore {
             );
             return;
         }
-        let write_seq = w.write_seq;
+        let (write_seq, close_after) = (w.write_seq, w.close_after);
         self.store(
             ClientOp::StdinWrite {
                 issue,
                 write: Box::new(w),
             },
-            Pending::Stdin(issue, write_seq),
+            Pending::Stdin(issue, write_seq, close_after),
         );
     }
 
-    fn stdin_durable(&mut self, issue: Uuid7, write_seq: u64, bytes: Vec<u8>) {
-        let Some(r) = self.records.get(&issue) else {
+    fn stdin_durable(&mut self, issue: Uuid7, write_seq: u64, bytes: Vec<u8>, close_after: bool) {
+        if !self.records.contains_key(&issue) {
             return;
-        };
-        let closed = r.stdin_closed;
+        }
         self.push(Output::Supervise(SuperviseOp::WriteStdin {
             issue,
             write_seq,
             bytes,
         }));
-        if closed {
+        // this write's own close: a later write's close waits for it
+        if close_after {
             self.push(Output::Supervise(SuperviseOp::CloseStdin(issue)));
         }
     }

@@ -398,6 +398,8 @@ pub struct SpoolStats {
     pub overload_markers: u64,
     /// `CLIENT_SPOOL` markers written or grown.
     pub spool_markers: u64,
+    /// Output entries the store failed to keep, replaced by markers.
+    pub store_failure_markers: u64,
     /// Segments rotated away.
     pub segments_rotated: u64,
     /// Times loss mode was entered (command or daemon).
@@ -490,6 +492,10 @@ struct CommandSpool {
     loss_recorded: (u64, i64),
     /// A `PersistLoss` is in flight.
     loss_recording: bool,
+    /// Failed appends of entries still in place, by ordinal.
+    append_failures: BTreeMap<u64, u32>,
+    /// A rotation failed: none is tried again until an append succeeds.
+    rotate_blocked: bool,
 }
 
 impl CommandSpool {
@@ -511,6 +517,8 @@ impl CommandSpool {
             assign_blocked: false,
             loss_recorded: (0, 0),
             loss_recording: false,
+            append_failures: BTreeMap::new(),
+            rotate_blocked: false,
         }
     }
 
@@ -605,6 +613,10 @@ enum Pending {
     Release,
     Rotate {
         markers: Vec<u64>,
+        /// The entries the rotation removed or changed, as they were.
+        undo: Vec<Entry>,
+        /// Stored bytes it freed.
+        freed: u64,
     },
 }
 
@@ -694,9 +706,13 @@ fn overload_marker(run: &LossRun) -> wire::OutputTruncation {
 }
 
 /// A loss run's totals are recorded when it opens, then again once it has
-/// grown by this many raw bytes and [`LOSS_RECORD_INTERVAL_MS`] passed: a
-/// crash in loss mode loses at most this much of the count.
+/// grown by this many raw bytes (at most every
+/// [`LOSS_RECORD_MIN_INTERVAL_MS`]) or once [`LOSS_RECORD_INTERVAL_MS`]
+/// passed with any growth, one record at a time: a crash in loss mode
+/// loses at most the growth since the last record.
 pub const LOSS_RECORD_STEP: u64 = 1024 * 1024;
+/// See [`LOSS_RECORD_STEP`].
+pub const LOSS_RECORD_MIN_INTERVAL_MS: i64 = 100;
 /// See [`LOSS_RECORD_STEP`].
 pub const LOSS_RECORD_INTERVAL_MS: i64 = 1000;
 
@@ -716,6 +732,13 @@ fn run_of(t: &wire::OutputTruncation) -> LossRun {
         last_ms: ms(&t.last_observed_time),
     }
 }
+
+/// Appends of one entry tried before its command's output is given up as
+/// unaccountable.
+pub const MAX_APPEND_ATTEMPTS: u32 = 3;
+
+/// The reason of the marker that replaces output the store failed to keep.
+const STORE_FAILED_REASON: &str = "the client could not store this output";
 
 const SPOOL_REASON: &str =
     "the client rotated unsent output away to stay within its local storage caps";
@@ -1068,9 +1091,11 @@ impl Spool {
             return;
         };
         let (recorded, at) = c.loss_recorded;
+        let elapsed = run.last_ms.saturating_sub(at);
         let due = recorded == 0
             || (run.raw_bytes >= recorded.saturating_add(LOSS_RECORD_STEP)
-                && run.last_ms >= at.saturating_add(LOSS_RECORD_INTERVAL_MS));
+                && elapsed >= LOSS_RECORD_MIN_INTERVAL_MS)
+            || (run.raw_bytes > recorded && elapsed >= LOSS_RECORD_INTERVAL_MS);
         if !due || c.loss_recording || run.raw_bytes == recorded {
             return;
         }
@@ -1241,7 +1266,10 @@ impl Spool {
                         c.loss_recorded = (raw, last_ms);
                     }
                 }
-                self.record_loss(issue);
+                // a failed record is tried again at the next drop, not now
+                if result != SpoolCompletion::Failed {
+                    self.record_loss(issue);
+                }
             }
             Pending::Append { ordinal, raw } => self.appended(issue, ordinal, raw, &result),
             Pending::Assign {
@@ -1254,7 +1282,11 @@ impl Spool {
                 }
                 self.maybe_finished(issue);
             }
-            Pending::Rotate { markers } => self.rotated(issue, &markers, &result),
+            Pending::Rotate {
+                markers,
+                undo,
+                freed,
+            } => self.rotated(issue, &markers, undo, freed, &result),
         }
         self.leave_loss();
         self.rotate_if_over();
@@ -1272,42 +1304,70 @@ impl Spool {
         };
         match result {
             SpoolCompletion::Failed => {
-                // nothing of it is durable: output becomes a loss counted
-                // like an overload; a lost essential entry or marker cannot
-                // be accounted for
-                let Some(e) = c.entries.remove(pos) else {
+                // nothing of it is durable. The entry keeps its place, so
+                // nothing after it is admitted (the terminal event
+                // included) until it is: output, whose bytes are gone,
+                // becomes an exact CLIENT_SPOOL marker there; an event is
+                // appended again. After MAX_APPEND_ATTEMPTS the entry goes
+                // and the command's output is unaccountable.
+                let attempts = c.append_failures.entry(ordinal).or_insert(0);
+                *attempts = attempts.saturating_add(1);
+                let give_up = *attempts >= MAX_APPEND_ATTEMPTS;
+                let Some(e) = c.entries.get_mut(pos) else {
                     return;
                 };
-                self.entries = self.entries.saturating_sub(1);
-                match e.kind {
-                    Kind::Output {
-                        stream, raw_len, ..
-                    } => {
-                        let run = c.run.get_or_insert_with(|| LossRun {
-                            streams: BTreeSet::new(),
-                            raw_bytes: 0,
-                            first_ms: e.observed_ms,
-                            last_ms: e.observed_ms,
-                        });
-                        run.streams.insert(stream as i32);
-                        run.raw_bytes = run.raw_bytes.saturating_add(u64::from(raw_len));
-                        run.first_ms = run.first_ms.min(e.observed_ms);
-                        run.last_ms = run.last_ms.max(e.observed_ms);
+                if give_up {
+                    let kind = e.kind.clone();
+                    c.entries.remove(pos);
+                    c.append_failures.remove(&ordinal);
+                    self.entries = self.entries.saturating_sub(1);
+                    let terminal_lost = matches!(&kind, Kind::Event(b) if is_terminal(b));
+                    if terminal_lost {
+                        c.terminal = false;
                     }
-                    Kind::Event(b) => {
-                        let terminal_lost = is_terminal(&b);
-                        if terminal_lost {
-                            c.terminal = false;
-                        }
-                        self.push(SpoolOutput::Unaccountable {
-                            issue,
-                            terminal_lost,
-                        });
-                    }
+                    self.push(SpoolOutput::Unaccountable {
+                        issue,
+                        terminal_lost,
+                    });
+                    return;
                 }
+                if let Kind::Output {
+                    stream, raw_len, ..
+                } = e.kind
+                {
+                    let ts = Some(timestamp(e.observed_ms));
+                    e.kind = Kind::Event(Body::Truncation(wire::OutputTruncation {
+                        source: wire::TruncationSource::ClientSpool as i32,
+                        streams: vec![stream as i32],
+                        reason: STORE_FAILED_REASON.into(),
+                        first_removed_event_seq: None,
+                        last_removed_event_seq: None,
+                        raw_bytes: u64::from(raw_len),
+                        compressed_bytes: None,
+                        first_observed_time: ts,
+                        last_observed_time: ts,
+                    }));
+                    self.stats.store_failure_markers += 1;
+                }
+                let (observed_ms, item) = match &e.kind {
+                    Kind::Event(b) => (e.observed_ms, AppendItem::Event(b.clone())),
+                    Kind::Output { .. } => return,
+                };
+                e.state = State::Appending;
+                let token = self.token();
+                self.pending
+                    .insert(token, (issue, Pending::Append { ordinal, raw: 0 }));
+                self.push(SpoolOutput::Store(Box::new(SpoolOp::Append {
+                    token,
+                    issue,
+                    ordinal,
+                    observed_ms,
+                    item,
+                })));
             }
             SpoolCompletion::AppendedOutput { stored_len } => {
                 c.assign_blocked = false;
+                c.rotate_blocked = false;
                 if let Some(e) = c.entries.get_mut(pos) {
                     if let Kind::Output { stored_len: s, .. } = &mut e.kind {
                         *s = *stored_len;
@@ -1319,6 +1379,8 @@ impl Spool {
             }
             SpoolCompletion::Done => {
                 c.assign_blocked = false;
+                c.rotate_blocked = false;
+                c.append_failures.remove(&ordinal);
                 let mut terminal = false;
                 if let Some(e) = c.entries.get_mut(pos) {
                     debug_assert!(matches!(e.kind, Kind::Event(_)), "output needs its size");
@@ -1382,24 +1444,41 @@ impl Spool {
         }
     }
 
-    fn rotated(&mut self, issue: Uuid7, markers: &[u64], result: &SpoolCompletion) {
+    fn rotated(
+        &mut self,
+        issue: Uuid7,
+        markers: &[u64],
+        undo: Vec<Entry>,
+        freed: u64,
+        result: &SpoolCompletion,
+    ) {
         let Some(c) = self.commands.get_mut(&issue) else {
             return;
         };
         if *result == SpoolCompletion::Failed {
-            // nothing of the rotation is durable: its markers are not
-            // stored (the rotated entries still are, until a restart
-            // reads them back), so they go, and the command's output can
-            // no longer be accounted for in this run
+            // nothing of the rotation is durable: the store still holds the
+            // rotated entries and the markers as they were, so memory goes
+            // back to them (while the rotation was in flight its markers
+            // held every later entry back, so nothing else moved), and no
+            // rotation is tried again until the store takes an append
+            let touched: BTreeSet<u64> = undo
+                .iter()
+                .map(|e| e.ordinal)
+                .chain(markers.iter().copied())
+                .collect();
             let before = c.entries.len();
-            c.entries
-                .retain(|e| !(markers.contains(&e.ordinal) && e.state == State::Appending));
-            let removed = before - c.entries.len();
-            self.entries = self.entries.saturating_sub(removed);
-            self.push(SpoolOutput::Unaccountable {
-                issue,
-                terminal_lost: false,
-            });
+            c.entries.retain(|e| !touched.contains(&e.ordinal));
+            let dropped_now = before - c.entries.len();
+            let restored = undo.len();
+            c.entries.extend(undo);
+            c.entries.make_contiguous().sort_by_key(|e| e.ordinal);
+            self.entries = self
+                .entries
+                .saturating_sub(dropped_now)
+                .saturating_add(restored);
+            c.stored = c.stored.saturating_add(freed);
+            self.stored = self.stored.saturating_add(freed);
+            c.rotate_blocked = true;
             return;
         }
         for e in c.entries.iter_mut() {
@@ -1673,10 +1752,13 @@ impl Spool {
         let Some(c) = self.commands.get_mut(&issue) else {
             return;
         };
-        if c.entries.iter().any(|e| {
-            e.state == State::Appending && matches!(e.kind, Kind::Event(Body::Truncation(_)))
-        }) {
-            // a marker of an earlier rotation is still in flight
+        if c.rotate_blocked
+            || c.entries.iter().any(|e| {
+                e.state == State::Appending && matches!(e.kind, Kind::Event(Body::Truncation(_)))
+            })
+        {
+            // a marker of an earlier rotation is still in flight, or one
+            // failed and the store has not taken an append since
             return;
         }
         // the oldest segment whose output entries are all durable and
@@ -1702,6 +1784,8 @@ impl Spool {
         let mut freed_stored = 0u64;
         let mut kept: VecDeque<Entry> = VecDeque::with_capacity(c.entries.len());
         let mut in_run = false;
+        // what a failed rotation puts back (the store still holds it)
+        let original: VecDeque<Entry> = c.entries.clone();
         for e in c.entries.drain(..) {
             let take = matches!(e.kind, Kind::Output { segment: s, .. } if s == segment);
             if !take {
@@ -1793,6 +1877,15 @@ impl Spool {
             .stats
             .spool_markers
             .saturating_add(len_u64(markers.len()));
+        let touched: BTreeSet<u64> = removed
+            .iter()
+            .copied()
+            .chain(markers.iter().map(|(o, _, _)| *o))
+            .collect();
+        let undo: Vec<Entry> = original
+            .into_iter()
+            .filter(|e| touched.contains(&e.ordinal))
+            .collect();
         let token = self.token();
         self.pending.insert(
             token,
@@ -1800,6 +1893,8 @@ impl Spool {
                 issue,
                 Pending::Rotate {
                     markers: markers.iter().map(|(o, _, _)| *o).collect(),
+                    undo,
+                    freed: freed_stored,
                 },
             ),
         );

@@ -845,7 +845,8 @@ fn a_terminal_event_that_cannot_be_made_durable_ends_the_command_interrupted_and
     w.connect();
     let id = issue(8);
     w.frame(Payload::Dispatch(dispatch(8, GEN)));
-    w.fail_terminal_appends = 1;
+    // every attempt at the terminal event fails
+    w.fail_terminal_appends = rvbox_client_core::spool::MAX_APPEND_ATTEMPTS;
     w.supervise_all(0);
     let evs = w.events_of(id);
     let kinds: Vec<String> = evs
@@ -978,4 +979,24 @@ fn a_tree_that_cannot_be_verified_gone_is_checked_again_then_ends_interrupted() 
             wire::Lifecycle::Succeeded as i32
         ]
     );
+}
+
+#[test]
+fn a_terminal_event_whose_append_fails_once_is_appended_again_in_its_place() {
+    let mut w = World::new(vec![]);
+    w.connect();
+    let id = issue(10);
+    w.frame(Payload::Dispatch(dispatch(10, GEN)));
+    w.fail_terminal_appends = 1;
+    w.supervise_all(0);
+    assert_eq!(
+        lifecycles(&w.events_of(id)),
+        vec![
+            wire::Lifecycle::Running as i32,
+            wire::Lifecycle::Succeeded as i32
+        ]
+    );
+    assert_eq!(w.core.stats().unaccountable, 0);
+    w.ack_all();
+    assert!(w.store.tombstones.contains_key(&id));
 }

@@ -205,6 +205,7 @@ impl Harness {
                 }
                 SpoolCompletion::Done
             }
+            SpoolOp::Rotate { .. } if self.fails("rotate") => SpoolCompletion::Failed,
             SpoolOp::Rotate {
                 issue,
                 removed,
@@ -709,18 +710,25 @@ fn a_restored_spool_keeps_its_pins_and_continues_the_order() {
 }
 
 #[test]
-fn a_failed_output_append_becomes_a_counted_loss_and_a_failed_event_is_unaccountable() {
+fn a_failed_append_keeps_its_place_output_as_an_exact_marker_an_event_tried_again() {
+    use rvbox_client_core::spool::MAX_APPEND_ATTEMPTS;
     let mut h = Harness::new(SpoolLimits::default());
     let id = issue(1);
     h.spool.open_command(id).unwrap();
     h.spool.session_active(&BTreeMap::new());
+    // failed output: its bytes are gone, an exact marker takes its place
     h.fail_next.push("append");
     h.spool.output(id, OUT, 1, vec![1; 500]).unwrap();
     h.settle();
     h.spool.output(id, OUT, 2, vec![2; 300]).unwrap();
     h.settle();
     let rows = h.stream_of(id);
-    assert!(matches!(&rows[0], Row::Event(Body::Truncation(t)) if t.raw_bytes == 500));
+    assert!(
+        matches!(&rows[0], Row::Event(Body::Truncation(t))
+            if t.raw_bytes == 500 && t.source == wire::TruncationSource::ClientSpool as i32),
+        "{:?}",
+        rows[0]
+    );
     assert_eq!(
         rows[1],
         Row::Output {
@@ -728,12 +736,31 @@ fn a_failed_output_append_becomes_a_counted_loss_and_a_failed_event_is_unaccount
             raw: 300
         }
     );
+    // a failed event is appended again, in its place
     h.fail_next.push("append");
     h.spool
         .event(id, 3, lifecycle(wire::Lifecycle::Running))
         .unwrap();
     h.settle();
+    assert!(h.unaccountable.is_empty());
+    assert!(matches!(
+        h.stream_of(id).last(),
+        Some(Row::Event(Body::Lifecycle(_)))
+    ));
+    // an event that keeps failing is given up: unaccountable
+    for _ in 0..MAX_APPEND_ATTEMPTS {
+        h.fail_next.push("append");
+    }
+    h.spool
+        .event(id, 4, Body::StdinAck(wire::StdinAck::default()))
+        .unwrap();
+    h.settle();
     assert_eq!(h.unaccountable, vec![id]);
+    // and what follows it is still sent in order, contiguous
+    h.spool.output(id, OUT, 5, vec![5; 10]).unwrap();
+    h.settle();
+    let rows = h.stream_of(id);
+    assert!(matches!(rows.last(), Some(Row::Output { raw: 10, .. })));
 }
 
 #[test]
@@ -928,4 +955,57 @@ fn small_offline_output_rolls_at_the_entry_cap_keeping_the_newest() {
         "every byte is output or in a marker"
     );
     assert!(matches!(rows.last(), Some(Row::Event(Body::Lifecycle(_)))));
+}
+
+#[test]
+fn a_failed_rotation_puts_memory_back_as_the_store_holds_it_and_rotates_later() {
+    let limits = SpoolLimits {
+        output_window: 2 * SEGMENT_RAW_BYTES,
+        ..SpoolLimits::default()
+    };
+    let mut h = Harness::new(limits);
+    let id = issue(1);
+    h.spool.open_command(id).unwrap();
+    let chunk = 64 * 1024;
+    let mut produced = 0u64;
+    h.fail_next.push("rotate");
+    for i in 0..64 {
+        h.spool
+            .output(id, OUT, i, vec![(i % 251) as u8; chunk])
+            .unwrap();
+        produced += chunk as u64;
+        h.settle();
+    }
+    assert!(h.fail_next.is_empty(), "a rotation was tried and failed");
+    assert!(
+        h.unaccountable.is_empty(),
+        "a failed rotation loses nothing"
+    );
+    assert!(
+        h.spool.stats().segments_rotated >= 2,
+        "rotation went on later"
+    );
+    h.spool
+        .event(id, 100, lifecycle(wire::Lifecycle::Succeeded))
+        .unwrap();
+    h.settle();
+    h.spool.session_active(&BTreeMap::new());
+    for _ in 0..200 {
+        h.settle();
+        h.ack_all();
+    }
+    // the stream is what the model store holds: every byte kept or marked,
+    // contiguous, the terminal last
+    let rows = h.stream_of(id);
+    let mut total = 0u64;
+    for r in &rows {
+        match r {
+            Row::Output { raw, .. } => total += raw,
+            Row::Event(Body::Truncation(t)) => total += t.raw_bytes,
+            _ => {}
+        }
+    }
+    assert_eq!(total, produced);
+    assert!(matches!(rows.last(), Some(Row::Event(Body::Lifecycle(_)))));
+    assert!(h.finished.contains(&id));
 }

@@ -318,6 +318,21 @@ impl ClientStore {
         }
         let (write_seq, close_after) = (w.write_seq, w.close_after);
         let key = issue.as_bytes().as_slice();
+        // only the next write: one after a write that failed is refused,
+        // so a gap never reaches the child
+        let next: i64 = self
+            .conn
+            .query_row_cached(
+                "SELECT stdin_next_seq FROM commands WHERE issue_uuid = ?1",
+                params![key],
+                |r| r.get(0),
+            )
+            .map_err(|e| StoreError::sqlite("read stdin cursor", e))?;
+        if u64_of(next) != write_seq {
+            return Err(StoreError::Integrity(format!(
+                "stdin write {write_seq} of {issue} is not the next one ({next})"
+            )));
+        }
         let pending: i64 = self
             .conn
             .query_row_cached(

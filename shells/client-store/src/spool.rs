@@ -212,7 +212,8 @@ impl ClientStore {
 
     /// Records an open loss run's totals on its command, unless an entry
     /// at or after the run's marker ordinal was appended since (that entry
-    /// closed the run). One autocommit statement.
+    /// closed the run, and nothing is left to record). One autocommit
+    /// statement.
     fn record_loss_run(
         &mut self,
         issue: &Uuid7,
@@ -221,7 +222,7 @@ impl ClientStore {
     ) -> Result<(), StoreError> {
         self.conn
             .execute_cached(
-                "UPDATE commands SET loss_run = ?2 WHERE issue_uuid = ?1 AND next_ordinal = ?3",
+                "UPDATE commands SET loss_run = ?2 WHERE issue_uuid = ?1 AND next_ordinal <= ?3",
                 params![
                     issue.as_bytes().as_slice(),
                     run.encode_to_vec(),
@@ -258,7 +259,7 @@ impl ClientStore {
                 scope_kind: wire::ScopeKind::Command,
                 scope_key: issue.to_string(),
                 summary: format!(
-                    "a spool write for command {issue} failed; its output is incomplete and it ends interrupted"
+                    "a spool write for command {issue} failed; the step is tried again, and if it keeps failing the command's output is incomplete and it ends interrupted"
                 ),
                 evidence: e.to_string().into_bytes(),
             };

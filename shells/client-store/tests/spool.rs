@@ -409,7 +409,8 @@ fn a_spool_write_that_fails_makes_local_health_dirty_with_an_incident_for_the_co
             spool.completed(op.token(), done);
         }
     }
-    assert_eq!(failed, vec![true], "the append failed");
+    // the output append failed; the exact marker in its place did not
+    assert_eq!(failed, vec![true, false], "the append failed, then its marker was stored");
     assert_eq!(store.health().unwrap(), LocalHealth::Dirty);
     let incidents = store.incidents().unwrap();
     assert_eq!(incidents.len(), 1, "{incidents:?}");
@@ -502,4 +503,46 @@ fn a_crash_in_loss_mode_still_ends_in_a_marker_of_the_recorded_totals() {
     }
     // and nothing is recorded any more
     assert!(store.restore_spool().unwrap()[0].loss_run.is_none());
+}
+
+#[test]
+fn stdin_writes_are_stored_only_in_order_so_a_failed_one_is_never_skipped() {
+    use rvbox_client_core::ops::StdinOutcome;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let id = accepted(&mut store, 1);
+    let write = |seq: u64, bytes: &[u8]| wire::StdinWrite {
+        issue_uuid: id.to_string(),
+        write_seq: seq,
+        compression: wire::Compression::None as i32,
+        payload: bytes.to_vec(),
+        raw_length: bytes.len() as u32,
+        stored_length: bytes.len() as u32,
+        raw_sha256: rvbox_segment::sha256(bytes).to_vec(),
+        newline: wire::StdinNewline::Raw as i32,
+        close_after: false,
+    };
+    // write 1 fails its digest: nothing is stored, and write 2 (already
+    // sent behind it) is refused as out of order
+    let mut bad = write(1, b"one");
+    bad.raw_sha256[0] ^= 1;
+    assert!(matches!(
+        store.stdin_write(&id, &bad).unwrap(),
+        StdinOutcome::Invalid(_)
+    ));
+    let err = store.stdin_write(&id, &write(2, b"two")).unwrap_err();
+    assert!(err.to_string().contains("not the next one"), "{err}");
+    // resent in order, both are stored
+    assert_eq!(
+        store.stdin_write(&id, &write(1, b"one")).unwrap(),
+        StdinOutcome::Stored(b"one".to_vec())
+    );
+    assert_eq!(
+        store.stdin_write(&id, &write(2, b"two")).unwrap(),
+        StdinOutcome::Stored(b"two".to_vec())
+    );
+    assert!(
+        store.stdin_write(&id, &write(2, b"two")).is_err(),
+        "no write twice"
+    );
 }

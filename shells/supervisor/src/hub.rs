@@ -227,7 +227,9 @@ impl<C> Hub<C> {
             st.queued_bytes = st.queued_bytes.saturating_add(charge);
             match q.items.back_mut() {
                 Some(OutItem::Chunk { bytes: last, .. }) if joinable => {
-                    last.extend_from_slice(&bytes)
+                    // exact, so a joined chunk holds what it is charged
+                    last.reserve_exact(bytes.len());
+                    last.extend_from_slice(&bytes);
                 }
                 _ => q.push_item(OutItem::Chunk {
                     stream,
@@ -328,6 +330,19 @@ impl<C> Hub<C> {
         }
         st.control.push_back((issue, msg));
         self.bump(&mut st);
+    }
+
+    /// Posts a message only if the control queue has room (for
+    /// best-effort reports such as diagnostics, whose producer must never
+    /// wait); false when it was dropped.
+    pub(crate) fn try_post(&self, issue: Uuid7, msg: C) -> bool {
+        let mut st = self.lock();
+        if st.control.len() >= CONTROL_QUEUE_MESSAGES {
+            return false;
+        }
+        st.control.push_back((issue, msg));
+        self.bump(&mut st);
+        true
     }
 
     /// Every waiting essential message.

@@ -49,6 +49,7 @@ mod unix;
 pub use cgroup::{CgroupLayout, CommandCgroups, V1Controller, V1Layout, V2Layout};
 #[cfg(unix)]
 pub use hub::MAX_QUEUED_BYTES as MAX_HANDOVER_BYTES;
+#[cfg(unix)]
 pub use launcher::{LAUNCHER_MODE_ARG, launcher_main};
 #[cfg(unix)]
 pub use unix::{

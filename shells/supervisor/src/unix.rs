@@ -580,7 +580,11 @@ impl UnixSupervisor {
         let diag = Diagnostics::start(
             config.diagnostics_interval,
             config.suspected_hung_after,
-            Box::new(move |issue, d| to_hub.post(issue, Internal::Diagnostics(d))),
+            Box::new(move |issue, d| {
+                if !to_hub.try_post(issue, Internal::Diagnostics(d)) {
+                    tracing::warn!(%issue, "diagnostics report dropped: the control queue is full");
+                }
+            }),
         )
         .map_err(io_err("starting the diagnostics sampler"))?;
         Ok(Self {
