@@ -4,7 +4,8 @@
 //! `Dispatch` frame go out. Also queue expiry and `RunCommand`.
 
 use rvbox_dispatch::{
-    CommandView as DispatchView, DispatchDecision, DispatchedCommand, SessionGate, decide,
+    CommandView as DispatchView, DispatchDecision, DispatchedCommand, SessionGate, WaitReason,
+    decide,
 };
 use rvbox_domain::ids::Uuid7;
 use rvbox_domain::lifecycle::{CommandState, Lifecycle, Phase};
@@ -200,6 +201,16 @@ impl ServerCore {
                 DispatchDecision::Expire(_) => {
                     self.stats.expired += 1;
                     self.finish_expired(&v);
+                }
+                DispatchDecision::Wait(WaitReason::Backoff { until_wall_ms }) => {
+                    // the wake that led here may have come on a wall clock
+                    // that was then put back: the backoff wakes the client
+                    // again when it ends on the clock as it is now, or it
+                    // would wait for an unrelated event that may never come
+                    st.wake_wall_ms = Some(
+                        st.wake_wall_ms
+                            .map_or(until_wall_ms, |w| w.min(until_wall_ms)),
+                    );
                 }
                 DispatchDecision::Wait(_) | DispatchDecision::NotDispatchable(_) => {}
             }

@@ -410,7 +410,11 @@ fn a_spool_write_that_fails_makes_local_health_dirty_with_an_incident_for_the_co
         }
     }
     // the output append failed; the exact marker in its place did not
-    assert_eq!(failed, vec![true, false], "the append failed, then its marker was stored");
+    assert_eq!(
+        failed,
+        vec![true, false],
+        "the append failed, then its marker was stored"
+    );
     assert_eq!(store.health().unwrap(), LocalHealth::Dirty);
     let incidents = store.incidents().unwrap();
     assert_eq!(incidents.len(), 1, "{incidents:?}");
