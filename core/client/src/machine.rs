@@ -244,6 +244,17 @@ pub struct CoreStats {
     pub unverified_trees: u64,
 }
 
+/// The launch identity no process has: what is reaped for a record that
+/// has none.
+fn null_identity() -> LaunchIdentity {
+    LaunchIdentity {
+        launcher_pid: 0,
+        process_group: 0,
+        birth_ticks: 0,
+        cgroup: None,
+    }
+}
+
 /// Most times a command's lost terminal event is spooled again.
 pub const MAX_TERMINAL_ATTEMPTS: u32 = 3;
 /// Times a recorded, authorized tree that cannot be verified gone after a
@@ -479,12 +490,7 @@ impl ClientCore {
                 // comes first); end it as uncertain
                 core.push(Output::Supervise(SuperviseOp::Reap {
                     issue: r.issue,
-                    identity: LaunchIdentity {
-                        launcher_pid: 0,
-                        process_group: 0,
-                        birth_ticks: 0,
-                        cgroup: None,
-                    },
+                    identity: null_identity(),
                 }));
             }
             core.records.insert(
@@ -634,12 +640,7 @@ impl ClientCore {
                 r.retry_at = None;
                 if let LaunchPhase::Reaping { .. } = r.phase {
                     // no recorded identity: the null one, which no process has
-                    let identity = r.reap_identity.clone().unwrap_or(LaunchIdentity {
-                        launcher_pid: 0,
-                        process_group: 0,
-                        birth_ticks: 0,
-                        cgroup: None,
-                    });
+                    let identity = r.reap_identity.clone().unwrap_or_else(null_identity);
                     reap.push((*id, identity));
                 }
             }
