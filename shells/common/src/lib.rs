@@ -348,6 +348,7 @@ pub fn init_tracing(config: &ObservabilityConfig) {
     };
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match config.log_format {
         LogFormat::Json => builder.json().try_init(),
@@ -368,15 +369,41 @@ pub fn run_daemon(daemon: Daemon, about: &'static str) -> i32 {
 /// [`run_daemon`] for a command line the binary parsed itself (a binary
 /// that adds subcommands to [`daemon_command`]).
 pub fn run_with_matches(daemon: Daemon, matches: &ArgMatches) -> i32 {
-    let matches = matches.clone();
+    let path = matches.get_one::<String>(ARG_CONFIG).map_or_else(
+        || PathBuf::from(daemon.default_config_path()),
+        PathBuf::from,
+    );
+    match start(daemon, matches) {
+        Ok(_) => {
+            eprintln!(
+                "{}: configuration {} is valid, but the daemon runtime is not built yet; exiting",
+                daemon.binary(),
+                path.display()
+            );
+            EXIT_RUNTIME_NOT_BUILT
+        }
+        Err(status) => status,
+    }
+}
+
+/// The start-up of a daemon up to its runtime: `--check-config` when
+/// asked (its status as the error), else the configuration gate, tracing,
+/// the warnings and the effective-configuration summary. `Ok` carries the
+/// validated configuration; `Err` the exit status to return at once.
+///
+/// # Errors
+/// The exit status when the daemon must not run: [`EXIT_OK`] or
+/// [`EXIT_CONFIG`] after `--check-config`, [`EXIT_CONFIG`] for an invalid
+/// configuration.
+pub fn start(daemon: Daemon, matches: &ArgMatches) -> Result<Loaded, i32> {
     if let Some(path) = matches.get_one::<String>(ARG_CHECK_CONFIG) {
-        return check_config(daemon, Path::new(path), &matches);
+        return Err(check_config(daemon, Path::new(path), matches));
     }
     let path = matches.get_one::<String>(ARG_CONFIG).map_or_else(
         || PathBuf::from(daemon.default_config_path()),
         PathBuf::from,
     );
-    let loaded = match load(daemon, &path, &matches) {
+    let loaded = match load(daemon, &path, matches) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("{e}");
@@ -385,7 +412,7 @@ pub fn run_with_matches(daemon: Daemon, matches: &ArgMatches) -> i32 {
                 daemon.binary(),
                 path.display()
             );
-            return EXIT_CONFIG;
+            return Err(EXIT_CONFIG);
         }
     };
     init_tracing(loaded.observability());
@@ -393,10 +420,5 @@ pub fn run_with_matches(daemon: Daemon, matches: &ArgMatches) -> i32 {
         tracing::warn!("{w}");
     }
     tracing::info!(config = %loaded.summary(), "effective configuration");
-    eprintln!(
-        "{}: configuration {} is valid, but the daemon runtime is not built yet; exiting",
-        daemon.binary(),
-        path.display()
-    );
-    EXIT_RUNTIME_NOT_BUILT
+    Ok(loaded)
 }

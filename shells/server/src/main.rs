@@ -1,11 +1,17 @@
 //! `rvbox-server`: the durable RVBox server daemon.
 //!
 //! Owns: the process entry point — command line, configuration gate, the
-//! offline `repair` tool and (later) the server runtime. Must never: bind a
+//! offline `repair` tool and the server runtime ([`daemon`]). Must never: bind a
 //! listener or open the store before the configuration has validated, or
 //! run anything for `--check-config` beyond validation.
 
+mod agent;
+mod control;
+mod core_loop;
+mod daemon;
+mod metrics;
 mod repair;
+mod state;
 
 const ABOUT: &str =
     "RVBox server: durable command queue, agent WebSocket endpoint and control socket";
@@ -17,7 +23,11 @@ fn main() {
         .get_matches();
     let status = match matches.subcommand() {
         Some(("repair", m)) => repair::run(m),
-        _ => rvbox_daemon_common::run_with_matches(daemon, &matches),
+        _ => match rvbox_daemon_common::start(daemon, &matches) {
+            Ok(rvbox_daemon_common::Loaded::Server(config)) => daemon::run(*config),
+            Ok(rvbox_daemon_common::Loaded::Client(_)) => daemon::EXIT_START,
+            Err(status) => status,
+        },
     };
     std::process::exit(status);
 }

@@ -230,6 +230,30 @@ impl Health {
         Ok(())
     }
 
+    /// The scopes with open incidents that `wanted` selects (by kind and
+    /// key), as `ScopeHealth` rows, sorted; at most `limit`.
+    #[must_use]
+    pub fn dirty_scopes(
+        &self,
+        wanted: impl Fn(wire::ScopeKind, &str) -> bool,
+        limit: usize,
+    ) -> Vec<wire::ScopeHealth> {
+        let s = lock(&self.state);
+        s.dirty
+            .iter()
+            .filter(|((kind, key), _)| {
+                wire::ScopeKind::try_from(*kind).is_ok_and(|k| wanted(k, key))
+            })
+            .take(limit)
+            .map(|((kind, key), ids)| wire::ScopeHealth {
+                scope_kind: *kind,
+                scope_key: key.clone(),
+                state: ScopeState::DirtyReadable.to_wire() as i32,
+                incident_ids: ids.clone(),
+            })
+            .collect()
+    }
+
     /// The health report (`ServerHealth`): liveness is true while this
     /// process answers; readiness only when the global and audit scopes are
     /// ready. Lists the global and audit scopes, then every dirty scope.

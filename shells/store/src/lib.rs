@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod operator;
 pub mod output;
 pub mod reader;
+pub mod records;
 pub mod recovery;
 pub mod registry;
 pub mod retention;

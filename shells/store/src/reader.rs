@@ -26,6 +26,7 @@ use crate::commands::CommandView;
 use crate::db::DbOptions;
 use crate::error::StoreError;
 use crate::fs::StoreFs;
+use crate::health::Health;
 use crate::identity::TOKEN_KEY_LEN;
 use crate::incidents::{self, Incident};
 use crate::layout::Layout;
@@ -41,6 +42,7 @@ pub struct StoreReader {
     fs: Arc<dyn StoreFs>,
     layout: Layout,
     token_key: [u8; TOKEN_KEY_LEN],
+    health: Health,
 }
 
 impl std::fmt::Debug for StoreReader {
@@ -64,6 +66,7 @@ impl StoreReader {
         fs: Arc<dyn StoreFs>,
         token_key: [u8; TOKEN_KEY_LEN],
         opts: DbOptions,
+        health: Health,
     ) -> Result<Self, StoreError> {
         let conn = Connection::open_with_flags(
             layout.db_file(),
@@ -80,6 +83,7 @@ impl StoreReader {
             fs,
             layout: layout.clone(),
             token_key,
+            health,
         })
     }
 
@@ -170,6 +174,54 @@ impl StoreReader {
         incidents::list(&self.conn, state, after, limit)
     }
 
+    /// `GetCommand`: one command's operator record.
+    ///
+    /// # Errors
+    /// `NOT_FOUND`, or a store failure.
+    pub fn command_record(&self, issue: &[u8; 16]) -> Result<wire::CommandRecord, OpError> {
+        crate::records::command_record(&self.conn, &self.health, issue)
+    }
+
+    /// `ListCommands`: one page (see [`crate::records::list_commands`]).
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a bad page size or token, or a store failure.
+    pub fn list_commands(
+        &self,
+        req: &wire::ListCommandsRequest,
+    ) -> Result<wire::ListCommandsResponse, OpError> {
+        crate::records::list_commands(&self.conn, &self.health, self.token_key, req)
+    }
+
+    /// `ListClients`: one page by client id.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a bad page size or token, or a store failure.
+    pub fn list_clients(
+        &self,
+        req: &wire::ListClientsRequest,
+    ) -> Result<wire::ListClientsResponse, OpError> {
+        crate::records::list_clients(&self.conn, self.token_key, req)
+    }
+
+    /// `GetClient`: one client.
+    ///
+    /// # Errors
+    /// `NOT_FOUND`, or a store failure.
+    pub fn get_client(
+        &self,
+        client_id: &str,
+        now_ms: i64,
+    ) -> Result<wire::GetClientResponse, OpError> {
+        crate::records::get_client(&self.conn, &self.health, client_id, now_ms)
+    }
+
+    /// The store's scoped health (shared with the writer).
+    #[must_use]
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
     /// One incident by id.
     ///
     /// # Errors
@@ -187,6 +239,7 @@ pub struct ReadHandle {
     layout: Layout,
     token_key: [u8; TOKEN_KEY_LEN],
     db: DbOptions,
+    health: Health,
 }
 
 impl std::fmt::Debug for ReadHandle {
@@ -203,7 +256,13 @@ impl ReadHandle {
     /// # Errors
     /// [`StoreError::Sqlite`] when the database cannot be opened.
     pub fn open(&self) -> Result<StoreReader, StoreError> {
-        StoreReader::open(&self.layout, Arc::clone(&self.fs), self.token_key, self.db)
+        StoreReader::open(
+            &self.layout,
+            Arc::clone(&self.fs),
+            self.token_key,
+            self.db,
+            self.health.clone(),
+        )
     }
 }
 
@@ -217,6 +276,7 @@ impl crate::Store {
             layout: self.layout.clone(),
             token_key: self.token_key(),
             db: self.opts.db,
+            health: self.health(),
         }
     }
 

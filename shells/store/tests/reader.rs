@@ -113,6 +113,7 @@ fn a_segment_removed_under_a_read_is_read_again_on_a_fresh_snapshot() {
         fs.clone(),
         s.token_key(),
         StoreOptions::default().db,
+        s.health(),
     )
     .unwrap();
 

@@ -1,0 +1,619 @@
+//! The `Control` gRPC service on the mode-0600 Unix socket (plan §9.1).
+//!
+//! Owns: the socket (created only after a stale one is proven ours and
+//! dead), the mapping of each RPC to the core (mutations: `RunCommand`,
+//! `SignalCommand`, answered only after the store committed them with
+//! their idempotency row) or to a read-only store connection (reads:
+//! `GetCommand`, `ListCommands`, `ListClients`, `GetClient`, `GetOutput`,
+//! `FollowCommand`), and the mapping of domain errors to non-OK statuses
+//! carrying the `rvbox.v1.ErrorDetail`.
+//!
+//! Must never: touch the store's writer (reads have their own read-only
+//! connections, mutations go through the core), or send a remote signal
+//! when a follow ends: a stream that stops only stops reading.
+
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rvbox_control_api::v1::control_server::{Control, ControlServer};
+use rvbox_domain::error::{Code, DomainError};
+use rvbox_domain::ids::Uuid7;
+use rvbox_proto::v1 as wire;
+use rvbox_server_core::{Caller, ControlAnswer, ControlCall};
+use rvbox_store::mutations::OpError;
+use rvbox_store::output::HistoryItem;
+use rvbox_store::reader::{ReadHandle, StoreReader};
+use rvbox_store_port::ops::PortError;
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tonic::{Request, Response, Status};
+
+use crate::core_loop::ToCore;
+use crate::state::Shared;
+
+/// Read-only store connections the control plane keeps (and reads it runs
+/// at once; more wait for one).
+pub(crate) const READERS: usize = 8;
+/// Events one history read of a follow takes.
+pub(crate) const FOLLOW_BATCH: usize = 256;
+/// Items a follow stream buffers before it waits for its reader.
+pub(crate) const FOLLOW_BUFFER: usize = 16;
+/// A follow that saw no store change looks again after this long.
+pub(crate) const FOLLOW_POLL: Duration = Duration::from_secs(1);
+
+/// The status of a domain error, with its detail.
+pub(crate) fn status(e: &DomainError) -> Status {
+    let g = e.to_grpc();
+    Status::with_details(
+        tonic::Code::from_i32(g.code as i32),
+        g.message,
+        g.details.into(),
+    )
+}
+
+fn port_status(e: &PortError) -> Status {
+    if let PortError::Unavailable(detail) = e {
+        tracing::warn!(error = %detail, "control call failed in the store");
+    }
+    status(&e.to_domain())
+}
+
+fn op_status(e: OpError) -> Status {
+    match e {
+        OpError::Refused(d) => status(&d),
+        OpError::Store(s) => {
+            tracing::warn!(error = %s, "control read failed in the store");
+            status(&DomainError::new(
+                Code::Unavailable,
+                "the server store could not complete the read; retry",
+            ))
+        }
+    }
+}
+
+fn unavailable(why: &str) -> Status {
+    status(&DomainError::new(Code::Unavailable, why))
+}
+
+/// A small pool of read-only connections.
+#[derive(Debug)]
+pub(crate) struct Readers {
+    handle: ReadHandle,
+    idle: Mutex<Vec<StoreReader>>,
+    permits: Semaphore,
+}
+
+impl Readers {
+    pub(crate) fn new(handle: ReadHandle) -> Self {
+        Self {
+            handle,
+            idle: Mutex::new(Vec::new()),
+            permits: Semaphore::new(READERS),
+        }
+    }
+
+    /// Runs one read on a pooled connection, off the async threads.
+    async fn read<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&StoreReader) -> Result<T, OpError> + Send + 'static,
+    ) -> Result<T, Status> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| unavailable("the server is stopping"))?;
+        let this = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let reader = match this.idle.lock().ok().and_then(|mut v| v.pop()) {
+                Some(r) => r,
+                None => this
+                    .handle
+                    .open()
+                    .map_err(|e| op_status(OpError::Store(e)))?,
+            };
+            let out = f(&reader).map_err(op_status);
+            if let Ok(mut v) = this.idle.lock() {
+                v.push(reader);
+            }
+            out
+        })
+        .await
+        .map_err(|_| unavailable("a control read failed"))?
+    }
+}
+
+/// The service.
+#[derive(Debug, Clone)]
+pub(crate) struct ControlService {
+    shared: Arc<Shared>,
+    readers: Arc<Readers>,
+    changes: watch::Receiver<u64>,
+}
+
+impl ControlService {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        reads: ReadHandle,
+        changes: watch::Receiver<u64>,
+    ) -> Self {
+        Self {
+            shared,
+            readers: Arc::new(Readers::new(reads)),
+            changes,
+        }
+    }
+
+    async fn call(&self, caller: Caller, call: ControlCall) -> Result<ControlAnswer, Status> {
+        let core = self
+            .shared
+            .core()
+            .ok_or_else(|| unavailable("the server is not serving (recovering or stopping); retry with the same request_id"))?;
+        let (reply, answer) = oneshot::channel();
+        core.send(ToCore::Control {
+            caller,
+            call,
+            reply,
+        })
+        .await
+        .map_err(|_| unavailable("the server is stopping; retry with the same request_id"))?;
+        answer.await.map_err(|_| {
+            unavailable("the server stopped before answering; retry with the same request_id")
+        })
+    }
+}
+
+fn caller<T>(req: &Request<T>) -> Caller {
+    let principal = req
+        .extensions()
+        .get::<tonic::transport::server::UdsConnectInfo>()
+        .and_then(|i| i.peer_cred)
+        .map_or_else(String::new, |c| format!("uid:{}", c.uid()));
+    Caller {
+        transport: "grpc-unix".into(),
+        principal,
+    }
+}
+
+fn issue_of(field: &'static str, text: &str) -> Result<[u8; 16], Status> {
+    Uuid7::parse(field, text)
+        .map(|u| *u.as_bytes())
+        .map_err(|e| status(&DomainError::from(e)))
+}
+
+fn not_served(method: &str) -> Status {
+    status(&DomainError::new(
+        Code::Unsupported,
+        format!("{method} is not served by this server version"),
+    ))
+}
+
+type FollowStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<wire::FollowCommandResponse, Status>> + Send>>;
+type PtyStream = Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<wire::AttachPtySessionResponse, Status>> + Send>,
+>;
+
+#[tonic::async_trait]
+impl Control for ControlService {
+    async fn list_clients(
+        &self,
+        request: Request<wire::ListClientsRequest>,
+    ) -> Result<Response<wire::ListClientsResponse>, Status> {
+        let req = request.into_inner();
+        let out = self.readers.read(move |r| r.list_clients(&req)).await?;
+        Ok(Response::new(out))
+    }
+
+    async fn get_client(
+        &self,
+        request: Request<wire::GetClientRequest>,
+    ) -> Result<Response<wire::GetClientResponse>, Status> {
+        let req = request.into_inner();
+        rvbox_domain::ids::ClientId::parse("client_id", &req.client_id)
+            .map_err(|e| status(&DomainError::from(e)))?;
+        let now = crate::core_loop::Clock::wall_ms();
+        let out = self
+            .readers
+            .read(move |r| r.get_client(&req.client_id, now))
+            .await?;
+        Ok(Response::new(out))
+    }
+
+    async fn list_commands(
+        &self,
+        request: Request<wire::ListCommandsRequest>,
+    ) -> Result<Response<wire::ListCommandsResponse>, Status> {
+        let req = request.into_inner();
+        if let Some(c) = &req.client_id {
+            rvbox_domain::ids::ClientId::parse("client_id", c)
+                .map_err(|e| status(&DomainError::from(e)))?;
+        }
+        let out = self.readers.read(move |r| r.list_commands(&req)).await?;
+        Ok(Response::new(out))
+    }
+
+    async fn get_command(
+        &self,
+        request: Request<wire::GetCommandRequest>,
+    ) -> Result<Response<wire::GetCommandResponse>, Status> {
+        let issue = issue_of("issue_uuid", &request.get_ref().issue_uuid)?;
+        let command = self.readers.read(move |r| r.command_record(&issue)).await?;
+        Ok(Response::new(wire::GetCommandResponse {
+            command: Some(command),
+        }))
+    }
+
+    async fn authorize_client_takeover(
+        &self,
+        _request: Request<wire::AuthorizeClientTakeoverRequest>,
+    ) -> Result<Response<wire::AuthorizeClientTakeoverResponse>, Status> {
+        Err(not_served("AuthorizeClientTakeover"))
+    }
+
+    async fn run_command(
+        &self,
+        request: Request<wire::RunCommandRequest>,
+    ) -> Result<Response<wire::RunCommandResponse>, Status> {
+        let who = caller(&request);
+        match self
+            .call(who, ControlCall::RunCommand(request.into_inner()))
+            .await?
+        {
+            ControlAnswer::RunCommand(Ok(r)) => Ok(Response::new(r)),
+            ControlAnswer::RunCommand(Err(e)) => Err(port_status(&e)),
+            ControlAnswer::SignalCommand(_) => Err(unavailable("mismatched answer")),
+        }
+    }
+
+    type FollowCommandStream = FollowStream;
+
+    async fn follow_command(
+        &self,
+        request: Request<wire::FollowCommandRequest>,
+    ) -> Result<Response<Self::FollowCommandStream>, Status> {
+        let req = request.into_inner();
+        let issue = issue_of("issue_uuid", &req.issue_uuid)?;
+        let id =
+            Uuid7::from_bytes("issue_uuid", issue).map_err(|e| status(&DomainError::from(e)))?;
+        // an unknown command is an error of the call, not of the stream
+        let first = self.readers.read(move |r| r.command_record(&issue)).await?;
+        let (tx, rx) = mpsc::channel(FOLLOW_BUFFER);
+        let follower = Follower {
+            readers: Arc::clone(&self.readers),
+            changes: self.changes.clone(),
+            issue,
+            id,
+            cursor: req.after_event_seq,
+            tx,
+        };
+        tokio::spawn(follower.run(first));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn append_stdin(
+        &self,
+        _request: Request<wire::AppendStdinRequest>,
+    ) -> Result<Response<wire::AppendStdinResponse>, Status> {
+        Err(not_served("AppendStdin"))
+    }
+
+    async fn close_stdin(
+        &self,
+        _request: Request<wire::CloseStdinRequest>,
+    ) -> Result<Response<wire::CloseStdinResponse>, Status> {
+        Err(not_served("CloseStdin"))
+    }
+
+    async fn signal_command(
+        &self,
+        request: Request<wire::SignalCommandRequest>,
+    ) -> Result<Response<wire::SignalCommandResponse>, Status> {
+        let who = caller(&request);
+        match self
+            .call(who, ControlCall::SignalCommand(request.into_inner()))
+            .await?
+        {
+            ControlAnswer::SignalCommand(Ok(r)) => Ok(Response::new(r)),
+            ControlAnswer::SignalCommand(Err(e)) => Err(port_status(&e)),
+            ControlAnswer::RunCommand(_) => Err(unavailable("mismatched answer")),
+        }
+    }
+
+    async fn get_output(
+        &self,
+        request: Request<wire::GetOutputRequest>,
+    ) -> Result<Response<wire::GetOutputResponse>, Status> {
+        let req = request.into_inner();
+        let out = self.readers.read(move |r| r.get_output(&req)).await?;
+        Ok(Response::new(out))
+    }
+
+    async fn list_storage_incidents(
+        &self,
+        _request: Request<wire::ListStorageIncidentsRequest>,
+    ) -> Result<Response<wire::ListStorageIncidentsResponse>, Status> {
+        Err(not_served("ListStorageIncidents"))
+    }
+
+    async fn repair_storage_incident(
+        &self,
+        _request: Request<wire::RepairStorageIncidentRequest>,
+    ) -> Result<Response<wire::RepairStorageIncidentResponse>, Status> {
+        Err(not_served("RepairStorageIncident"))
+    }
+
+    async fn acknowledge_storage_incident(
+        &self,
+        _request: Request<wire::AcknowledgeStorageIncidentRequest>,
+    ) -> Result<Response<wire::AcknowledgeStorageIncidentResponse>, Status> {
+        Err(not_served("AcknowledgeStorageIncident"))
+    }
+
+    async fn open_pty_session(
+        &self,
+        _request: Request<wire::OpenPtySessionRequest>,
+    ) -> Result<Response<wire::OpenPtySessionResponse>, Status> {
+        Err(not_served("OpenPtySession"))
+    }
+
+    type AttachPtySessionStream = PtyStream;
+
+    async fn attach_pty_session(
+        &self,
+        _request: Request<wire::AttachPtySessionRequest>,
+    ) -> Result<Response<Self::AttachPtySessionStream>, Status> {
+        Err(not_served("AttachPtySession"))
+    }
+
+    async fn write_pty_input(
+        &self,
+        _request: Request<wire::WritePtyInputRequest>,
+    ) -> Result<Response<wire::WritePtyInputResponse>, Status> {
+        Err(not_served("WritePtyInput"))
+    }
+
+    async fn resize_pty_session(
+        &self,
+        _request: Request<wire::ResizePtySessionRequest>,
+    ) -> Result<Response<wire::ResizePtySessionResponse>, Status> {
+        Err(not_served("ResizePtySession"))
+    }
+
+    async fn close_pty_session(
+        &self,
+        _request: Request<wire::ClosePtySessionRequest>,
+    ) -> Result<Response<wire::ClosePtySessionResponse>, Status> {
+        Err(not_served("ClosePtySession"))
+    }
+
+    async fn list_pty_sessions(
+        &self,
+        _request: Request<wire::ListPtySessionsRequest>,
+    ) -> Result<Response<wire::ListPtySessionsResponse>, Status> {
+        Err(not_served("ListPtySessions"))
+    }
+}
+
+/// One `FollowCommand` stream: the current status, the history after the
+/// cursor, then live items as the store commits them, until the command
+/// is terminal and every event up to its last was sent.
+struct Follower {
+    readers: Arc<Readers>,
+    changes: watch::Receiver<u64>,
+    issue: [u8; 16],
+    id: Uuid7,
+    cursor: u64,
+    tx: mpsc::Sender<Result<wire::FollowCommandResponse, Status>>,
+}
+
+fn status_item(r: &wire::CommandRecord) -> wire::FollowCommandResponse {
+    wire::FollowCommandResponse {
+        item: Some(wire::follow_command_response::Item::Status(
+            wire::CommandStatus {
+                lifecycle: r.lifecycle,
+                revision: r.revision,
+                changed_time: r.terminal_time.or(r.issue_time),
+                exit_result: r.exit_result.clone(),
+                rejection: r.rejection.clone(),
+                expired_pending_reconciliation: r.expired_pending_reconciliation,
+            },
+        )),
+    }
+}
+
+fn terminal(r: &wire::CommandRecord) -> bool {
+    rvbox_domain::lifecycle::Lifecycle::from_wire(r.lifecycle).is_ok_and(|l| l.is_terminal())
+}
+
+impl Follower {
+    async fn send(&self, item: Result<wire::FollowCommandResponse, Status>) -> bool {
+        self.tx.send(item).await.is_ok()
+    }
+
+    async fn run(mut self, first: wire::CommandRecord) {
+        let mut shown = (first.lifecycle, first.revision);
+        if !self.send(Ok(status_item(&first))).await {
+            return;
+        }
+        loop {
+            // note the change counter before reading, so a commit between
+            // the read and the wait wakes the wait
+            let _ = self.changes.borrow_and_update();
+            let (issue, id, after) = (self.issue, self.id, self.cursor);
+            let batch = self
+                .readers
+                .read(move |r| {
+                    let items = r.events_after(&issue, after, FOLLOW_BATCH)?;
+                    let mut out = Vec::with_capacity(items.len());
+                    let mut caught_up = false;
+                    for item in items {
+                        if let HistoryItem::CaughtUp { .. } = item {
+                            caught_up = true;
+                            continue;
+                        }
+                        let seq = match &item {
+                            HistoryItem::Event(e) => Some(e.event_seq),
+                            _ => None,
+                        };
+                        if let Some(w) = item.to_wire(&id)? {
+                            out.push((seq, w));
+                        }
+                    }
+                    let record = if caught_up {
+                        Some(r.command_record(&issue)?)
+                    } else {
+                        None
+                    };
+                    Ok((out, record))
+                })
+                .await;
+            let (items, record) = match batch {
+                Ok(b) => b,
+                Err(status) => {
+                    let _ = self.send(Err(status)).await;
+                    return;
+                }
+            };
+            for (seq, item) in items {
+                if let Some(s) = seq {
+                    self.cursor = self.cursor.max(s);
+                }
+                if !self.send(Ok(item)).await {
+                    return;
+                }
+            }
+            let Some(record) = record else {
+                continue;
+            };
+            if (record.lifecycle, record.revision) != shown {
+                shown = (record.lifecycle, record.revision);
+                if !self.send(Ok(status_item(&record))).await {
+                    return;
+                }
+            }
+            if terminal(&record) && self.cursor >= record.last_event_seq {
+                return;
+            }
+            if self.cursor < record.last_event_seq {
+                continue;
+            }
+            tokio::select! {
+                _ = self.changes.changed() => {}
+                () = tokio::time::sleep(FOLLOW_POLL) => {}
+                () = self.tx.closed() => return,
+            }
+        }
+    }
+}
+
+/// Why the control socket could not be created.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SocketError {
+    /// Something that is not a stale socket of ours is in the way.
+    #[error("{path}: {why}; remove it or set control.socket_path")]
+    InTheWay {
+        /// The path.
+        path: PathBuf,
+        /// What is there.
+        why: String,
+    },
+    /// A live server answers on it.
+    #[error("{0}: another rvbox-server is serving on this control socket")]
+    Live(PathBuf),
+    /// An I/O failure.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> SocketError + '_ {
+    move |source| SocketError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Binds the control socket: the runtime directory is created private
+/// (0700) when missing; an existing path is removed only when it is a
+/// socket owned by this account that nobody answers on; the socket is
+/// set to 0600 at once.
+pub(crate) fn bind(
+    runtime_dir: &Path,
+    path: &Path,
+) -> Result<tokio::net::UnixListener, SocketError> {
+    if !runtime_dir.exists() {
+        std::fs::create_dir_all(runtime_dir).map_err(io(runtime_dir))?;
+        std::fs::set_permissions(runtime_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io(runtime_dir))?;
+    }
+    if let Some(parent) = path.parent()
+        && !parent.exists()
+    {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o700))
+            .map_err(io(parent))?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) => {
+            if !meta.file_type().is_socket() {
+                return Err(SocketError::InTheWay {
+                    path: path.to_owned(),
+                    why: "exists and is not a socket".into(),
+                });
+            }
+            let me = rustix::process::geteuid().as_raw();
+            if meta.uid() != me {
+                return Err(SocketError::InTheWay {
+                    path: path.to_owned(),
+                    why: format!(
+                        "is a socket owned by uid {}, not this account ({me})",
+                        meta.uid()
+                    ),
+                });
+            }
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(_) => return Err(SocketError::Live(path.to_owned())),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    tracing::info!(path = %path.display(), "removing the stale control socket of an earlier run");
+                    std::fs::remove_file(path).map_err(io(path))?;
+                }
+                Err(e) => {
+                    return Err(SocketError::InTheWay {
+                        path: path.to_owned(),
+                        why: format!("is a socket that cannot be probed ({e})"),
+                    });
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(path)(e)),
+    }
+    let listener = tokio::net::UnixListener::bind(path).map_err(io(path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io(path))?;
+    Ok(listener)
+}
+
+/// Serves the service on `listener` until `stop` turns true.
+pub(crate) async fn serve(
+    listener: tokio::net::UnixListener,
+    service: ControlService,
+    max_request: usize,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), tonic::transport::Error> {
+    let svc = ControlServer::new(service)
+        .max_decoding_message_size(max_request)
+        .max_encoding_message_size(usize::MAX);
+    tonic::transport::Server::builder()
+        .add_service(svc)
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await
+}

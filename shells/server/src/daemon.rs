@@ -1,0 +1,319 @@
+//! The server daemon's start, run and stop (plan §6.1, §11.1, R7).
+//!
+//! Start: read the file-descriptor limit; bind the agent listener (so
+//! liveness answers at once); open and recover the store on a blocking
+//! thread while `/readyz` says so; then start the executor thread and the
+//! core's thread and let agent upgrades in.
+//!
+//! Stop, on SIGTERM or SIGINT: stop accepting; close every agent
+//! connection with 1012 so its client reconnects at once; let the store
+//! operations in flight finish (bounded); stop the executor, which checkpoints
+//! the store on drop; exit 0.
+//!
+//! Must never: open the store before the configuration validated (the
+//! caller's gate), or acknowledge anything the store has not made durable
+//! (the core's rule; the shell only carries completions back).
+
+use std::sync::Arc;
+
+use rvbox_config::ServerConfig;
+use rvbox_domain::ids::Uuid7;
+use rvbox_engine::{ServerSettings, server_settings};
+use rvbox_server_core::ServerCore;
+use rvbox_session::ServerIdentity;
+use rvbox_store::entropy::OsEntropy;
+use rvbox_store::fs::RealFs;
+use rvbox_store::layout::Layout;
+use rvbox_store::{Store, StoreError};
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+
+use crate::core_loop::{Clock, CoreThread, ToCore};
+use crate::state::Shared;
+
+/// Exit status: a clean stop.
+pub(crate) const EXIT_OK: i32 = 0;
+/// Exit status: the daemon could not start (listener, store, runtime).
+pub(crate) const EXIT_START: i32 = 1;
+
+/// Runs the daemon until a stop signal; returns the exit status.
+pub(crate) fn run(config: ServerConfig) -> i32 {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("rvbox-server-io")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "the async runtime could not start");
+            return EXIT_START;
+        }
+    };
+    rt.block_on(serve(config))
+}
+
+/// The soft and hard limits on open file descriptors.
+fn fd_limits() -> (Option<u64>, Option<u64>) {
+    let l = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    (l.current, l.maximum)
+}
+
+/// A well-formed UUIDv7 standing in for the server id until the store
+/// gives the real one (the store's options do not depend on it).
+const PLACEHOLDER_ID: [u8; 16] = [0, 0, 0, 0, 0, 0, 0x70, 0, 0x80, 0, 0, 0, 0, 0, 0, 0];
+
+fn identity(server_id: [u8; 16]) -> Result<ServerIdentity, String> {
+    Ok(ServerIdentity {
+        server_id: Uuid7::from_bytes("server_id", server_id)
+            .map_err(|e| format!("server id: {e}"))?,
+        software_version: env!("CARGO_PKG_VERSION").into(),
+        supported_minors: vec![0],
+    })
+}
+
+async fn serve(config: ServerConfig) -> i32 {
+    let (soft, hard) = fd_limits();
+    let soft_text = soft.map_or_else(|| "unlimited".to_owned(), |v| v.to_string());
+    let hard_text = hard.map_or_else(|| "unlimited".to_owned(), |v| v.to_string());
+    tracing::info!(soft = %soft_text, hard = %hard_text, "open file descriptor limit");
+    let shared = Arc::new(Shared::new(
+        config.agent.path.clone(),
+        config.agent.allowed_origins.clone(),
+        usize::try_from(config.limits.max_envelope).unwrap_or(usize::MAX),
+    ));
+    shared
+        .metrics
+        .fd_limit
+        .set(soft.map_or(i64::MAX, |v| i64::try_from(v).unwrap_or(i64::MAX)));
+
+    let listener = match TcpListener::bind(config.agent.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(addr = %config.agent.listen, error = %e, "agent listener could not bind");
+            eprintln!(
+                "rvbox-server: cannot listen on {} (server.agent_listen): {e}",
+                config.agent.listen
+            );
+            return EXIT_START;
+        }
+    };
+    let local = listener
+        .local_addr()
+        .map_or_else(|_| config.agent.listen.to_string(), |a| a.to_string());
+    tracing::info!(addr = %local, path = %config.agent.path, "agent endpoint listening (liveness at /healthz)");
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let agent = tokio::spawn(crate::agent::serve(
+        listener,
+        Arc::clone(&shared),
+        stop_rx.clone(),
+    ));
+
+    let mut settings = match identity(PLACEHOLDER_ID)
+        .and_then(|id| server_settings(&config, id).map_err(|e| e.to_string()))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "configuration refused by the server core");
+            return EXIT_START;
+        }
+    };
+    let data_dir = config.storage.data_dir.clone();
+    let store_opts = settings.store.clone();
+    let mut signals = match Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "signal handlers could not be installed");
+            return EXIT_START;
+        }
+    };
+    // opening takes the instance lock and applies migrations (short);
+    // recovery scans segments (long) and runs while liveness answers and
+    // the control socket serves reads and incident inspection
+    let opened =
+        tokio::task::spawn_blocking(move || open_store(Layout::new(data_dir), store_opts)).await;
+    let mut store = match opened {
+        Ok(Ok(store)) => store,
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "the store could not be opened");
+            eprintln!("rvbox-server: {e}");
+            shared.set_failed(e.to_string());
+            let _ = stop_tx.send(true);
+            let _ = agent.await;
+            return EXIT_START;
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the store opening task failed");
+            let _ = stop_tx.send(true);
+            let _ = agent.await;
+            return EXIT_START;
+        }
+    };
+    shared.set_health(store.health());
+    shared.register(|r| store.metrics().register(r));
+    let (changes_tx, changes_rx) = watch::channel(0u64);
+    let control =
+        match crate::control::bind(&config.control.runtime_dir, &config.control.socket_path) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "the control socket could not be created");
+                eprintln!("rvbox-server: control socket: {e}");
+                let _ = stop_tx.send(true);
+                let _ = agent.await;
+                return EXIT_START;
+            }
+        };
+    tracing::info!(path = %config.control.socket_path.display(), mode = "0600", "control socket listening");
+    let service =
+        crate::control::ControlService::new(Arc::clone(&shared), store.read_handle(), changes_rx);
+    let max_request = usize::try_from(config.limits.max_control_request).unwrap_or(usize::MAX);
+    let control_task = tokio::spawn(crate::control::serve(
+        control,
+        service,
+        max_request,
+        stop_rx.clone(),
+    ));
+
+    let recovering = tokio::task::spawn_blocking(move || {
+        let wall = Clock::wall_ms();
+        let report = store.recover(wall);
+        (store, report)
+    });
+    // a stop signal during recovery waits for recovery to end (it holds
+    // the store), then stops without serving
+    let recovered = tokio::select! {
+        r = recovering => r,
+        () = signals.wait() => {
+            tracing::info!("stop requested during recovery; stopping");
+            let _ = stop_tx.send(true);
+            let _ = agent.await;
+            let _ = control_task.await;
+            return EXIT_OK;
+        }
+    };
+    let store = match recovered {
+        Ok((store, Ok(report))) => {
+            tracing::info!(report = ?report, "store recovered");
+            store
+        }
+        Ok((_, Err(e))) => {
+            tracing::error!(error = %e, "store recovery failed");
+            eprintln!("rvbox-server: recovery: {e}");
+            shared.set_failed(e.to_string());
+            let _ = stop_tx.send(true);
+            let _ = agent.await;
+            let _ = control_task.await;
+            return EXIT_START;
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the recovery task failed");
+            let _ = stop_tx.send(true);
+            let _ = agent.await;
+            let _ = control_task.await;
+            return EXIT_START;
+        }
+    };
+    let core = match build_core(&store, &mut settings) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "the server core could not start");
+            return EXIT_START;
+        }
+    };
+    let thread = match CoreThread::spawn(
+        core,
+        store,
+        Clock::new(),
+        Arc::clone(&shared.metrics),
+        changes_tx,
+    ) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e, "the server core's thread could not start");
+            return EXIT_START;
+        }
+    };
+    let core_tx = thread.sender();
+    shared.set_core(Some(core_tx.clone()));
+    tracing::info!("serving");
+
+    signals.wait().await;
+    tracing::info!(
+        "stop requested: closing agent connections with 1012 and finishing durable writes"
+    );
+    shared.set_core(None);
+    let _ = stop_tx.send(true);
+    let _ = agent.await;
+    let _ = control_task.await;
+    let (done_tx, done_rx) = oneshot::channel();
+    if core_tx
+        .send(ToCore::Shutdown { done: done_tx })
+        .await
+        .is_ok()
+    {
+        match done_rx.await {
+            Ok(report) if report.unfinished > 0 => tracing::warn!(
+                unfinished = report.unfinished,
+                "store operations still in flight at the end of the wait; their senders retry"
+            ),
+            Ok(report) => tracing::info!(closed = report.closed, "agent connections closed"),
+            Err(_) => tracing::error!("the server core ended without a shutdown report"),
+        }
+    }
+    drop(core_tx);
+    // the writers send their close frames; the executor performs what is
+    // queued and the store checkpoints as it closes
+    let join = tokio::task::spawn_blocking(move || thread.join());
+    let _ = join.await;
+    tracing::info!("stopped");
+    EXIT_OK
+}
+
+fn open_store(layout: Layout, opts: rvbox_store::StoreOptions) -> Result<Store, StoreError> {
+    Store::open(
+        layout,
+        Arc::new(RealFs),
+        Arc::new(OsEntropy),
+        opts,
+        Clock::wall_ms(),
+    )
+}
+
+fn build_core(store: &Store, settings: &mut ServerSettings) -> Result<ServerCore, String> {
+    settings.session.identity = identity(store.server_id())?;
+    settings
+        .session
+        .validate()
+        .map_err(|e| format!("session configuration: {e}"))?;
+    let mut core = ServerCore::new(
+        Arc::new(OsEntropy),
+        settings.session.clone(),
+        settings.retry,
+    );
+    core.set_ingress_watermarks(settings.ingress.0, settings.ingress.1)
+        .map_err(|e| format!("ingress watermarks: {e}"))?;
+    core.set_group_policy(settings.group);
+    Ok(core)
+}
+
+/// SIGTERM and SIGINT.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn wait(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => tracing::info!(signal = "SIGTERM", "stop signal"),
+            _ = self.int.recv() => tracing::info!(signal = "SIGINT", "stop signal"),
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! The server daemon's own metrics (plan §11.1), beside the store's: every
+//! label is a bounded name (a close reason, a refusal cause, a session
+//! counter and its reason), never a client id or a command UUID.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// A session counter and its reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct SessionLabel {
+    /// Counter name (the session core's bounded set).
+    pub(crate) name: &'static str,
+    /// Reason, or empty.
+    pub(crate) reason: &'static str,
+}
+
+/// A bounded reason word.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReasonLabel {
+    /// The reason.
+    pub(crate) reason: &'static str,
+}
+
+/// Every metric of the daemon shell.
+#[derive(Debug, Default)]
+pub(crate) struct ServerMetrics {
+    /// Agent connections the core holds.
+    pub(crate) connections: Gauge,
+    /// Session counters the core emitted.
+    pub(crate) sessions: Family<SessionLabel, Counter>,
+    /// Connections closed by the core, by close reason.
+    pub(crate) closes: Family<ReasonLabel, Counter>,
+    /// Upgrade requests refused before a WebSocket existed, by cause.
+    pub(crate) upgrades_refused: Family<ReasonLabel, Counter>,
+    /// Messages refused by the reader before decode, by cause.
+    pub(crate) messages_refused: Family<ReasonLabel, Counter>,
+    /// Connections closed because the core's inbox was full.
+    pub(crate) inbox_full: Counter,
+    /// Frames not written within the write deadline.
+    pub(crate) write_timeouts: Counter,
+    /// `accept` failures, by cause (`fd_limit`, `other`).
+    pub(crate) accept_errors: Family<ReasonLabel, Counter>,
+    /// The soft limit on open file descriptors, read at startup.
+    pub(crate) fd_limit: Gauge,
+    /// 1 once the store has recovered and the core serves.
+    pub(crate) ready: Gauge,
+    /// Times a batch found the executor gone.
+    pub(crate) executor_gone: Counter,
+}
+
+impl ServerMetrics {
+    /// Counts one session counter.
+    pub(crate) fn session(&self, name: &'static str, reason: Option<&'static str>) {
+        self.sessions
+            .get_or_create(&SessionLabel {
+                name,
+                reason: reason.unwrap_or(""),
+            })
+            .inc();
+    }
+
+    /// Counts one close by the core.
+    pub(crate) fn closed(&self, reason: &'static str) {
+        self.closes.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Counts one refused upgrade.
+    pub(crate) fn upgrade_refused(&self, reason: &'static str) {
+        self.upgrades_refused
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// Counts one refused message.
+    pub(crate) fn message_refused(&self, reason: &'static str) {
+        self.messages_refused
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// Registers every metric under the `rvbox_server` prefix.
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("rvbox_server");
+        r.register(
+            "agent_connections",
+            "Agent connections the server core holds",
+            self.connections.clone(),
+        );
+        r.register(
+            "session_events",
+            "Session state changes and failures, by counter and reason",
+            self.sessions.clone(),
+        );
+        r.register(
+            "agent_closes",
+            "Agent connections closed by the server, by close reason",
+            self.closes.clone(),
+        );
+        r.register(
+            "agent_upgrades_refused",
+            "WebSocket upgrade requests refused, by cause",
+            self.upgrades_refused.clone(),
+        );
+        r.register(
+            "agent_messages_refused",
+            "Agent messages refused before decode, by cause",
+            self.messages_refused.clone(),
+        );
+        r.register(
+            "inbox_full",
+            "Agent connections closed because the core's inbox was full",
+            self.inbox_full.clone(),
+        );
+        r.register(
+            "write_timeouts",
+            "Agent frames not written within the write deadline",
+            self.write_timeouts.clone(),
+        );
+        r.register(
+            "accept_errors",
+            "Failed accepts on the agent listener, by cause",
+            self.accept_errors.clone(),
+        );
+        r.register(
+            "fd_limit",
+            "Soft limit on open file descriptors at startup",
+            self.fd_limit.clone(),
+        );
+        r.register(
+            "ready",
+            "1 once the store has recovered and the server serves",
+            self.ready.clone(),
+        );
+        r.register(
+            "executor_gone",
+            "Store operation batches that found the executor stopped",
+            self.executor_gone.clone(),
+        );
+    }
+}

@@ -1,0 +1,461 @@
+//! Operator views of commands and clients (plan §9.1: `GetCommand`,
+//! `ListCommands`, `ListClients`, `GetClient`), read from one snapshot of
+//! the metadata.
+//!
+//! Lists page by an authenticated token holding the last row's sort key
+//! (never SQL OFFSET): commands by issue time descending, then UUID
+//! descending; clients by id ascending. A token is bound to the listing
+//! and its filters, so reusing it with another `client_id` is refused.
+//!
+//! Every statement here is served by an index: the command's primary key,
+//! `commands_by_client_issue` or `commands_by_issue`, the events' and
+//! truncations' per-command keys, and the clients' primary key.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use rvbox_domain::error::{Code, DomainError};
+use rvbox_domain::limits;
+use rvbox_domain::token::{PagePosition, TokenCodec, TokenKey, TokenKind, encode_filters};
+use rvbox_proto::v1 as wire;
+
+use crate::error::StoreError;
+use crate::health::Health;
+use crate::mutations::OpError;
+use crate::store::{to_timestamp, to_u64};
+
+/// Most dirty scopes one record or client lists.
+pub const MAX_DIRTY_SCOPES: usize = 100;
+
+const RECORD_COLUMNS: &str = "c.issue_uuid, c.client_id, c.lifecycle, c.revision, \
+     c.issue_time_ms, c.queue_expiry_ms, c.terminal_time_ms, c.exit_code, c.exit_signal, \
+     c.rejection, c.resolved_shell, c.last_event_seq, c.expired_pending, c.retention, \
+     c.request_hash, c.spec_zstd";
+
+/// One `commands` row as read.
+struct Raw {
+    issue: Vec<u8>,
+    client_id: String,
+    lifecycle: i32,
+    revision: i64,
+    issue_ms: i64,
+    expiry_ms: Option<i64>,
+    terminal_ms: Option<i64>,
+    exit_code: Option<i64>,
+    exit_signal: Option<i64>,
+    rejection: Option<Vec<u8>>,
+    resolved_shell: Option<i32>,
+    last_event_seq: i64,
+    expired_pending: bool,
+    retention: String,
+    request_hash: Vec<u8>,
+    spec_zstd: Vec<u8>,
+}
+
+fn raw_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
+    Ok(Raw {
+        issue: r.get(0)?,
+        client_id: r.get(1)?,
+        lifecycle: r.get(2)?,
+        revision: r.get(3)?,
+        issue_ms: r.get(4)?,
+        expiry_ms: r.get(5)?,
+        terminal_ms: r.get(6)?,
+        exit_code: r.get(7)?,
+        exit_signal: r.get(8)?,
+        rejection: r.get(9)?,
+        resolved_shell: r.get(10)?,
+        last_event_seq: r.get(11)?,
+        expired_pending: r.get(12)?,
+        retention: r.get(13)?,
+        request_hash: r.get(14)?,
+        spec_zstd: r.get(15)?,
+    })
+}
+
+fn sqlite(what: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
+    move |e| StoreError::sqlite(what, e)
+}
+
+fn uuid_text(bytes: &[u8]) -> String {
+    <[u8; 16]>::try_from(bytes)
+        .map(|b| uuid::Uuid::from_bytes(b).hyphenated().to_string())
+        .unwrap_or_default()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::with_capacity(32), |mut s, b| {
+        use std::fmt::Write as _;
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// `GetCommand`: one command's record.
+///
+/// # Errors
+/// `NOT_FOUND`, or a store failure (a stored spec that does not decode is
+/// an integrity failure).
+pub fn command_record(
+    conn: &Connection,
+    health: &Health,
+    issue: &[u8; 16],
+) -> Result<wire::CommandRecord, OpError> {
+    let raw = conn
+        .prepare_cached(&format!(
+            "SELECT {RECORD_COLUMNS} FROM commands c WHERE c.issue_uuid = ?1"
+        ))
+        .and_then(|mut st| st.query_row(params![issue.as_slice()], raw_of).optional())
+        .map_err(sqlite("read command"))?
+        .ok_or_else(|| OpError::Refused(DomainError::new(Code::NotFound, "no such command")))?;
+    Ok(finish(conn, health, raw)?)
+}
+
+fn is_terminal(lifecycle: wire::Lifecycle) -> bool {
+    rvbox_domain::lifecycle::Lifecycle::from_wire(lifecycle as i32).is_ok_and(|l| l.is_terminal())
+}
+
+fn finish(conn: &Connection, health: &Health, raw: Raw) -> Result<wire::CommandRecord, StoreError> {
+    let lifecycle =
+        wire::Lifecycle::try_from(raw.lifecycle).unwrap_or(wire::Lifecycle::Unspecified);
+    let (first, last): (Option<i64>, Option<i64>) = conn
+        .prepare_cached(
+            "SELECT MIN(event_seq), MAX(event_seq) FROM command_events WHERE issue_uuid = ?1",
+        )
+        .and_then(|mut st| st.query_row(params![raw.issue], |r| Ok((r.get(0)?, r.get(1)?))))
+        .map_err(sqlite("read retained range"))?;
+    let removed: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM output_truncations WHERE issue_uuid = ?1)")
+        .and_then(|mut st| st.query_row(params![raw.issue], |r| r.get(0)))
+        .map_err(sqlite("read truncations"))?;
+    let terminal = is_terminal(lifecycle);
+    // a client-side gap is a sequenced marker event of the command
+    let client_gap: bool = if terminal && !removed {
+        conn.prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM command_events WHERE issue_uuid = ?1 AND body_kind IN (?2, ?3))",
+        )
+        .and_then(|mut st| {
+            st.query_row(
+                params![
+                    raw.issue,
+                    crate::events::body_kind::TRUNCATION,
+                    crate::events::body_kind::INCOMPLETE
+                ],
+                |r| r.get(0),
+            )
+        })
+        .map_err(sqlite("read output markers"))?
+    } else {
+        false
+    };
+    let retention_status = if raw.retention == "evicting" {
+        wire::RetentionStatus::Evicting
+    } else if removed {
+        wire::RetentionStatus::Partial
+    } else {
+        wire::RetentionStatus::Complete
+    };
+    let exit_result = terminal.then(|| wire::ExitResult {
+        lifecycle: lifecycle as i32,
+        exit_code: raw.exit_code.and_then(|c| i32::try_from(c).ok()),
+        signal_number: raw.exit_signal.and_then(|c| i32::try_from(c).ok()),
+        signal_name: String::new(),
+    });
+    let rejection = raw
+        .rejection
+        .as_deref()
+        .and_then(|b| <wire::ErrorDetail as prost::Message>::decode(b).ok());
+    let expiry = if lifecycle == wire::Lifecycle::Expired {
+        Some(wire::ExpiryRecord {
+            expired_time: raw.terminal_ms.map(to_timestamp),
+            reason: "the queue TTL elapsed before the command was dispatched".into(),
+        })
+    } else if raw.expired_pending {
+        Some(wire::ExpiryRecord {
+            expired_time: raw.expiry_ms.map(to_timestamp),
+            reason: "the queue TTL elapsed after dispatch; the client's answer decides the outcome"
+                .into(),
+        })
+    } else {
+        None
+    };
+    let cap = usize::try_from(limits::MAX_EXECUTION_SPEC_BYTES).unwrap_or(0);
+    let spec = zstd::bulk::decompress(&raw.spec_zstd, cap)
+        .ok()
+        .and_then(|b| <wire::ExecutionSpec as prost::Message>::decode(b.as_slice()).ok())
+        .ok_or_else(|| {
+            StoreError::Integrity(format!(
+                "the stored execution spec of {} does not decode",
+                uuid_text(&raw.issue)
+            ))
+        })?;
+    let key = uuid_text(&raw.issue);
+    let seg_prefix = format!("{}/", hex(&raw.issue));
+    let dirty_scopes = health.dirty_scopes(
+        |kind, k| match kind {
+            wire::ScopeKind::Command => k == key,
+            wire::ScopeKind::Segment => {
+                k.starts_with(&seg_prefix) || k.starts_with(&format!("{key}/"))
+            }
+            wire::ScopeKind::Client => k == raw.client_id,
+            wire::ScopeKind::GlobalStore => true,
+            _ => false,
+        },
+        MAX_DIRTY_SCOPES,
+    );
+    Ok(wire::CommandRecord {
+        issue_uuid: key,
+        client_id: raw.client_id,
+        lifecycle: lifecycle as i32,
+        revision: to_u64(raw.revision),
+        issue_time: Some(to_timestamp(raw.issue_ms)),
+        queue_expiry_time: raw.expiry_ms.map(to_timestamp),
+        terminal_time: raw.terminal_ms.map(to_timestamp),
+        exit_result,
+        last_event_seq: to_u64(raw.last_event_seq),
+        retention_status: retention_status as i32,
+        retained_range: Some(wire::RetainedRange {
+            first_event_seq: first.map_or(0, to_u64),
+            last_event_seq: last.map_or(0, to_u64),
+        }),
+        rejection,
+        expiry,
+        expired_pending_reconciliation: raw.expired_pending,
+        terminal_output_incomplete: terminal && (removed || client_gap),
+        dirty_scopes,
+        spec: Some(spec),
+        request_hash: raw.request_hash,
+        resolved_shell: raw.resolved_shell.unwrap_or(0),
+    })
+}
+
+/// The page size a request asks for, checked.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` above [`limits::MAX_PAGE_SIZE`].
+pub fn page_size(asked: u32) -> Result<u32, DomainError> {
+    match u64::from(asked) {
+        0 => Ok(u32::try_from(limits::DEFAULT_PAGE_SIZE).unwrap_or(100)),
+        n if n > limits::MAX_PAGE_SIZE => Err(DomainError::new(
+            Code::InvalidArgument,
+            format!(
+                "page_size {n} is above the maximum of {}",
+                limits::MAX_PAGE_SIZE
+            ),
+        )),
+        n => Ok(u32::try_from(n).unwrap_or(100)),
+    }
+}
+
+fn token_error(e: &rvbox_domain::token::TokenError) -> OpError {
+    OpError::Refused(DomainError::new(Code::InvalidArgument, e.to_string()))
+}
+
+/// `ListCommands`: a page of commands, newest first, of one client or of
+/// all.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a bad page size or token, or a store failure.
+pub fn list_commands(
+    conn: &Connection,
+    health: &Health,
+    key: [u8; 32],
+    req: &wire::ListCommandsRequest,
+) -> Result<wire::ListCommandsResponse, OpError> {
+    let limit = page_size(req.page_size).map_err(OpError::Refused)?;
+    let client = req.client_id.as_deref();
+    let filters = encode_filters(&[("client_id", client.unwrap_or("\u{0}all").as_bytes())]);
+    let codec = TokenCodec::new(TokenKey::new(key));
+    let after = if req.page_token.is_empty() {
+        None
+    } else {
+        let pos = codec
+            .open(TokenKind::CommandPage, &filters, &req.page_token)
+            .map_err(|e| token_error(&e))?;
+        Some(PagePosition::decode(&pos).map_err(|e| token_error(&e))?)
+    };
+    let (after_ms, after_id) = after.map_or((i64::MAX, [0xffu8; 16]), |p| (p.sort_key, p.id));
+    let sql = if client.is_some() {
+        format!(
+            "SELECT {RECORD_COLUMNS} FROM commands c
+             WHERE c.client_id = ?1
+               AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
+             ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
+        )
+    } else {
+        format!(
+            "SELECT {RECORD_COLUMNS} FROM commands c
+             WHERE ?1 IS NULL
+               AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
+             ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
+        )
+    };
+    // one more row than the page says whether another page follows
+    let rows: Vec<Raw> = {
+        let mut st = conn.prepare_cached(&sql).map_err(sqlite("list commands"))?;
+        let it = st
+            .query_map(
+                params![client, after_ms, after_id.as_slice(), i64::from(limit) + 1],
+                raw_of,
+            )
+            .map_err(sqlite("list commands"))?;
+        it.collect::<Result<_, _>>()
+            .map_err(sqlite("list commands"))?
+    };
+    let more = rows.len() > limit as usize;
+    let mut commands = Vec::with_capacity(rows.len().min(limit as usize));
+    let mut last = None;
+    for raw in rows.into_iter().take(limit as usize) {
+        last = Some((raw.issue_ms, raw.issue.clone()));
+        commands.push(finish(conn, health, raw)?);
+    }
+    let next_page_token = match (more, last) {
+        (true, Some((ms, id))) => {
+            let id = <[u8; 16]>::try_from(id.as_slice()).unwrap_or([0; 16]);
+            codec
+                .seal(
+                    TokenKind::CommandPage,
+                    &filters,
+                    &PagePosition { sort_key: ms, id }.encode(),
+                )
+                .map_err(|e| token_error(&e))?
+        }
+        _ => String::new(),
+    };
+    Ok(wire::ListCommandsResponse {
+        commands,
+        next_page_token,
+    })
+}
+
+const CLIENT_COLUMNS: &str = "c.client_id, c.instance_id, c.generation, c.capabilities, \
+     c.cwd_policy, c.connected_ms, c.last_seen_ms, c.pending_instance_id, c.pending_seen_ms, \
+     EXISTS (SELECT 1 FROM sessions s WHERE s.client_id = c.client_id AND s.live = 1)";
+
+struct ClientRaw {
+    summary: wire::ClientSummary,
+    pending: Option<wire::PendingClaim>,
+}
+
+fn client_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClientRaw> {
+    let instance: Option<Vec<u8>> = r.get(1)?;
+    let caps: Option<Vec<u8>> = r.get(3)?;
+    let cwd: Option<Vec<u8>> = r.get(4)?;
+    let pending: Option<Vec<u8>> = r.get(7)?;
+    let pending_ms: Option<i64> = r.get(8)?;
+    Ok(ClientRaw {
+        summary: wire::ClientSummary {
+            client_id: r.get(0)?,
+            connected: r.get(9)?,
+            connected_time: r.get::<_, Option<i64>>(5)?.map(to_timestamp),
+            last_seen_time: r.get::<_, Option<i64>>(6)?.map(to_timestamp),
+            client_instance_id: instance.as_deref().map(uuid_text).unwrap_or_default(),
+            generation: to_u64(r.get(2)?),
+            capabilities: caps
+                .as_deref()
+                .and_then(|b| <wire::Capabilities as prost::Message>::decode(b).ok()),
+            cwd_policy: cwd
+                .as_deref()
+                .and_then(|b| <wire::CwdPolicy as prost::Message>::decode(b).ok()),
+        },
+        pending: pending.map(|p| wire::PendingClaim {
+            client_instance_id: uuid_text(&p),
+            observed_time: pending_ms.map(to_timestamp),
+        }),
+    })
+}
+
+/// `ListClients`: a page of clients by id.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a bad page size or token, or a store failure.
+pub fn list_clients(
+    conn: &Connection,
+    key: [u8; 32],
+    req: &wire::ListClientsRequest,
+) -> Result<wire::ListClientsResponse, OpError> {
+    let limit = page_size(req.page_size).map_err(OpError::Refused)?;
+    let codec = TokenCodec::new(TokenKey::new(key));
+    let filters = encode_filters(&[]);
+    let after = if req.page_token.is_empty() {
+        String::new()
+    } else {
+        let pos = codec
+            .open(TokenKind::ClientPage, &filters, &req.page_token)
+            .map_err(|e| token_error(&e))?;
+        String::from_utf8(pos).map_err(|_| {
+            OpError::Refused(DomainError::new(
+                Code::InvalidArgument,
+                "page_token is malformed",
+            ))
+        })?
+    };
+    let rows: Vec<ClientRaw> = {
+        let mut st = conn
+            .prepare_cached(&format!(
+                "SELECT {CLIENT_COLUMNS} FROM clients c WHERE c.client_id > ?1
+                 ORDER BY c.client_id LIMIT ?2"
+            ))
+            .map_err(sqlite("list clients"))?;
+        let it = st
+            .query_map(params![after, i64::from(limit) + 1], client_of)
+            .map_err(sqlite("list clients"))?;
+        it.collect::<Result<_, _>>()
+            .map_err(sqlite("list clients"))?
+    };
+    let more = rows.len() > limit as usize;
+    let clients: Vec<wire::ClientSummary> = rows
+        .into_iter()
+        .take(limit as usize)
+        .map(|c| c.summary)
+        .collect();
+    let next_page_token = match (more, clients.last()) {
+        (true, Some(last)) => codec
+            .seal(TokenKind::ClientPage, &filters, last.client_id.as_bytes())
+            .map_err(|e| token_error(&e))?,
+        _ => String::new(),
+    };
+    Ok(wire::ListClientsResponse {
+        clients,
+        next_page_token,
+    })
+}
+
+/// `GetClient`: one client with its pending claim, its live takeover
+/// grant and its dirty scopes.
+///
+/// # Errors
+/// `NOT_FOUND`, or a store failure.
+pub fn get_client(
+    conn: &Connection,
+    health: &Health,
+    client_id: &str,
+    now_ms: i64,
+) -> Result<wire::GetClientResponse, OpError> {
+    let raw = conn
+        .prepare_cached(&format!(
+            "SELECT {CLIENT_COLUMNS} FROM clients c WHERE c.client_id = ?1"
+        ))
+        .and_then(|mut st| st.query_row(params![client_id], client_of).optional())
+        .map_err(sqlite("read client"))?
+        .ok_or_else(|| OpError::Refused(DomainError::new(Code::NotFound, "no such client")))?;
+    let grant: Option<i64> = conn
+        .prepare_cached(
+            "SELECT expires_ms FROM takeover_authorizations
+             WHERE client_id = ?1 AND consumed_ms IS NULL AND voided_ms IS NULL AND expires_ms > ?2",
+        )
+        .and_then(|mut st| st.query_row(params![client_id, now_ms], |r| r.get(0)).optional())
+        .map_err(sqlite("read takeover grant"))?;
+    let dirty_scopes = health.dirty_scopes(
+        |kind, k| match kind {
+            wire::ScopeKind::Client => k == client_id,
+            wire::ScopeKind::GlobalStore => true,
+            _ => false,
+        },
+        MAX_DIRTY_SCOPES,
+    );
+    Ok(wire::GetClientResponse {
+        client: Some(raw.summary),
+        pending_claim: raw.pending,
+        takeover_grant_expiry_time: grant.map(to_timestamp),
+        dirty_scopes,
+    })
+}
