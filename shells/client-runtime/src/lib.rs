@@ -14,6 +14,7 @@
 //! transport is the caller's, and this loop only queues frames for it.
 
 pub mod profiles;
+pub mod settings;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant, SystemTime};

@@ -1,11 +1,13 @@
 //! `rvbox`: the RVBox client daemon.
 //!
 //! Owns: the process entry point — command line, configuration gate, the
-//! blocked-launcher mode, the offline `repair` tool and (later) the client
-//! runtime that dials the server and runs commands on this host. Must never: dial out or launch a child before the
+//! blocked-launcher mode, the offline `repair` tool and the client runtime
+//! ([`daemon`], [`net`]) that dials the server and runs commands on this host. Must never: dial out or launch a child before the
 //! configuration has validated, or run anything for `--check-config` beyond
 //! validation.
 
+mod daemon;
+mod net;
 mod repair;
 
 const ABOUT: &str =
@@ -28,7 +30,11 @@ fn main() {
         .get_matches();
     let status = match matches.subcommand() {
         Some(("repair", m)) => repair::run(m),
-        _ => rvbox_daemon_common::run_with_matches(daemon, &matches),
+        _ => match rvbox_daemon_common::start(daemon, &matches) {
+            Ok(rvbox_daemon_common::Loaded::Client(config)) => daemon::run(*config),
+            Ok(rvbox_daemon_common::Loaded::Server(_)) => daemon::EXIT_START,
+            Err(status) => status,
+        },
     };
     std::process::exit(status);
 }

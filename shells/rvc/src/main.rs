@@ -3,60 +3,422 @@
 //! Owns: argument parsing and rendering for an operator at a terminal. It
 //! talks only to `rvbox-server`'s `Control` gRPC service on the server's
 //! mode-0600 Unix socket and must never open the server's database or files.
+//!
+//! Every mutation carries one UUIDv7 `request_id`, created before the
+//! socket is dialed (or given with `--request-id`) and reused for every
+//! retry of the invocation; for `run` it is the new command's UUID.
+
+mod conn;
+mod exit;
+mod follow;
+mod render;
 
 use std::process::ExitCode;
 
-use clap::{Arg, Command};
+use clap::{Args, Parser, Subcommand};
+use rvbox_proto::v1 as wire;
+
+use crate::conn::Control;
+use crate::exit::Failure;
 
 /// Default path of the server's control socket (`control.socket_path`).
 const DEFAULT_SOCKET: &str = "/run/rvbox-server/control.sock";
 
-fn cli() -> Command {
-    Command::new("rvc")
-        .version(env!("CARGO_PKG_VERSION"))
-        .about(
-            "Operator CLI for RVBox: run and follow commands on client hosts through rvbox-server",
-        )
-        .long_about(
-            "Operator CLI for RVBox. rvc talks to rvbox-server's Control service over the \
-             server's Unix socket (mode 0600) and never touches the server's storage.\n\n\
-             This build answers --help and --version only: the server's control API \
-             (stat, run, append, close-stdin, kill, storage, client takeover) is not \
-             served yet, so rvc has no operations to offer.",
-        )
-        .arg(
-            Arg::new("socket")
-                .long("socket")
-                .value_name("PATH")
-                .default_value(DEFAULT_SOCKET)
-                .help("Path of rvbox-server's control socket"),
-        )
+#[derive(Debug, Parser)]
+#[command(
+    name = "rvc",
+    version,
+    about = "Operator CLI for RVBox: run and follow commands on client hosts through rvbox-server",
+    long_about = "Operator CLI for RVBox. rvc talks to rvbox-server's Control service over the \
+                  server's Unix socket (mode 0600) and never touches the server's storage.\n\n\
+                  Exit status: the remote command's own status for `run` and `follow` \
+                  (128+N when a signal N ended it); 11-28 for a refusal by the server \
+                  (10 + the RVBox error code); 29-33 for a command that ended without \
+                  running to completion; 69 when the server cannot be reached; 130 when \
+                  rvc itself is interrupted (the command keeps running). See docs/cli.md.",
+    disable_help_subcommand = true
+)]
+struct Cli {
+    /// Path of rvbox-server's control socket.
+    #[arg(long, global = true, value_name = "PATH", env = "RVC_SOCKET", default_value = DEFAULT_SOCKET)]
+    socket: String,
+    /// Idempotency key of this invocation's mutation (canonical UUIDv7);
+    /// a new one is created when absent. Reads ignore it.
+    #[arg(long, global = true, value_name = "UUID")]
+    request_id: Option<String>,
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Queue a command on a client and, unless --background, follow its
+    /// output to the end (rvc exits with the command's status).
+    Run(RunArgs),
+    /// Follow a command's output from its start (or after --after) to the
+    /// end.
+    Follow {
+        /// The command's UUID.
+        issue_uuid: String,
+        /// Continue after this event sequence (0: from the start).
+        #[arg(long, default_value_t = 0, value_name = "SEQ")]
+        after: u64,
+    },
+    /// Without arguments: every client. With CLIENT: its commands. With
+    /// CLIENT UUID: one command's lifecycle and history.
+    Stat {
+        /// A client id.
+        client_id: Option<String>,
+        /// A command UUID.
+        issue_uuid: Option<String>,
+        /// Every client's commands, newest first.
+        #[arg(long, conflicts_with_all = ["client_id", "issue_uuid"])]
+        all: bool,
+        /// Continue a listing from the token the previous page printed.
+        #[arg(long, value_name = "TOKEN")]
+        page: Option<String>,
+        /// Rows per page (1-1000; the server's default when absent).
+        #[arg(long, value_name = "N")]
+        per_page: Option<u32>,
+    },
+    /// List commands, newest first: one client's, or every client's.
+    List {
+        /// A client id; absent: every client.
+        client_id: Option<String>,
+        /// Continue from the token the previous page printed.
+        #[arg(long, value_name = "TOKEN")]
+        page: Option<String>,
+        /// Rows per page (1-1000).
+        #[arg(long, value_name = "N")]
+        per_page: Option<u32>,
+    },
+    /// Send a signal to a command's process tree: HUP, INT, TERM (the
+    /// default), KILL, USR1 or USR2, with or without the SIG prefix.
+    Kill {
+        /// `[SIGNAL] CLIENT UUID`.
+        #[arg(num_args = 2..=3, value_names = ["SIGNAL", "CLIENT", "UUID"])]
+        args: Vec<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Queue it and print its UUID; do not follow.
+    #[arg(long)]
+    background: bool,
+    /// Working directory on the client (within its allowed roots).
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<String>,
+    /// Shell: sh, bash, cmd or powershell (the client's default when
+    /// absent).
+    #[arg(long, value_name = "TYPE")]
+    shell: Option<String>,
+    /// An environment variable for the command (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    env: Vec<String>,
+    /// A resource profile the client enforces (repeatable): light,
+    /// cpu-low|medium|high, mem-low|medium|high, disk-low|medium|high.
+    #[arg(long = "profile", value_name = "FLAG")]
+    profiles: Vec<String>,
+    /// How long the command may wait for its client (e.g. 15m; 0s: no
+    /// limit); the server's default when absent.
+    #[arg(long, value_name = "DURATION")]
+    queue_ttl: Option<String>,
+    /// The client id.
+    client_id: String,
+    /// The command text (words are joined with spaces).
+    #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<String>,
 }
 
 fn main() -> ExitCode {
-    let matches = match cli().try_get_matches() {
-        Ok(m) => m,
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
         Err(e) => {
-            // clap prints help/version to stdout with exit 0 and usage errors to stderr with 2.
+            // clap prints help/version to stdout with exit 0 and usage
+            // errors to stderr with 2
             let _ = e.print();
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
-    let socket = matches
-        .get_one::<String>("socket")
-        .map_or(DEFAULT_SOCKET, String::as_str);
-    eprintln!(
-        "rvc: no operation given, and this build has none yet (the control API at {socket} is not served by rvbox-server yet); see `rvc --help`"
-    );
-    ExitCode::from(2)
+    let Some(command) = cli.command else {
+        eprintln!("rvc: no operation given; see `rvc --help`");
+        return ExitCode::from(2);
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rvc: cannot start: {e}");
+            return ExitCode::from(exit::INTERNAL);
+        }
+    };
+    let status = rt.block_on(dispatch(&cli.socket, cli.request_id, command));
+    ExitCode::from(match status {
+        Ok(code) => code,
+        Err(f) => f.report(),
+    })
+}
+
+/// The request id of this invocation: given, or a new UUIDv7.
+fn request_id(given: Option<String>) -> Result<String, Failure> {
+    match given {
+        Some(text) => {
+            rvbox_domain::ids::Uuid7::parse("--request-id", &text)
+                .map_err(|e| Failure::usage(format!("--request-id: {e}")))?;
+            Ok(text)
+        }
+        None => Ok(uuid::Uuid::now_v7().hyphenated().to_string()),
+    }
+}
+
+async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8, Failure> {
+    match cmd {
+        Cmd::Run(args) => {
+            // created before dialing, reused by every retry
+            let id = request_id(given_id)?;
+            let req = run_request(&id, &args)?;
+            let mut control = Control::new(socket);
+            let resp = control
+                .retrying(|mut c| {
+                    let req = req.clone();
+                    async move { c.run_command(req).await }
+                })
+                .await?;
+            eprintln!("{}", resp.issue_uuid);
+            if args.background {
+                println!("{}", resp.issue_uuid);
+                return Ok(0);
+            }
+            follow::follow(&mut control, &resp.issue_uuid, 0, Some(&args.client_id)).await
+        }
+        Cmd::Follow { issue_uuid, after } => {
+            let mut control = Control::new(socket);
+            follow::follow(&mut control, &issue_uuid, after, None).await
+        }
+        Cmd::Stat {
+            client_id,
+            issue_uuid,
+            all,
+            page,
+            per_page,
+        } => {
+            let mut control = Control::new(socket);
+            match (client_id, issue_uuid, all) {
+                (_, Some(issue), _) => {
+                    let req = wire::GetCommandRequest {
+                        request_id: String::new(),
+                        issue_uuid: issue,
+                    };
+                    let resp = control
+                        .retrying(|mut c| {
+                            let req = req.clone();
+                            async move { c.get_command(req).await }
+                        })
+                        .await?;
+                    if let Some(r) = resp.command {
+                        print!("{}", render::command(&r));
+                    }
+                    Ok(0)
+                }
+                (Some(client), None, _) => list(&mut control, Some(client), page, per_page).await,
+                (None, None, true) => list(&mut control, None, page, per_page).await,
+                (None, None, false) => {
+                    let req = wire::ListClientsRequest {
+                        request_id: String::new(),
+                        page_size: per_page.unwrap_or(0),
+                        page_token: page.unwrap_or_default(),
+                    };
+                    let resp = control
+                        .retrying(|mut c| {
+                            let req = req.clone();
+                            async move { c.list_clients(req).await }
+                        })
+                        .await?;
+                    print!("{}", render::clients(&resp.clients));
+                    if !resp.next_page_token.is_empty() {
+                        println!("more: rvc stat --page {}", resp.next_page_token);
+                    }
+                    Ok(0)
+                }
+            }
+        }
+        Cmd::List {
+            client_id,
+            page,
+            per_page,
+        } => {
+            let mut control = Control::new(socket);
+            list(&mut control, client_id, page, per_page).await
+        }
+        Cmd::Kill { args } => {
+            let (signal, _client, issue) = kill_args(&args)?;
+            let id = request_id(given_id)?;
+            let req = wire::SignalCommandRequest {
+                request_id: id,
+                issue_uuid: issue.clone(),
+                signal: signal as i32,
+            };
+            let mut control = Control::new(socket);
+            let resp = control
+                .retrying(|mut c| {
+                    let req = req.clone();
+                    async move { c.signal_command(req).await }
+                })
+                .await?;
+            println!(
+                "{} {}: revision {}",
+                render::signal_name(signal),
+                issue,
+                resp.revision
+            );
+            Ok(0)
+        }
+    }
+}
+
+async fn list(
+    control: &mut Control,
+    client_id: Option<String>,
+    page: Option<String>,
+    per_page: Option<u32>,
+) -> Result<u8, Failure> {
+    let req = wire::ListCommandsRequest {
+        request_id: String::new(),
+        client_id: client_id.clone(),
+        page_size: per_page.unwrap_or(0),
+        page_token: page.unwrap_or_default(),
+    };
+    let resp = control
+        .retrying(|mut c| {
+            let req = req.clone();
+            async move { c.list_commands(req).await }
+        })
+        .await?;
+    print!("{}", render::commands(&resp.commands));
+    if !resp.next_page_token.is_empty() {
+        match client_id {
+            Some(c) => println!("more: rvc list {c} --page {}", resp.next_page_token),
+            None => println!("more: rvc list --page {}", resp.next_page_token),
+        }
+    }
+    Ok(0)
+}
+
+fn parse_signal(text: &str) -> Option<wire::SignalKind> {
+    let upper = text.to_ascii_uppercase();
+    let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+    Some(match name {
+        "HUP" => wire::SignalKind::Hup,
+        "INT" => wire::SignalKind::Int,
+        "TERM" => wire::SignalKind::Term,
+        "KILL" => wire::SignalKind::Kill,
+        "USR1" => wire::SignalKind::Usr1,
+        "USR2" => wire::SignalKind::Usr2,
+        _ => return None,
+    })
+}
+
+fn kill_args(args: &[String]) -> Result<(wire::SignalKind, String, String), Failure> {
+    match args {
+        [client, issue] => Ok((wire::SignalKind::Term, client.clone(), issue.clone())),
+        [sig, client, issue] => {
+            let kind = parse_signal(sig).ok_or_else(|| {
+                Failure::usage(format!(
+                    "unknown signal {sig:?}; use HUP, INT, TERM, KILL, USR1 or USR2 (SIG prefix optional)"
+                ))
+            })?;
+            Ok((kind, client.clone(), issue.clone()))
+        }
+        _ => Err(Failure::usage("kill takes [SIGNAL] CLIENT UUID")),
+    }
+}
+
+fn run_request(id: &str, args: &RunArgs) -> Result<wire::RunCommandRequest, Failure> {
+    let shell_type = match args
+        .shell
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None => wire::ShellType::Unspecified,
+        Some("sh") => wire::ShellType::Sh,
+        Some("bash") => wire::ShellType::Bash,
+        Some("cmd") => wire::ShellType::Cmd,
+        Some("powershell") => wire::ShellType::Powershell,
+        Some(other) => {
+            return Err(Failure::usage(format!(
+                "--shell {other:?}: use sh, bash, cmd or powershell"
+            )));
+        }
+    };
+    let mut env = std::collections::BTreeMap::new();
+    for kv in &args.env {
+        let Some((k, v)) = kv.split_once('=') else {
+            return Err(Failure::usage(format!("--env {kv:?}: write KEY=VALUE")));
+        };
+        if k.is_empty() {
+            return Err(Failure::usage(format!("--env {kv:?}: the name is empty")));
+        }
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let mut profile_flags = Vec::new();
+    for p in &args.profiles {
+        let name = format!("PROFILE_FLAG_{}", p.to_ascii_uppercase().replace('-', "_"));
+        let flag = wire::ProfileFlag::from_str_name(&name)
+            .filter(|f| *f != wire::ProfileFlag::Unspecified)
+            .ok_or_else(|| {
+                Failure::usage(format!(
+                    "--profile {p:?}: use light, cpu-low, cpu-medium, cpu-high, mem-low, mem-medium, mem-high, disk-low, disk-medium or disk-high"
+                ))
+            })?;
+        profile_flags.push(flag as i32);
+    }
+    let queue_ttl = match &args.queue_ttl {
+        None => None,
+        Some(text) => {
+            let ms = rvbox_config::units::parse_duration(text)
+                .map_err(|e| Failure::usage(format!("--queue-ttl {text:?}: {e}")))?;
+            Some(prost_types::Duration {
+                seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+                nanos: i32::try_from((ms % 1000) * 1_000_000).unwrap_or(0),
+            })
+        }
+    };
+    Ok(wire::RunCommandRequest {
+        request_id: id.to_owned(),
+        client_id: args.client_id.clone(),
+        spec: Some(wire::ExecutionSpec {
+            source: Some(wire::execution_spec::Source::CommandText(
+                args.command.join(" "),
+            )),
+            shell_type: shell_type as i32,
+            cwd: args.cwd.clone().unwrap_or_default(),
+            env,
+            profile_flags,
+        }),
+        script: Vec::new(),
+        queue_ttl,
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::cli;
+    use clap::CommandFactory as _;
+
+    use super::*;
 
     #[test]
     fn cli_definition_is_consistent() {
-        cli().debug_assert();
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn signals_take_an_optional_prefix_in_any_case() {
+        assert_eq!(parse_signal("sigkill"), Some(wire::SignalKind::Kill));
+        assert_eq!(parse_signal("USR2"), Some(wire::SignalKind::Usr2));
+        assert_eq!(parse_signal("SIGSTOP"), None);
     }
 }

@@ -348,7 +348,7 @@ impl Loop {
                 client,
                 audit,
             } => {
-                tracing::warn!(
+                tracing::info!(
                     conn,
                     client = client.as_deref().unwrap_or(""),
                     kind = ?audit.kind,

@@ -133,6 +133,8 @@ impl OutputQueue {
 #[derive(Debug)]
 struct State<C> {
     generation: u64,
+    /// A waker asked the waiting thread to return.
+    woken: bool,
     control: VecDeque<(Uuid7, C)>,
     outputs: BTreeMap<Uuid7, OutputQueue>,
     /// Chunk bytes in every output queue.
@@ -159,6 +161,7 @@ impl<C> Hub<C> {
         Self {
             state: Mutex::new(State {
                 generation: 0,
+                woken: false,
                 control: VecDeque::new(),
                 outputs: BTreeMap::new(),
                 queued_bytes: 0,
@@ -353,6 +356,19 @@ impl<C> Hub<C> {
             self.bump(&mut st);
         }
         out
+    }
+
+    /// Makes a waiting [`Hub::wait`] return, and the next
+    /// [`Hub::take_wake`] true (another input is waiting for the thread).
+    pub(crate) fn wake(&self) {
+        let mut st = self.lock();
+        st.woken = true;
+        self.bump(&mut st);
+    }
+
+    /// Whether a wake came since the last call.
+    pub(crate) fn take_wake(&self) -> bool {
+        std::mem::take(&mut self.lock().woken)
     }
 
     /// The change counter (any push, end of file or message).

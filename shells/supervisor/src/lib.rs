@@ -53,7 +53,7 @@ pub use hub::MAX_QUEUED_BYTES as MAX_HANDOVER_BYTES;
 pub use launcher::{LAUNCHER_MODE_ARG, launcher_main};
 #[cfg(unix)]
 pub use unix::{
-    DEFAULT_MAX_TREES, ExecutableIdentity, SupervisorConfig, UnixSupervisor, identity_of,
+    DEFAULT_MAX_TREES, ExecutableIdentity, SupervisorConfig, UnixSupervisor, Waker, identity_of,
 };
 
 /// A supervisor failure that is not a process event.

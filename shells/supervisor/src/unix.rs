@@ -545,7 +545,34 @@ fn io_err(context: &'static str) -> impl FnOnce(std::io::Error) -> SupervisorErr
     move |source| SupervisorError::Io { context, source }
 }
 
+/// Wakes the thread waiting in [`Supervisor::next_event`] of one
+/// supervisor from any other thread: that call returns `None` at once, so
+/// the thread can take an input that is not a process event (a frame from
+/// the network).
+#[derive(Clone)]
+pub struct Waker(Arc<Hub<Internal>>);
+
+impl std::fmt::Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Waker")
+    }
+}
+
+impl Waker {
+    /// Wakes the waiting thread (harmless when none waits: the next wait
+    /// returns at once).
+    pub fn wake(&self) {
+        self.0.wake();
+    }
+}
+
 impl UnixSupervisor {
+    /// A waker for the thread that calls [`Supervisor::next_event`].
+    #[must_use]
+    pub fn waker(&self) -> Waker {
+        Waker(Arc::clone(&self.hub))
+    }
+
     /// Detects the cgroup layout, prepares the run directory and starts
     /// the diagnostics sampler.
     ///
@@ -1680,6 +1707,9 @@ impl Supervisor for UnixSupervisor {
             }
             if let Some(ev) = self.next_output() {
                 return Some(ev);
+            }
+            if self.hub.take_wake() {
+                return None;
             }
             let now = Instant::now();
             if now >= deadline {

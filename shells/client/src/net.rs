@@ -1,0 +1,410 @@
+//! The client's transport (plan §7.1, §8): one WebSocket at a time to the
+//! first server URL that answers, `wss://` through rustls with the
+//! configured CA bundle or `ws://` (loopback only; the configuration
+//! refuses it elsewhere).
+//!
+//! Owns: dialing when the core asks, one reader task that only hands
+//! frames to the runtime thread, one writer task that writes what the
+//! core released under a deadline, and telling the core when the
+//! connection it had ended (never about one it closed itself, and never
+//! about an older one).
+//!
+//! Must never: decide anything of the protocol, reconnect on its own (the
+//! core's backoff decides when to dial), or let a frame of an older
+//! connection reach the core after it learned of a newer one.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::time::Duration;
+
+use futures_util::{SinkExt as _, StreamExt as _};
+use rvbox_client_core::machine::Input;
+use rvbox_client_runtime::Wire;
+use rvbox_config::ClientConfig;
+use rvbox_supervisor::Waker;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{self, Bytes, Message};
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
+
+use crate::daemon::ToRuntime;
+
+/// Inputs the runtime thread's inbox holds before the reader waits.
+pub(crate) const RUNTIME_INBOX: usize = 4096;
+/// A dial (TCP, TLS and the WebSocket handshake) that takes longer fails.
+pub(crate) const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// A frame not written within this long ends the connection.
+pub(crate) const WRITE_DEADLINE: Duration = Duration::from_secs(10);
+/// Most frames one writer burst takes before it flushes.
+pub(crate) const WRITE_BURST: usize = 64;
+/// The WebSocket read buffer.
+pub(crate) const READ_BUFFER: usize = 64 * 1024;
+/// The system CA bundle used for `wss://` when `client.ca_file` is unset.
+pub(crate) const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// Why the network configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NetError {
+    /// The CA bundle.
+    #[error("CA bundle {path}: {why}")]
+    Ca {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// TLS set-up.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// No URL.
+    #[error("client.server_urls is empty")]
+    NoUrl,
+}
+
+/// What the transport dials with.
+#[derive(Debug, Clone)]
+pub(crate) struct NetConfig {
+    urls: Vec<String>,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    ws: WebSocketConfig,
+}
+
+fn load_roots(path: &Path) -> Result<rustls::RootCertStore, NetError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    let ca = |why: String| NetError::Ca {
+        path: path.display().to_string(),
+        why,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(path).map_err(|e| ca(e.to_string()))?;
+    for cert in certs {
+        let cert = cert.map_err(|e| ca(e.to_string()))?;
+        roots.add(cert).map_err(|e| ca(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(ca("holds no certificate".into()));
+    }
+    Ok(roots)
+}
+
+impl NetConfig {
+    /// From the validated configuration.
+    ///
+    /// # Errors
+    /// [`NetError`] when the CA bundle cannot be read or TLS set up.
+    pub(crate) fn from_config(cfg: &ClientConfig) -> Result<Self, NetError> {
+        if cfg.client.server_urls.is_empty() {
+            return Err(NetError::NoUrl);
+        }
+        let needs_tls = cfg
+            .client
+            .server_urls
+            .iter()
+            .any(|u| u.starts_with("wss://"));
+        let tls = if needs_tls {
+            let path = cfg
+                .client
+                .ca_file
+                .clone()
+                .unwrap_or_else(|| SYSTEM_CA_BUNDLE.into());
+            let roots = load_roots(&path)?;
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| NetError::Tls(e.to_string()))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            Some(Arc::new(config))
+        } else {
+            None
+        };
+        let max = usize::try_from(rvbox_domain::limits::MAX_ENVELOPE_BYTES).unwrap_or(1 << 20);
+        let ws = WebSocketConfig::default()
+            .read_buffer_size(READ_BUFFER)
+            .write_buffer_size(0)
+            .max_message_size(Some(max))
+            .max_frame_size(Some(max))
+            .max_write_buffer_size(max.saturating_mul(2));
+        Ok(Self {
+            urls: cfg.client.server_urls.clone(),
+            tls,
+            ws,
+        })
+    }
+}
+
+/// Posts inputs to the runtime thread and wakes it.
+#[derive(Debug, Clone)]
+pub(crate) struct Poster {
+    tx: SyncSender<ToRuntime>,
+    waker: Waker,
+}
+
+impl Poster {
+    pub(crate) fn new(tx: SyncSender<ToRuntime>, waker: Waker) -> Self {
+        Self { tx, waker }
+    }
+
+    async fn send(&self, msg: ToRuntime) -> bool {
+        let mut msg = msg;
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) => {
+                    self.waker.wake();
+                    return true;
+                }
+                Err(TrySendError::Full(m)) => {
+                    // the runtime thread is behind: the socket waits (the
+                    // server's windows bound what is in flight)
+                    msg = m;
+                    self.waker.wake();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(TrySendError::Disconnected(_)) => return false,
+            }
+        }
+    }
+
+    async fn post(&self, input: Input) -> bool {
+        self.send(ToRuntime::Input(input)).await
+    }
+
+    /// Asks the runtime thread to stop.
+    pub(crate) async fn stop(&self) {
+        let _ = self.send(ToRuntime::Stop).await;
+    }
+}
+
+/// One open connection.
+struct Conn {
+    epoch: u64,
+    out: UnboundedSender<Message>,
+    reader: JoinHandle<()>,
+    writer: JoinHandle<()>,
+}
+
+impl Conn {
+    /// Ends both tasks and waits until they are gone, so nothing of this
+    /// connection reaches the core afterwards.
+    async fn end(self) {
+        self.reader.abort();
+        self.writer.abort();
+        let _ = self.reader.await;
+        let _ = self.writer.await;
+    }
+
+    /// Sends a close frame, then ends.
+    async fn close(self, code: u16) {
+        let frame = CloseFrame {
+            code: CloseCode::from(code),
+            reason: close_reason(code).into(),
+        };
+        self.reader.abort();
+        let _ = self.reader.await;
+        // the writer sends what it holds, then the close, then ends
+        let _ = self.out.send(Message::Close(Some(frame)));
+        drop(self.out);
+        if tokio::time::timeout(WRITE_DEADLINE, self.writer)
+            .await
+            .is_err()
+        {
+            tracing::debug!("close frame not written within the deadline");
+        }
+    }
+}
+
+fn close_reason(code: u16) -> &'static str {
+    match code {
+        1000 => "NORMAL",
+        1002 => "PROTOCOL_ERROR",
+        1009 => "MESSAGE_TOO_BIG",
+        1011 => "INTERNAL_ERROR",
+        1012 => "SERVICE_RESTART",
+        _ => "",
+    }
+}
+
+/// Runs the transport until the runtime's frame queue closes.
+pub(crate) async fn run(cfg: NetConfig, mut wire: UnboundedReceiver<Wire>, poster: Poster) {
+    let mut conn: Option<Conn> = None;
+    let mut next_url = 0usize;
+    let mut epoch = 0u64;
+    let (ended_tx, mut ended_rx) = mpsc::unbounded_channel::<(u64, Option<u16>)>();
+    loop {
+        tokio::select! {
+            w = wire.recv() => {
+                let Some(w) = w else { break };
+                match w {
+                    Wire::Dial => {
+                        if let Some(c) = conn.take() {
+                            c.end().await;
+                        }
+                        epoch += 1;
+                        let url = cfg.urls.get(next_url % cfg.urls.len()).cloned().unwrap_or_default();
+                        match dial(&cfg, &url).await {
+                            Ok(ws) => {
+                                tracing::info!(%url, "connected");
+                                // the core learns of the connection before
+                                // any of its frames
+                                if !poster.post(Input::Opened).await {
+                                    break;
+                                }
+                                conn = Some(start(ws, epoch, poster.clone(), ended_tx.clone()));
+                            }
+                            Err(e) => {
+                                tracing::warn!(%url, error = %e, "dial failed");
+                                next_url = next_url.wrapping_add(1);
+                                if !poster.post(Input::Closed(None)).await {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Wire::Binary(b) => send(conn.as_ref(), Message::Binary(b.into())),
+                    Wire::Ping => send(conn.as_ref(), Message::Ping(Bytes::new())),
+                    Wire::Pong => send(conn.as_ref(), Message::Pong(Bytes::new())),
+                    Wire::Close(code) => {
+                        if let Some(c) = conn.take() {
+                            tracing::info!(code, "closing the connection");
+                            c.close(code).await;
+                        }
+                    }
+                }
+            }
+            ended = ended_rx.recv() => {
+                let Some((e, code)) = ended else { continue };
+                if conn.as_ref().is_some_and(|c| c.epoch == e) {
+                    if let Some(c) = conn.take() {
+                        c.end().await;
+                    }
+                    tracing::info!(code = ?code, "connection ended");
+                    if code.is_none() {
+                        // a transport failure: the next dial tries the
+                        // next URL
+                        next_url = next_url.wrapping_add(1);
+                    }
+                    if !poster.post(Input::Closed(code)).await {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    if let Some(c) = conn.take() {
+        c.end().await;
+    }
+}
+
+fn send(conn: Option<&Conn>, msg: Message) {
+    if let Some(c) = conn {
+        // a writer that ended has reported it; the frame is the spool's
+        let _ = c.out.send(msg);
+    }
+}
+
+async fn dial(cfg: &NetConfig, url: &str) -> Result<Ws, String> {
+    let connector = if url.starts_with("wss://") {
+        cfg.tls.as_ref().map(|t| Connector::Rustls(Arc::clone(t)))
+    } else {
+        Some(Connector::Plain)
+    };
+    let attempt =
+        tokio_tungstenite::connect_async_tls_with_config(url, Some(cfg.ws), true, connector);
+    match tokio::time::timeout(DIAL_TIMEOUT, attempt).await {
+        Ok(Ok((ws, _response))) => Ok(ws),
+        Ok(Err(tungstenite::Error::Http(r))) => {
+            Err(format!("the server answered HTTP {}", r.status()))
+        }
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no connection within {} s", DIAL_TIMEOUT.as_secs())),
+    }
+}
+
+fn start(ws: Ws, epoch: u64, poster: Poster, ended: UnboundedSender<(u64, Option<u16>)>) -> Conn {
+    let (mut sink, mut stream) = ws.split();
+    let (out, mut rx) = mpsc::unbounded_channel::<Message>();
+    let ended_w = ended.clone();
+    let writer = tokio::spawn(async move {
+        while let Some(first) = rx.recv().await {
+            let mut item = Some(first);
+            let mut n = 0;
+            let mut closing = false;
+            while let Some(msg) = item.take() {
+                closing |= matches!(msg, Message::Close(_));
+                match tokio::time::timeout(WRITE_DEADLINE, sink.feed(msg)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "write failed");
+                        let _ = ended_w.send((epoch, None));
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::warn!("write deadline passed");
+                        let _ = ended_w.send((epoch, None));
+                        return;
+                    }
+                }
+                n += 1;
+                if n < WRITE_BURST && !closing {
+                    item = rx.try_recv().ok();
+                }
+            }
+            match tokio::time::timeout(WRITE_DEADLINE, sink.flush()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => {
+                    if !closing {
+                        let _ = ended_w.send((epoch, None));
+                    }
+                    return;
+                }
+            }
+            if closing {
+                return;
+            }
+        }
+    });
+    let reader = tokio::spawn(async move {
+        loop {
+            let input = match stream.next().await {
+                Some(Ok(Message::Binary(b))) => Input::Frame(b.to_vec()),
+                Some(Ok(Message::Ping(_))) => Input::Ping,
+                Some(Ok(Message::Pong(_))) => Input::Pong,
+                Some(Ok(Message::Close(frame))) => {
+                    let _ = ended.send((epoch, Some(frame.map_or(1005, |f| u16::from(f.code)))));
+                    return;
+                }
+                Some(Ok(Message::Text(_))) => {
+                    tracing::warn!("text message from the server; dropping the connection");
+                    let _ = ended.send((epoch, None));
+                    return;
+                }
+                Some(Ok(Message::Frame(_))) => continue,
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "read failed");
+                    let _ = ended.send((epoch, None));
+                    return;
+                }
+                None => {
+                    let _ = ended.send((epoch, None));
+                    return;
+                }
+            };
+            if !poster.post(input).await {
+                return;
+            }
+        }
+    });
+    Conn {
+        epoch,
+        out,
+        reader,
+        writer,
+    }
+}

@@ -1,0 +1,124 @@
+//! The connection to `rvbox-server`'s control socket, and the retry rule:
+//! a call that fails because the server is unreachable or says it is
+//! unavailable (restarting, recovering) is sent again, with the same
+//! request, after a short pause, for a bounded time. Because every
+//! mutation carries the invocation's one `request_id`, a retry of a call
+//! that did reach the store returns the stored answer and does nothing
+//! twice. Only one short "reconnecting" line is printed however many
+//! retries it takes (R3).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use rvbox_control_api::v1::control_client::ControlClient;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Response, Status};
+
+use crate::exit::Failure;
+
+/// How long a call keeps being retried while the server is unreachable.
+pub(crate) const RETRY_FOR: Duration = Duration::from_secs(60);
+/// The first pause between retries (doubling up to [`MAX_PAUSE`]).
+pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(100);
+/// The longest pause between retries.
+pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(2);
+
+/// A lazily dialed control connection.
+#[derive(Debug)]
+pub(crate) struct Control {
+    socket: String,
+    client: Option<ControlClient<Channel>>,
+    said_reconnecting: bool,
+}
+
+/// Whether a status means "try again with the same request".
+pub(crate) fn retryable(s: &Status) -> bool {
+    s.code() == tonic::Code::Unavailable
+}
+
+impl Control {
+    pub(crate) fn new(socket: &str) -> Self {
+        Self {
+            socket: socket.to_owned(),
+            client: None,
+            said_reconnecting: false,
+        }
+    }
+
+    async fn client(&mut self) -> Result<ControlClient<Channel>, Failure> {
+        if let Some(c) = &self.client {
+            return Ok(c.clone());
+        }
+        let path = self.socket.clone();
+        match std::fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Failure::unreachable(format!(
+                    "no control socket at {path}; is rvbox-server running? (set --socket or RVC_SOCKET)"
+                )));
+            }
+            _ => {}
+        }
+        let endpoint = Endpoint::try_from("http://rvbox-server.invalid")
+            .map_err(|e| Failure::internal(format!("endpoint: {e}")))?;
+        let channel = endpoint
+            .connect_with_connector(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(TokioIo::new(stream))
+                }
+            }))
+            .await
+            .map_err(|e| Failure::retry(format!("{}: {e}", self.socket)))?;
+        let client = ControlClient::new(channel)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Says once that rvc is reconnecting.
+    pub(crate) fn reconnecting(&mut self) {
+        if !self.said_reconnecting {
+            eprintln!("rvc: lost the server at {}; reconnecting…", self.socket);
+            self.said_reconnecting = true;
+        }
+    }
+
+    /// Forgets the connection (the next call dials again).
+    pub(crate) fn reset(&mut self) {
+        self.client = None;
+    }
+
+    /// Runs `call` until it answers, fails for good, or [`RETRY_FOR`]
+    /// passes without the server.
+    pub(crate) async fn retrying<T, F, Fut>(&mut self, mut call: F) -> Result<T, Failure>
+    where
+        F: FnMut(ControlClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let give_up = Instant::now() + RETRY_FOR;
+        let mut pause = FIRST_PAUSE;
+        loop {
+            let failure = match self.client().await {
+                Ok(c) => match call(c).await {
+                    Ok(r) => return Ok(r.into_inner()),
+                    Err(s) if retryable(&s) => {
+                        self.reset();
+                        Failure::from_status(&s)
+                    }
+                    Err(s) => return Err(Failure::from_status(&s)),
+                },
+                Err(f) if f.is_retry() => f,
+                Err(f) => return Err(f),
+            };
+            if Instant::now() >= give_up {
+                return Err(failure.into_final());
+            }
+            self.reconnecting();
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_PAUSE);
+        }
+    }
+}

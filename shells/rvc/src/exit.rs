@@ -1,0 +1,132 @@
+//! rvc's exit statuses: one stable number per class of outcome
+//! (documented in docs/cli.md).
+
+use rvbox_domain::error::{Code, DomainError};
+use rvbox_proto::v1 as wire;
+
+/// A usage error (also clap's own).
+pub(crate) const USAGE: u8 = 2;
+/// The command was rejected by its client.
+pub(crate) const REJECTED: u8 = 29;
+/// The command's queue TTL elapsed before dispatch.
+pub(crate) const EXPIRED: u8 = 30;
+/// The command was cancelled before it was dispatched.
+pub(crate) const CANCELLED: u8 = 31;
+/// The command's outcome is uncertain (interrupted).
+pub(crate) const INTERRUPTED: u8 = 32;
+/// The command was terminated through RVBox with no exit status.
+pub(crate) const TERMINATED: u8 = 33;
+/// The server could not be reached.
+pub(crate) const UNREACHABLE: u8 = 69;
+/// An answer rvc did not expect.
+pub(crate) const INTERNAL: u8 = 70;
+/// rvc was interrupted (Ctrl-C); the remote command keeps running.
+pub(crate) const INTERRUPTED_BY_USER: u8 = 130;
+
+/// Why rvc stops without the remote command's status.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    code: u8,
+    message: String,
+    retry: bool,
+}
+
+impl Failure {
+    pub(crate) fn usage(message: impl Into<String>) -> Self {
+        Self {
+            code: USAGE,
+            message: message.into(),
+            retry: false,
+        }
+    }
+
+    pub(crate) fn unreachable(message: impl Into<String>) -> Self {
+        Self {
+            code: UNREACHABLE,
+            message: message.into(),
+            retry: false,
+        }
+    }
+
+    /// A transport failure worth retrying.
+    pub(crate) fn retry(message: impl Into<String>) -> Self {
+        Self {
+            code: UNREACHABLE,
+            message: message.into(),
+            retry: true,
+        }
+    }
+
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Self {
+            code: INTERNAL,
+            message: message.into(),
+            retry: false,
+        }
+    }
+
+    pub(crate) fn is_retry(&self) -> bool {
+        self.retry
+    }
+
+    /// The last failure of a retried call.
+    pub(crate) fn into_final(self) -> Self {
+        Self {
+            retry: false,
+            ..self
+        }
+    }
+
+    /// A non-OK status: the RVBox detail's code decides the exit status.
+    pub(crate) fn from_status(s: &tonic::Status) -> Self {
+        if let Some(detail) = DomainError::detail_from_grpc(s.details())
+            && let Some(code) = Code::from_wire(detail.code)
+        {
+            let field = if detail.field.is_empty() {
+                String::new()
+            } else {
+                format!("{}: ", detail.field)
+            };
+            return Self {
+                code: code.exit_status(),
+                message: format!("{}: {field}{}", code.as_str(), detail.reason),
+                retry: code == Code::Unavailable,
+            };
+        }
+        match s.code() {
+            tonic::Code::Unavailable => {
+                Self::retry(format!("the server is unavailable: {}", s.message()))
+            }
+            _ => Self::internal(format!("{:?}: {}", s.code(), s.message())),
+        }
+    }
+
+    /// Prints the failure and returns its status.
+    pub(crate) fn report(self) -> u8 {
+        eprintln!("rvc: {}", self.message);
+        self.code
+    }
+}
+
+/// rvc's status for a command that ended with `result`.
+pub(crate) fn of_result(result: &wire::ExitResult) -> u8 {
+    let by_signal = |n: i32| u8::try_from(128 + n.clamp(1, 127)).unwrap_or(INTERRUPTED);
+    let by_code = |c: i32| u8::try_from(c.rem_euclid(256)).unwrap_or(1);
+    match wire::Lifecycle::try_from(result.lifecycle) {
+        Ok(wire::Lifecycle::Succeeded) => 0,
+        Ok(wire::Lifecycle::Failed) => match (result.exit_code, result.signal_number) {
+            (Some(c), _) => by_code(c),
+            (None, Some(n)) => by_signal(n),
+            (None, None) => 1,
+        },
+        Ok(wire::Lifecycle::Terminated) => match (result.exit_code, result.signal_number) {
+            (Some(c), _) => by_code(c),
+            (None, Some(n)) => by_signal(n),
+            (None, None) => TERMINATED,
+        },
+        Ok(wire::Lifecycle::Rejected) => REJECTED,
+        Ok(wire::Lifecycle::Expired) => EXPIRED,
+        Ok(wire::Lifecycle::Cancelled) => CANCELLED,
+        _ => INTERRUPTED,
+    }
+}

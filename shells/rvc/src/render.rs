@@ -1,0 +1,198 @@
+//! Text rendering of listings and records, readable at 80 columns.
+
+use std::fmt::Write as _;
+
+use rvbox_proto::v1 as wire;
+
+/// A lifecycle's short name (`running`, `succeeded`, ...).
+pub(crate) fn lifecycle_name(l: i32) -> String {
+    wire::Lifecycle::try_from(l).map_or_else(
+        |_| "unknown".into(),
+        |l| {
+            l.as_str_name()
+                .strip_prefix("LIFECYCLE_")
+                .unwrap_or("UNKNOWN")
+                .to_ascii_lowercase()
+        },
+    )
+}
+
+/// A signal's name (`TERM`, ...).
+pub(crate) fn signal_name(s: wire::SignalKind) -> &'static str {
+    s.as_str_name()
+        .strip_prefix("SIGNAL_KIND_")
+        .unwrap_or("UNKNOWN")
+}
+
+fn time(t: Option<&prost_types::Timestamp>) -> String {
+    t.map_or_else(
+        || "-".into(),
+        |t| {
+            let mut t = *t;
+            // whole seconds are enough for a table
+            t.nanos = 0;
+            t.to_string()
+        },
+    )
+}
+
+fn shorten(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_owned()
+    } else {
+        let mut s: String = text.chars().take(max.saturating_sub(1)).collect();
+        s.push('…');
+        s
+    }
+}
+
+fn command_text(spec: Option<&wire::ExecutionSpec>) -> String {
+    match spec.and_then(|s| s.source.as_ref()) {
+        Some(wire::execution_spec::Source::CommandText(t)) => t.replace('\n', " "),
+        Some(wire::execution_spec::Source::Script(d)) => format!("script {}", d.display_basename),
+        None => String::new(),
+    }
+}
+
+fn exit_text(r: Option<&wire::ExitResult>) -> String {
+    match r {
+        Some(wire::ExitResult {
+            exit_code: Some(c), ..
+        }) => format!("exit {c}"),
+        Some(wire::ExitResult {
+            signal_number: Some(n),
+            signal_name,
+            ..
+        }) => {
+            if signal_name.is_empty() {
+                format!("signal {n}")
+            } else {
+                format!("signal {signal_name}")
+            }
+        }
+        _ => String::new(),
+    }
+}
+
+/// `rvc stat`: the clients.
+pub(crate) fn clients(list: &[wire::ClientSummary]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<24} {:<9} {:>5} {:<20}",
+        "CLIENT", "STATE", "GEN", "LAST SEEN"
+    );
+    for c in list {
+        let _ = writeln!(
+            out,
+            "{:<24} {:<9} {:>5} {:<20}",
+            shorten(&c.client_id, 24),
+            if c.connected { "connected" } else { "offline" },
+            c.generation,
+            time(c.last_seen_time.as_ref())
+        );
+    }
+    out
+}
+
+/// `rvc list`: commands, newest first.
+pub(crate) fn commands(list: &[wire::CommandRecord]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<36} {:<12} {:<11} COMMAND",
+        "UUID", "CLIENT", "STATE"
+    );
+    for c in list {
+        let _ = writeln!(
+            out,
+            "{:<36} {:<12} {:<11} {}",
+            c.issue_uuid,
+            shorten(&c.client_id, 12),
+            lifecycle_name(c.lifecycle),
+            shorten(&command_text(c.spec.as_ref()), 17)
+        );
+    }
+    out
+}
+
+/// `rvc stat CLIENT UUID`: one command, its lifecycle and its history
+/// apart.
+pub(crate) fn command(c: &wire::CommandRecord) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "command     {}", c.issue_uuid);
+    let _ = writeln!(out, "client      {}", c.client_id);
+    let _ = writeln!(out, "run         {}", command_text(c.spec.as_ref()));
+    let _ = writeln!(out);
+    let _ = writeln!(out, "lifecycle");
+    let exit = exit_text(c.exit_result.as_ref());
+    let _ = writeln!(
+        out,
+        "  state     {}{}",
+        lifecycle_name(c.lifecycle),
+        if exit.is_empty() {
+            String::new()
+        } else {
+            format!(" ({exit})")
+        }
+    );
+    let _ = writeln!(out, "  revision  {}", c.revision);
+    if let Some(r) = &c.rejection {
+        let _ = writeln!(out, "  rejected  {}", r.reason);
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "history");
+    let _ = writeln!(out, "  issued    {}", time(c.issue_time.as_ref()));
+    let _ = writeln!(
+        out,
+        "  expires   {}",
+        c.queue_expiry_time
+            .as_ref()
+            .map_or_else(|| "never (no queue TTL)".into(), |t| time(Some(t)))
+    );
+    if let Some(e) = &c.expiry {
+        let _ = writeln!(
+            out,
+            "  expired   {}: {}",
+            time(e.expired_time.as_ref()),
+            e.reason
+        );
+    }
+    if c.expired_pending_reconciliation {
+        let _ = writeln!(
+            out,
+            "  note      past its queue TTL while dispatched; the client's answer decides"
+        );
+    }
+    if c.terminal_time.is_some() {
+        let _ = writeln!(out, "  ended     {}", time(c.terminal_time.as_ref()));
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "output");
+    let range = c.retained_range.unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "  events    {} (retained {}-{}, {})",
+        c.last_event_seq,
+        range.first_event_seq,
+        range.last_event_seq,
+        wire::RetentionStatus::try_from(c.retention_status).map_or("unknown".into(), |s| s
+            .as_str_name()
+            .strip_prefix("RETENTION_STATUS_")
+            .unwrap_or("UNKNOWN")
+            .to_ascii_lowercase())
+    );
+    if c.terminal_output_incomplete {
+        let _ = writeln!(out, "  warning   the output is incomplete (see rvc follow)");
+    }
+    for s in &c.dirty_scopes {
+        let _ = writeln!(
+            out,
+            "  storage   {} {} dirty: incidents {}",
+            wire::ScopeKind::try_from(s.scope_kind).map_or("UNKNOWN", |k| k.as_str_name()),
+            s.scope_key,
+            s.incident_ids.join(", ")
+        );
+    }
+    out
+}
