@@ -131,6 +131,7 @@ pub(crate) struct ControlService {
     shared: Arc<Shared>,
     readers: Arc<Readers>,
     changes: watch::Receiver<u64>,
+    stop: watch::Receiver<bool>,
 }
 
 impl ControlService {
@@ -138,11 +139,13 @@ impl ControlService {
         shared: Arc<Shared>,
         reads: ReadHandle,
         changes: watch::Receiver<u64>,
+        stop: watch::Receiver<bool>,
     ) -> Self {
         Self {
             shared,
             readers: Arc::new(Readers::new(reads)),
             changes,
+            stop,
         }
     }
 
@@ -284,6 +287,7 @@ impl Control for ControlService {
         let follower = Follower {
             readers: Arc::clone(&self.readers),
             changes: self.changes.clone(),
+            stop: self.stop.clone(),
             issue,
             id,
             cursor: req.after_event_seq,
@@ -403,6 +407,9 @@ impl Control for ControlService {
 struct Follower {
     readers: Arc<Readers>,
     changes: watch::Receiver<u64>,
+    /// The server is stopping: the stream ends with `UNAVAILABLE`, and
+    /// the follower resumes from its cursor on the next server.
+    stop: watch::Receiver<bool>,
     issue: [u8; 16],
     id: Uuid7,
     cursor: u64,
@@ -500,10 +507,20 @@ impl Follower {
             if self.cursor < record.last_event_seq {
                 continue;
             }
+            let mut stopping = false;
             tokio::select! {
                 _ = self.changes.changed() => {}
                 () = tokio::time::sleep(FOLLOW_POLL) => {}
                 () = self.tx.closed() => return,
+                _ = self.stop.wait_for(|s| *s) => stopping = true,
+            }
+            if stopping {
+                let _ = self
+                    .send(Err(unavailable(
+                        "rvbox-server is restarting; follow again from the last event received",
+                    )))
+                    .await;
+                return;
             }
         }
     }

@@ -31,6 +31,20 @@ use tokio::sync::{oneshot, watch};
 use crate::core_loop::{Clock, CoreThread, ToCore};
 use crate::state::Shared;
 
+/// How long a stop waits for a listener's tasks.
+const LISTENER_STOP: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The control server's task as a plain unit task.
+fn control_task_handle(
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Ok(Err(e)) = task.await {
+            tracing::warn!(error = %e, "control socket server ended with an error");
+        }
+    })
+}
+
 /// Exit status: a clean stop.
 pub(crate) const EXIT_OK: i32 = 0;
 /// Exit status: the daemon could not start (listener, store, runtime).
@@ -164,7 +178,7 @@ async fn serve(config: ServerConfig) -> i32 {
         };
     tracing::info!(path = %config.control.socket_path.display(), mode = "0600", "control socket listening");
     let service =
-        crate::control::ControlService::new(Arc::clone(&shared), store.read_handle(), changes_rx);
+        crate::control::ControlService::new(Arc::clone(&shared), store.read_handle(), changes_rx, stop_rx.clone());
     let max_request = usize::try_from(config.limits.max_control_request).unwrap_or(usize::MAX);
     let control_task = tokio::spawn(crate::control::serve(
         control,
@@ -240,10 +254,11 @@ async fn serve(config: ServerConfig) -> i32 {
     tracing::info!(
         "stop requested: closing agent connections with 1012 and finishing durable writes"
     );
+    // no new work: mutations answer UNAVAILABLE (rvc retries with the
+    // same request_id), listeners stop accepting, follows end so their
+    // clients resume on the next server
     shared.set_core(None);
     let _ = stop_tx.send(true);
-    let _ = agent.await;
-    let _ = control_task.await;
     let (done_tx, done_rx) = oneshot::channel();
     if core_tx
         .send(ToCore::Shutdown { done: done_tx })
@@ -260,6 +275,11 @@ async fn serve(config: ServerConfig) -> i32 {
         }
     }
     drop(core_tx);
+    for (name, task) in [("agent listener", agent), ("control socket", control_task_handle(control_task))] {
+        if tokio::time::timeout(LISTENER_STOP, task).await.is_err() {
+            tracing::warn!(listener = name, "did not stop within the wait; stopping anyway");
+        }
+    }
     // the writers send their close frames; the executor performs what is
     // queued and the store checkpoints as it closes
     let join = tokio::task::spawn_blocking(move || thread.join());
