@@ -263,6 +263,10 @@ pub const MAX_REAP_ATTEMPTS: u32 = 10;
 /// Between those checks.
 pub const REAP_RETRY_MS: u64 = 30_000;
 
+/// Why a command that ran while the daemon stopped without its orderly
+/// shutdown has incomplete output.
+const LOST_AT_RESTART_REASON: &str = "the client daemon stopped while the command ran: output written after the last captured chunk was not captured";
+
 /// Why a command whose output could not be recorded ends interrupted.
 const UNACCOUNTABLE_REASON: &str =
     "the client could not record the command's output durably; its output is incomplete";
@@ -1203,7 +1207,8 @@ impl ClientCore {
         self.spool_incomplete_and_interrupted(issue, wall, revision);
     }
 
-    fn spool_incomplete_and_interrupted(&mut self, issue: Uuid7, wall_ms: i64, revision: u64) {
+    /// Marks both output streams of `issue` incomplete, for `reason`.
+    fn spool_incomplete(&mut self, issue: Uuid7, wall_ms: i64, reason: &str) {
         self.spool_event(
             issue,
             wall_ms,
@@ -1212,9 +1217,13 @@ impl ClientCore {
                     wire::OutputStream::Stdout as i32,
                     wire::OutputStream::Stderr as i32,
                 ],
-                reason: UNACCOUNTABLE_REASON.into(),
+                reason: reason.into(),
             }),
         );
+    }
+
+    fn spool_incomplete_and_interrupted(&mut self, issue: Uuid7, wall_ms: i64, revision: u64) {
+        self.spool_incomplete(issue, wall_ms, UNACCOUNTABLE_REASON);
         self.spool_event(
             issue,
             wall_ms,
@@ -1666,6 +1675,14 @@ impl ClientCore {
         )
     }
 
+    /// A command that ran while the daemon stopped without its orderly
+    /// shutdown: what it wrote after the last spooled chunk (in its pipes,
+    /// or read and not yet spooled) was not captured, so its output is
+    /// marked incomplete before the terminal event, never a silent gap.
+    fn lost_at_restart(&mut self, issue: Uuid7, wall_ms: i64) {
+        self.spool_incomplete(issue, wall_ms, LOST_AT_RESTART_REASON);
+    }
+
     fn reaped(&mut self, now_ms: u64, wall_ms: i64, issue: Uuid7, gone: bool) {
         let Some(r) = self.records.get_mut(&issue) else {
             return;
@@ -1685,6 +1702,7 @@ impl ClientCore {
             }
             self.stats.interrupted += 1;
             self.stats.unverified_trees += 1;
+            self.lost_at_restart(issue, wall_ms);
             self.end(
                 wall_ms,
                 issue,
@@ -1701,6 +1719,7 @@ impl ClientCore {
             // plan §7.4 step 5: authorized but uncertain: killed as a tree,
             // ends interrupted, never launched again
             self.stats.interrupted += 1;
+            self.lost_at_restart(issue, wall_ms);
             self.end(
                 wall_ms,
                 issue,

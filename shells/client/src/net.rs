@@ -1,7 +1,7 @@
 //! The client's transport (plan §7.1, §8): one WebSocket at a time to the
 //! first server URL that answers, `wss://` through rustls with the
-//! configured CA bundle or `ws://` (loopback only; the configuration
-//! refuses it elsewhere).
+//! configured CA bundle or `ws://` (meant for loopback: a `ws://` URL to
+//! another host is warned about loudly at startup).
 //!
 //! Owns: dialing when the core asks, one reader task that only hands
 //! frames to the runtime thread, one writer task that writes what the
@@ -102,6 +102,22 @@ impl NetConfig {
     pub(crate) fn from_config(cfg: &ClientConfig) -> Result<Self, NetError> {
         if cfg.client.server_urls.is_empty() {
             return Err(NetError::NoUrl);
+        }
+        for url in &cfg.client.server_urls {
+            if let Some(rest) = url.strip_prefix("ws://") {
+                let host = match rest.strip_prefix('[') {
+                    Some(v6) => v6.split(']').next(),
+                    None => rest.split(['/', ':']).next(),
+                }
+                .unwrap_or_default();
+                let loopback = host == "localhost"
+                    || host
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback());
+                if !loopback {
+                    tracing::warn!(%url, "PLAIN ws:// TO ANOTHER HOST: commands and output cross the network unencrypted; use wss:// through nginx");
+                }
+            }
         }
         let needs_tls = cfg
             .client

@@ -123,15 +123,26 @@ fn flags_override_and_touch_no_state() {
 }
 
 #[test]
-fn start_without_runtime_exits_with_its_own_status() {
-    let out = run(&["--config", "docs/examples/client.toml"]);
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("runtime is not built yet"));
+fn a_start_that_cannot_open_its_store_exits_1_and_says_why() {
+    // the state directory's database directory is a regular file
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    std::fs::write(state.join("db"), b"x").unwrap();
+    let cfg = dir.path().join("client.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[client]\nclient_id = \"web-01\"\nserver_urls = [\"ws://127.0.0.1:9/rvbox/agent\"]\nstate_dir = \"{}\"\n",
+            state.display()
+        ),
+    )
+    .unwrap();
+    let out = run(&["--config", cfg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("rvbox: client store"), "{err}");
 }
 
 #[test]

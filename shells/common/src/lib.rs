@@ -26,9 +26,6 @@ use rvbox_config::{
 pub const EXIT_OK: i32 = 0;
 /// Exit status: the configuration is invalid or unreadable.
 pub const EXIT_CONFIG: i32 = 2;
-/// Exit status: the configuration is valid but the daemon runtime is not
-/// part of this build.
-pub const EXIT_RUNTIME_NOT_BUILT: i32 = 3;
 
 /// Largest configuration file read (bytes); a longer file is refused
 /// before it is held in memory.
@@ -354,36 +351,6 @@ pub fn init_tracing(config: &ObservabilityConfig) {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
     };
-}
-
-/// The whole start-up of a daemon binary up to its runtime: parse the
-/// command line, run `--check-config` when asked, else validate the
-/// configuration (the static gate: nothing is bound or launched before it),
-/// log the summary once, and report that the runtime is not in this build.
-/// Returns the process exit status.
-pub fn run_daemon(daemon: Daemon, about: &'static str) -> i32 {
-    let matches = daemon_command(daemon, about).get_matches();
-    run_with_matches(daemon, &matches)
-}
-
-/// [`run_daemon`] for a command line the binary parsed itself (a binary
-/// that adds subcommands to [`daemon_command`]).
-pub fn run_with_matches(daemon: Daemon, matches: &ArgMatches) -> i32 {
-    let path = matches.get_one::<String>(ARG_CONFIG).map_or_else(
-        || PathBuf::from(daemon.default_config_path()),
-        PathBuf::from,
-    );
-    match start(daemon, matches) {
-        Ok(_) => {
-            eprintln!(
-                "{}: configuration {} is valid, but the daemon runtime is not built yet; exiting",
-                daemon.binary(),
-                path.display()
-            );
-            EXIT_RUNTIME_NOT_BUILT
-        }
-        Err(status) => status,
-    }
 }
 
 /// The start-up of a daemon up to its runtime: `--check-config` when

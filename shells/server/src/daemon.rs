@@ -177,8 +177,12 @@ async fn serve(config: ServerConfig) -> i32 {
             }
         };
     tracing::info!(path = %config.control.socket_path.display(), mode = "0600", "control socket listening");
-    let service =
-        crate::control::ControlService::new(Arc::clone(&shared), store.read_handle(), changes_rx, stop_rx.clone());
+    let service = crate::control::ControlService::new(
+        Arc::clone(&shared),
+        store.read_handle(),
+        changes_rx,
+        stop_rx.clone(),
+    );
     let max_request = usize::try_from(config.limits.max_control_request).unwrap_or(usize::MAX);
     let control_task = tokio::spawn(crate::control::serve(
         control,
@@ -275,9 +279,15 @@ async fn serve(config: ServerConfig) -> i32 {
         }
     }
     drop(core_tx);
-    for (name, task) in [("agent listener", agent), ("control socket", control_task_handle(control_task))] {
+    for (name, task) in [
+        ("agent listener", agent),
+        ("control socket", control_task_handle(control_task)),
+    ] {
         if tokio::time::timeout(LISTENER_STOP, task).await.is_err() {
-            tracing::warn!(listener = name, "did not stop within the wait; stopping anyway");
+            tracing::warn!(
+                listener = name,
+                "did not stop within the wait; stopping anyway"
+            );
         }
     }
     // the writers send their close frames; the executor performs what is

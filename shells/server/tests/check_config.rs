@@ -134,10 +134,28 @@ fn flags_override_and_touch_no_state() {
 }
 
 #[test]
-fn start_without_runtime_exits_with_its_own_status() {
-    let out = run(&["--config", "docs/examples/server.toml"]);
-    assert_eq!(out.status.code(), Some(3));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("runtime is not built yet"));
+fn start_exits_with_its_own_status() {
+    // the agent port is taken: the server says so and exits 1 before it
+    // opens anything
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("server.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\nagent_listen = \"127.0.0.1:{port}\"\n[storage]\ndata_dir = \"{}/data\"\n[control]\nruntime_dir = \"{}/run\"\nsocket_path = \"{}/run/control.sock\"\n",
+            dir.path().display(),
+            dir.path().display(),
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let out = run(&["--config", cfg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot listen on"), "{err}");
+    assert!(!dir.path().join("data").exists(), "nothing opened");
     let out = run(&["--config", "fixtures/config/server-unknown-key.toml"]);
     assert_eq!(out.status.code(), Some(2));
     let out = run(&["--version"]);

@@ -1,0 +1,368 @@
+//! RVBox end to end on this host: the real `rvbox-server`, `rvbox` and
+//! `rvc` binaries on loopback, a real WebSocket, a real control socket,
+//! real SQLite files and real processes.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::time::Duration;
+
+use support::{Stack, issue_of};
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn foreground_run_returns_output_and_exit_status_byte_for_byte() {
+    let s = Stack::new();
+    // no trailing newline, a partial line on stderr, binary-ish bytes
+    let out = s.rvc(&[
+        "run",
+        "web-1",
+        "printf 'one\\ntwo'; printf 'half' >&2; printf '\\001\\377'; exit 7",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}\n{}",
+        text(&out.stderr),
+        s.logs()
+    );
+    assert_eq!(out.stdout, b"one\ntwo\x01\xff");
+    let err = text(&out.stderr);
+    let mut lines = err.lines();
+    let uuid = lines.next().unwrap();
+    assert_eq!(uuid.len(), 36, "the UUID comes first on stderr: {err}");
+    assert!(err.ends_with("half"), "{err:?}");
+}
+
+#[test]
+fn background_command_is_followed_later_and_listed() {
+    let s = Stack::new();
+    let out = s.rvc(&["run", "--background", "web-1", "echo later; exit 0"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let uuid = text(&out.stdout).trim().to_owned();
+    assert_eq!(uuid, issue_of(&out), "stdout and stderr name the same UUID");
+    let f = s.rvc(&["follow", &uuid]);
+    assert_eq!(f.status.code(), Some(0), "{}", text(&f.stderr));
+    assert_eq!(f.stdout, b"later\n");
+    let list = text(&s.rvc(&["list", "web-1"]).stdout);
+    assert!(list.contains(&uuid) && list.contains("succeeded"), "{list}");
+    let stat = text(&s.rvc(&["stat", "web-1", &uuid]).stdout);
+    assert!(stat.contains("state     succeeded (exit 0)"), "{stat}");
+}
+
+#[test]
+fn each_signal_reaches_the_process_tree() {
+    let s = Stack::new();
+    for (name, number) in [
+        ("HUP", 1),
+        ("INT", 2),
+        ("SIGTERM", 15),
+        ("KILL", 9),
+        ("usr1", 10),
+        ("SIGUSR2", 12),
+    ] {
+        let out = s.rvc(&[
+            "run",
+            "--background",
+            "web-1",
+            "echo started; exec sleep 60",
+        ]);
+        let uuid = text(&out.stdout).trim().to_owned();
+        // wait until it runs (its first output is stored)
+        s.wait_until("the command runs", || {
+            text(&s.rvc(&["stat", "web-1", &uuid]).stdout).contains("state     running")
+        });
+        let k = s.rvc(&["kill", name, "web-1", &uuid]);
+        assert_eq!(k.status.code(), Some(0), "{name}: {}", text(&k.stderr));
+        let f = s.rvc(&["follow", &uuid]);
+        assert_eq!(
+            f.status.code(),
+            Some(128 + number),
+            "{name}: {}\n{}",
+            text(&f.stderr),
+            s.logs()
+        );
+        assert_eq!(f.stdout, b"started\n", "{name}");
+        let stat = text(&s.rvc(&["stat", "web-1", &uuid]).stdout);
+        assert!(
+            stat.contains(&format!("terminated (signal {number})")),
+            "{name}: {stat}"
+        );
+    }
+}
+
+#[test]
+fn the_default_signal_is_term_and_an_unknown_one_is_refused() {
+    let s = Stack::new();
+    let bad = s.rvc(&[
+        "kill",
+        "STOP",
+        "web-1",
+        "01a233bb-db10-7210-ae1b-edcc39797614",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        text(&bad.stderr).contains("unknown signal"),
+        "{}",
+        text(&bad.stderr)
+    );
+    let out = s.rvc(&["run", "--background", "web-1", "exec sleep 60"]);
+    let uuid = text(&out.stdout).trim().to_owned();
+    s.wait_until("the command runs", || {
+        text(&s.rvc(&["stat", "web-1", &uuid]).stdout).contains("state     running")
+    });
+    assert_eq!(s.rvc(&["kill", "web-1", &uuid]).status.code(), Some(0));
+    assert_eq!(s.rvc(&["follow", &uuid]).status.code(), Some(128 + 15));
+}
+
+#[test]
+fn the_same_request_id_twice_runs_once_and_answers_the_same() {
+    let s = Stack::new();
+    let id = "01a233bb-db10-7210-ae1b-edcc39797615";
+    let marker = s.work().join("ran");
+    let cmd = format!("echo x >> {}; echo done", marker.display());
+    let a = s.rvc(&["run", "--request-id", id, "web-1", &cmd]);
+    let b = s.rvc(&["run", "--request-id", id, "web-1", &cmd]);
+    assert_eq!(a.status.code(), Some(0), "{}", text(&a.stderr));
+    assert_eq!(b.status.code(), Some(0), "{}", text(&b.stderr));
+    assert_eq!(issue_of(&a), id);
+    assert_eq!(issue_of(&b), id);
+    assert_eq!(a.stdout, b"done\n");
+    assert_eq!(b.stdout, b"done\n");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "x\n", "ran once");
+    // the same id with another request does nothing and says why
+    let c = s.rvc(&["run", "--request-id", id, "web-1", "echo other"]);
+    assert_eq!(c.status.code(), Some(13), "CONFLICT: {}", text(&c.stderr));
+    assert!(text(&c.stderr).contains("CONFLICT"), "{}", text(&c.stderr));
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "x\n");
+}
+
+#[test]
+fn a_server_restart_mid_command_loses_nothing_and_rvc_says_reconnecting_once() {
+    let mut s = Stack::new();
+    let follow = s
+        .rvc_cmd(&[
+            "run",
+            "web-1",
+            "for i in 1 2 3 4 5 6; do echo tick $i; sleep 0.5; done; exit 3",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    s.restart_server();
+    let out = follow.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}\n{}",
+        text(&out.stderr),
+        s.logs()
+    );
+    assert_eq!(
+        text(&out.stdout),
+        "tick 1\ntick 2\ntick 3\ntick 4\ntick 5\ntick 6\n",
+        "{}",
+        s.logs()
+    );
+    let err = text(&out.stderr);
+    assert_eq!(err.matches("reconnecting").count(), 1, "{err}");
+}
+
+#[test]
+fn a_client_restart_mid_command_ends_it_interrupted_with_its_output_complete() {
+    let mut s = Stack::new();
+    let out = s.rvc(&[
+        "run",
+        "--background",
+        "web-1",
+        "echo before; sleep 60; echo never",
+    ]);
+    let uuid = text(&out.stdout).trim().to_owned();
+    s.wait_until("the command runs", || {
+        text(&s.rvc(&["stat", "web-1", &uuid]).stdout).contains("state     running")
+    });
+    assert_eq!(s.stop_client(), Some(0), "{}", s.logs());
+    s.start_client();
+    let f = s.rvc(&["follow", &uuid]);
+    assert_eq!(f.stdout, b"before\n", "{}", s.logs());
+    // plan §7.4 (R-7.4-06): an orderly shutdown terminates the trees it
+    // supervises and reports them interrupted
+    assert_eq!(f.status.code(), Some(32), "{}", text(&f.stderr));
+    let stat = text(&s.rvc(&["stat", "web-1", &uuid]).stdout);
+    assert!(stat.contains("state     interrupted"), "{stat}");
+}
+
+#[test]
+fn the_control_socket_is_owner_only() {
+    let s = Stack::server_only();
+    let mode = std::fs::metadata(s.socket()).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+#[test]
+fn health_readiness_and_metrics_answer_on_the_agent_listener() {
+    let s = Stack::server_only();
+    assert_eq!(support::http_get(s.port, "/healthz").unwrap().0, 200);
+    assert_eq!(support::http_get(s.port, "/readyz").unwrap().0, 200);
+    let (code, body) = support::http_get(s.port, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("rvbox_server_fd_limit"), "{body}");
+    assert!(body.contains("rvbox_store_events_appended_total"), "{body}");
+    assert_eq!(support::http_get(s.port, "/nope").unwrap().0, 404);
+}
+
+#[test]
+fn a_stale_control_socket_is_replaced_but_a_live_one_is_not() {
+    let mut s = Stack::server_only();
+    // a second server on the same control socket refuses to start
+    let port2 = support::free_port();
+    let cfg = std::fs::read_to_string(s.dir.path().join("server.toml"))
+        .unwrap()
+        .replace(&format!(":{}", s.port), &format!(":{port2}"))
+        .replace("/data\"", "/data2\"");
+    std::fs::write(s.dir.path().join("server2.toml"), cfg).unwrap();
+    let second = std::process::Command::new(support::bin("rvbox-server"))
+        .arg("--config")
+        .arg(s.dir.path().join("server2.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    assert!(
+        text(&second.stderr).contains("another rvbox-server is serving"),
+        "{}",
+        text(&second.stderr)
+    );
+    // killed without cleanup, the socket file stays; the next start
+    // replaces it
+    let mut server = s.server.take().unwrap();
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert!(s.socket().exists());
+    s.start_server();
+    assert_eq!(s.rvc(&["stat"]).status.code(), Some(0));
+}
+
+/// Sends one message on a fresh agent connection and returns the close
+/// code and reason the server answered with.
+fn close_after(port: u16, msg: tokio_tungstenite::tungstenite::Message) -> (u16, String) {
+    use tokio_tungstenite::tungstenite::{self, Message};
+    let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (mut ws, _) =
+        tungstenite::client::client(format!("ws://127.0.0.1:{port}/rvbox/agent"), tcp).unwrap();
+    // a write may fail once the server closed mid-message
+    let _ = ws.send(msg);
+    loop {
+        match ws.read() {
+            Ok(Message::Close(Some(f))) => return (u16::from(f.code), f.reason.to_string()),
+            Ok(Message::Close(None)) => return (1005, String::new()),
+            Ok(_) => {}
+            Err(e) => panic!("no close frame: {e}"),
+        }
+    }
+}
+
+#[test]
+fn malformed_oversized_and_wrong_type_messages_are_closed_with_their_reason_and_store_nothing() {
+    use tokio_tungstenite::tungstenite::Message;
+    let s = Stack::server_only();
+    assert_eq!(
+        close_after(s.port, Message::Text("hello".into())),
+        (1002, "PROTOCOL_ERROR".into())
+    );
+    assert_eq!(
+        close_after(s.port, Message::Binary(vec![0xff; 64].into())),
+        (1002, "PROTOCOL_ERROR".into())
+    );
+    assert_eq!(
+        close_after(s.port, Message::Binary(vec![0u8; 2 << 20].into())),
+        (1009, "MESSAGE_TOO_BIG".into())
+    );
+    // nothing was registered or stored
+    let stat = text(&s.rvc(&["stat"]).stdout);
+    assert_eq!(stat.lines().count(), 1, "only the header: {stat}");
+    let (_, metrics) = support::http_get(s.port, "/metrics").unwrap();
+    assert!(
+        metrics.contains("rvbox_server_agent_messages_refused_total{reason=\"text\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("rvbox_server_agent_messages_refused_total{reason=\"too_big\"} 1"),
+        "{metrics}"
+    );
+    // an upgrade from a foreign origin is refused before any WebSocket
+    let tcp = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let mut req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+        format!("ws://127.0.0.1:{}/rvbox/agent", s.port),
+    )
+    .unwrap();
+    req.headers_mut()
+        .insert("Origin", "https://evil.example".parse().unwrap());
+    let refused = tokio_tungstenite::tungstenite::client::client(req, tcp);
+    assert!(
+        matches!(refused, Err(tokio_tungstenite::tungstenite::HandshakeError::Failure(
+            tokio_tungstenite::tungstenite::Error::Http(ref r)
+        )) if r.status() == 403),
+        "{refused:?}"
+    );
+}
+
+#[test]
+fn a_client_killed_mid_output_and_restarted_delivers_every_byte_or_says_what_is_missing() {
+    let mut s = Stack::new();
+    let marker = s.work().join("ran");
+    let cmd = format!(
+        "echo run >> {}; i=0; while [ $i -lt 3000 ]; do i=$((i+1)); echo line $i; sleep 0.002; done",
+        marker.display()
+    );
+    let out = s.rvc(&["run", "--background", "web-1", &cmd]);
+    let uuid = text(&out.stdout).trim().to_owned();
+    s.wait_until("output is stored", || {
+        let stat = text(&s.rvc(&["stat", "web-1", &uuid]).stdout);
+        stat.contains("state     running") && !stat.contains("events    1 ")
+    });
+    s.kill_client();
+    s.start_client();
+    let f = s.rvc(&["follow", &uuid]);
+    let err = text(&f.stderr);
+    assert_eq!(
+        f.status.code(),
+        Some(32),
+        "interrupted: {err}\n{}",
+        s.logs()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap(),
+        "run\n",
+        "the command ran exactly once"
+    );
+    // the lines that came are 1..=n in order, none twice; what is missing
+    // after them is said
+    let got = text(&f.stdout);
+    let lines: Vec<&str> = got.lines().collect();
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(*l, format!("line {}", i + 1), "{got}");
+    }
+    eprintln!(
+        "{} of 3000 lines delivered before the kill; stderr: {err}",
+        lines.len()
+    );
+    if lines.len() < 3000 {
+        assert!(
+            err.contains("incomplete") || err.contains("lost"),
+            "{} of 3000 lines and no notice: {err}",
+            lines.len()
+        );
+    }
+}
