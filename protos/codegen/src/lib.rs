@@ -31,6 +31,9 @@ pub const SERVICES_DIR: &str = "shells/control-api/src/gen";
 
 /// Rust path of the generated messages, used by the service stubs.
 const MESSAGES_RUST_PATH: &str = "::rvbox_proto::v1";
+/// The encoded `FileDescriptorSet` of every proto and its imports, beside
+/// the services (gRPC server reflection serves it).
+pub const DESCRIPTOR_FILE: &str = "rvbox_descriptor.bin";
 
 /// A failure of generation or of the freshness check.
 #[derive(Debug)]
@@ -88,6 +91,9 @@ pub fn repo_root() -> PathBuf {
 pub fn generate_into(root: &Path, messages_dir: &Path, services_dir: &Path) -> Result<(), Error> {
     let protos = root.join("protos");
     let fds = protox::compile(PROTO_FILES, [&protos]).map_err(|e| Error::Compile(Box::new(e)))?;
+    let descriptor = services_dir.join(DESCRIPTOR_FILE);
+    fs::write(&descriptor, prost::Message::encode_to_vec(&fds))
+        .map_err(io_err(format!("writing {}", descriptor.display())))?;
 
     // Messages only: no services, maps as BTreeMap so iteration and
     // encoding order are deterministic (request hashes depend on it).
@@ -126,6 +132,7 @@ pub fn generate(root: &Path) -> Result<Vec<PathBuf>, Error> {
     Ok(vec![
         messages.join(GENERATED_FILE),
         services.join(GENERATED_FILE),
+        services.join(DESCRIPTOR_FILE),
     ])
 }
 
@@ -143,11 +150,15 @@ pub fn stale_files(root: &Path, scratch: &Path) -> Result<Vec<PathBuf>, Error> {
     generate_into(root, &messages, &services)?;
 
     let mut stale = Vec::new();
-    for (fresh_dir, checked_in) in [(&messages, MESSAGES_DIR), (&services, SERVICES_DIR)] {
-        let fresh_path = fresh_dir.join(GENERATED_FILE);
+    for (fresh_dir, checked_in, file) in [
+        (&messages, MESSAGES_DIR, GENERATED_FILE),
+        (&services, SERVICES_DIR, GENERATED_FILE),
+        (&services, SERVICES_DIR, DESCRIPTOR_FILE),
+    ] {
+        let fresh_path = fresh_dir.join(file);
         let fresh =
             fs::read(&fresh_path).map_err(io_err(format!("reading {}", fresh_path.display())))?;
-        let relative = Path::new(checked_in).join(GENERATED_FILE);
+        let relative = Path::new(checked_in).join(file);
         match fs::read(root.join(&relative)) {
             Ok(current) if current == fresh => {}
             Ok(_) => stale.push(relative),

@@ -18,3 +18,7 @@
 pub mod v1 {
     include!("gen/rvbox.v1.rs");
 }
+
+/// The encoded `FileDescriptorSet` of `protos/rvbox/v1` and its imports,
+/// for gRPC server reflection (generated beside the stubs).
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("gen/rvbox_descriptor.bin");

@@ -79,13 +79,13 @@ pub(crate) fn clients(list: &[wire::ClientSummary]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<24} {:<9} {:>5} {:<20}",
-        "CLIENT", "STATE", "GEN", "LAST SEEN"
+        "{:<24} {:<9} {:>5} LAST SEEN",
+        "CLIENT", "STATE", "GEN"
     );
     for c in list {
         let _ = writeln!(
             out,
-            "{:<24} {:<9} {:>5} {:<20}",
+            "{:<24} {:<9} {:>5} {}",
             shorten(&c.client_id, 24),
             if c.connected { "connected" } else { "offline" },
             c.generation,

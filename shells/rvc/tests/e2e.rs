@@ -366,3 +366,65 @@ fn a_client_killed_mid_output_and_restarted_delivers_every_byte_or_says_what_is_
         );
     }
 }
+
+#[test]
+fn grpc_health_and_reflection_are_served_on_the_control_socket() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let s = Stack::server_only();
+    let socket = s.socket();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let channel = tonic::transport::Endpoint::try_from("http://rvbox.invalid")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_| {
+                let socket = socket.clone();
+                async move {
+                    let s = tokio::net::UnixStream::connect(socket).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+                }
+            }))
+            .await
+            .unwrap();
+        let mut health = HealthClient::new(channel.clone());
+        for service in ["", "rvbox.v1.Control"] {
+            let r = health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(r.status, ServingStatus::Serving as i32, "{service:?}");
+        }
+        let mut reflection = ServerReflectionClient::new(channel);
+        let req = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut stream = reflection
+            .server_reflection_info(tokio_stream::iter([req]))
+            .await
+            .unwrap()
+            .into_inner();
+        let resp = stream.message().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
+            panic!("{resp:?}");
+        };
+        let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+        assert!(names.contains(&"rvbox.v1.Control".to_owned()), "{names:?}");
+        assert!(
+            names.contains(&"grpc.health.v1.Health".to_owned()),
+            "{names:?}"
+        );
+    });
+}

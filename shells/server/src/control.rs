@@ -617,20 +617,75 @@ pub(crate) fn bind(
     Ok(listener)
 }
 
-/// Serves the service on `listener` until `stop` turns true.
+/// How often the health service's overall status follows readiness.
+pub(crate) const HEALTH_REFRESH: Duration = Duration::from_secs(1);
+
+/// Why the control server could not be served.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ServeError {
+    /// The reflection service refused the descriptor set.
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The transport failed.
+    #[error("{0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves the service on `listener` until `stop` turns true, beside
+/// `grpc.health.v1` (the overall status `""` follows global readiness,
+/// `rvbox.v1.Control` is serving while the socket is) and gRPC server
+/// reflection of `rvbox.v1` and `grpc.health.v1`.
 pub(crate) async fn serve(
     listener: tokio::net::UnixListener,
     service: ControlService,
     max_request: usize,
     mut stop: watch::Receiver<bool>,
-) -> Result<(), tonic::transport::Error> {
+) -> Result<(), ServeError> {
+    let shared = Arc::clone(&service.shared);
     let svc = ControlServer::new(service)
         .max_decoding_message_size(max_request)
         .max_encoding_message_size(usize::MAX);
-    tonic::transport::Server::builder()
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<ControlServer<ControlService>>()
+        .await;
+    let mut health_stop = stop.clone();
+    let follow_readiness = tokio::spawn(async move {
+        loop {
+            let status = if shared.readiness().is_ok() {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            reporter.set_service_status("", status).await;
+            let mut stopping = false;
+            tokio::select! {
+                () = tokio::time::sleep(HEALTH_REFRESH) => {}
+                _ = health_stop.wait_for(|s| *s) => stopping = true,
+            }
+            if stopping {
+                reporter
+                    .set_service_status("", tonic_health::ServingStatus::NotServing)
+                    .await;
+                reporter
+                    .set_not_serving::<ControlServer<ControlService>>()
+                    .await;
+                return;
+            }
+        }
+    });
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(rvbox_control_api::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let served = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection)
         .add_service(svc)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
             let _ = stop.wait_for(|s| *s).await;
         })
-        .await
+        .await;
+    follow_readiness.abort();
+    Ok(served?)
 }

@@ -36,7 +36,7 @@ const LISTENER_STOP: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The control server's task as a plain unit task.
 fn control_task_handle(
-    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    task: tokio::task::JoinHandle<Result<(), crate::control::ServeError>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         if let Ok(Err(e)) = task.await {
