@@ -428,3 +428,41 @@ fn grpc_health_and_reflection_are_served_on_the_control_socket() {
         );
     });
 }
+
+#[test]
+fn out_of_file_descriptors_the_listener_pauses_and_recovers() {
+    let s = Stack::server_with_fd_limit(96);
+    assert!(
+        s.server_log()
+            .contains("open file descriptor limit soft=96"),
+        "{}",
+        s.server_log()
+    );
+    // hold connections until accept runs out of descriptors
+    let mut held = Vec::new();
+    for _ in 0..200 {
+        match std::net::TcpStream::connect(("127.0.0.1", s.port)) {
+            Ok(c) => held.push(c),
+            Err(_) => break,
+        }
+    }
+    s.wait_until("accept reports the fd limit", || {
+        s.server_log().contains("reason=\"fd_limit\"")
+    });
+    // the failure repeats with a growing pause (10 ms doubling to 1 s),
+    // not a spin: over 1.5 s it is logged a handful of times
+    std::thread::sleep(Duration::from_millis(1500));
+    let refusals = s.server_log().matches("agent accept failed").count();
+    assert!(refusals <= 12, "the listener spun: {refusals} refusals");
+    drop(held);
+    // descriptors are back: the server answers again and counted it
+    s.wait_until("the server answers again", || {
+        support::http_get(s.port, "/metrics").is_some_and(|(code, body)| {
+            code == 200
+                && body
+                    .lines()
+                    .any(|l| l.starts_with("rvbox_server_accept_errors_total{reason=\"fd_limit\"}"))
+        })
+    });
+    assert_eq!(s.rvc(&["stat"]).status.code(), Some(0));
+}

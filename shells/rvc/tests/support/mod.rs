@@ -110,6 +110,39 @@ impl Stack {
             .unwrap()
     }
 
+    /// A server whose soft file-descriptor limit is `limit`, ready.
+    pub fn server_with_fd_limit(limit: u32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut s = Self {
+            dir,
+            port,
+            server: None,
+            client: None,
+            restarts: 0,
+        };
+        s.write_configs();
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -n {limit} && exec \"$0\" --config \"$1\""))
+            .arg(bin("rvbox-server"))
+            .arg(s.dir.path().join("server.toml"))
+            .stdout(Stdio::null())
+            .stderr(s.log("server.log"))
+            .spawn()
+            .unwrap();
+        s.server = Some(child);
+        s.wait_until("the server is ready", || {
+            http_get(s.port, "/readyz").is_some_and(|(code, _)| code == 200)
+        });
+        s
+    }
+
+    /// The server's log so far.
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
     /// Starts the server and waits until it is ready.
     pub fn start_server(&mut self) {
         let child = Command::new(bin("rvbox-server"))
