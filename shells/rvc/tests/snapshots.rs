@@ -1,0 +1,117 @@
+//! What rvc prints, for each command, against a running server and
+//! client: insta snapshots of stdout, stderr and the exit status, with
+//! UUIDs, times, ports and temporary paths redacted.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod support;
+
+use std::process::Output;
+
+use support::Stack;
+
+fn render(out: &Output) -> String {
+    format!(
+        "status: {}\n--- stdout\n{}--- stderr\n{}",
+        out.status
+            .code()
+            .map_or_else(|| "signal".into(), |c| c.to_string()),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+macro_rules! snap {
+    ($s:expr, $name:expr, $out:expr) => {{
+        let dir = $s.dir.path().display().to_string();
+        let mut settings = insta::Settings::clone_current();
+        settings.add_filter(
+            r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+            "[uuid]",
+        );
+        settings.add_filter(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z", "[time]");
+        settings.add_filter(&regex_escape(&dir), "[dir]");
+        settings.add_filter(r"revision \d+", "revision [n]");
+        settings.add_filter(r"--page [A-Za-z0-9_-]+", "--page [token]");
+        settings.set_prepend_module_to_snapshot(false);
+        settings.bind(|| insta::assert_snapshot!($name, render(&$out)));
+    }};
+}
+
+fn regex_escape(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[test]
+fn rvc_output_of_every_command() {
+    let s = Stack::new();
+    let fg = s.rvc(&["run", "web-1", "echo out; echo err >&2; exit 5"]);
+    snap!(s, "run_foreground", fg);
+
+    let bg = s.rvc(&["run", "--background", "web-1", "echo later"]);
+    snap!(s, "run_background", bg);
+    let uuid = String::from_utf8_lossy(&bg.stdout).trim().to_owned();
+
+    let follow = s.rvc(&["follow", &uuid]);
+    snap!(s, "follow", follow);
+
+    snap!(s, "stat_clients", s.rvc(&["stat"]));
+    let stat = s.rvc(&["stat", "web-1", &uuid]);
+    snap!(s, "stat_command", stat);
+
+    let long = s.rvc(&["run", "--background", "web-1", "exec sleep 60"]);
+    let long_uuid = String::from_utf8_lossy(&long.stdout).trim().to_owned();
+    s.wait_until("the command runs", || {
+        String::from_utf8_lossy(&s.rvc(&["stat", "web-1", &long_uuid]).stdout)
+            .contains("state     running")
+    });
+    snap!(s, "kill", s.rvc(&["kill", "KILL", "web-1", &long_uuid]));
+    snap!(s, "follow_killed", s.rvc(&["follow", &long_uuid]));
+
+    snap!(s, "list_client", s.rvc(&["list", "web-1"]));
+    snap!(s, "stat_client", s.rvc(&["stat", "web-1"]));
+    snap!(s, "list_page", s.rvc(&["list", "--per-page", "1"]));
+
+    // errors
+    snap!(
+        s,
+        "error_unknown_command",
+        s.rvc(&["stat", "web-1", "01a233bb-db10-7210-ae1b-edcc39797699"])
+    );
+    snap!(s, "error_bad_uuid", s.rvc(&["follow", "not-a-uuid"]));
+    snap!(
+        s,
+        "error_bad_signal",
+        s.rvc(&["kill", "STOP", "web-1", &long_uuid])
+    );
+    snap!(
+        s,
+        "error_bad_env",
+        s.rvc(&["run", "--env", "NOEQUALS", "web-1", "true"])
+    );
+    let id = "01a233bb-db10-7210-ae1b-edcc39797698";
+    let _ = s.rvc(&["run", "--background", "--request-id", id, "web-1", "true"]);
+    snap!(
+        s,
+        "error_request_conflict",
+        s.rvc(&["run", "--background", "--request-id", id, "web-1", "false"])
+    );
+    let no_server = support::bin("rvc");
+    let out = std::process::Command::new(no_server)
+        .env("RVC_SOCKET", s.dir.path().join("nowhere.sock"))
+        .args(["stat"])
+        .output()
+        .unwrap();
+    snap!(s, "error_no_server", out);
+}
