@@ -1,0 +1,284 @@
+//! Server memory per idle agent connection: the real `rvbox-server`
+//! binary, and a load client in this process that registers N agent
+//! sessions over real WebSockets on loopback (source addresses spread over
+//! 127.0.0.0/8), answers their reconciliation, advertises capacity, and
+//! then leaves them idle (answering Pings). Prints the server's RSS with
+//! none, with 1,000 and with 10,000 idle sessions, and the growth per
+//! session.
+//!
+//! `RVBOX_BENCH_IDLE` overrides the session counts (comma-separated).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt as _, StreamExt as _};
+use prost::Message as _;
+use rvbox_proto::v1 as wire;
+use rvbox_proto::v1::envelope::Payload;
+use tokio::net::TcpSocket;
+use tokio_tungstenite::tungstenite::Message;
+
+/// Sessions being registered at once.
+const CONCURRENT: usize = 128;
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+fn http_ok(port: u16, path: &str) -> bool {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut t = String::new();
+    let _ = s.read_to_string(&mut t);
+    t.starts_with("HTTP/1.1 200")
+}
+
+fn start_server(dir: &std::path::Path, port: u16) -> Child {
+    std::fs::write(
+        dir.join("server.toml"),
+        format!(
+            "[server]\nagent_listen = \"127.0.0.1:{port}\"\n[storage]\ndata_dir = \"{d}/data\"\n[control]\nruntime_dir = \"{d}/run\"\nsocket_path = \"{d}/run/control.sock\"\n[observability]\nlog_level = \"warn\"\n",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_rvbox-server"))
+        .arg("--config")
+        .arg(dir.join("server.toml"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("server.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while !http_ok(port, "/readyz") {
+        assert!(Instant::now() < until, "server not ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+fn env(session_id: &str, generation: u64, payload: Payload) -> Message {
+    Message::Binary(
+        wire::Envelope {
+            session_id: session_id.into(),
+            generation,
+            payload: Some(payload),
+        }
+        .encode_to_vec()
+        .into(),
+    )
+}
+
+fn hello(i: usize) -> wire::ClientHello {
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&(i as u64).to_be_bytes());
+    id[6] = 0x40 | (id[6] & 0x0f);
+    id[8] = 0x80 | (id[8] & 0x3f);
+    wire::ClientHello {
+        client_id: format!("load-{i:05}"),
+        client_instance_id: uuid::Uuid::from_bytes(id).hyphenated().to_string(),
+        protocol_major: 1,
+        supported_minors: vec![0],
+        capabilities: Some(wire::Capabilities {
+            platform: Some(wire::Platform {
+                os: "linux".into(),
+                arch: "x86_64".into(),
+                os_release: "bench".into(),
+            }),
+            software_version: "0.1.0".into(),
+            shells: vec![wire::ShellCapability {
+                shell_type: wire::ShellType::Sh as i32,
+                platform_default: true,
+            }],
+            profiles: vec![],
+            max_running: 4,
+            max_queued: 4,
+            supervision_mode: wire::SupervisionMode::Fallback as i32,
+        }),
+        cwd_policy: Some(wire::CwdPolicy {
+            default_cwd: "/tmp".into(),
+            allowed_roots: vec!["/tmp".into()],
+        }),
+    }
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+async fn next_payload(ws: &mut Ws) -> Payload {
+    loop {
+        match ws.next().await {
+            Some(Ok(Message::Binary(b))) => {
+                return wire::Envelope::decode(b.as_ref()).unwrap().payload.unwrap();
+            }
+            Some(Ok(Message::Close(f))) => panic!("closed: {f:?}"),
+            Some(Ok(_)) => {}
+            other => panic!("read: {other:?}"),
+        }
+    }
+}
+
+/// Registers session `i` and returns its socket, idle.
+async fn register(i: usize, port: u16) -> Ws {
+    // spread the source addresses over 127.0.0.0/8 (one /24 per 250)
+    let src = std::net::Ipv4Addr::new(
+        127,
+        1 + (i / 62_500) as u8,
+        ((i / 250) % 250) as u8,
+        (i % 250 + 1) as u8,
+    );
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.bind((src, 0).into()).unwrap();
+    let tcp = sock.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+    let (mut ws, _) =
+        tokio_tungstenite::client_async(format!("ws://127.0.0.1:{port}/rvbox/agent"), tcp)
+            .await
+            .unwrap();
+    ws.send(env("", 0, Payload::ClientHello(hello(i))))
+        .await
+        .unwrap();
+    let Payload::ServerWelcome(w) = next_payload(&mut ws).await else {
+        panic!("no welcome")
+    };
+    let (sid, generation) = (w.session_id.clone(), w.generation);
+    let round = loop {
+        if let Payload::ReconcileRequest(r) = next_payload(&mut ws).await {
+            break r.round;
+        }
+    };
+    ws.send(env(
+        &sid,
+        generation,
+        Payload::ClientSnapshot(wire::ClientSnapshot {
+            round,
+            chunk_index: 0,
+            final_chunk: true,
+            store_health: wire::ScopeState::Ready as i32,
+            records: vec![],
+            tombstones: vec![],
+        }),
+    ))
+    .await
+    .unwrap();
+    loop {
+        if let Payload::ReconcileResult(_) = next_payload(&mut ws).await {
+            break;
+        }
+    }
+    ws.send(env(
+        &sid,
+        generation,
+        Payload::ClientCapacity(wire::ClientCapacity {
+            running: 0,
+            queued: 0,
+            max_running: 4,
+            max_queued: 4,
+        }),
+    ))
+    .await
+    .unwrap();
+    ws
+}
+
+/// Keeps a session idle: reads (which answers the server's Pings) until
+/// the end.
+async fn idle(mut ws: Ws) {
+    while let Some(Ok(m)) = ws.next().await {
+        if let Message::Close(f) = m {
+            panic!("an idle session was closed: {f:?}");
+        }
+    }
+}
+
+fn main() {
+    let counts: Vec<usize> = std::env::var("RVBOX_BENCH_IDLE")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1_000, 10_000]);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "Server RSS per idle agent session (real rvbox-server, registered sessions on loopback)"
+    );
+    println!(
+        "{:>8} {:>12} {:>14} {:>16} {:>12}",
+        "sessions", "rss MiB", "growth MiB", "per session KiB", "register s"
+    );
+    for &n in &counts {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut server = start_server(dir.path(), port);
+        let pid = server.id();
+        std::thread::sleep(Duration::from_millis(500));
+        let base = rss_kib(pid);
+        let started = Instant::now();
+        let sockets = rt.block_on(async {
+            let mut out = Vec::with_capacity(n);
+            let mut i = 0;
+            while i < n {
+                let batch: Vec<_> = (i..(i + CONCURRENT).min(n))
+                    .map(|j| tokio::spawn(register(j, port)))
+                    .collect();
+                for h in batch {
+                    out.push(h.await.unwrap());
+                }
+                i += CONCURRENT;
+            }
+            out
+        });
+        let took = started.elapsed();
+        let tasks: Vec<_> = rt.block_on(async {
+            sockets
+                .into_iter()
+                .map(|ws| tokio::spawn(idle(ws)))
+                .collect()
+        });
+        // idle long enough for the server's buffers to settle
+        std::thread::sleep(Duration::from_secs(3));
+        let loaded = rss_kib(pid);
+        let growth = loaded.saturating_sub(base);
+        println!(
+            "{:>8} {:>12.1} {:>14.1} {:>16.2} {:>12.1}",
+            0,
+            base as f64 / 1024.0,
+            0.0,
+            0.0,
+            0.0
+        );
+        println!(
+            "{:>8} {:>12.1} {:>14.1} {:>16.2} {:>12.1}",
+            n,
+            loaded as f64 / 1024.0,
+            growth as f64 / 1024.0,
+            growth as f64 / n as f64,
+            took.as_secs_f64()
+        );
+        for t in tasks {
+            t.abort();
+        }
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status();
+        let _ = server.wait();
+    }
+}
