@@ -558,6 +558,13 @@ impl ClientCore {
         self.spool.stats()
     }
 
+    /// The daemon's raw output backlog in the spool (bytes not yet sent
+    /// and acknowledged).
+    #[must_use]
+    pub fn spool_backlog(&self) -> u64 {
+        self.spool.backlog()
+    }
+
     /// The link's phase.
     #[must_use]
     pub fn link_phase(&self) -> crate::link::Phase {

@@ -136,6 +136,8 @@ pub(crate) fn run(cfg: ClientConfig) -> i32 {
         }
     };
     tracing::info!(client_id = %cfg.client.client_id, instance = %instance, "client runtime started");
+    let health = crate::health::Health::new(runtime.store().metrics());
+    health.publish(&runtime, true);
 
     let tokio_rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -161,9 +163,10 @@ pub(crate) fn run(cfg: ClientConfig) -> i32 {
     };
     let poster = net::Poster::new(to_rt.clone(), waker.clone());
     let stop_grace = cfg.exec.drain_grace + cfg.exec.kill_grace + STOP_SLACK;
+    let published = Arc::clone(&health);
     let thread = match std::thread::Builder::new()
         .name("rvbox-runtime".into())
-        .spawn(move || runtime_loop(runtime, &from_net, &wire_tx, stop_grace))
+        .spawn(move || runtime_loop(runtime, &from_net, &wire_tx, stop_grace, &published))
     {
         Ok(t) => t,
         Err(e) => {
@@ -171,7 +174,23 @@ pub(crate) fn run(cfg: ClientConfig) -> i32 {
             return EXIT_START;
         }
     };
-    tokio_rt.block_on(async {
+    let metrics_listen = cfg.observability.metrics_listen;
+    let status = tokio_rt.block_on(async {
+        let health_task = match metrics_listen {
+            Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => {
+                    tracing::info!(%addr, "health listening (/healthz, /readyz, /metrics)");
+                    Some(tokio::spawn(crate::health::serve(l, Arc::clone(&health))))
+                }
+                Err(e) => {
+                    tracing::error!(%addr, error = %e, "observability.metrics_listen could not bind");
+                    eprintln!("rvbox: cannot listen on {addr} (observability.metrics_listen): {e}");
+                    poster.stop().await;
+                    return EXIT_START;
+                }
+            },
+            None => None,
+        };
         let net = tokio::spawn(net::run(net_config, wire_rx, poster.clone()));
         wait_for_stop().await;
         poster.stop().await;
@@ -181,10 +200,14 @@ pub(crate) fn run(cfg: ClientConfig) -> i32 {
             tracing::error!("the runtime thread ended abnormally");
         }
         net.abort();
+        if let Some(h) = health_task {
+            h.abort();
+        }
+        EXIT_OK
     });
     tokio_rt.shutdown_timeout(Duration::from_secs(2));
     tracing::info!("stopped");
-    EXIT_OK
+    status
 }
 
 async fn wait_for_stop() {
@@ -214,6 +237,7 @@ fn runtime_loop(
     inbox: &Receiver<ToRuntime>,
     wire: &UnboundedSender<Wire>,
     stop_grace: Duration,
+    health: &crate::health::Health,
 ) {
     let mut stopping: Option<Instant> = None;
     loop {
@@ -248,7 +272,12 @@ fn runtime_loop(
                 return;
             }
         }
-        let wait = rt.until_deadline().unwrap_or(MAX_WAIT).min(MAX_WAIT);
+        health.publish(&rt, false);
+        let wait = rt
+            .until_deadline()
+            .unwrap_or(MAX_WAIT)
+            .min(MAX_WAIT)
+            .min(crate::health::PUBLISH_EVERY);
         rt.pump_processes(wait);
         ship(&mut rt, wire);
     }

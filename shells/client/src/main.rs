@@ -7,6 +7,7 @@
 //! validation.
 
 mod daemon;
+mod health;
 mod net;
 mod repair;
 

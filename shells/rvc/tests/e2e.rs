@@ -466,3 +466,33 @@ fn out_of_file_descriptors_the_listener_pauses_and_recovers() {
     });
     assert_eq!(s.rvc(&["stat"]).status.code(), Some(0));
 }
+
+#[test]
+fn client_health_follows_the_session_and_shows_no_output() {
+    let mut s = Stack::new();
+    let out = s.rvc(&["run", "web-1", "echo secret-output-text"]);
+    assert_eq!(out.status.code(), Some(0));
+    s.wait_until("the client reports the active session", || {
+        support::http_get(s.client_health, "/readyz").is_some_and(|(c, _)| c == 200)
+    });
+    let (code, body) = support::http_get(s.client_health, "/healthz").unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("\"state\":\"active\""), "{body}");
+    assert!(body.contains("\"store\":\"ready\""), "{body}");
+    assert!(body.contains("\"mode\":"), "{body}");
+    assert!(!body.contains("secret-output-text"), "{body}");
+    let (_, metrics) = support::http_get(s.client_health, "/metrics").unwrap();
+    assert!(
+        metrics.contains("rvbox_client_session_active 1"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("secret-output-text"));
+    // the server goes away: the client says so, and is not ready
+    assert_eq!(s.stop_server(), Some(0));
+    s.wait_until("the client reports the lost session", || {
+        support::http_get(s.client_health, "/readyz")
+            .is_some_and(|(c, b)| c == 503 && b.contains("link"))
+    });
+    let (_, body) = support::http_get(s.client_health, "/healthz").unwrap();
+    assert!(body.contains("\"sessions_lost\":1"), "{body}");
+}

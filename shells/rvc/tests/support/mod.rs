@@ -42,6 +42,8 @@ pub fn free_port() -> u16 {
 pub struct Stack {
     pub dir: tempfile::TempDir,
     pub port: u16,
+    /// The client's health listener (`observability.metrics_listen`).
+    pub client_health: u16,
     pub server: Option<Child>,
     pub client: Option<Child>,
     restarts: u32,
@@ -55,6 +57,7 @@ impl Stack {
         let mut s = Self {
             dir,
             port,
+            client_health: free_port(),
             server: None,
             client: None,
             restarts: 0,
@@ -92,11 +95,12 @@ impl Stack {
         std::fs::write(
             d.join("client.toml"),
             format!(
-                "[client]\nclient_id = \"web-1\"\nserver_urls = [\"ws://127.0.0.1:{}/rvbox/agent\"]\nstate_dir = \"{}\"\n[exec]\nallowed_cwd_roots = [\"{}\"]\ndefault_cwd = \"{}\"\ndrain_grace = \"1s\"\nkill_grace = \"2s\"\n[reconnect]\ninitial = \"1s\"\nmax = \"2s\"\n",
+                "[client]\nclient_id = \"web-1\"\nserver_urls = [\"ws://127.0.0.1:{}/rvbox/agent\"]\nstate_dir = \"{}\"\n[exec]\nallowed_cwd_roots = [\"{}\"]\ndefault_cwd = \"{}\"\ndrain_grace = \"1s\"\nkill_grace = \"2s\"\n[reconnect]\ninitial = \"1s\"\nmax = \"2s\"\n[observability]\nmetrics_listen = \"127.0.0.1:{}\"\n",
                 self.port,
                 d.join("cstate").display(),
                 d.join("work").display(),
-                d.join("work").display()
+                d.join("work").display(),
+                self.client_health
             ),
         )
         .unwrap();
@@ -117,6 +121,7 @@ impl Stack {
         let mut s = Self {
             dir,
             port,
+            client_health: free_port(),
             server: None,
             client: None,
             restarts: 0,
