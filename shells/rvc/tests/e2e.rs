@@ -220,6 +220,20 @@ fn health_readiness_and_metrics_answer_on_the_agent_listener() {
     assert!(body.contains("rvbox_server_fd_limit"), "{body}");
     assert!(body.contains("rvbox_store_events_appended_total"), "{body}");
     assert_eq!(support::http_get(s.port, "/nope").unwrap().0, 404);
+    // the same on observability.metrics_listen, which has no agent path
+    assert_eq!(
+        support::http_get(s.server_metrics, "/readyz").unwrap().0,
+        200
+    );
+    let (code, body) = support::http_get(s.server_metrics, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("rvbox_server_ready 1"), "{body}");
+    assert_eq!(
+        support::http_get(s.server_metrics, "/rvbox/agent")
+            .unwrap()
+            .0,
+        404
+    );
 }
 
 #[test]
@@ -230,6 +244,10 @@ fn a_stale_control_socket_is_replaced_but_a_live_one_is_not() {
     let cfg = std::fs::read_to_string(s.dir.path().join("server.toml"))
         .unwrap()
         .replace(&format!(":{}", s.port), &format!(":{port2}"))
+        .replace(
+            &format!(":{}", s.server_metrics),
+            &format!(":{}", support::free_port()),
+        )
         .replace("/data\"", "/data2\"");
     std::fs::write(s.dir.path().join("server2.toml"), cfg).unwrap();
     let second = std::process::Command::new(support::bin("rvbox-server"))

@@ -78,10 +78,20 @@ pub(crate) fn ws_config(max_envelope: usize) -> WebSocketConfig {
         .accept_unmasked_frames(false)
 }
 
-/// Serves the agent listener until `stop` turns true.
+/// Which routes a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Routes {
+    /// The agent upgrade and health (`server.agent_listen`).
+    Agent,
+    /// Health and metrics only (`observability.metrics_listen`).
+    Observability,
+}
+
+/// Serves a listener until `stop` turns true.
 pub(crate) async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
+    routes: Routes,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(10);
@@ -94,7 +104,7 @@ pub(crate) async fn serve(
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(10);
                 let shared = Arc::clone(&shared);
-                tokio::spawn(connection(stream, peer, shared));
+                tokio::spawn(connection(stream, peer, shared, routes));
             }
             Err(e) => {
                 let fd_limit = matches!(e.raw_os_error(), Some(EMFILE | ENFILE));
@@ -122,12 +132,12 @@ const EMFILE: i32 = 24;
 /// `ENFILE` (the system is).
 const ENFILE: i32 = 23;
 
-async fn connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+async fn connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, routes: Routes) {
     let _ = stream.set_nodelay(true);
     let svc_shared = Arc::clone(&shared);
     let service = hyper::service::service_fn(move |req| {
         let shared = Arc::clone(&svc_shared);
-        async move { Ok::<_, std::convert::Infallible>(route(req, peer, &shared)) }
+        async move { Ok::<_, std::convert::Infallible>(route(req, peer, &shared, routes)) }
     });
     let served = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -151,7 +161,12 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     r
 }
 
-fn route(req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) -> Response<Body> {
+fn route(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    shared: &Arc<Shared>,
+    routes: Routes,
+) -> Response<Body> {
     let path = req.uri().path().to_owned();
     match path.as_str() {
         "/healthz" => text(StatusCode::OK, "live\n"),
@@ -175,7 +190,7 @@ fn route(req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) -> Resp
             }
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("metrics: {e}\n")),
         },
-        p if p == shared.agent_path => upgrade(req, peer, shared),
+        p if p == shared.agent_path && routes == Routes::Agent => upgrade(req, peer, shared),
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }

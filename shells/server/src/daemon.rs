@@ -119,8 +119,30 @@ async fn serve(config: ServerConfig) -> i32 {
     let agent = tokio::spawn(crate::agent::serve(
         listener,
         Arc::clone(&shared),
+        crate::agent::Routes::Agent,
         stop_rx.clone(),
     ));
+    // a separate health and metrics listener when configured
+    if let Some(addr) = config.observability.metrics_listen {
+        match TcpListener::bind(addr).await {
+            Ok(l) => {
+                tracing::info!(%addr, "health and metrics listening (/healthz, /readyz, /metrics)");
+                tokio::spawn(crate::agent::serve(
+                    l,
+                    Arc::clone(&shared),
+                    crate::agent::Routes::Observability,
+                    stop_rx.clone(),
+                ));
+            }
+            Err(e) => {
+                tracing::error!(%addr, error = %e, "observability.metrics_listen could not bind");
+                eprintln!(
+                    "rvbox-server: cannot listen on {addr} (observability.metrics_listen): {e}"
+                );
+                return EXIT_START;
+            }
+        }
+    }
 
     let mut settings = match identity(PLACEHOLDER_ID)
         .and_then(|id| server_settings(&config, id).map_err(|e| e.to_string()))

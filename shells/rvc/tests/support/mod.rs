@@ -44,6 +44,8 @@ pub struct Stack {
     pub port: u16,
     /// The client's health listener (`observability.metrics_listen`).
     pub client_health: u16,
+    /// The server's separate health and metrics listener.
+    pub server_metrics: u16,
     pub server: Option<Child>,
     pub client: Option<Child>,
     restarts: u32,
@@ -58,6 +60,7 @@ impl Stack {
             dir,
             port,
             client_health: free_port(),
+            server_metrics: free_port(),
             server: None,
             client: None,
             restarts: 0,
@@ -84,11 +87,12 @@ impl Stack {
         std::fs::write(
             d.join("server.toml"),
             format!(
-                "[server]\nagent_listen = \"127.0.0.1:{}\"\n[storage]\ndata_dir = \"{}\"\n[control]\nruntime_dir = \"{}\"\nsocket_path = \"{}\"\n",
+                "[server]\nagent_listen = \"127.0.0.1:{}\"\n[storage]\ndata_dir = \"{}\"\n[control]\nruntime_dir = \"{}\"\nsocket_path = \"{}\"\n[observability]\nmetrics_listen = \"127.0.0.1:{}\"\n",
                 self.port,
                 d.join("data").display(),
                 d.join("run").display(),
-                self.socket().display()
+                self.socket().display(),
+                self.server_metrics
             ),
         )
         .unwrap();
@@ -122,6 +126,7 @@ impl Stack {
             dir,
             port,
             client_health: free_port(),
+            server_metrics: free_port(),
             server: None,
             client: None,
             restarts: 0,
