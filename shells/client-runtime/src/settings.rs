@@ -183,7 +183,14 @@ pub fn supervisor_config(
 
 /// The kernel release (`uname -r`), bounded; empty when unreadable.
 fn os_release() -> String {
-    let mut s = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    s.truncate(s.trim_end().len().min(64));
-    s
+    let s = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    // the wire bound is 64 bytes; cut at a character boundary
+    let mut out = String::new();
+    for c in s.trim_end().chars() {
+        if out.len() + c.len_utf8() > 64 {
+            break;
+        }
+        out.push(c);
+    }
+    out
 }

@@ -30,6 +30,9 @@ pub(crate) struct Control {
     socket: String,
     client: Option<ControlClient<Channel>>,
     said_reconnecting: bool,
+    /// A connection succeeded once: a missing socket is then a server
+    /// restarting (systemd removes its runtime directory), not a typo.
+    connected_once: bool,
 }
 
 /// Whether a status means "try again with the same request".
@@ -43,6 +46,7 @@ impl Control {
             socket: socket.to_owned(),
             client: None,
             said_reconnecting: false,
+            connected_once: false,
         }
     }
 
@@ -53,9 +57,14 @@ impl Control {
         let path = self.socket.clone();
         match std::fs::symlink_metadata(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Failure::unreachable(format!(
+                let message = format!(
                     "no control socket at {path}; is rvbox-server running? (set --socket or RVC_SOCKET)"
-                )));
+                );
+                return Err(if self.connected_once {
+                    Failure::retry(message)
+                } else {
+                    Failure::unreachable(message)
+                });
             }
             _ => {}
         }
@@ -75,6 +84,7 @@ impl Control {
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
         self.client = Some(client.clone());
+        self.connected_once = true;
         Ok(client)
     }
 

@@ -40,6 +40,15 @@ impl Failure {
         }
     }
 
+    /// As the server's `NOT_FOUND` (the same exit status).
+    pub(crate) fn not_found(message: impl Into<String>) -> Self {
+        Self {
+            code: Code::NotFound.exit_status(),
+            message: format!("NOT_FOUND: {}", message.into()),
+            retry: false,
+        }
+    }
+
     pub(crate) fn unreachable(message: impl Into<String>) -> Self {
         Self {
             code: UNREACHABLE,

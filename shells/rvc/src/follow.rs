@@ -14,9 +14,14 @@ use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::command_event::Body;
 use rvbox_proto::v1::follow_command_response::Item;
 
-use crate::conn::{Control, retryable};
+use std::time::Instant;
+
+use crate::conn::{Control, FIRST_PAUSE, MAX_PAUSE, RETRY_FOR, retryable};
 use crate::exit::{self, Failure};
 use crate::render;
+
+/// The largest raw output chunk (`OutputChunk.raw_length`, 64 KiB).
+const MAX_CHUNK: usize = 64 * 1024;
 
 fn stream_name(s: i32) -> &'static str {
     match wire::OutputStream::try_from(s) {
@@ -45,6 +50,16 @@ fn source_name(s: i32) -> &'static str {
 
 /// Writes one output chunk where it belongs.
 fn write_chunk(c: &wire::OutputChunk) -> Result<(), Failure> {
+    // the server checked these when it stored the chunk; rvc does not
+    // size an allocation by a field it has not checked itself
+    if c.raw_length as usize > MAX_CHUNK || c.stored_length as usize != c.payload.len() {
+        return Err(Failure::internal(format!(
+            "an output chunk declares {} raw bytes and {} stored bytes for a payload of {}",
+            c.raw_length,
+            c.stored_length,
+            c.payload.len()
+        )));
+    }
     let raw = zstd::bulk::decompress(&c.payload, c.raw_length as usize)
         .map_err(|e| Failure::internal(format!("an output chunk did not decompress: {e}")))?;
     if raw.len() != c.raw_length as usize {
@@ -140,10 +155,15 @@ fn handle(item: Item, cursor: &mut u64, end: &mut End) -> Result<(), Failure> {
                 r.reason
             );
         }
-        Item::Reset(r) => eprintln!(
-            "rvc: [the server has no events after {}; continuing after {}: {}]",
-            r.requested_after_event_seq, r.resumed_after_event_seq, r.reason
-        ),
+        Item::Reset(r) => {
+            eprintln!(
+                "rvc: [the server has no events after {}; continuing after {}: {}]",
+                r.requested_after_event_seq, r.resumed_after_event_seq, r.reason
+            );
+            // the stream continues after the named position; a reconnect
+            // resumes there too
+            *cursor = r.resumed_after_event_seq;
+        }
         Item::Status(s) => {
             if s.exit_result.is_some() && end.result.is_none() {
                 end.result = s.exit_result;
@@ -164,7 +184,26 @@ pub(crate) async fn follow(
     let mut end = End::default();
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
+    // a stream that keeps ending without progress is retried with a
+    // growing pause, and given up after RETRY_FOR without progress
+    let mut progress_at = Instant::now();
+    let mut pause = FIRST_PAUSE;
+    let mut first = true;
     loop {
+        if !first {
+            if progress_at.elapsed() >= RETRY_FOR {
+                return Err(Failure::unreachable(format!(
+                    "no progress following {issue} for {} s; follow it again with: rvc follow {issue}",
+                    RETRY_FOR.as_secs()
+                )));
+            }
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                _ = &mut interrupted => return Ok(stopped(issue, client)),
+            }
+            pause = (pause * 2).min(MAX_PAUSE);
+        }
+        first = false;
         let req = wire::FollowCommandRequest {
             request_id: String::new(),
             issue_uuid: issue.to_owned(),
@@ -185,7 +224,12 @@ pub(crate) async fn follow(
             match next {
                 Ok(Some(resp)) => {
                     if let Some(item) = resp.item {
+                        let before = cursor;
                         handle(item, &mut cursor, &mut end)?;
+                        if cursor > before {
+                            progress_at = Instant::now();
+                            pause = FIRST_PAUSE;
+                        }
                     }
                 }
                 Ok(None) => {

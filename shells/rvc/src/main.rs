@@ -207,20 +207,9 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
         } => {
             let mut control = Control::new(socket);
             match (client_id, issue_uuid, all) {
-                (_, Some(issue), _) => {
-                    let req = wire::GetCommandRequest {
-                        request_id: String::new(),
-                        issue_uuid: issue,
-                    };
-                    let resp = control
-                        .retrying(|mut c| {
-                            let req = req.clone();
-                            async move { c.get_command(req).await }
-                        })
-                        .await?;
-                    if let Some(r) = resp.command {
-                        print!("{}", render::command(&r));
-                    }
+                (client, Some(issue), _) => {
+                    let r = command_of(&mut control, &issue, client.as_deref()).await?;
+                    print!("{}", render::command(&r));
                     Ok(0)
                 }
                 (Some(client), None, _) => list(&mut control, Some(client), page, per_page).await,
@@ -254,14 +243,17 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
             list(&mut control, client_id, page, per_page).await
         }
         Cmd::Kill { args } => {
-            let (signal, _client, issue) = kill_args(&args)?;
+            let (signal, client, issue) = kill_args(&args)?;
             let id = request_id(given_id)?;
+            let mut control = Control::new(socket);
+            // the command named must be the client's: a kill never lands
+            // on another host's command by a mistyped client id
+            command_of(&mut control, &issue, Some(&client)).await?;
             let req = wire::SignalCommandRequest {
                 request_id: id,
                 issue_uuid: issue.clone(),
                 signal: signal as i32,
             };
-            let mut control = Control::new(socket);
             let resp = control
                 .retrying(|mut c| {
                     let req = req.clone();
@@ -277,6 +269,36 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
             Ok(0)
         }
     }
+}
+
+/// One command's record, checked to belong to `client` when given.
+async fn command_of(
+    control: &mut Control,
+    issue: &str,
+    client: Option<&str>,
+) -> Result<wire::CommandRecord, Failure> {
+    let req = wire::GetCommandRequest {
+        request_id: String::new(),
+        issue_uuid: issue.to_owned(),
+    };
+    let resp = control
+        .retrying(|mut c| {
+            let req = req.clone();
+            async move { c.get_command(req).await }
+        })
+        .await?;
+    let record = resp
+        .command
+        .ok_or_else(|| Failure::internal("GetCommand answered without a command"))?;
+    if let Some(client) = client
+        && record.client_id != client
+    {
+        return Err(Failure::not_found(format!(
+            "command {issue} belongs to client {}, not {client}",
+            record.client_id
+        )));
+    }
+    Ok(record)
 }
 
 async fn list(

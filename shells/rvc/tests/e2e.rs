@@ -177,6 +177,14 @@ fn a_server_restart_mid_command_loses_nothing_and_rvc_says_reconnecting_once() {
     );
     let err = text(&out.stderr);
     assert_eq!(err.matches("reconnecting").count(), 1, "{err}");
+    // the client was told the server restarts (1012), so it reconnected
+    // at once instead of backing off
+    let client_log = std::fs::read_to_string(s.dir.path().join("client.log")).unwrap();
+    assert!(
+        client_log.contains("connection ended code=Some(1012)"),
+        "{}",
+        s.logs()
+    );
 }
 
 #[test]
@@ -513,4 +521,38 @@ fn client_health_follows_the_session_and_shows_no_output() {
     });
     let (_, body) = support::http_get(s.client_health, "/healthz").unwrap();
     assert!(body.contains("\"sessions_lost\":1"), "{body}");
+}
+
+#[test]
+fn a_follow_after_the_end_of_the_log_continues_from_the_end() {
+    let s = Stack::new();
+    let out = s.rvc(&["run", "--background", "web-1", "sleep 1.5; echo x"]);
+    let uuid = text(&out.stdout).trim().to_owned();
+    let f = s.rvc(&["follow", "--after", "999", &uuid]);
+    assert_eq!(f.status.code(), Some(0), "{}", text(&f.stderr));
+    assert_eq!(f.stdout, b"x\n", "events after the reset are shown");
+    assert_eq!(
+        text(&f.stderr).matches("has no events after 999").count(),
+        1,
+        "{}",
+        text(&f.stderr)
+    );
+}
+
+#[test]
+fn kill_and_stat_refuse_a_command_of_another_client() {
+    let s = Stack::new();
+    let out = s.rvc(&["run", "--background", "web-1", "exec sleep 30"]);
+    let uuid = text(&out.stdout).trim().to_owned();
+    let k = s.rvc(&["kill", "web-2", &uuid]);
+    assert_eq!(k.status.code(), Some(12), "{}", text(&k.stderr));
+    assert!(text(&k.stderr).contains("belongs to client web-1, not web-2"));
+    let st = s.rvc(&["stat", "web-2", &uuid]);
+    assert_eq!(st.status.code(), Some(12));
+    // the command was not signalled
+    assert!(text(&s.rvc(&["stat", "web-1", &uuid]).stdout).contains("revision  1"));
+    assert_eq!(
+        s.rvc(&["kill", "KILL", "web-1", &uuid]).status.code(),
+        Some(0)
+    );
 }

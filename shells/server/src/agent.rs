@@ -274,6 +274,7 @@ fn upgrade(req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) -> Re
 }
 
 async fn run_socket(ws: Ws, conn: ConnId, core: mpsc::Sender<ToCore>, shared: Arc<Shared>) {
+    let _live = shared.socket_started();
     let (writer_tx, writer_rx) = mpsc::channel(WRITER_QUEUE);
     if core
         .send(ToCore::Open {
@@ -443,13 +444,9 @@ async fn write_loop(
                 }
             }
             for _ in 0..written {
-                if core
-                    .send(ToCore::Conn(Input::Written { conn }))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
+                // during a stop the inbox is closed: the close that follows
+                // must still be written
+                let _ = core.send(ToCore::Conn(Input::Written { conn })).await;
             }
         }
         if let Some((code, reason)) = closing {

@@ -401,6 +401,15 @@ impl Control for ControlService {
     }
 }
 
+/// Where a follow continues after an item.
+#[derive(Debug, Clone, Copy)]
+enum Position {
+    /// After this event.
+    After(u64),
+    /// After this position, named by a cursor reset.
+    ResetTo(u64),
+}
+
 /// One `FollowCommand` stream: the current status, the history after the
 /// cursor, then live items as the store commits them, until the command
 /// is terminal and every event up to its last was sent.
@@ -440,12 +449,30 @@ impl Follower {
         self.tx.send(item).await.is_ok()
     }
 
+    /// Ends the stream with `UNAVAILABLE` because the server stops, so
+    /// the follower resumes from its cursor on the next server.
+    async fn restarting(&self) {
+        let _ = self
+            .send(Err(unavailable(
+                "rvbox-server is restarting; follow again from the last event received",
+            )))
+            .await;
+    }
+
+    fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
     async fn run(mut self, first: wire::CommandRecord) {
         let mut shown = (first.lifecycle, first.revision);
         if !self.send(Ok(status_item(&first))).await {
             return;
         }
         loop {
+            if self.stopping() {
+                self.restarting().await;
+                return;
+            }
             // note the change counter before reading, so a commit between
             // the read and the wait wakes the wait
             let _ = self.changes.borrow_and_update();
@@ -455,24 +482,30 @@ impl Follower {
                 .read(move |r| {
                     let items = r.events_after(&issue, after, FOLLOW_BATCH)?;
                     let mut out = Vec::with_capacity(items.len());
-                    let mut caught_up = false;
+                    let mut caught_up = None;
                     for item in items {
-                        if let HistoryItem::CaughtUp { .. } = item {
-                            caught_up = true;
-                            continue;
-                        }
-                        let seq = match &item {
-                            HistoryItem::Event(e) => Some(e.event_seq),
-                            _ => None,
+                        // where the stream continues: after an event, after
+                        // the position a reset names, and after the last
+                        // event once caught up (removed events at the end
+                        // are covered by the retention items before it)
+                        let position = match &item {
+                            HistoryItem::Event(e) => Some(Position::After(e.event_seq)),
+                            HistoryItem::Reset(r) => {
+                                Some(Position::ResetTo(r.resumed_after_event_seq))
+                            }
+                            HistoryItem::CaughtUp { last_event_seq } => {
+                                caught_up = Some(*last_event_seq);
+                                continue;
+                            }
+                            HistoryItem::Retention(_) => None,
                         };
                         if let Some(w) = item.to_wire(&id)? {
-                            out.push((seq, w));
+                            out.push((position, w));
                         }
                     }
-                    let record = if caught_up {
-                        Some(r.command_record(&issue)?)
-                    } else {
-                        None
+                    let record = match caught_up {
+                        Some(last) => Some((last, r.command_record(&issue)?)),
+                        None => None,
                     };
                     Ok((out, record))
                 })
@@ -484,17 +517,26 @@ impl Follower {
                     return;
                 }
             };
-            for (seq, item) in items {
-                if let Some(s) = seq {
-                    self.cursor = self.cursor.max(s);
+            for (position, item) in items {
+                match position {
+                    Some(Position::After(seq)) => self.cursor = self.cursor.max(seq),
+                    // a cursor ahead of the log continues from where the
+                    // log is (lower), so the events that come are sent
+                    Some(Position::ResetTo(seq)) => self.cursor = seq,
+                    None => {}
+                }
+                if self.stopping() {
+                    self.restarting().await;
+                    return;
                 }
                 if !self.send(Ok(item)).await {
                     return;
                 }
             }
-            let Some(record) = record else {
+            let Some((last, record)) = record else {
                 continue;
             };
+            self.cursor = self.cursor.max(last);
             if (record.lifecycle, record.revision) != shown {
                 shown = (record.lifecycle, record.revision);
                 if !self.send(Ok(status_item(&record))).await {
@@ -505,6 +547,7 @@ impl Follower {
                 return;
             }
             if self.cursor < record.last_event_seq {
+                // committed after the history read: read on
                 continue;
             }
             let mut stopping = false;
@@ -515,11 +558,7 @@ impl Follower {
                 _ = self.stop.wait_for(|s| *s) => stopping = true,
             }
             if stopping {
-                let _ = self
-                    .send(Err(unavailable(
-                        "rvbox-server is restarting; follow again from the last event received",
-                    )))
-                    .await;
+                self.restarting().await;
                 return;
             }
         }
@@ -612,7 +651,12 @@ pub(crate) fn bind(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(path)(e)),
     }
-    let listener = tokio::net::UnixListener::bind(path).map_err(io(path))?;
+    // created owner-only (umask 0177 around the bind, at start-up before
+    // any other thread creates files), then set to 0600 explicitly
+    let previous = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = tokio::net::UnixListener::bind(path);
+    rustix::process::umask(previous);
+    let listener = bound.map_err(io(path))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io(path))?;
     Ok(listener)
 }

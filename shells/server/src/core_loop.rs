@@ -138,6 +138,8 @@ impl CompletionSink for Completions {
 pub(crate) struct CoreThread {
     tx: mpsc::Sender<ToCore>,
     thread: std::thread::JoinHandle<()>,
+    /// Resolves when the thread ends (a stop, or the executor failed).
+    ended: Option<oneshot::Receiver<()>>,
 }
 
 impl CoreThread {
@@ -152,9 +154,12 @@ impl CoreThread {
         let (tx, inbox) = mpsc::channel(INBOX);
         let (ctx, completions) = mpsc::channel(2 * rvbox_engine::thread::EXECUTOR_QUEUE);
         let exec = ExecutorThread::spawn(store, Completions(ctx))?;
+        let (ended_tx, ended) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("rvbox-server-core".into())
             .spawn(move || {
+                // dropped when the thread ends, however it ends
+                let _ended = ended_tx;
                 let rt = match tokio::runtime::Builder::new_current_thread()
                     .enable_time()
                     .build()
@@ -175,11 +180,21 @@ impl CoreThread {
                     batch: Vec::new(),
                     metrics,
                     changes,
+                    executor_failed: false,
                 };
                 rt.block_on(lp.run(inbox, completions));
                 lp.stop_executor();
             })?;
-        Ok(Self { tx, thread })
+        Ok(Self {
+            tx,
+            thread,
+            ended: Some(ended),
+        })
+    }
+
+    /// Resolves when the thread ends; the first call takes it.
+    pub(crate) fn ended(&mut self) -> Option<oneshot::Receiver<()>> {
+        self.ended.take()
     }
 
     /// A sender into the core's inbox.
@@ -207,6 +222,8 @@ struct Loop {
     metrics: Arc<ServerMetrics>,
     /// Bumped after every batch of completions: followers read again.
     changes: tokio::sync::watch::Sender<u64>,
+    /// The executor thread is gone: nothing can become durable any more.
+    executor_failed: bool,
 }
 
 impl Loop {
@@ -245,6 +262,12 @@ impl Loop {
                 () = sleep => self.input(Input::Timeout),
             }
             self.submit();
+            if self.executor_failed {
+                // nothing more can be acknowledged: stop, so the daemon
+                // exits and is restarted (its recovery repairs the rest)
+                tracing::error!("the server core stops: the store executor failed");
+                return;
+            }
         }
     }
 
@@ -406,6 +429,7 @@ impl Loop {
             // durable, so nothing more is acknowledged
             tracing::error!(ops = n, "the store executor is gone");
             self.metrics.executor_gone.inc();
+            self.executor_failed = true;
         }
     }
 

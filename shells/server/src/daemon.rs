@@ -259,7 +259,7 @@ async fn serve(config: ServerConfig) -> i32 {
             return EXIT_START;
         }
     };
-    let thread = match CoreThread::spawn(
+    let mut thread = match CoreThread::spawn(
         core,
         store,
         Clock::new(),
@@ -276,10 +276,30 @@ async fn serve(config: ServerConfig) -> i32 {
     shared.set_core(Some(core_tx.clone()));
     tracing::info!("serving");
 
-    signals.wait().await;
-    tracing::info!(
-        "stop requested: closing agent connections with 1012 and finishing durable writes"
-    );
+    let mut status = EXIT_OK;
+    let ended = thread.ended();
+    let core_ended = async {
+        match ended {
+            Some(e) => {
+                let _ = e.await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = signals.wait() => {
+            tracing::info!(
+                "stop requested: closing agent connections with 1012 and finishing durable writes"
+            );
+        }
+        () = core_ended => {
+            tracing::error!(
+                "the server core stopped on its own (the store executor failed); exiting so a supervisor restarts the server"
+            );
+            shared.set_failed("the store executor failed".into());
+            status = EXIT_START;
+        }
+    }
     // no new work: mutations answer UNAVAILABLE (rvc retries with the
     // same request_id), listeners stop accepting, follows end so their
     // clients resume on the next server
@@ -301,6 +321,12 @@ async fn serve(config: ServerConfig) -> i32 {
         }
     }
     drop(core_tx);
+    // every connection's writer sends its close frame before the runtime
+    // goes
+    let unclosed = shared.sockets_ended(LISTENER_STOP).await;
+    if unclosed > 0 {
+        tracing::warn!(unclosed, "agent connections not closed within the wait");
+    }
     for (name, task) in [
         ("agent listener", agent),
         ("control socket", control_task_handle(control_task)),
@@ -317,7 +343,7 @@ async fn serve(config: ServerConfig) -> i32 {
     let join = tokio::task::spawn_blocking(move || thread.join());
     let _ = join.await;
     tracing::info!("stopped");
-    EXIT_OK
+    status
 }
 
 fn open_store(layout: Layout, opts: rvbox_store::StoreOptions) -> Result<Store, StoreError> {

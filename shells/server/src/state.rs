@@ -5,7 +5,7 @@
 //! Every lock here guards a pointer-sized value or the metrics registry
 //! and is held only to copy or render; none is held across I/O.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use prometheus_client::registry::Registry;
@@ -34,6 +34,21 @@ pub(crate) struct Shared {
     core: RwLock<Option<mpsc::Sender<ToCore>>>,
     /// Why the store could not be opened, when it could not.
     failed: OnceLock<String>,
+    /// Agent sockets whose tasks still run.
+    live_sockets: AtomicUsize,
+    sockets_gone: tokio::sync::Notify,
+}
+
+/// Counts one agent socket until dropped.
+#[derive(Debug)]
+pub(crate) struct LiveSocket<'a>(&'a Shared);
+
+impl Drop for LiveSocket<'_> {
+    fn drop(&mut self) {
+        if self.0.live_sockets.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.sockets_gone.notify_waiters();
+        }
+    }
 }
 
 impl Shared {
@@ -55,6 +70,32 @@ impl Shared {
             health: OnceLock::new(),
             core: RwLock::new(None),
             failed: OnceLock::new(),
+            live_sockets: AtomicUsize::new(0),
+            sockets_gone: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// An agent socket's tasks start; they end when the guard drops.
+    pub(crate) fn socket_started(&self) -> LiveSocket<'_> {
+        self.live_sockets.fetch_add(1, Ordering::AcqRel);
+        LiveSocket(self)
+    }
+
+    /// Waits until every agent socket's tasks ended (their close frames
+    /// written), at most `max`; returns how many were still running.
+    pub(crate) async fn sockets_ended(&self, max: std::time::Duration) -> usize {
+        let until = tokio::time::Instant::now() + max;
+        loop {
+            let waiting = self.sockets_gone.notified();
+            tokio::pin!(waiting);
+            waiting.as_mut().enable();
+            let live = self.live_sockets.load(Ordering::Acquire);
+            if live == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(until, waiting).await.is_err() {
+                return self.live_sockets.load(Ordering::Acquire);
+            }
         }
     }
 

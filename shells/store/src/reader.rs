@@ -174,12 +174,28 @@ impl StoreReader {
         incidents::list(&self.conn, state, after, limit)
     }
 
+    /// Runs `read` in one read transaction: every statement of it sees the
+    /// same committed snapshot.
+    fn snapshot<T>(
+        &self,
+        read: impl FnOnce(&Connection) -> Result<T, OpError>,
+    ) -> Result<T, OpError> {
+        let tx = self
+            .conn
+            .unchecked_transaction()
+            .map_err(|e| StoreError::sqlite("begin read", e))?;
+        let out = read(&tx);
+        // a read-only transaction: ending it commits nothing
+        drop(tx);
+        out
+    }
+
     /// `GetCommand`: one command's operator record.
     ///
     /// # Errors
     /// `NOT_FOUND`, or a store failure.
     pub fn command_record(&self, issue: &[u8; 16]) -> Result<wire::CommandRecord, OpError> {
-        crate::records::command_record(&self.conn, &self.health, issue)
+        self.snapshot(|c| crate::records::command_record(c, &self.health, issue))
     }
 
     /// `ListCommands`: one page (see [`crate::records::list_commands`]).
@@ -190,7 +206,7 @@ impl StoreReader {
         &self,
         req: &wire::ListCommandsRequest,
     ) -> Result<wire::ListCommandsResponse, OpError> {
-        crate::records::list_commands(&self.conn, &self.health, self.token_key, req)
+        self.snapshot(|c| crate::records::list_commands(c, &self.health, self.token_key, req))
     }
 
     /// `ListClients`: one page by client id.
@@ -201,7 +217,7 @@ impl StoreReader {
         &self,
         req: &wire::ListClientsRequest,
     ) -> Result<wire::ListClientsResponse, OpError> {
-        crate::records::list_clients(&self.conn, self.token_key, req)
+        self.snapshot(|c| crate::records::list_clients(c, self.token_key, req))
     }
 
     /// `GetClient`: one client.
@@ -213,7 +229,7 @@ impl StoreReader {
         client_id: &str,
         now_ms: i64,
     ) -> Result<wire::GetClientResponse, OpError> {
-        crate::records::get_client(&self.conn, &self.health, client_id, now_ms)
+        self.snapshot(|c| crate::records::get_client(c, &self.health, client_id, now_ms))
     }
 
     /// The store's scoped health (shared with the writer).
