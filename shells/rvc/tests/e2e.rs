@@ -556,3 +556,31 @@ fn kill_and_stat_refuse_a_command_of_another_client() {
         Some(0)
     );
 }
+
+#[test]
+fn a_command_runs_through_nginx_tls() {
+    let mut s = Stack::server_only();
+    let nginx = support::Nginx::start(s.dir.path(), s.port);
+    s.client_url(
+        &format!("wss://localhost:{}/rvbox/agent", nginx.port),
+        &nginx.ca,
+    );
+    s.start_client();
+    let out = s.rvc(&["run", "web-1", "printf 'through nginx\\n'; exit 9"]);
+    assert_eq!(
+        out.status.code(),
+        Some(9),
+        "{}\n{}",
+        text(&out.stderr),
+        s.logs()
+    );
+    assert_eq!(out.stdout, b"through nginx\n");
+    let log = std::fs::read_to_string(s.dir.path().join("client.log")).unwrap();
+    assert!(
+        log.contains(&format!(
+            "connected url=wss://localhost:{}/rvbox/agent",
+            nginx.port
+        )),
+        "{log}"
+    );
+}

@@ -318,3 +318,173 @@ pub fn issue_of(out: &Output) -> String {
         .trim()
         .to_owned()
 }
+
+/// nginx terminating TLS in front of a server's agent endpoint, as in a
+/// real deployment: a private CA, a certificate for `localhost`, and
+/// nginx in the foreground with its own configuration and prefix.
+pub struct Nginx {
+    child: Child,
+    /// The TLS port.
+    pub port: u16,
+    /// The CA bundle the client trusts.
+    pub ca: PathBuf,
+}
+
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Nginx {
+    /// Starts nginx in `dir` proxying `wss://localhost:PORT/rvbox/agent`
+    /// to the agent endpoint on `agent_port`.
+    pub fn start(dir: &Path, agent_port: u16) -> Self {
+        let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .expect(
+                "nginx is not installed; scripts/test installs it (apt-get install nginx-light)",
+            );
+        let d = dir.join("nginx");
+        std::fs::create_dir_all(d.join("logs")).unwrap();
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        run_ok(
+            Command::new("openssl")
+                .args(["req", "-x509"])
+                .args(ec)
+                .args(["-days", "2", "-subj", "/CN=RVBox test CA"])
+                .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+                .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+                .arg("-keyout")
+                .arg(d.join("ca.key"))
+                .arg("-out")
+                .arg(d.join("ca.crt")),
+        );
+        run_ok(
+            Command::new("openssl")
+                .arg("req")
+                .args(ec)
+                .args(["-subj", "/CN=localhost"])
+                .arg("-keyout")
+                .arg(d.join("server.key"))
+                .arg("-out")
+                .arg(d.join("server.csr")),
+        );
+        std::fs::write(
+            d.join("ext.cnf"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        run_ok(
+            Command::new("openssl")
+                .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
+                .arg("-in")
+                .arg(d.join("server.csr"))
+                .arg("-CA")
+                .arg(d.join("ca.crt"))
+                .arg("-CAkey")
+                .arg(d.join("ca.key"))
+                .arg("-extfile")
+                .arg(d.join("ext.cnf"))
+                .arg("-out")
+                .arg(d.join("server.crt")),
+        );
+        let port = free_port();
+        let conf = format!(
+            r#"daemon off;
+user root;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/logs/error.log info;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/tmp-body;
+    proxy_temp_path {d}/tmp-proxy;
+    fastcgi_temp_path {d}/tmp-fastcgi;
+    uwsgi_temp_path {d}/tmp-uwsgi;
+    scgi_temp_path {d}/tmp-scgi;
+    map $http_upgrade $rvbox_connection_upgrade {{
+        default upgrade;
+        ''      close;
+    }}
+    server {{
+        listen 127.0.0.1:{port} ssl;
+        server_name localhost;
+        ssl_certificate {d}/server.crt;
+        ssl_certificate_key {d}/server.key;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        client_max_body_size 2m;
+        location = /rvbox/agent {{
+            proxy_pass http://127.0.0.1:{agent_port};
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection $rvbox_connection_upgrade;
+            proxy_set_header Host $host;
+            proxy_buffering off;
+            proxy_read_timeout 1h;
+            proxy_send_timeout 1h;
+        }}
+    }}
+}}
+"#,
+            d = d.display()
+        );
+        std::fs::write(d.join("nginx.conf"), conf).unwrap();
+        let child = Command::new(nginx)
+            .arg("-p")
+            .arg(&d)
+            .arg("-c")
+            .arg(d.join("nginx.conf"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < until,
+                "nginx did not start: {}",
+                std::fs::read_to_string(d.join("logs/error.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self {
+            child,
+            port,
+            ca: d.join("ca.crt"),
+        }
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = Stack::term(&mut self.child);
+    }
+}
+
+impl Stack {
+    /// Points the client at `url` (trusting `ca`) instead of the plain
+    /// loopback endpoint; takes effect at the next client start.
+    pub fn client_url(&self, url: &str, ca: &Path) {
+        let path = self.dir.path().join("client.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let plain = format!("ws://127.0.0.1:{}/rvbox/agent", self.port);
+        let text = text.replace(
+            &format!("server_urls = [\"{plain}\"]"),
+            &format!("server_urls = [\"{url}\"]\nca_file = \"{}\"", ca.display()),
+        );
+        std::fs::write(path, text).unwrap();
+    }
+}
