@@ -584,3 +584,88 @@ fn a_command_runs_through_nginx_tls() {
         "{log}"
     );
 }
+
+/// A registered session (hello, welcome, reconciliation, capacity) sends
+/// the message `msg` builds from its session id and generation; returns
+/// the close code and reason the server answered with.
+fn registered_then(
+    port: u16,
+    i: usize,
+    msg: impl FnOnce(&str, u64) -> tokio_tungstenite::tungstenite::Message,
+) -> (u16, String) {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    use tokio_tungstenite::tungstenite::Message;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let (mut ws, sid, generation) = support::agent_client::register_session(i, port).await;
+        let _ = ws.send(msg(&sid, generation)).await;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+                Ok(Some(Ok(Message::Close(Some(f))))) => {
+                    return (u16::from(f.code), f.reason.to_string());
+                }
+                Ok(Some(Ok(_))) => {}
+                other => panic!("no close frame: {other:?}"),
+            }
+        }
+    })
+}
+
+#[test]
+fn a_registered_session_that_misbehaves_is_closed_and_nothing_is_stored() {
+    use rvbox_proto::v1 as wire;
+    use tokio_tungstenite::tungstenite::Message;
+    let s = Stack::server_only();
+    assert_eq!(
+        registered_then(s.port, 1, |_, _| Message::Binary(vec![0xff; 64].into())),
+        (1002, "PROTOCOL_ERROR".into())
+    );
+    assert_eq!(
+        registered_then(s.port, 2, |_, _| Message::Text("hello".into())),
+        (1002, "PROTOCOL_ERROR".into())
+    );
+    assert_eq!(
+        registered_then(s.port, 3, |_, _| Message::Binary(vec![0u8; 2 << 20].into())),
+        (1009, "MESSAGE_TOO_BIG".into())
+    );
+    // output for a command this server never dispatched, in the live
+    // session's envelope
+    let (code, reason) = registered_then(s.port, 4, |sid, generation| {
+        let payload = zstd::bulk::compress(b"not yours\n", 3).unwrap();
+        let event = wire::CommandEvent {
+            issue_uuid: "01a233bb-db10-7210-ae1b-edcc39797600".into(),
+            event_seq: 1,
+            observed_time: None,
+            body: Some(wire::command_event::Body::Output(wire::OutputChunk {
+                stream: wire::OutputStream::Stdout as i32,
+                raw_length: 10,
+                stored_length: u32::try_from(payload.len()).unwrap(),
+                payload,
+            })),
+        };
+        support::agent_client::env(
+            sid,
+            generation,
+            wire::envelope::Payload::CommandEvent(event),
+        )
+    });
+    assert_eq!((code, reason.as_str()), (1002, "PROTOCOL_ERROR"));
+    let (_, metrics) = support::http_get(s.port, "/metrics").unwrap();
+    // the sessions registered (so the frames reached live sessions) and
+    // nothing was appended
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("rvbox_store_sessions_registered_total") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("rvbox_store_events_appended_total 0"),
+        "{metrics}"
+    );
+    let list = text(&s.rvc(&["list"]).stdout);
+    assert_eq!(list.lines().count(), 1, "no command: {list}");
+}

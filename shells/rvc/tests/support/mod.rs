@@ -9,6 +9,9 @@
     unreachable_pub
 )]
 
+#[path = "../../../server/benches/support/agent_client.rs"]
+pub mod agent_client;
+
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
