@@ -40,9 +40,11 @@ pub struct WriteScheduler<T> {
 
 impl<T> Default for WriteScheduler<T> {
     fn default() -> Self {
+        // allocated as frames come (the bounds are checked by length): an
+        // idle connection holds no lane memory
         Self {
-            control: VecDeque::with_capacity(CONTROL_LANE_CAPACITY),
-            data: VecDeque::with_capacity(DATA_LANE_CAPACITY),
+            control: VecDeque::new(),
+            data: VecDeque::new(),
             burst: 0,
         }
     }

@@ -425,7 +425,8 @@ impl Session {
             client_id: None,
             windows: Windows::new(limits.command_window_bytes, limits.session_window_bytes),
             gate_open: true,
-            held: VecDeque::with_capacity(HELD_EVENTS_CAPACITY),
+            // grows as events are held (bounded by length below)
+            held: VecDeque::new(),
             effects: VecDeque::new(),
             config,
         })

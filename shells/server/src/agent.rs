@@ -257,7 +257,8 @@ fn upgrade(req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) -> Re
                     Some(config),
                 )
                 .await;
-                run_socket(ws, conn, core, metrics).await;
+                // the connection's own state, boxed apart from the handshake's
+                Box::pin(run_socket(ws, conn, core, metrics)).await;
             }
             Err(e) => tracing::info!(error = %e, %peer, "agent upgrade did not complete"),
         }
