@@ -338,8 +338,8 @@ async fn serve(config: ServerConfig) -> i32 {
             );
         }
     }
-    // the writers send their close frames; the executor performs what is
-    // queued and the store checkpoints as it closes
+    // the core's thread stops the executor, and the store checkpoints as
+    // it closes
     let join = tokio::task::spawn_blocking(move || thread.join());
     let _ = join.await;
     tracing::info!("stopped");
