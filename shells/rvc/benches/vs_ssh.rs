@@ -192,6 +192,25 @@ fn timed(cmd: &mut Command) -> (Duration, u64) {
     (started.elapsed(), n)
 }
 
+/// The wall time of `n` copies of a command run at once, each to a
+/// successful end.
+fn concurrently(n: usize, make: impl Fn() -> Command) -> Duration {
+    let started = Instant::now();
+    let kids: Vec<_> = (0..n)
+        .map(|_| {
+            make()
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut k in kids {
+        assert!(k.wait().unwrap().success());
+    }
+    started.elapsed()
+}
+
 /// One fdatasync of a 4 KiB write in `dir`.
 fn fsync_probe(dir: &Path) -> Duration {
     let mut f = std::fs::OpenOptions::new()
@@ -283,35 +302,12 @@ fn main() {
         seq_ssh.push(started.elapsed());
     }
     for _ in 0..n {
-        let started = Instant::now();
-        let kids: Vec<_> = (0..8)
-            .map(|_| {
-                rvc(&["run", "web-1", "true"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        for mut k in kids {
-            assert!(k.wait().unwrap().success());
-        }
-        conc_rvc.push(started.elapsed());
-        let started = Instant::now();
-        let kids: Vec<_> = (0..8)
-            .map(|_| {
-                sshd.ssh(true, &[])
-                    .arg("true")
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        for mut k in kids {
-            assert!(k.wait().unwrap().success());
-        }
-        conc_ssh.push(started.elapsed());
+        conc_rvc.push(concurrently(8, || rvc(&["run", "web-1", "true"])));
+        conc_ssh.push(concurrently(8, || {
+            let mut c = sshd.ssh(true, &[]);
+            c.arg("true");
+            c
+        }));
         probe.push(fsync_probe(&probe_dir));
     }
     println!();

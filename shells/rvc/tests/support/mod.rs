@@ -55,13 +55,12 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// A server on a free port, ready.
-    pub fn server_only() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let mut s = Self {
-            dir,
-            port,
+    /// Free ports and a private directory with both configurations;
+    /// nothing started.
+    fn configured() -> Self {
+        let s = Self {
+            dir: tempfile::tempdir().unwrap(),
+            port: free_port(),
             client_health: free_port(),
             server_metrics: free_port(),
             server: None,
@@ -69,6 +68,12 @@ impl Stack {
             restarts: 0,
         };
         s.write_configs();
+        s
+    }
+
+    /// A server on a free port, ready.
+    pub fn server_only() -> Self {
+        let mut s = Self::configured();
         s.start_server();
         s
     }
@@ -123,18 +128,7 @@ impl Stack {
 
     /// A server whose soft file-descriptor limit is `limit`, ready.
     pub fn server_with_fd_limit(limit: u32) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let mut s = Self {
-            dir,
-            port,
-            client_health: free_port(),
-            server_metrics: free_port(),
-            server: None,
-            client: None,
-            restarts: 0,
-        };
-        s.write_configs();
+        let mut s = Self::configured();
         let child = Command::new("sh")
             .arg("-c")
             .arg(format!("ulimit -n {limit} && exec \"$0\" --config \"$1\""))
