@@ -173,6 +173,10 @@ pub fn supervisor_config(
     c.kill_grace = cfg.exec.kill_grace;
     c.diagnostics_interval = cfg.exec.diagnostics_interval;
     c.suspected_hung_after = cfg.exec.suspected_hung_after;
+    c.handover = rvbox_supervisor::HandoverBounds::for_watermarks(
+        cfg.flow.command_high_watermark,
+        cfg.flow.daemon_high_watermark,
+    );
     for kind in cfg.shells.advertised() {
         if let Some(s) = cfg.shells.executable_for(kind) {
             c.shells.insert(s.executable().to_path_buf(), s.identity());

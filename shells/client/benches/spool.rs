@@ -297,7 +297,7 @@ fn main() {
             r.kept as f64 / 1e6,
             r.dropped as f64 / 1e6,
             r.rss_growth_kib as f64 / 1024.0,
-            8.0 + rvbox_supervisor::MAX_HANDOVER_BYTES as f64 / 1_048_576.0
+            8.0 + rvbox_supervisor::DEFAULT_HANDOVER_BYTES as f64 / 1_048_576.0
         );
     }
     println!(

@@ -44,6 +44,34 @@ fn foreground_run_returns_output_and_exit_status_byte_for_byte() {
 }
 
 #[test]
+fn a_configured_backlog_larger_than_a_burst_keeps_every_byte_of_a_fast_child() {
+    // `cat` writes 8 MiB at pipe speed, far faster than the spool makes it
+    // durable; with the defaults (1 MiB per command) most of it goes into
+    // loss markers. With a raw backlog larger than the burst, the pipe
+    // readers' hand-over grows with it and nothing is lost.
+    let s = Stack::with_client_config(
+        "[flow]\ncommand_high_watermark = \"32MiB\"\ncommand_low_watermark = \"16MiB\"\ndaemon_high_watermark = \"64MiB\"\ndaemon_low_watermark = \"32MiB\"\n",
+    );
+    let mut data = vec![0u8; 8 << 20];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for b in &mut data {
+        // xorshift: incompressible, so the spool writes all 8 MiB
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = (x >> 24) as u8;
+    }
+    let file = s.work().join("burst.bin");
+    std::fs::write(&file, &data).unwrap();
+    let out = s.rvc(&["run", "web-1", &format!("cat {}", file.display())]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}\n{}", s.logs());
+    assert!(!err.contains("lost"), "{err}");
+    assert_eq!(out.stdout.len(), data.len(), "{err}");
+    assert!(out.stdout == data, "the bytes differ");
+}
+
+#[test]
 fn background_command_is_followed_later_and_listed() {
     let s = Stack::new();
     let out = s.rvc(&["run", "--background", "web-1", "echo later; exit 0"]);

@@ -22,8 +22,8 @@ use rvbox_proto::v1 as wire;
 /// of output that alternates between the streams in tiny writes.
 pub(crate) const OUTPUT_QUEUE_ITEMS: usize = 1024;
 /// Chunk bytes (with [`ITEM_CHARGE`] per item) one command may have
-/// waiting.
-pub(crate) const OUTPUT_QUEUE_BYTES: u64 = 2 * 1024 * 1024;
+/// waiting, by default (twice the default per-command high watermark).
+pub const DEFAULT_COMMAND_HANDOVER_BYTES: u64 = 2 * 1024 * 1024;
 /// What one queued item is charged at least, for its bookkeeping: tiny
 /// chunks cannot hold more memory than the byte bounds say.
 pub(crate) const ITEM_CHARGE: u64 = 256;
@@ -31,8 +31,44 @@ pub(crate) const ITEM_CHARGE: u64 = 256;
 /// queue together: the hand-over holds at most this much whatever the
 /// number of commands (a reader whose chunk does not fit counts it as
 /// dropped), so the daemon's memory is bounded by the spool's backlog plus
-/// this constant.
-pub const MAX_QUEUED_BYTES: u64 = 4 * 1024 * 1024;
+/// this bound. The default is half the default daemon high watermark.
+pub const DEFAULT_HANDOVER_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The hand-over's byte bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandoverBounds {
+    /// Chunk bytes one command may have waiting.
+    pub command_bytes: u64,
+    /// Chunk bytes every command together may have waiting.
+    pub total_bytes: u64,
+}
+
+impl Default for HandoverBounds {
+    fn default() -> Self {
+        Self {
+            command_bytes: DEFAULT_COMMAND_HANDOVER_BYTES,
+            total_bytes: DEFAULT_HANDOVER_BYTES,
+        }
+    }
+}
+
+impl HandoverBounds {
+    /// The bounds that go with the spool's raw-backlog high watermarks:
+    /// twice the per-command one per command, half the daemon one in all
+    /// (2 MiB and 4 MiB for the 1 MiB and 8 MiB defaults), and never less
+    /// than two whole chunks. A larger configured backlog is then usable
+    /// end to end, and the daemon's output in flight stays within
+    /// 1.5 times the daemon high watermark.
+    #[must_use]
+    pub fn for_watermarks(command_high: u64, daemon_high: u64) -> Self {
+        let floor = 2 * crate::pipes::READ_CHUNK_BYTES as u64;
+        let total_bytes = (daemon_high / 2).max(floor);
+        Self {
+            command_bytes: command_high.saturating_mul(2).clamp(floor, total_bytes),
+            total_bytes,
+        }
+    }
+}
 /// Essential messages waiting for `next_event`, all commands together. The
 /// producers are the supervisor's own threads (never a pipe reader); when
 /// it is full they wait for room.
@@ -146,6 +182,7 @@ struct State<C> {
 pub(crate) struct Hub<C> {
     state: Mutex<State<C>>,
     cond: Condvar,
+    bounds: HandoverBounds,
 }
 
 /// What remained of a closed output queue.
@@ -157,8 +194,9 @@ pub(crate) struct Closed {
 }
 
 impl<C> Hub<C> {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(bounds: HandoverBounds) -> Self {
         Self {
+            bounds,
             state: Mutex::new(State {
                 generation: 0,
                 woken: false,
@@ -223,8 +261,8 @@ impl<C> Hub<C> {
             _ => item_charge(n),
         };
         let room = (joinable || q.items.len() < OUTPUT_QUEUE_ITEMS)
-            && q.bytes.saturating_add(charge) <= OUTPUT_QUEUE_BYTES
-            && st.queued_bytes.saturating_add(charge) <= MAX_QUEUED_BYTES;
+            && q.bytes.saturating_add(charge) <= self.bounds.command_bytes
+            && st.queued_bytes.saturating_add(charge) <= self.bounds.total_bytes;
         if room && q.stream_mut(stream).pending.is_none() {
             q.bytes = q.bytes.saturating_add(charge);
             st.queued_bytes = st.queued_bytes.saturating_add(charge);
@@ -403,8 +441,36 @@ mod tests {
     }
 
     #[test]
+    fn the_handover_follows_the_spool_watermarks() {
+        let d = HandoverBounds::for_watermarks(1 << 20, 8 << 20);
+        assert_eq!(d, HandoverBounds::default(), "the defaults go together");
+        let big = HandoverBounds::for_watermarks(32 << 20, 64 << 20);
+        assert_eq!((big.command_bytes, big.total_bytes), (32 << 20, 32 << 20));
+        let tiny = HandoverBounds::for_watermarks(1, 2);
+        assert_eq!(
+            (tiny.command_bytes, tiny.total_bytes),
+            (128 << 10, 128 << 10)
+        );
+        // a larger bound is used: 8 MiB fits in one command's queue
+        let hub: Hub<()> = Hub::new(big);
+        let id = issue();
+        hub.open(id);
+        for _ in 0..128 {
+            hub.push_output(&id, wire::OutputStream::Stdout, vec![7; 64 * 1024], 1);
+        }
+        let mut kept = 0;
+        while let Some(item) = hub.pop_output(&id) {
+            match item {
+                OutItem::Chunk { bytes, .. } => kept += bytes.len(),
+                OutItem::Dropped { .. } => panic!("nothing is dropped within the bound"),
+            }
+        }
+        assert_eq!(kept, 8 << 20);
+    }
+
+    #[test]
     fn every_queue_together_holds_at_most_the_handover_bound() {
-        let hub: Hub<()> = Hub::new();
+        let hub: Hub<()> = Hub::new(HandoverBounds::default());
         let out = wire::OutputStream::Stdout;
         let ids: Vec<Uuid7> = (0..16u32)
             .map(|n| {
@@ -421,8 +487,11 @@ mod tests {
             }
         }
         let queued = hub.lock().queued_bytes;
-        assert!(queued <= MAX_QUEUED_BYTES, "{queued}");
-        assert_eq!(queued, MAX_QUEUED_BYTES, "the bound is used, not undershot");
+        assert!(queued <= DEFAULT_HANDOVER_BYTES, "{queued}");
+        assert_eq!(
+            queued, DEFAULT_HANDOVER_BYTES,
+            "the bound is used, not undershot"
+        );
         // every byte is a chunk or counted dropped, and popping frees room
         let (mut chunks, mut dropped) = (0u64, 0u64);
         for id in &ids {
@@ -445,7 +514,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_counts_exact_bytes_and_keeps_order() {
-        let hub: Hub<()> = Hub::new();
+        let hub: Hub<()> = Hub::new(HandoverBounds::default());
         let id = issue();
         hub.open(id);
         let (out, err) = (wire::OutputStream::Stdout, wire::OutputStream::Stderr);
@@ -503,7 +572,7 @@ mod tests {
 
     #[test]
     fn tiny_chunks_of_one_stream_join_the_last_one() {
-        let hub: Hub<()> = Hub::new();
+        let hub: Hub<()> = Hub::new(HandoverBounds::default());
         let id = issue();
         hub.open(id);
         let out = wire::OutputStream::Stdout;
@@ -529,7 +598,7 @@ mod tests {
 
     #[test]
     fn eof_counts_only_once_the_stream_is_delivered() {
-        let hub: Hub<()> = Hub::new();
+        let hub: Hub<()> = Hub::new(HandoverBounds::default());
         let id = issue();
         hub.open(id);
         hub.push_output(&id, wire::OutputStream::Stderr, vec![1], 1);

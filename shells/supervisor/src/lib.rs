@@ -48,7 +48,7 @@ mod unix;
 #[cfg(unix)]
 pub use cgroup::{CgroupLayout, CommandCgroups, V1Controller, V1Layout, V2Layout};
 #[cfg(unix)]
-pub use hub::MAX_QUEUED_BYTES as MAX_HANDOVER_BYTES;
+pub use hub::{DEFAULT_COMMAND_HANDOVER_BYTES, DEFAULT_HANDOVER_BYTES, HandoverBounds};
 #[cfg(unix)]
 pub use launcher::{LAUNCHER_MODE_ARG, launcher_main};
 #[cfg(unix)]

@@ -37,7 +37,7 @@ use crate::cgroup::{self, CgroupLayout, CommandCgroups, Refusal};
 use crate::channel::{self, ChildEnds};
 use crate::diag::{self, Diagnostics};
 use crate::frame::{self, FrameError, Record};
-use crate::hub::{Hub, OutItem};
+use crate::hub::{HandoverBounds, Hub, OutItem};
 use crate::launcher::{self, ENV_PREFIX, LAUNCHER_MODE_ARG};
 use crate::pipes::{self, StdinOp, StdinSink};
 use crate::procfs;
@@ -48,10 +48,13 @@ const LAUNCHER_READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a launcher has to exit once it should (and again after it was
 /// killed) before the supervisor stops waiting for it.
 const LAUNCHER_EXIT_WAIT: Duration = Duration::from_secs(5);
-/// Poll interval of the one-connection accept.
+/// Longest wait of the one-connection accept between looks at the
+/// cancel flag and the launcher (a connection wakes it at once).
 const ACCEPT_POLL: Duration = Duration::from_millis(2);
 /// Poll interval while waiting for a launcher to become a zombie.
 const EXIT_POLL: Duration = Duration::from_millis(5);
+/// The first of those looks after a launcher closed its channel.
+const FIRST_EXIT_POLL: Duration = Duration::from_micros(200);
 /// How often a draining tree is checked for emptiness.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
 /// After the residual kill, how long the pipes have to reach end of file.
@@ -98,6 +101,8 @@ pub struct SupervisorConfig {
     /// a shell that is not listed, or whose identity changed, refuses the
     /// launch permanently (never a fallback).
     pub shells: BTreeMap<PathBuf, ExecutableIdentity>,
+    /// Bounds of the pipe readers' hand-over (see [`HandoverBounds`]).
+    pub handover: HandoverBounds,
 }
 
 /// The identity of a validated executable (plan §4.3 item 6), as the
@@ -137,6 +142,7 @@ impl SupervisorConfig {
             max_trees: DEFAULT_MAX_TREES,
             force_process_group: false,
             shells: BTreeMap::new(),
+            handover: HandoverBounds::default(),
         }
     }
 
@@ -319,7 +325,21 @@ fn accept_one(ctx: &ControlCtx, deadline: Instant) -> Result<UnixStream, LaunchF
                 if peek_exit(ctx.launcher_pid).is_some() {
                     return Err(transient("the launcher exited before it connected"));
                 }
-                std::thread::sleep(ACCEPT_POLL);
+                // wakes as soon as the launcher connects, and looks at
+                // the cancel flag and the launcher at least every poll
+                let timeout = rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: i64::from(ACCEPT_POLL.subsec_nanos()),
+                };
+                let mut fds = [rustix::event::PollFd::new(
+                    &ctx.listener,
+                    rustix::event::PollFlags::IN,
+                )];
+                if let Err(e) = rustix::event::poll(&mut fds, Some(&timeout))
+                    && e != rustix::io::Errno::INTR
+                {
+                    return Err(transient(format!("release socket poll: {e}")));
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(transient(format!("release socket accept: {e}"))),
@@ -502,6 +522,9 @@ fn forward(ctx: &ControlCtx, stream: &UnixStream) {
 
 fn wait_gone(ctx: &ControlCtx) {
     let deadline = Instant::now() + LAUNCHER_EXIT_WAIT;
+    // a launcher that closed its channel is exiting: look again soon,
+    // then less often (most are gone within a millisecond)
+    let mut pause = FIRST_EXIT_POLL;
     let exit = loop {
         if let Some(exit) = peek_exit(ctx.launcher_pid) {
             break Some(exit);
@@ -510,7 +533,8 @@ fn wait_gone(ctx: &ControlCtx) {
             tracing::warn!(issue = %ctx.issue, pid = ctx.launcher_pid, "launcher closed its channel but has not exited");
             break None;
         }
-        std::thread::sleep(EXIT_POLL);
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(EXIT_POLL);
     };
     tracing::debug!(issue = %ctx.issue, pid = ctx.launcher_pid, ?exit, "launcher gone");
     ctx.hub.post(ctx.issue, Internal::LauncherGone(exit));
@@ -602,7 +626,7 @@ impl UnixSupervisor {
             v1 = ?layout.v1.iter().map(|l| l.controller.name()).collect::<Vec<_>>(),
             "process supervision layout detected"
         );
-        let hub = Arc::new(Hub::new());
+        let hub = Arc::new(Hub::new(config.handover));
         let to_hub = Arc::clone(&hub);
         let diag = Diagnostics::start(
             config.diagnostics_interval,

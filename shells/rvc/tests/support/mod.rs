@@ -85,6 +85,19 @@ impl Stack {
         s
     }
 
+    /// A server and a connected client `web-1` whose configuration has
+    /// `extra` (TOML sections) appended.
+    pub fn with_client_config(extra: &str) -> Self {
+        let mut s = Self::configured();
+        let path = s.dir.path().join("client.toml");
+        let mut toml = std::fs::read_to_string(&path).unwrap();
+        toml.push_str(extra);
+        std::fs::write(&path, toml).unwrap();
+        s.start_server();
+        s.start_client();
+        s
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.dir.path().join("run/control.sock")
     }
