@@ -101,7 +101,7 @@ impl ServerCore {
                 }
                 self.conns.insert(
                     conn,
-                    Conn {
+                    Box::new(Conn {
                         session,
                         client: None,
                         session_key: None,
@@ -117,7 +117,7 @@ impl ServerCore {
                         data_blocked: false,
                         signals_blocked: std::collections::BTreeSet::new(),
                         close_detail: None,
-                    },
+                    }),
                 );
             }
             Err(e) => {

@@ -348,7 +348,9 @@ pub struct ServerCore {
     entropy: Arc<dyn Entropy>,
     config: SessionConfig,
     retry: RetryPolicy,
-    conns: BTreeMap<ConnId, Conn>,
+    /// Boxed: a map node then holds pointers, not eleven whole
+    /// connections (most of which would be empty slots).
+    conns: BTreeMap<ConnId, Box<Conn>>,
     clients: BTreeMap<String, ClientState>,
     ready: ReadyQueue<String>,
     out: VecDeque<Output>,

@@ -502,7 +502,13 @@ impl Session {
     /// The next effect to perform, in order.
     #[must_use]
     pub fn poll_effect(&mut self) -> Option<Effect> {
-        self.effects.pop_front()
+        let effect = self.effects.pop_front();
+        if self.effects.is_empty() && self.effects.capacity() > 0 {
+            // an idle session keeps no room for effects (each is a few
+            // hundred bytes, and most sessions are idle most of the time)
+            self.effects = VecDeque::new();
+        }
+        effect
     }
 
     /// Feeds one input at monotonic `now_ms`. A `now_ms` earlier than a

@@ -42,6 +42,7 @@ use tokio_tungstenite::tungstenite::{self, Message};
 
 use crate::core_loop::{ToCore, ToWriter, WRITER_QUEUE};
 use crate::state::Shared;
+use crate::writer_queue::{WriterRx, writer_queue};
 
 /// A frame not written within this long ends its connection.
 pub(crate) const WRITE_DEADLINE: Duration = Duration::from_secs(10);
@@ -214,7 +215,7 @@ fn header_has_token(req: &Request<Incoming>, name: header::HeaderName, token: &s
     })
 }
 
-fn upgrade(req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) -> Response<Body> {
+fn upgrade(mut req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) -> Response<Body> {
     if req.method() != Method::GET {
         return refuse(shared, StatusCode::METHOD_NOT_ALLOWED, "method", peer);
     }
@@ -245,11 +246,14 @@ fn upgrade(req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) -> Re
     let config = ws_config(shared.max_envelope);
     let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     let metrics = Arc::clone(shared);
-    // the upgrade completes after this response is written; the handshake
-    // state lives in its own boxed task and is gone once the socket is a
-    // WebSocket
-    tokio::spawn(Box::pin(async move {
-        match hyper::upgrade::on(req).await {
+    // the upgrade completes after this response is written. The handshake
+    // holds only the upgrade's handle (not the request) in its own task,
+    // which starts the connection's task and ends: an idle connection
+    // keeps none of the handshake's state.
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    drop(req);
+    tokio::spawn(async move {
+        match on_upgrade.await {
             Ok(upgraded) => {
                 let ws = WebSocketStream::from_raw_socket(
                     TokioIo::new(upgraded),
@@ -257,12 +261,12 @@ fn upgrade(req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) -> Re
                     Some(config),
                 )
                 .await;
-                // the connection's own state, boxed apart from the handshake's
-                Box::pin(run_socket(ws, conn, core, metrics)).await;
+                let (sink, stream) = ws.split();
+                tokio::spawn(run_socket(sink, stream, conn, core, metrics));
             }
             Err(e) => tracing::info!(error = %e, %peer, "agent upgrade did not complete"),
         }
-    }));
+    });
     let mut r = Response::new(Full::new(Bytes::new()));
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = r.headers_mut();
@@ -274,9 +278,15 @@ fn upgrade(req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) -> Re
     r
 }
 
-async fn run_socket(ws: Ws, conn: ConnId, core: mpsc::Sender<ToCore>, shared: Arc<Shared>) {
+async fn run_socket(
+    sink: futures_util::stream::SplitSink<Ws, Message>,
+    stream: futures_util::stream::SplitStream<Ws>,
+    conn: ConnId,
+    core: mpsc::Sender<ToCore>,
+    shared: Arc<Shared>,
+) {
     let _live = shared.socket_started();
-    let (writer_tx, writer_rx) = mpsc::channel(WRITER_QUEUE);
+    let (writer_tx, writer_rx) = writer_queue(WRITER_QUEUE);
     if core
         .send(ToCore::Open {
             conn,
@@ -288,7 +298,6 @@ async fn run_socket(ws: Ws, conn: ConnId, core: mpsc::Sender<ToCore>, shared: Ar
         return;
     }
     tracing::debug!(conn, "agent connection open");
-    let (sink, stream) = ws.split();
     let (close_tx, close_rx) = oneshot::channel();
     let (done_tx, done_rx) = oneshot::channel::<()>();
     let writer = tokio::spawn(write_loop(
@@ -379,7 +388,7 @@ async fn read_loop(
 
 async fn write_loop(
     mut sink: futures_util::stream::SplitSink<Ws, Message>,
-    mut rx: mpsc::Receiver<ToWriter>,
+    mut rx: WriterRx<ToWriter>,
     mut reader_close: oneshot::Receiver<ReaderClose>,
     _done: oneshot::Sender<()>,
     conn: ConnId,
@@ -428,7 +437,7 @@ async fn write_loop(
                 }
             }
             if written < WRITE_BURST {
-                item = rx.try_recv().ok();
+                item = rx.try_recv();
             }
         }
         if written > 0 {

@@ -25,6 +25,7 @@ use rvbox_store_port::ops::{OpResult, OpToken};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::ServerMetrics;
+use crate::writer_queue::{TrySendError, WriterTx};
 
 /// Messages the core's inbox holds before senders wait (readers never
 /// wait: a frame that finds it full closes its connection).
@@ -59,7 +60,7 @@ pub(crate) enum ToCore {
         /// The connection.
         conn: ConnId,
         /// Its writer's queue.
-        writer: mpsc::Sender<ToWriter>,
+        writer: WriterTx<ToWriter>,
     },
     /// An input about a connection (frame, ping, pong, written,
     /// disconnected).
@@ -215,7 +216,7 @@ struct Loop {
     core: ServerCore,
     exec: Option<ExecutorThread>,
     clock: Clock,
-    writers: BTreeMap<ConnId, mpsc::Sender<ToWriter>>,
+    writers: BTreeMap<ConnId, WriterTx<ToWriter>>,
     replies: BTreeMap<RequestId, oneshot::Sender<ControlAnswer>>,
     next_request: u64,
     batch: rvbox_engine::thread::Batch,
@@ -393,8 +394,8 @@ impl Loop {
             Ok(()) => None,
             // the writer ended (its socket failed): the reader reports
             // the disconnection
-            Err(mpsc::error::TrySendError::Closed(_)) => None,
-            Err(mpsc::error::TrySendError::Full(_)) => {
+            Err(TrySendError::Closed(_)) => None,
+            Err(TrySendError::Full(_)) => {
                 // the core's writer window makes this unreachable; named,
                 // not assumed
                 tracing::error!(conn, control, "writer queue full");

@@ -12,6 +12,7 @@ mod daemon;
 mod metrics;
 mod repair;
 mod state;
+mod writer_queue;
 
 const ABOUT: &str =
     "RVBox server: durable command queue, agent WebSocket endpoint and control socket";
