@@ -71,7 +71,8 @@ pub struct IngestQueue {
 /// §5.3, `storage.group_commit_max_delay` / `_max_batch`) on the core's
 /// injected monotonic clock. A group goes to the store as soon as a writer
 /// slot is free and it is full (`max_events` events or
-/// [`GROUP_MAX_BYTES`]), or once its oldest event has waited `max_delay_ms`.
+/// [`GROUP_MAX_BYTES`]), or no other group is with the store, or once its
+/// oldest event has waited `max_delay_ms`.
 /// The delay is a maximum batching delay, never permission to acknowledge
 /// early: an event's ack still waits for its group's completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -368,14 +369,18 @@ impl ServerCore {
     /// Forms append groups while fewer than [`GROUPS_IN_FLIGHT`] are with
     /// the store.
     /// When the queued events' group is due under the group policy: now
-    /// when it is full, else when its oldest event has waited the delay.
+    /// when it is full or the store has no group, else when its oldest
+    /// event has waited the delay.
     pub(crate) fn group_due_at(&self) -> Option<u64> {
         if self.ingest.queued() == 0 || self.groups_in_flight >= GROUPS_IN_FLIGHT {
             return None;
         }
         let full = self.ingest.queued() >= self.group_policy.max_events
             || self.ingest.queued_bytes() >= GROUP_MAX_BYTES;
-        if full {
+        // an idle store has nothing for a group to wait behind: a lone
+        // event goes at once, and under load the events that arrive while
+        // a group is being written form the next one
+        if full || self.groups_in_flight == 0 {
             return Some(self.now_ms);
         }
         let since = self.ingest_since.unwrap_or(self.now_ms);

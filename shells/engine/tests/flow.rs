@@ -389,7 +389,7 @@ fn the_session_audit_trail_commits_with_its_effects_and_floods_are_rate_limited(
 }
 
 #[test]
-fn appends_wait_for_their_group_by_the_injected_clock_and_a_full_group_goes_at_once() {
+fn appends_go_at_once_to_an_idle_store_gather_behind_a_group_and_a_full_group_goes_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let mut e = engine(dir.path());
     let cmd = new_id();
@@ -432,35 +432,46 @@ fn appends_wait_for_their_group_by_the_injected_clock_and_a_full_group_goes_at_o
             .filter(|(_, f)| matches!(f.payload, Some(Payload::EventAck(_))))
             .count()
     };
+    // the store's answers wait for `deliver`, so a group stays in flight
+    e.set_deferred(true);
     let groups_before = e.group_stats().0;
-    // three events at t=100: below the batch, so they wait for the delay
-    for seq in 1..=3 {
+    let groups = |e: &mut Engine| {
+        e.perform(usize::MAX);
+        e.group_stats().0 - groups_before
+    };
+    // an idle store: a lone event goes at once
+    e.frame(100, WALL, 1, output(1));
+    assert_eq!(groups(&mut e), 1, "the first event does not wait");
+    // two more arrive while that group is being written: they wait for
+    // the delay (or for it to complete)
+    for seq in 2..=3 {
         e.frame(100, WALL, 1, output(seq));
     }
-    let (frames, _) = drain(&mut e);
-    assert_eq!(acks(&frames), 0, "nothing is acknowledged before its group");
+    assert_eq!(groups(&mut e), 1, "events behind a group gather");
     assert_eq!(
         e.next_deadline(),
         Some(110),
         "the timer is the group's delay"
     );
     e.tick(109, WALL);
-    assert_eq!(acks(&drain(&mut e).0), 0);
+    assert_eq!(groups(&mut e), 1);
     e.tick(110, WALL);
+    assert_eq!(groups(&mut e), 2, "one group for both, at the delay");
+    let (frames, _) = drain(&mut e);
+    assert_eq!(acks(&frames), 0, "nothing is acknowledged before its group");
+    e.run_until_idle(111, WALL);
     let (frames, _) = drain(&mut e);
     assert!(acks(&frames) >= 1, "{frames:?}");
-    assert_eq!(
-        e.group_stats().0,
-        groups_before + 1,
-        "one group for all three"
-    );
     assert_eq!(e.command(&cmd).unwrap().last_event_seq, 3);
-    // four more fill a group: it goes at once, without the delay
-    for seq in 4..=7 {
+    // with a group in flight, four more fill a group: it goes at once,
+    // without the delay
+    e.frame(200, WALL, 1, output(4));
+    assert_eq!(groups(&mut e), 3);
+    for seq in 5..=8 {
         e.frame(200, WALL, 1, output(seq));
     }
-    let (frames, _) = drain(&mut e);
-    assert!(acks(&frames) >= 1, "{frames:?}");
-    assert_eq!(e.group_stats().0, groups_before + 2);
-    assert_eq!(e.command(&cmd).unwrap().last_event_seq, 7);
+    assert_eq!(groups(&mut e), 4, "a full group does not wait");
+    e.run_until_idle(201, WALL);
+    drain(&mut e);
+    assert_eq!(e.command(&cmd).unwrap().last_event_seq, 8);
 }
