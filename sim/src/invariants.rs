@@ -638,8 +638,26 @@ impl Checker {
             .map(|(k, v)| (*k, *v))
             .collect();
         for (issue, prev) in gone {
-            // plan §5.4: retention reclaims terminal commands only
-            if !prev.lifecycle.is_terminal() {
+            // plan §5.4: retention reclaims terminal commands only. A
+            // command can end and be reclaimed between two observations
+            // (its terminal event and an eviction in one executor batch):
+            // its tombstone then says how it ended.
+            let ended_unseen = !prev.lifecycle.is_terminal()
+                && db
+                    .query_row_cached(
+                        "SELECT COALESCE((SELECT lifecycle FROM command_tombstones
+                             WHERE issue_uuid = ?1), 0)",
+                        [issue.as_slice()],
+                        |r| r.get::<_, i64>(0),
+                    )
+                    .map_err(sql("read a tombstone"))
+                    .map(|l| {
+                        i32::try_from(l)
+                            .ok()
+                            .and_then(|l| Lifecycle::from_wire(l).ok())
+                            .is_some_and(Lifecycle::is_terminal)
+                    })?;
+            if !prev.lifecycle.is_terminal() && !ended_unseen {
                 out.push(Violation {
                     invariant: Invariant::LegalLifecycle,
                     issue_uuid: Some(uuid_text(&issue)),

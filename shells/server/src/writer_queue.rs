@@ -172,7 +172,10 @@ mod tests {
         tokio::task::yield_now().await;
         tx.try_send(2).unwrap();
         drop(tx);
-        assert_eq!(writer.await.unwrap(), vec![1, 2]);
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), writer)
+            .await
+            .expect("the writer woke for every item and for the end");
+        assert_eq!(got.unwrap(), vec![1, 2]);
     }
 
     #[test]
