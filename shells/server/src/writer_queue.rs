@@ -158,24 +158,27 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_waiting_writer_wakes_for_an_item_and_ends_with_the_sender() {
+    async fn a_waiting_writer_wakes_for_each_item_and_ends_with_the_sender() {
         let (tx, mut rx) = writer_queue::<u32>(4);
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
         let writer = tokio::spawn(async move {
-            let mut got = Vec::new();
             while let Some(i) = rx.recv().await {
-                got.push(i);
+                let _ = seen_tx.send(i);
             }
-            got
         });
-        tokio::task::yield_now().await;
-        tx.try_send(1).unwrap();
-        tokio::task::yield_now().await;
-        tx.try_send(2).unwrap();
+        let within = std::time::Duration::from_secs(5);
+        for i in 1..=3 {
+            // the writer is waiting by now: the item itself must wake it
+            tokio::task::yield_now().await;
+            tx.try_send(i).unwrap();
+            let got = tokio::time::timeout(within, seen.recv()).await;
+            assert_eq!(got.ok().flatten(), Some(i), "the writer woke for item {i}");
+        }
         drop(tx);
-        let got = tokio::time::timeout(std::time::Duration::from_secs(5), writer)
+        tokio::time::timeout(within, writer)
             .await
-            .expect("the writer woke for every item and for the end");
-        assert_eq!(got.unwrap(), vec![1, 2]);
+            .expect("the writer ends with the sender")
+            .unwrap();
     }
 
     #[test]
