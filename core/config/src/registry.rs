@@ -518,7 +518,7 @@ pub static CLIENT_KEYS: &[KeyDef] = &[
         .ceiling(l::MAX_TOMBSTONES),
     // [flow]
     KeyDef::bytes("flow.command_high_watermark", l::DEFAULT_COMMAND_HIGH_WATERMARK_BYTES,
-        "Raw-output backlog per command at which output enters loss mode."),
+        "Raw-output backlog per command at which output enters loss mode. The pipe readers' hand-over grows with the two high watermarks (twice this per command, half flow.daemon_high_watermark in all), so output in flight stays within 1.5 times flow.daemon_high_watermark. A child is never blocked: a burst larger than the backlog that the spool cannot make durable in time goes into CLIENT_OVERLOAD markers."),
     KeyDef::bytes("flow.command_low_watermark", l::DEFAULT_COMMAND_LOW_WATERMARK_BYTES,
         "Raw-output backlog per command at which loss mode ends."),
     KeyDef::bytes("flow.daemon_high_watermark", l::DEFAULT_CLIENT_HIGH_WATERMARK_BYTES,
