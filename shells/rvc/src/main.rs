@@ -36,7 +36,8 @@ const DEFAULT_SOCKET: &str = "/run/rvbox-server/control.sock";
                   (10 + the RVBox error code); 29-33 for a command that ended without \
                   running to completion; 69 when the server cannot be reached; 130 when \
                   rvc itself is interrupted (the command keeps running). See docs/cli.md.",
-    disable_help_subcommand = true
+    disable_help_subcommand = true,
+    max_term_width = 80
 )]
 struct Cli {
     /// Path of rvbox-server's control socket.
@@ -99,6 +100,53 @@ enum Cmd {
         #[arg(num_args = 2..=3, value_names = ["SIGNAL", "CLIENT", "UUID"])]
         args: Vec<String>,
     },
+    /// Print the completion script for a shell (bash, zsh or fish) to
+    /// stdout, e.g. `rvc completions bash > /etc/bash_completion.d/rvc`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+    /// Print rvc's manual page (roff) to stdout, e.g.
+    /// `rvc man > /usr/local/share/man/man1/rvc.1`.
+    Man,
+}
+
+/// The shells completions are generated for.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// Writes a completion script or the manual page generated from rvc's own
+/// argument definitions (they cannot drift from what rvc accepts).
+fn generate(cmd: &Cmd) -> Option<u8> {
+    use clap::CommandFactory as _;
+    let mut out = std::io::stdout().lock();
+    let written = match cmd {
+        Cmd::Completions { shell } => {
+            let shell = match shell {
+                CompletionShell::Bash => clap_complete::Shell::Bash,
+                CompletionShell::Zsh => clap_complete::Shell::Zsh,
+                CompletionShell::Fish => clap_complete::Shell::Fish,
+            };
+            clap_complete::generate(shell, &mut Cli::command(), "rvc", &mut out);
+            Ok(())
+        }
+        Cmd::Man => clap_mangen::Man::new(Cli::command()).render(&mut out),
+        _ => return None,
+    };
+    Some(
+        match written.and_then(|()| std::io::Write::flush(&mut out)) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("rvc: cannot write to stdout: {e}");
+                exit::INTERNAL
+            }
+        },
+    )
 }
 
 #[derive(Debug, Args)]
@@ -145,6 +193,9 @@ fn main() -> ExitCode {
         eprintln!("rvc: no operation given; see `rvc --help`");
         return ExitCode::from(2);
     };
+    if let Some(code) = generate(&command) {
+        return ExitCode::from(code);
+    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -268,6 +319,8 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
             );
             Ok(0)
         }
+        // main writes these before any runtime exists
+        c @ (Cmd::Completions { .. } | Cmd::Man) => Ok(generate(&c).unwrap_or(0)),
     }
 }
 
