@@ -95,6 +95,12 @@ pub enum ControlCall {
     /// `SignalCommand` (plan §6.4, R-6.4-35..38), idempotent by
     /// `request_id`.
     SignalCommand(wire::SignalCommandRequest),
+    /// `RepairStorageIncident` (plan §5.4, §9.1), idempotent by
+    /// `request_id`.
+    RepairStorageIncident(wire::RepairStorageIncidentRequest),
+    /// `AcknowledgeStorageIncident` (plan §5.4, §9.1), idempotent by
+    /// `request_id`.
+    AcknowledgeStorageIncident(wire::AcknowledgeStorageIncidentRequest),
 }
 
 /// The answer to a [`ControlCall`].
@@ -104,6 +110,10 @@ pub enum ControlAnswer {
     RunCommand(Result<wire::RunCommandResponse, PortError>),
     /// `SignalCommand`.
     SignalCommand(Result<wire::SignalCommandResponse, PortError>),
+    /// `RepairStorageIncident`: the incident, now repaired.
+    RepairStorageIncident(Result<wire::RepairStorageIncidentResponse, PortError>),
+    /// `AcknowledgeStorageIncident`: the incident, now acknowledged.
+    AcknowledgeStorageIncident(Result<wire::AcknowledgeStorageIncidentResponse, PortError>),
 }
 
 /// Something that happened, for the core to handle.
@@ -273,6 +283,8 @@ pub struct EngineStats {
     pub stale_decisions: u64,
     /// `SignalCommand` requests answered (fresh or replayed).
     pub signals: u64,
+    /// Storage incidents an operator repaired or acknowledged.
+    pub incidents_resolved: u64,
     /// Pending signals queued again after an acceptance or a
     /// reconciliation.
     pub signals_sent_again: u64,
@@ -336,6 +348,11 @@ enum Pending {
     Ingest(ingest::Pending),
     Signal(signals::Pending),
     Upload(upload::Pending),
+    /// An operator's incident repair or acknowledgement.
+    Incident {
+        request: RequestId,
+        acknowledge: bool,
+    },
     /// A write whose outcome changes nothing but a log line and a counter.
     Background(&'static str),
     /// A maintenance pass.
@@ -651,7 +668,75 @@ impl ServerCore {
                     Pending::Signal(signals::Pending::Command { request }),
                 );
             }
+            ControlCall::RepairStorageIncident(req) => {
+                self.store(
+                    StoreOp::RepairIncident {
+                        request: req,
+                        caller,
+                    },
+                    Pending::Incident {
+                        request,
+                        acknowledge: false,
+                    },
+                );
+            }
+            ControlCall::AcknowledgeStorageIncident(req) => {
+                self.store(
+                    StoreOp::AcknowledgeIncident {
+                        request: req,
+                        caller,
+                    },
+                    Pending::Incident {
+                        request,
+                        acknowledge: true,
+                    },
+                );
+            }
         }
+    }
+
+    /// An incident repaired or acknowledged: the answer, and every
+    /// connected client looked at again for work (a cleared scope may
+    /// have been holding its dispatch).
+    fn incident_done(&mut self, request: RequestId, acknowledge: bool, result: OpResult) {
+        let incident = match result {
+            Ok(Completion::Incident(i)) => Ok(*i),
+            Ok(_) => {
+                self.mismatch("incident");
+                Err(PortError::Unavailable(
+                    "completion does not match the incident operation".into(),
+                ))
+            }
+            Err(e) => Err(e),
+        };
+        if let Ok(i) = &incident {
+            tracing::info!(
+                incident_id = %i.incident_id,
+                state = i.state,
+                acknowledge,
+                "storage incident resolved by an operator"
+            );
+            self.stats.incidents_resolved += 1;
+            let clients: Vec<String> = self
+                .clients
+                .iter()
+                .filter(|(_, st)| st.ready)
+                .map(|(c, _)| c.clone())
+                .collect();
+            for c in clients {
+                self.mark_ready(&c);
+            }
+        }
+        let answer = if acknowledge {
+            ControlAnswer::AcknowledgeStorageIncident(
+                incident.map(|i| wire::AcknowledgeStorageIncidentResponse { incident: Some(i) }),
+            )
+        } else {
+            ControlAnswer::RepairStorageIncident(
+                incident.map(|i| wire::RepairStorageIncidentResponse { incident: Some(i) }),
+            )
+        };
+        self.out.push_back(Output::Reply { request, answer });
     }
 
     /// Issues a store operation and remembers what its completion is for.
@@ -698,6 +783,10 @@ impl ServerCore {
             Pending::Dispatch(p) => self.dispatch_done(p, result),
             Pending::Accept(p) => self.accept_done(p, result),
             Pending::Ingest(p) => self.ingest_done(p, result),
+            Pending::Incident {
+                request,
+                acknowledge,
+            } => self.incident_done(request, acknowledge, result),
             Pending::Signal(p) => self.signal_done(p, result),
             Pending::Upload(p) => self.upload_done(p, result),
             Pending::Maintenance => {

@@ -198,6 +198,24 @@ pub enum StoreOp {
         /// Who asked (audited with the effect).
         caller: Caller,
     },
+    /// `RepairStorageIncident`, idempotent by `request_id`: the kind's safe
+    /// repair, or a stored `REQUIRES_ACKNOWLEDGEMENT` refusal, with its
+    /// audit record in the same transaction. -> [`Completion::Incident`]
+    RepairIncident {
+        /// The request.
+        request: wire::RepairStorageIncidentRequest,
+        /// Who asked (audited with the effect).
+        caller: Caller,
+    },
+    /// `AcknowledgeStorageIncident`, idempotent by `request_id`: the loss
+    /// accepted with the operator's note, audited in the same
+    /// transaction. -> [`Completion::Incident`]
+    AcknowledgeIncident {
+        /// The request.
+        request: wire::AcknowledgeStorageIncidentRequest,
+        /// Who asked (audited with the effect).
+        caller: Caller,
+    },
     /// Session audit records that no effect carries (rate-limited by the
     /// core). -> [`Completion::Done`]
     Audit(Vec<SessionAudit>),
@@ -235,6 +253,8 @@ impl StoreOp {
             Self::ScriptInfo { .. } => "script_info",
             Self::ScriptRange { .. } => "script_range",
             Self::RunCommand { .. } => "run_command",
+            Self::RepairIncident { .. } => "repair_incident",
+            Self::AcknowledgeIncident { .. } => "acknowledge_incident",
             Self::Audit(_) => "audit",
             Self::Maintain => "maintain",
         }
@@ -297,6 +317,9 @@ pub enum Completion {
     ScriptBytes(Vec<u8>),
     /// [`StoreOp::RunCommand`].
     RunCommand(wire::RunCommandResponse),
+    /// [`StoreOp::RepairIncident`], [`StoreOp::AcknowledgeIncident`]: the
+    /// incident as it now is.
+    Incident(Box<wire::StorageIncident>),
     /// [`StoreOp::Maintain`].
     Maintained(crate::maintenance::MaintenanceReport),
 }

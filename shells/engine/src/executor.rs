@@ -37,6 +37,17 @@ fn port_store(e: StoreError) -> PortError {
     PortError::Unavailable(e.to_string())
 }
 
+/// An incident operation's answer; a response without its incident is the
+/// store's fault, never the caller's.
+fn incident_answer(r: Result<Option<rvbox_proto::v1::StorageIncident>, OpError>) -> OpResult {
+    match r.map_err(port)? {
+        Some(i) => Ok(Completion::Incident(Box::new(i))),
+        None => Err(PortError::Unavailable(
+            "the store answered an incident operation without the incident".into(),
+        )),
+    }
+}
+
 fn done<T>(r: Result<T, OpError>) -> OpResult {
     r.map(|_| Completion::Done).map_err(port)
 }
@@ -280,6 +291,14 @@ impl Executor {
                 .map(Completion::Signal)
                 .map_err(port)
             }
+            StoreOp::RepairIncident { request, caller } => incident_answer(
+                s.repair_incident(&request, &caller, wall_ms)
+                    .map(|r| r.incident),
+            ),
+            StoreOp::AcknowledgeIncident { request, caller } => incident_answer(
+                s.acknowledge_incident(&request, &caller, wall_ms)
+                    .map(|r| r.incident),
+            ),
             StoreOp::Audit(records) => s
                 .session_audits(&records, wall_ms)
                 .map(|()| Completion::Done)

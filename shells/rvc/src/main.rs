@@ -100,6 +100,10 @@ enum Cmd {
         #[arg(num_args = 2..=3, value_names = ["SIGNAL", "CLIENT", "UUID"])]
         args: Vec<String>,
     },
+    /// Storage incidents of the server: list them, repair one, or accept
+    /// its loss with a note.
+    #[command(subcommand)]
+    Storage(StorageCmd),
     /// Print the completion script for a shell (bash, zsh or fish) to
     /// stdout, e.g. `rvc completions bash > /etc/bash_completion.d/rvc`.
     Completions {
@@ -110,6 +114,38 @@ enum Cmd {
     /// Print rvc's manual page (roff) to stdout, e.g.
     /// `rvc man > /usr/local/share/man/man1/rvc.1`.
     Man,
+}
+
+#[derive(Debug, Subcommand)]
+enum StorageCmd {
+    /// Open incidents, newest first (with --all, also the repaired and
+    /// acknowledged ones).
+    Incidents {
+        /// Every state, not only open incidents.
+        #[arg(long)]
+        all: bool,
+        /// Continue from the token the previous page printed.
+        #[arg(long, value_name = "TOKEN")]
+        page: Option<String>,
+        /// Rows per page (1-1000).
+        #[arg(long, value_name = "N")]
+        per_page: Option<u32>,
+    },
+    /// Run an incident's safe repair (nothing committed is discarded); an
+    /// incident that lost data is refused: acknowledge it instead.
+    Repair {
+        /// The incident's id.
+        incident_id: String,
+    },
+    /// Accept an incident's loss with a note (kept in its history and
+    /// audited); its scope serves again.
+    Acknowledge {
+        /// The incident's id.
+        incident_id: String,
+        /// Why the loss is accepted (1-4096 bytes).
+        #[arg(long, value_name = "TEXT")]
+        note: String,
+    },
 }
 
 /// The shells completions are generated for.
@@ -319,6 +355,7 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
             );
             Ok(0)
         }
+        Cmd::Storage(cmd) => storage(socket, given_id, cmd).await,
         // main writes these before any runtime exists
         c @ (Cmd::Completions { .. } | Cmd::Man) => Ok(generate(&c).unwrap_or(0)),
     }
@@ -352,6 +389,68 @@ async fn command_of(
         )));
     }
     Ok(record)
+}
+
+async fn storage(socket: &str, given_id: Option<String>, cmd: StorageCmd) -> Result<u8, Failure> {
+    let mut control = Control::new(socket);
+    match cmd {
+        StorageCmd::Incidents {
+            all,
+            page,
+            per_page,
+        } => {
+            let req = wire::ListStorageIncidentsRequest {
+                request_id: String::new(),
+                page_size: per_page.unwrap_or(0),
+                page_token: page.unwrap_or_default(),
+                state: (!all).then_some(wire::IncidentState::Open as i32),
+            };
+            let resp = control
+                .retrying(|mut c| {
+                    let req = req.clone();
+                    async move { c.list_storage_incidents(req).await }
+                })
+                .await?;
+            print!("{}", render::incidents(&resp.incidents));
+            if !resp.next_page_token.is_empty() {
+                let all = if all { " --all" } else { "" };
+                println!(
+                    "more: rvc storage incidents{all} --page {}",
+                    resp.next_page_token
+                );
+            }
+            Ok(0)
+        }
+        StorageCmd::Repair { incident_id } => {
+            let req = wire::RepairStorageIncidentRequest {
+                request_id: request_id(given_id)?,
+                incident_id,
+            };
+            let resp = control
+                .retrying(|mut c| {
+                    let req = req.clone();
+                    async move { c.repair_storage_incident(req).await }
+                })
+                .await?;
+            print!("{}", render::incidents(resp.incident.as_slice()));
+            Ok(0)
+        }
+        StorageCmd::Acknowledge { incident_id, note } => {
+            let req = wire::AcknowledgeStorageIncidentRequest {
+                request_id: request_id(given_id)?,
+                incident_id,
+                note,
+            };
+            let resp = control
+                .retrying(|mut c| {
+                    let req = req.clone();
+                    async move { c.acknowledge_storage_incident(req).await }
+                })
+                .await?;
+            print!("{}", render::incidents(resp.incident.as_slice()));
+            Ok(0)
+        }
+    }
 }
 
 async fn list(

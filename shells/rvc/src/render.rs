@@ -116,6 +116,70 @@ pub(crate) fn commands(list: &[wire::CommandRecord]) -> String {
     out
 }
 
+fn enum_name(name: Option<&str>, prefix: &str) -> String {
+    name.map_or_else(
+        || "unknown".to_owned(),
+        |n| n.strip_prefix(prefix).unwrap_or(n).to_ascii_lowercase(),
+    )
+}
+
+/// `rvc storage incidents` (and the answers of repair and acknowledge):
+/// one incident per row, what it concerns, its summary and note beneath
+/// it; every line within 80 columns.
+pub(crate) fn incidents(list: &[wire::StorageIncident]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{:<36} {:<12} DETECTED", "INCIDENT", "STATE");
+    for i in list {
+        let kind = enum_name(
+            wire::IncidentKind::try_from(i.kind)
+                .ok()
+                .map(|k| k.as_str_name()),
+            "INCIDENT_KIND_",
+        );
+        let state = enum_name(
+            wire::IncidentState::try_from(i.state)
+                .ok()
+                .map(|k| k.as_str_name()),
+            "INCIDENT_STATE_",
+        );
+        let scope = enum_name(
+            wire::ScopeKind::try_from(i.scope_kind)
+                .ok()
+                .map(|k| k.as_str_name()),
+            "SCOPE_KIND_",
+        );
+        let _ = writeln!(
+            out,
+            "{:<36} {:<12} {}",
+            i.incident_id,
+            state,
+            time(i.detected_time.as_ref())
+        );
+        let _ = writeln!(
+            out,
+            "  {}",
+            shorten(&format!("{kind} in {scope} {}", i.scope_key), 78)
+        );
+        let what = match (i.data_loss, i.repairable) {
+            (true, _) => "data lost; repair refuses it: acknowledge it with a note",
+            (false, true) => "no data lost; repairable",
+            (false, false) => "no data lost; acknowledge it with a note",
+        };
+        let _ = writeln!(out, "  {what}");
+        if !i.summary.is_empty() {
+            let _ = writeln!(out, "  {}", shorten(&i.summary.replace('\n', " "), 78));
+        }
+        if !i.acknowledgement_note.is_empty() {
+            let _ = writeln!(
+                out,
+                "  note: {}",
+                shorten(&i.acknowledgement_note.replace('\n', " "), 72)
+            );
+        }
+    }
+    out
+}
+
 /// `rvc stat CLIENT UUID`: one command, its lifecycle and its history
 /// apart.
 pub(crate) fn command(c: &wire::CommandRecord) -> String {

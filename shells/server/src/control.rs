@@ -267,7 +267,7 @@ impl Control for ControlService {
         {
             ControlAnswer::RunCommand(Ok(r)) => Ok(Response::new(r)),
             ControlAnswer::RunCommand(Err(e)) => Err(port_status(&e)),
-            ControlAnswer::SignalCommand(_) => Err(unavailable("mismatched answer")),
+            _ => Err(unavailable("mismatched answer")),
         }
     }
 
@@ -322,7 +322,7 @@ impl Control for ControlService {
         {
             ControlAnswer::SignalCommand(Ok(r)) => Ok(Response::new(r)),
             ControlAnswer::SignalCommand(Err(e)) => Err(port_status(&e)),
-            ControlAnswer::RunCommand(_) => Err(unavailable("mismatched answer")),
+            _ => Err(unavailable("mismatched answer")),
         }
     }
 
@@ -337,23 +337,47 @@ impl Control for ControlService {
 
     async fn list_storage_incidents(
         &self,
-        _request: Request<wire::ListStorageIncidentsRequest>,
+        request: Request<wire::ListStorageIncidentsRequest>,
     ) -> Result<Response<wire::ListStorageIncidentsResponse>, Status> {
-        Err(not_served("ListStorageIncidents"))
+        let req = request.into_inner();
+        let out = self.readers.read(move |r| r.incident_page(&req)).await?;
+        Ok(Response::new(out))
     }
 
     async fn repair_storage_incident(
         &self,
-        _request: Request<wire::RepairStorageIncidentRequest>,
+        request: Request<wire::RepairStorageIncidentRequest>,
     ) -> Result<Response<wire::RepairStorageIncidentResponse>, Status> {
-        Err(not_served("RepairStorageIncident"))
+        let who = caller(&request);
+        match self
+            .call(
+                who,
+                ControlCall::RepairStorageIncident(request.into_inner()),
+            )
+            .await?
+        {
+            ControlAnswer::RepairStorageIncident(Ok(r)) => Ok(Response::new(r)),
+            ControlAnswer::RepairStorageIncident(Err(e)) => Err(port_status(&e)),
+            _ => Err(unavailable("mismatched answer")),
+        }
     }
 
     async fn acknowledge_storage_incident(
         &self,
-        _request: Request<wire::AcknowledgeStorageIncidentRequest>,
+        request: Request<wire::AcknowledgeStorageIncidentRequest>,
     ) -> Result<Response<wire::AcknowledgeStorageIncidentResponse>, Status> {
-        Err(not_served("AcknowledgeStorageIncident"))
+        let who = caller(&request);
+        match self
+            .call(
+                who,
+                ControlCall::AcknowledgeStorageIncident(request.into_inner()),
+            )
+            .await?
+        {
+            ControlAnswer::AcknowledgeStorageIncident(Ok(r)) => Ok(Response::new(r)),
+            ControlAnswer::AcknowledgeStorageIncident(Err(e)) => Err(port_status(&e)),
+            _ => Err(unavailable("mismatched answer")),
+        }
     }
 
     async fn open_pty_session(

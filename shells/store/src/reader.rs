@@ -220,6 +220,18 @@ impl StoreReader {
         self.snapshot(|c| crate::records::list_clients(c, self.token_key, req))
     }
 
+    /// `ListStorageIncidents`: one page, newest first.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a bad page size, state or token, or a store
+    /// failure.
+    pub fn incident_page(
+        &self,
+        req: &wire::ListStorageIncidentsRequest,
+    ) -> Result<wire::ListStorageIncidentsResponse, OpError> {
+        self.snapshot(|c| crate::records::list_incidents(c, self.token_key, req))
+    }
+
     /// `GetClient`: one client.
     ///
     /// # Errors

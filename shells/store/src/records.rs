@@ -459,3 +459,81 @@ pub fn get_client(
         dirty_scopes,
     })
 }
+
+/// `ListStorageIncidents`: a page of incidents, newest first, optionally
+/// in one state. The page token is bound to the state filter.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a bad page size, state or token, or a store
+/// failure.
+pub fn list_incidents(
+    conn: &Connection,
+    key: [u8; 32],
+    req: &wire::ListStorageIncidentsRequest,
+) -> Result<wire::ListStorageIncidentsResponse, OpError> {
+    let limit = page_size(req.page_size).map_err(OpError::Refused)?;
+    let state = match req.state {
+        None => None,
+        Some(v) => Some(
+            wire::IncidentState::try_from(v)
+                .ok()
+                .filter(|s| *s != wire::IncidentState::Unspecified)
+                .ok_or_else(|| {
+                    OpError::Refused(
+                        DomainError::new(
+                            Code::InvalidArgument,
+                            format!("state {v} is not an incident state"),
+                        )
+                        .with_field("state"),
+                    )
+                })?,
+        ),
+    };
+    let state_bytes = state.map_or_else(Vec::new, |s| (s as i32).to_be_bytes().to_vec());
+    let filters = encode_filters(&[("state", &state_bytes)]);
+    let codec = TokenCodec::new(TokenKey::new(key));
+    let after = if req.page_token.is_empty() {
+        None
+    } else {
+        let pos = codec
+            .open(TokenKind::IncidentPage, &filters, &req.page_token)
+            .map_err(|e| token_error(&e))?;
+        let malformed = || {
+            OpError::Refused(DomainError::new(
+                Code::InvalidArgument,
+                "page_token is malformed",
+            ))
+        };
+        let ms = pos
+            .get(..8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(i64::from_be_bytes)
+            .ok_or_else(malformed)?;
+        let id = pos
+            .get(8..24)
+            .and_then(|b| <[u8; 16]>::try_from(b).ok())
+            .ok_or_else(malformed)?;
+        Some((ms, id))
+    };
+    let mut rows = crate::incidents::list(conn, state, after, limit.saturating_add(1))
+        .map_err(OpError::Store)?;
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    let next_page_token = match (more, rows.last()) {
+        (true, Some(last)) => {
+            let mut pos = last.detected_ms.to_be_bytes().to_vec();
+            pos.extend_from_slice(&last.id);
+            codec
+                .seal(TokenKind::IncidentPage, &filters, &pos)
+                .map_err(|e| token_error(&e))?
+        }
+        _ => String::new(),
+    };
+    Ok(wire::ListStorageIncidentsResponse {
+        incidents: rows
+            .iter()
+            .map(crate::incidents::Incident::to_wire)
+            .collect(),
+        next_page_token,
+    })
+}
