@@ -23,6 +23,10 @@ pub(crate) const RETRY_FOR: Duration = Duration::from_secs(60);
 pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// The longest pause between retries.
 pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(2);
+/// How long one attempt of a unary call waits for its answer before it is
+/// sent again (with the same request, so a mutation that did commit
+/// answers what it stored).
+pub(crate) const CALL_DEADLINE: Duration = Duration::from_secs(30);
 
 /// A lazily dialed control connection.
 #[derive(Debug)]
@@ -102,7 +106,8 @@ impl Control {
     }
 
     /// Runs `call` until it answers, fails for good, or [`RETRY_FOR`]
-    /// passes without the server.
+    /// passes without the server; an attempt without an answer within
+    /// [`CALL_DEADLINE`] is sent again.
     pub(crate) async fn retrying<T, F, Fut>(&mut self, mut call: F) -> Result<T, Failure>
     where
         F: FnMut(ControlClient<Channel>) -> Fut,
@@ -112,13 +117,20 @@ impl Control {
         let mut pause = FIRST_PAUSE;
         loop {
             let failure = match self.client().await {
-                Ok(c) => match call(c).await {
-                    Ok(r) => return Ok(r.into_inner()),
-                    Err(s) if retryable(&s) => {
+                Ok(c) => match tokio::time::timeout(CALL_DEADLINE, call(c)).await {
+                    Ok(Ok(r)) => return Ok(r.into_inner()),
+                    Ok(Err(s)) if retryable(&s) => {
                         self.reset();
                         Failure::from_status(&s)
                     }
-                    Err(s) => return Err(Failure::from_status(&s)),
+                    Ok(Err(s)) => return Err(Failure::from_status(&s)),
+                    Err(_) => {
+                        self.reset();
+                        Failure::retry(format!(
+                            "no answer from the server within {} s",
+                            CALL_DEADLINE.as_secs()
+                        ))
+                    }
                 },
                 Err(f) if f.is_retry() => f,
                 Err(f) => return Err(f),

@@ -149,5 +149,18 @@ fn a_damaged_segment_is_listed_refused_a_repair_and_acknowledged_and_a_torn_tail
     // the damaged command's scope serves again: its output reads, with the
     // loss said
     let out = s.rvc(&["follow", &damaged]);
-    assert!(out.status.code().is_some(), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("STORAGE_LOSS"),
+        "the loss is said: {}",
+        text(&out.stderr)
+    );
+    // the command whose torn tail was cut lost nothing
+    let out = s.rvc(&["follow", &torn]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let want: String = (1..=2000).map(|n| format!("{n}\n")).collect::<String>() + "torn\n";
+    assert!(
+        text(&out.stdout) == want,
+        "the torn command's output is whole"
+    );
 }
