@@ -15,6 +15,8 @@ use rvbox_control_api::v1::control_client::ControlClient;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Response, Status};
 
+use rvbox_domain::error::DomainError;
+
 use crate::exit::Failure;
 
 /// How long a call keeps being retried while the server is unreachable.
@@ -115,16 +117,23 @@ impl Control {
     {
         let give_up = Instant::now() + RETRY_FOR;
         let mut pause = FIRST_PAUSE;
+        // a request went out without an answer (it may have been applied)
+        let mut unanswered = false;
         loop {
             let failure = match self.client().await {
                 Ok(c) => match tokio::time::timeout(CALL_DEADLINE, call(c)).await {
                     Ok(Ok(r)) => return Ok(r.into_inner()),
                     Ok(Err(s)) if retryable(&s) => {
+                        // an UNAVAILABLE answer is a refusal before the
+                        // store; a broken connection may not be
+                        unanswered |= s.code() == tonic::Code::Unavailable
+                            && DomainError::detail_from_grpc(s.details()).is_none();
                         self.reset();
                         Failure::from_status(&s)
                     }
                     Ok(Err(s)) => return Err(Failure::from_status(&s)),
                     Err(_) => {
+                        unanswered = true;
                         self.reset();
                         Failure::retry(format!(
                             "no answer from the server within {} s",
@@ -136,7 +145,7 @@ impl Control {
                 Err(f) => return Err(f),
             };
             if Instant::now() >= give_up {
-                return Err(failure.into_final());
+                return Err(failure.into_final(unanswered));
             }
             self.reconnecting();
             tokio::time::sleep(pause).await;

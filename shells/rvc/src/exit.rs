@@ -29,6 +29,8 @@ pub(crate) struct Failure {
     code: u8,
     message: String,
     retry: bool,
+    /// A request was sent and no answer came back.
+    unanswered: bool,
 }
 
 impl Failure {
@@ -37,6 +39,7 @@ impl Failure {
             code: USAGE,
             message: message.into(),
             retry: false,
+            unanswered: false,
         }
     }
 
@@ -46,6 +49,7 @@ impl Failure {
             code: Code::NotFound.exit_status(),
             message: format!("NOT_FOUND: {}", message.into()),
             retry: false,
+            unanswered: false,
         }
     }
 
@@ -54,6 +58,7 @@ impl Failure {
             code: UNREACHABLE,
             message: message.into(),
             retry: false,
+            unanswered: false,
         }
     }
 
@@ -63,6 +68,7 @@ impl Failure {
             code: UNREACHABLE,
             message: message.into(),
             retry: true,
+            unanswered: false,
         }
     }
 
@@ -71,6 +77,7 @@ impl Failure {
             code: INTERNAL,
             message: message.into(),
             retry: false,
+            unanswered: false,
         }
     }
 
@@ -78,10 +85,27 @@ impl Failure {
         self.retry
     }
 
-    /// The last failure of a retried call.
-    pub(crate) fn into_final(self) -> Self {
+    /// The last failure of a retried call; `sent`: a request went out
+    /// and its answer never came.
+    pub(crate) fn into_final(self, sent: bool) -> Self {
         Self {
             retry: false,
+            unanswered: sent,
+            ..self
+        }
+    }
+
+    /// A mutation that never got its answer may have been applied: the
+    /// message says how to find out without doing it twice.
+    pub(crate) fn with_request_id(self, request_id: &str) -> Self {
+        if !self.unanswered {
+            return self;
+        }
+        Self {
+            message: format!(
+                "{}; the request may have been applied: repeat it with --request-id {request_id} to know (it is never applied twice)",
+                self.message
+            ),
             ..self
         }
     }
@@ -100,6 +124,7 @@ impl Failure {
                 code: code.exit_status(),
                 message: format!("{}: {field}{}", code.as_str(), detail.reason),
                 retry: code == Code::Unavailable,
+                unanswered: false,
             };
         }
         match s.code() {

@@ -273,7 +273,8 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
                     let req = req.clone();
                     async move { c.run_command(req).await }
                 })
-                .await?;
+                .await
+                .map_err(|f| f.with_request_id(&req.request_id))?;
             eprintln!("{}", resp.issue_uuid);
             if args.background {
                 println!("{}", resp.issue_uuid);
@@ -346,7 +347,8 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
                     let req = req.clone();
                     async move { c.signal_command(req).await }
                 })
-                .await?;
+                .await
+                .map_err(|f| f.with_request_id(&req.request_id))?;
             println!(
                 "{} {}: revision {}",
                 render::signal_name(signal),
@@ -431,7 +433,8 @@ async fn storage(socket: &str, given_id: Option<String>, cmd: StorageCmd) -> Res
                     let req = req.clone();
                     async move { c.repair_storage_incident(req).await }
                 })
-                .await?;
+                .await
+                .map_err(|f| f.with_request_id(&req.request_id))?;
             print!("{}", render::incidents(resp.incident.as_slice()));
             Ok(0)
         }
@@ -446,7 +449,8 @@ async fn storage(socket: &str, given_id: Option<String>, cmd: StorageCmd) -> Res
                     let req = req.clone();
                     async move { c.acknowledge_storage_incident(req).await }
                 })
-                .await?;
+                .await
+                .map_err(|f| f.with_request_id(&req.request_id))?;
             print!("{}", render::incidents(resp.incident.as_slice()));
             Ok(0)
         }
