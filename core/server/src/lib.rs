@@ -101,6 +101,8 @@ pub enum ControlCall {
     /// `AcknowledgeStorageIncident` (plan §5.4, §9.1), idempotent by
     /// `request_id`.
     AcknowledgeStorageIncident(wire::AcknowledgeStorageIncidentRequest),
+    /// `AuthorizeClientTakeover` (plan §6.2), idempotent by `request_id`.
+    AuthorizeClientTakeover(wire::AuthorizeClientTakeoverRequest),
 }
 
 /// The answer to a [`ControlCall`].
@@ -114,6 +116,8 @@ pub enum ControlAnswer {
     RepairStorageIncident(Result<wire::RepairStorageIncidentResponse, PortError>),
     /// `AcknowledgeStorageIncident`: the incident, now acknowledged.
     AcknowledgeStorageIncident(Result<wire::AcknowledgeStorageIncidentResponse, PortError>),
+    /// `AuthorizeClientTakeover`: the one-shot grant.
+    AuthorizeClientTakeover(Result<wire::AuthorizeClientTakeoverResponse, PortError>),
 }
 
 /// Something that happened, for the core to handle.
@@ -285,6 +289,8 @@ pub struct EngineStats {
     pub signals: u64,
     /// Storage incidents an operator repaired or acknowledged.
     pub incidents_resolved: u64,
+    /// Takeover grants an operator created (fresh or replayed).
+    pub takeovers_authorized: u64,
     /// Pending signals queued again after an acceptance or a
     /// reconciliation.
     pub signals_sent_again: u64,
@@ -348,6 +354,10 @@ enum Pending {
     Ingest(ingest::Pending),
     Signal(signals::Pending),
     Upload(upload::Pending),
+    /// An operator's takeover grant.
+    Takeover {
+        request: RequestId,
+    },
     /// An operator's incident repair or acknowledgement.
     Incident {
         request: RequestId,
@@ -383,6 +393,8 @@ pub struct ServerCore {
     groups_in_flight: usize,
     /// When an append group is issued.
     group_policy: ingest::GroupPolicy,
+    /// Lifetime of an operator's takeover grant.
+    takeover_ttl_ms: u64,
     /// When the oldest queued event arrived (monotonic), while any is
     /// queued.
     ingest_since: Option<u64>,
@@ -423,6 +435,7 @@ impl ServerCore {
             gate: rvbox_session::IngressGate::default(),
             groups_in_flight: 0,
             group_policy: ingest::GroupPolicy::default(),
+            takeover_ttl_ms: rvbox_domain::limits::DEFAULT_TAKEOVER_GRANT_TTL_MS,
             ingest_since: None,
             barrier: BTreeSet::new(),
             stats: EngineStats::default(),
@@ -434,6 +447,12 @@ impl ServerCore {
             now_ms: 0,
             wall_ms: 0,
         }
+    }
+
+    /// Sets the lifetime of an operator's takeover grant
+    /// (`session.takeover_grant_ttl`).
+    pub fn set_takeover_ttl(&mut self, ttl_ms: u64) {
+        self.takeover_ttl_ms = ttl_ms.max(1);
     }
 
     /// Sets when append groups are issued (see [`ingest::GroupPolicy`]).
@@ -680,6 +699,16 @@ impl ServerCore {
                     },
                 );
             }
+            ControlCall::AuthorizeClientTakeover(req) => {
+                self.store(
+                    StoreOp::AuthorizeTakeover {
+                        request: req,
+                        caller,
+                        ttl_ms: self.takeover_ttl_ms,
+                    },
+                    Pending::Takeover { request },
+                );
+            }
             ControlCall::AcknowledgeStorageIncident(req) => {
                 self.store(
                     StoreOp::AcknowledgeIncident {
@@ -787,6 +816,26 @@ impl ServerCore {
                 request,
                 acknowledge,
             } => self.incident_done(request, acknowledge, result),
+            Pending::Takeover { request } => {
+                let answer = match result {
+                    Ok(Completion::Takeover(r)) => {
+                        tracing::info!(client_id = %r.client_id, "takeover authorized by an operator");
+                        self.stats.takeovers_authorized += 1;
+                        Ok(r)
+                    }
+                    Ok(_) => {
+                        self.mismatch("authorize_takeover");
+                        Err(PortError::Unavailable(
+                            "completion does not match AuthorizeClientTakeover".into(),
+                        ))
+                    }
+                    Err(e) => Err(e),
+                };
+                self.out.push_back(Output::Reply {
+                    request,
+                    answer: ControlAnswer::AuthorizeClientTakeover(answer),
+                });
+            }
             Pending::Signal(p) => self.signal_done(p, result),
             Pending::Upload(p) => self.upload_done(p, result),
             Pending::Maintenance => {

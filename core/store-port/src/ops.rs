@@ -216,6 +216,18 @@ pub enum StoreOp {
         /// Who asked (audited with the effect).
         caller: Caller,
     },
+    /// `AuthorizeClientTakeover`, idempotent by `request_id`: a one-shot
+    /// grant for exactly the client's pending claim, expiring `ttl_ms`
+    /// after it is made, audited with the caller.
+    /// -> [`Completion::Takeover`]
+    AuthorizeTakeover {
+        /// The request.
+        request: wire::AuthorizeClientTakeoverRequest,
+        /// Who asked (audited with the effect).
+        caller: Caller,
+        /// Lifetime of the grant.
+        ttl_ms: u64,
+    },
     /// Session audit records that no effect carries (rate-limited by the
     /// core). -> [`Completion::Done`]
     Audit(Vec<SessionAudit>),
@@ -254,6 +266,7 @@ impl StoreOp {
             Self::ScriptRange { .. } => "script_range",
             Self::RunCommand { .. } => "run_command",
             Self::RepairIncident { .. } => "repair_incident",
+            Self::AuthorizeTakeover { .. } => "authorize_takeover",
             Self::AcknowledgeIncident { .. } => "acknowledge_incident",
             Self::Audit(_) => "audit",
             Self::Maintain => "maintain",
@@ -320,6 +333,8 @@ pub enum Completion {
     /// [`StoreOp::RepairIncident`], [`StoreOp::AcknowledgeIncident`]: the
     /// incident as it now is.
     Incident(Box<wire::StorageIncident>),
+    /// [`StoreOp::AuthorizeTakeover`].
+    Takeover(wire::AuthorizeClientTakeoverResponse),
     /// [`StoreOp::Maintain`].
     Maintained(crate::maintenance::MaintenanceReport),
 }

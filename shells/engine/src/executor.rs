@@ -37,6 +37,42 @@ fn port_store(e: StoreError) -> PortError {
     PortError::Unavailable(e.to_string())
 }
 
+/// `AuthorizeClientTakeover`: the request's ids checked, the grant stored.
+fn authorize_takeover(
+    s: &mut Store,
+    req: &rvbox_proto::v1::AuthorizeClientTakeoverRequest,
+    caller: &rvbox_store_port::audit::Caller,
+    ttl_ms: u64,
+    wall_ms: i64,
+) -> OpResult {
+    use rvbox_domain::error::DomainError;
+    let request_id = rvbox_domain::ids::Uuid7::parse("request_id", &req.request_id)
+        .map_err(|e| PortError::Refused(DomainError::from(e)))?;
+    let instance =
+        rvbox_domain::ids::InstanceId::parse("client_instance_id", &req.client_instance_id)
+            .map_err(|e| PortError::Refused(DomainError::from(e)))?;
+    let grant = s
+        .authorize_takeover_as(
+            &request_id,
+            &req.client_id,
+            instance.as_bytes(),
+            ttl_ms,
+            caller,
+            wall_ms,
+        )
+        .map_err(port)?;
+    Ok(Completion::Takeover(
+        rvbox_proto::v1::AuthorizeClientTakeoverResponse {
+            client_id: req.client_id.clone(),
+            client_instance_id: req.client_instance_id.clone(),
+            grant_expiry_time: Some(prost_types::Timestamp {
+                seconds: grant.expires_ms.div_euclid(1000),
+                nanos: i32::try_from(grant.expires_ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
+            }),
+        },
+    ))
+}
+
 /// An incident operation's answer; a response without its incident is the
 /// store's fault, never the caller's.
 fn incident_answer(r: Result<Option<rvbox_proto::v1::StorageIncident>, OpError>) -> OpResult {
@@ -291,6 +327,11 @@ impl Executor {
                 .map(Completion::Signal)
                 .map_err(port)
             }
+            StoreOp::AuthorizeTakeover {
+                request,
+                caller,
+                ttl_ms,
+            } => authorize_takeover(s, &request, &caller, ttl_ms, wall_ms),
             StoreOp::RepairIncident { request, caller } => incident_answer(
                 s.repair_incident(&request, &caller, wall_ms)
                     .map(|r| r.incident),

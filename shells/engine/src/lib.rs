@@ -133,6 +133,7 @@ impl Engine {
         let mut core = ServerCore::new(entropy, settings.session.clone(), settings.retry);
         core.set_ingress_watermarks(settings.ingress.0, settings.ingress.1)?;
         core.set_group_policy(settings.group);
+        core.set_takeover_ttl(settings.takeover_ttl_ms);
         Ok(Self::from_core(store, core))
     }
 

@@ -21,6 +21,9 @@ pub struct ServerSettings {
     pub ingress: (u64, u64),
     /// When append groups go to the store (`storage.group_commit_*`).
     pub group: rvbox_server_core::GroupPolicy,
+    /// Lifetime of an operator's takeover grant
+    /// (`session.takeover_grant_ttl`).
+    pub takeover_ttl_ms: u64,
 }
 
 /// A configuration the cores cannot take (the configuration's own
@@ -95,5 +98,6 @@ pub fn server_settings(
             max_events: usize::try_from(cfg.storage.group_commit_max_batch)
                 .map_err(|_| SettingsError::GroupCommit("out of range".into()))?,
         },
+        takeover_ttl_ms: ms(cfg.session.takeover_grant_ttl),
     })
 }

@@ -100,6 +100,10 @@ enum Cmd {
         #[arg(num_args = 2..=3, value_names = ["SIGNAL", "CLIENT", "UUID"])]
         args: Vec<String>,
     },
+    /// A client's registration: show it (with a refused claim by another
+    /// instance), or authorize that instance to take the client over.
+    #[command(subcommand)]
+    Client(ClientCmd),
     /// Storage incidents of the server: list them, repair one, or accept
     /// its loss with a note.
     #[command(subcommand)]
@@ -114,6 +118,26 @@ enum Cmd {
     /// Print rvc's manual page (roff) to stdout, e.g.
     /// `rvc man > /usr/local/share/man/man1/rvc.1`.
     Man,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClientCmd {
+    /// One client: its state, a claim another instance made while it was
+    /// connected, a takeover grant, and its storage scopes that are not
+    /// ready.
+    Show {
+        /// The client id.
+        client_id: String,
+    },
+    /// Let exactly this instance (as `client show` prints it) take the
+    /// client over at its next connection; the grant is one-shot and
+    /// expires (session.takeover_grant_ttl, 5 minutes by default).
+    Takeover {
+        /// The client id.
+        client_id: String,
+        /// The claiming instance (UUID).
+        instance_id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -358,6 +382,7 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
             Ok(0)
         }
         Cmd::Storage(cmd) => storage(socket, given_id, cmd).await,
+        Cmd::Client(cmd) => client(socket, given_id, cmd).await,
         // main writes these before any runtime exists
         c @ (Cmd::Completions { .. } | Cmd::Man) => Ok(generate(&c).unwrap_or(0)),
     }
@@ -391,6 +416,50 @@ async fn command_of(
         )));
     }
     Ok(record)
+}
+
+async fn client(socket: &str, given_id: Option<String>, cmd: ClientCmd) -> Result<u8, Failure> {
+    let mut control = Control::new(socket);
+    match cmd {
+        ClientCmd::Show { client_id } => {
+            let req = wire::GetClientRequest {
+                request_id: String::new(),
+                client_id,
+            };
+            let resp = control
+                .retrying(|mut c| {
+                    let req = req.clone();
+                    async move { c.get_client(req).await }
+                })
+                .await?;
+            print!("{}", render::client(&resp));
+            Ok(0)
+        }
+        ClientCmd::Takeover {
+            client_id,
+            instance_id,
+        } => {
+            let req = wire::AuthorizeClientTakeoverRequest {
+                request_id: request_id(given_id)?,
+                client_id,
+                client_instance_id: instance_id,
+            };
+            let resp = control
+                .retrying(|mut c| {
+                    let req = req.clone();
+                    async move { c.authorize_client_takeover(req).await }
+                })
+                .await
+                .map_err(|f| f.with_request_id(&req.request_id))?;
+            println!(
+                "{}: instance {} may take it over at its next connection, until {}",
+                resp.client_id,
+                resp.client_instance_id,
+                render::time_text(resp.grant_expiry_time.as_ref())
+            );
+            Ok(0)
+        }
+    }
 }
 
 async fn storage(socket: &str, given_id: Option<String>, cmd: StorageCmd) -> Result<u8, Failure> {

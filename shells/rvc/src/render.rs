@@ -116,6 +116,56 @@ pub(crate) fn commands(list: &[wire::CommandRecord]) -> String {
     out
 }
 
+/// A time as the tables show it (whole seconds, UTC).
+pub(crate) fn time_text(t: Option<&prost_types::Timestamp>) -> String {
+    time(t)
+}
+
+/// `rvc client show`: one client's registration.
+pub(crate) fn client(r: &wire::GetClientResponse) -> String {
+    let mut out = String::new();
+    if let Some(c) = &r.client {
+        let _ = writeln!(out, "client      {}", c.client_id);
+        let _ = writeln!(
+            out,
+            "state       {}",
+            if c.connected { "connected" } else { "offline" }
+        );
+        let _ = writeln!(out, "generation  {}", c.generation);
+        let _ = writeln!(out, "last seen   {}", time(c.last_seen_time.as_ref()));
+    }
+    match &r.pending_claim {
+        Some(p) => {
+            let _ = writeln!(
+                out,
+                "claim       instance {} tried to connect at {}",
+                p.client_instance_id,
+                time(p.observed_time.as_ref())
+            );
+        }
+        None => {
+            let _ = writeln!(out, "claim       none");
+        }
+    }
+    if r.takeover_grant_expiry_time.is_some() {
+        let _ = writeln!(
+            out,
+            "takeover    granted until {}",
+            time(r.takeover_grant_expiry_time.as_ref())
+        );
+    }
+    for d in &r.dirty_scopes {
+        let state = enum_name(
+            wire::ScopeState::try_from(d.state)
+                .ok()
+                .map(|k| k.as_str_name()),
+            "SCOPE_STATE_",
+        );
+        let _ = writeln!(out, "scope       {} {state}", shorten(&d.scope_key, 60));
+    }
+    out
+}
+
 fn enum_name(name: Option<&str>, prefix: &str) -> String {
     name.map_or_else(
         || "unknown".to_owned(),

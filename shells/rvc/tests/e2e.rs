@@ -13,11 +13,7 @@ mod support;
 use std::os::unix::fs::PermissionsExt as _;
 use std::time::Duration;
 
-use support::{Stack, issue_of};
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use support::{Stack, issue_of, text};
 
 #[test]
 fn foreground_run_returns_output_and_exit_status_byte_for_byte() {

@@ -96,6 +96,9 @@ fn help_reads_at_80_columns() {
     for sub in ["incidents", "repair", "acknowledge"] {
         pages.push(vec!["storage", sub, "--help"]);
     }
+    for sub in ["show", "takeover"] {
+        pages.push(vec!["client", sub, "--help"]);
+    }
     for args in pages {
         let help = stdout(&rvc(&args));
         for line in help.lines() {

@@ -13,11 +13,7 @@ mod support;
 
 use std::path::PathBuf;
 
-use support::{Stack, issue_of};
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use support::{Stack, issue_of, text};
 
 /// The segment files of a command, by its UUID.
 fn segments_of(s: &Stack, issue: &str) -> Vec<PathBuf> {

@@ -251,9 +251,20 @@ impl Control for ControlService {
 
     async fn authorize_client_takeover(
         &self,
-        _request: Request<wire::AuthorizeClientTakeoverRequest>,
+        request: Request<wire::AuthorizeClientTakeoverRequest>,
     ) -> Result<Response<wire::AuthorizeClientTakeoverResponse>, Status> {
-        Err(not_served("AuthorizeClientTakeover"))
+        let who = caller(&request);
+        match self
+            .call(
+                who,
+                ControlCall::AuthorizeClientTakeover(request.into_inner()),
+            )
+            .await?
+        {
+            ControlAnswer::AuthorizeClientTakeover(Ok(r)) => Ok(Response::new(r)),
+            ControlAnswer::AuthorizeClientTakeover(Err(e)) => Err(port_status(&e)),
+            _ => Err(unavailable("mismatched answer")),
+        }
     }
 
     async fn run_command(

@@ -370,6 +370,7 @@ fn build_core(store: &Store, settings: &mut ServerSettings) -> Result<ServerCore
     core.set_ingress_watermarks(settings.ingress.0, settings.ingress.1)
         .map_err(|e| format!("ingress watermarks: {e}"))?;
     core.set_group_policy(settings.group);
+    core.set_takeover_ttl(settings.takeover_ttl_ms);
     Ok(core)
 }
 

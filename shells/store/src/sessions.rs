@@ -450,6 +450,52 @@ impl Store {
         ttl_ms: u64,
         now_ms: i64,
     ) -> Result<TakeoverGrant, OpError> {
+        self.authorize_takeover_in(request_id, client_id, instance_id, ttl_ms, now_ms, None)
+    }
+
+    /// [`Self::authorize_takeover`] for an operator: the audit record
+    /// naming `caller` is written in the transaction of the grant, and
+    /// on its own after a refusal (plan §5.5).
+    ///
+    /// # Errors
+    /// As [`Self::authorize_takeover`].
+    pub fn authorize_takeover_as(
+        &mut self,
+        request_id: &Uuid7,
+        client_id: &str,
+        instance_id: &[u8; 16],
+        ttl_ms: u64,
+        caller: &crate::operator::Caller,
+        now_ms: i64,
+    ) -> Result<TakeoverGrant, OpError> {
+        let mut rec = crate::audit::AuditRecord::control(caller, "AuthorizeClientTakeover", now_ms);
+        rec.client_id = Some(client_id.to_owned());
+        rec.detail = format!(
+            "instance {}",
+            uuid::Uuid::from_bytes(*instance_id).hyphenated()
+        );
+        let mut intent = crate::audit::AuditIntent::control(rec);
+        let result = self.authorize_takeover_in(
+            request_id,
+            client_id,
+            instance_id,
+            ttl_ms,
+            now_ms,
+            Some(&mut intent),
+        );
+        self.audit_unwritten(&mut intent, &result, now_ms);
+        result
+    }
+
+    fn authorize_takeover_in(
+        &mut self,
+        request_id: &Uuid7,
+        client_id: &str,
+        instance_id: &[u8; 16],
+        ttl_ms: u64,
+        now_ms: i64,
+        audit: Option<&mut crate::audit::AuditIntent>,
+    ) -> Result<TakeoverGrant, OpError> {
         self.health
             .check_writable(&[(wire::ScopeKind::Client, client_id)])?;
         let request = wire::AuthorizeClientTakeoverRequest {
@@ -537,6 +583,9 @@ impl Store {
             Assigned::default(),
             now_ms,
         )?;
+        if let Some(a) = audit {
+            a.write_in(&tx, Ok(()))?;
+        }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit takeover grant", e))?;
         self.hook.at(crate::crash::points::TAKEOVER_AFTER_COMMIT);

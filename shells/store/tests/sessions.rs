@@ -288,3 +288,39 @@ fn a_new_grant_voids_the_earlier_one_and_closing_is_idempotent() {
         "a registration with no live session neither creates nor consumes a grant"
     );
 }
+
+#[test]
+fn an_operator_grant_and_an_operator_refusal_are_audited_with_the_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    s.register_session(&reg(A, 0, 1, None, None), NOW).unwrap();
+    s.record_pending_claim("web-1", &B, NOW + 1).unwrap();
+    let caller = rvbox_store::operator::Caller {
+        transport: "grpc-unix".into(),
+        principal: "uid:0".into(),
+    };
+    let refused = s.authorize_takeover_as(&request_id(), "web-1", &C, 300_000, &caller, NOW + 2);
+    assert_eq!(code(refused.unwrap_err()), Code::FailedPrecondition);
+    s.authorize_takeover_as(&request_id(), "web-1", &B, 300_000, &caller, NOW + 3)
+        .unwrap();
+    s.flush_audit(NOW + 4).unwrap();
+    let records: Vec<_> = s
+        .read_audit(0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|(_, r)| r)
+        .filter(|r| r.action == "AuthorizeClientTakeover")
+        .collect();
+    assert_eq!(records.len(), 2, "{records:?}");
+    for r in &records {
+        assert_eq!(r.principal, "uid:0");
+        assert_eq!(r.transport, "grpc-unix");
+        assert_eq!(r.client_id.as_deref(), Some("web-1"));
+    }
+    assert_eq!(
+        records[0].error_code,
+        Some(Code::FailedPrecondition.to_wire() as i32),
+        "{records:?}"
+    );
+    assert_eq!(records[1].error_code, None, "{records:?}");
+}

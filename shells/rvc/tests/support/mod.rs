@@ -320,6 +320,11 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 }
 
 /// The UUID `rvc run` printed first on stderr.
+/// Bytes as text, for assertions and their messages.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
 pub fn issue_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr)
         .lines()
