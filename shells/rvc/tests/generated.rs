@@ -111,3 +111,30 @@ fn help_reads_at_80_columns() {
         }
     }
 }
+
+#[test]
+fn no_color_turns_off_the_styling_on_a_terminal() {
+    // `script` (util-linux) gives rvc a terminal, where help and usage
+    // errors are styled; NO_COLOR turns that off
+    let on_terminal = |env: &str, args: &str| -> String {
+        let line = format!("env {env} {} {args}", env!("CARGO_BIN_EXE_rvc"));
+        let out = Command::new("script")
+            .args(["-qc", &line, "/dev/null"])
+            .env_remove("NO_COLOR")
+            .output()
+            .expect("script(1) from util-linux");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(
+        on_terminal("-u NO_COLOR", "--help").contains('\x1b'),
+        "help is styled on a terminal"
+    );
+    for args in ["--help", "run --help", "no-such-command"] {
+        let out = on_terminal("NO_COLOR=1", args);
+        assert!(!out.is_empty(), "rvc {args} printed nothing");
+        assert!(
+            !out.contains('\x1b'),
+            "rvc {args} styled despite NO_COLOR: {out:?}"
+        );
+    }
+}
