@@ -83,7 +83,35 @@ fn rvc_output_of_every_command() {
     snap!(s, "stat_client", s.rvc(&["stat", "web-1"]));
     snap!(s, "list_page", s.rvc(&["list", "--per-page", "1"]));
 
+    snap!(s, "client_show", s.rvc(&["client", "show", "web-1"]));
+    snap!(
+        s,
+        "storage_incidents_none",
+        s.rvc(&["storage", "incidents"])
+    );
+
     // errors
+    snap!(
+        s,
+        "error_takeover_without_claim",
+        s.rvc(&[
+            "client",
+            "takeover",
+            "web-1",
+            "6f1c2a4e-8d3b-4f5a-9c7e-2b1d0e3f4a5b"
+        ])
+    );
+    snap!(
+        s,
+        "error_acknowledge_unknown",
+        s.rvc(&[
+            "storage",
+            "acknowledge",
+            "01a233bb-db10-7210-ae1b-edcc39797697",
+            "--note",
+            "x"
+        ])
+    );
     snap!(
         s,
         "error_unknown_command",
