@@ -164,3 +164,59 @@ pub(crate) fn of_result(result: &wire::ExitResult) -> u8 {
         _ => INTERRUPTED,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+
+    /// The one table of exit statuses in docs/cli.md.
+    fn table() -> Vec<(String, String)> {
+        let doc = include_str!("../../../docs/cli.md");
+        let section = doc.split("## Exit statuses").nth(1).unwrap();
+        section
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                (cells.len() >= 4 && cells[1] != "Status" && !cells[1].starts_with("---"))
+                    .then(|| (cells[1].to_owned(), cells[2].to_owned()))
+            })
+            .collect()
+    }
+
+    fn meaning(status: u8) -> String {
+        table()
+            .into_iter()
+            .find(|(s, _)| *s == status.to_string())
+            .map(|(_, m)| m)
+            .unwrap_or_else(|| panic!("docs/cli.md has no row for exit status {status}"))
+    }
+
+    #[test]
+    fn every_error_code_has_its_documented_status() {
+        let refusals = table()
+            .into_iter()
+            .find(|(s, _)| s == "11-28")
+            .map(|(_, m)| m)
+            .unwrap();
+        for code in Code::ALL {
+            let status = code.exit_status();
+            assert!((11..=28).contains(&status), "{code:?}: {status}");
+            let named = format!("{status} `{}`", code.as_str());
+            assert!(refusals.contains(&named), "docs/cli.md lacks {named}");
+        }
+    }
+
+    #[test]
+    fn every_other_class_has_its_row() {
+        assert!(meaning(USAGE).contains("usage"));
+        assert!(meaning(REJECTED).contains("rejected"));
+        assert!(meaning(EXPIRED).contains("expired"));
+        assert!(meaning(CANCELLED).contains("cancelled"));
+        assert!(meaning(INTERRUPTED).contains("interrupted"));
+        assert!(meaning(TERMINATED).contains("terminated"));
+        assert!(meaning(UNREACHABLE).contains("could not be reached"));
+        assert!(meaning(INTERNAL).contains("did not expect"));
+        assert!(meaning(INTERRUPTED_BY_USER).contains("Ctrl-C"));
+    }
+}
