@@ -44,6 +44,9 @@ pub const MAX_SCRIPT_CHUNK_BYTES: u64 = 256 * KIB;
 /// Ceiling: bytes of one stdin write on the wire; the control API splits
 /// larger appends into several writes.
 pub const MAX_STDIN_WRITE_BYTES: u64 = 256 * KIB;
+/// Ceiling: bytes of one `AppendStdin`; the server splits them into writes
+/// of at most [`MAX_STDIN_WRITE_BYTES`].
+pub const MAX_STDIN_APPEND_BYTES: u64 = MIB;
 /// Ceiling: a client id (configured hostname text), in ASCII characters.
 pub const MAX_CLIENT_ID_LEN: usize = 128;
 /// Ceiling: environment overrides in one `ExecutionSpec`.

@@ -30,6 +30,8 @@ pub(crate) struct Conn {
     pub(crate) rows: Vec<ServerCommand>,
     /// Script uploads in progress on this connection (plan §7.3).
     pub(crate) uploads: Uploads,
+    /// Stdin writes in flight on this connection (plan §9.1).
+    pub(crate) stdin: crate::stdin::StdinFlows,
     /// The connection's two-lane write schedule (plan §6.1): frames wait
     /// here until the writer has room.
     pub(crate) lanes: WriteScheduler<Frame>,
@@ -111,6 +113,7 @@ impl ServerCore {
                         assembler: None,
                         rows: Vec::new(),
                         uploads: Uploads::default(),
+                        stdin: crate::stdin::StdinFlows::default(),
                         lanes: WriteScheduler::default(),
                         writer_credit: WRITER_WINDOW,
                         data_in_session: 0,
@@ -347,6 +350,7 @@ impl ServerCore {
                 self.mark_ready(&client);
             }
             self.pump_uploads(conn);
+            self.pump_stdins(conn);
             if !signals.is_empty() {
                 self.store(
                     StoreOp::PendingSignals { issues: signals },

@@ -46,6 +46,15 @@ pub struct Queued {
     /// The event reports the command launched or ended: its script upload
     /// (if any) ends once it is durable.
     pub ends_upload: bool,
+    /// The event reports the command's process runs: stdin written
+    /// before goes once it is durable.
+    pub starts_stdin: bool,
+    /// The event reports the command ended: its stdin flow ends once it
+    /// is durable.
+    pub ends_stdin: bool,
+    /// The event acknowledges this stdin write: the window moves once it
+    /// is durable.
+    pub stdin_ack: Option<u64>,
     /// What the store appends.
     pub event: EventAppend,
 }
@@ -311,6 +320,18 @@ impl ServerCore {
             &desc.event.body,
             Some(Body::Lifecycle(l)) if Lifecycle::from_wire(l.lifecycle).is_ok_and(|to| to != Lifecycle::Accepted)
         );
+        let starts_stdin = matches!(
+            &desc.event.body,
+            Some(Body::Lifecycle(l)) if Lifecycle::from_wire(l.lifecycle) == Ok(Lifecycle::Running)
+        );
+        let ends_stdin = matches!(
+            &desc.event.body,
+            Some(Body::Lifecycle(l)) if Lifecycle::from_wire(l.lifecycle).is_ok_and(Lifecycle::is_terminal)
+        );
+        let stdin_ack = match &desc.event.body {
+            Some(Body::StdinAck(a)) => Some(a.write_seq),
+            _ => None,
+        };
         let event = match convert::event_append(&desc.event) {
             Ok(ev) => ev,
             Err(error) => {
@@ -329,6 +350,9 @@ impl ServerCore {
             event_seq,
             cost: desc.window_cost,
             ends_upload,
+            starts_stdin,
+            ends_stdin,
+            stdin_ack,
             event,
         };
         if self.ingest.push(conn, item).is_err() {
@@ -464,6 +488,15 @@ impl ServerCore {
                         if q.ends_upload {
                             self.end_upload(conn, q.issue);
                         }
+                        if let Some(write_seq) = q.stdin_ack {
+                            self.stdin_acked(conn, q.issue, write_seq);
+                        }
+                        if q.starts_stdin {
+                            self.wake_stdin(conn, q.issue);
+                        }
+                        if q.ends_stdin {
+                            self.end_stdin(conn, q.issue);
+                        }
                         SessionInput::EventsDurable {
                             issue: q.issue,
                             durable_seq: report
@@ -506,6 +539,9 @@ mod tests {
             event_seq: seq,
             cost,
             ends_upload: false,
+            starts_stdin: false,
+            ends_stdin: false,
+            stdin_ack: None,
             event: EventAppend {
                 issue_uuid: b,
                 event_seq: seq,

@@ -41,6 +41,7 @@ pub use ingest::GroupPolicy;
 mod reconcile;
 mod registration;
 mod signals;
+pub mod stdin;
 pub mod upload;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -103,6 +104,10 @@ pub enum ControlCall {
     AcknowledgeStorageIncident(wire::AcknowledgeStorageIncidentRequest),
     /// `AuthorizeClientTakeover` (plan §6.2), idempotent by `request_id`.
     AuthorizeClientTakeover(wire::AuthorizeClientTakeoverRequest),
+    /// `AppendStdin` (plan §9.1), idempotent by `request_id`.
+    AppendStdin(wire::AppendStdinRequest),
+    /// `CloseStdin` (plan §9.1), idempotent by `request_id`.
+    CloseStdin(wire::CloseStdinRequest),
 }
 
 /// The answer to a [`ControlCall`].
@@ -118,6 +123,10 @@ pub enum ControlAnswer {
     AcknowledgeStorageIncident(Result<wire::AcknowledgeStorageIncidentResponse, PortError>),
     /// `AuthorizeClientTakeover`: the one-shot grant.
     AuthorizeClientTakeover(Result<wire::AuthorizeClientTakeoverResponse, PortError>),
+    /// `AppendStdin`: the writes assigned, durable.
+    AppendStdin(Result<wire::AppendStdinResponse, PortError>),
+    /// `CloseStdin`: the close write assigned, durable.
+    CloseStdin(Result<wire::CloseStdinResponse, PortError>),
 }
 
 /// Something that happened, for the core to handle.
@@ -294,6 +303,16 @@ pub struct EngineStats {
     /// Pending signals queued again after an acceptance or a
     /// reconciliation.
     pub signals_sent_again: u64,
+    /// `AppendStdin` and `CloseStdin` requests answered (fresh or
+    /// replayed).
+    pub stdin_mutations: u64,
+    /// Stdin writes sent (again after a reconnect included).
+    pub stdin_writes_sent: u64,
+    /// Stdin acknowledgements made durable.
+    pub stdin_acks: u64,
+    /// Pending stdin reads that failed (the connection closed; the writes
+    /// go after the client reconnects).
+    pub stdin_failures: u64,
     /// Script uploads started (after an acceptance or a reconciliation).
     pub script_uploads: u64,
     /// Script chunks sent.
@@ -354,6 +373,7 @@ enum Pending {
     Ingest(ingest::Pending),
     Signal(signals::Pending),
     Upload(upload::Pending),
+    Stdin(stdin::Pending),
     /// An operator's takeover grant.
     Takeover {
         request: RequestId,
@@ -709,6 +729,30 @@ impl ServerCore {
                     Pending::Takeover { request },
                 );
             }
+            ControlCall::AppendStdin(req) => {
+                self.store(
+                    StoreOp::AppendStdin {
+                        request: req,
+                        caller,
+                    },
+                    Pending::Stdin(stdin::Pending::Mutation {
+                        request,
+                        close: false,
+                    }),
+                );
+            }
+            ControlCall::CloseStdin(req) => {
+                self.store(
+                    StoreOp::CloseStdin {
+                        request: req,
+                        caller,
+                    },
+                    Pending::Stdin(stdin::Pending::Mutation {
+                        request,
+                        close: true,
+                    }),
+                );
+            }
             ControlCall::AcknowledgeStorageIncident(req) => {
                 self.store(
                     StoreOp::AcknowledgeIncident {
@@ -838,6 +882,7 @@ impl ServerCore {
             }
             Pending::Signal(p) => self.signal_done(p, result),
             Pending::Upload(p) => self.upload_done(p, result),
+            Pending::Stdin(p) => self.stdin_done(p, result),
             Pending::Maintenance => {
                 self.maintenance_running = false;
                 match result {

@@ -322,6 +322,13 @@ impl ServerCore {
             .filter(|a| matches!(a.action, Action::Keep { .. }))
             .map(|a| *a.issue_uuid.as_bytes())
             .collect();
+        // stdin still pending goes again from its first write (the client
+        // ignores writes it holds)
+        for issue in &kept {
+            if let Ok(id) = Uuid7::from_bytes("issue_uuid", *issue) {
+                self.wake_stdin(conn, id);
+            }
+        }
         if !kept.is_empty() {
             self.store(
                 StoreOp::PendingSignals { issues: kept },

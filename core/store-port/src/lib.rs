@@ -20,3 +20,4 @@ pub mod maintenance;
 pub mod ops;
 pub mod sessions;
 pub mod signals;
+pub mod stdin;

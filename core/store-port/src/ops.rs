@@ -19,6 +19,7 @@ use crate::events::{AppendReport, EventAppend};
 use crate::incidents::NewIncident;
 use crate::sessions::{ClientRecord, Registration};
 use crate::signals::SignalOutcome;
+use crate::stdin::{StdinOutcome, StdinWrites};
 
 /// Identifies one operation until its completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -228,6 +229,36 @@ pub enum StoreOp {
         /// Lifetime of the grant.
         ttl_ms: u64,
     },
+    /// `AppendStdin`, idempotent by `request_id`: the data as numbered
+    /// writes of at most 256 KiB, their charges and the stored response,
+    /// audited with the caller, in one transaction. -> [`Completion::Stdin`]
+    AppendStdin {
+        /// The request.
+        request: wire::AppendStdinRequest,
+        /// Who asked (audited with the effect).
+        caller: Caller,
+    },
+    /// `CloseStdin`, idempotent by `request_id`: a close-only write after
+    /// every earlier one. -> [`Completion::Stdin`]
+    CloseStdin {
+        /// The request.
+        request: wire::CloseStdinRequest,
+        /// Who asked (audited with the effect).
+        caller: Caller,
+    },
+    /// The pending (unacknowledged) writes of a command that has not
+    /// ended, after `after_seq`, in order: as many as fit in `max_bytes`
+    /// of payload and `max_writes`. -> [`Completion::StdinWrites`]
+    PendingStdin {
+        /// Command.
+        issue: [u8; 16],
+        /// Writes up to this one were sent already.
+        after_seq: u64,
+        /// Payload bytes the window has room for.
+        max_bytes: u64,
+        /// Writes the window has room for.
+        max_writes: u64,
+    },
     /// Session audit records that no effect carries (rate-limited by the
     /// core). -> [`Completion::Done`]
     Audit(Vec<SessionAudit>),
@@ -268,6 +299,9 @@ impl StoreOp {
             Self::RepairIncident { .. } => "repair_incident",
             Self::AuthorizeTakeover { .. } => "authorize_takeover",
             Self::AcknowledgeIncident { .. } => "acknowledge_incident",
+            Self::AppendStdin { .. } => "append_stdin",
+            Self::CloseStdin { .. } => "close_stdin",
+            Self::PendingStdin { .. } => "pending_stdin",
             Self::Audit(_) => "audit",
             Self::Maintain => "maintain",
         }
@@ -287,6 +321,7 @@ impl StoreOp {
                 | Self::PendingSignals { .. }
                 | Self::ScriptInfo { .. }
                 | Self::ScriptRange { .. }
+                | Self::PendingStdin { .. }
         )
     }
 }
@@ -335,6 +370,10 @@ pub enum Completion {
     Incident(Box<wire::StorageIncident>),
     /// [`StoreOp::AuthorizeTakeover`].
     Takeover(wire::AuthorizeClientTakeoverResponse),
+    /// [`StoreOp::AppendStdin`], [`StoreOp::CloseStdin`].
+    Stdin(Box<StdinOutcome>),
+    /// [`StoreOp::PendingStdin`].
+    StdinWrites(StdinWrites),
     /// [`StoreOp::Maintain`].
     Maintained(crate::maintenance::MaintenanceReport),
 }

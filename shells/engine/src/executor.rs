@@ -351,6 +351,23 @@ impl Executor {
                 }
                 Ok(Completion::PendingSignals(all))
             }
+            StoreOp::AppendStdin { request, caller } => s
+                .append_stdin_as(&request, &caller, wall_ms)
+                .map(|o| Completion::Stdin(Box::new(o)))
+                .map_err(port),
+            StoreOp::CloseStdin { request, caller } => s
+                .close_stdin_as(&request, &caller, wall_ms)
+                .map(|o| Completion::Stdin(Box::new(o)))
+                .map_err(port),
+            StoreOp::PendingStdin {
+                issue,
+                after_seq,
+                max_bytes,
+                max_writes,
+            } => s
+                .pending_stdin(&issue, after_seq, max_bytes, max_writes)
+                .map(Completion::StdinWrites)
+                .map_err(port_store),
             StoreOp::ScriptInfo { issue } => {
                 let lifecycle = s.command_view(&issue).map_err(port)?.lifecycle;
                 let size = s.script_size(&issue).map_err(port)?;

@@ -53,6 +53,21 @@ impl Failure {
         }
     }
 
+    /// A refusal rvc decides itself, with the exit status of `code`.
+    pub(crate) fn refused(code: Code, message: impl Into<String>) -> Self {
+        Self {
+            code: code.exit_status(),
+            message: format!("{}: {}", code.as_str(), message.into()),
+            retry: false,
+            unanswered: false,
+        }
+    }
+
+    /// The exit status this failure reports.
+    pub(crate) fn status(&self) -> u8 {
+        self.code
+    }
+
     pub(crate) fn unreachable(message: impl Into<String>) -> Self {
         Self {
             code: UNREACHABLE,

@@ -12,6 +12,7 @@ mod conn;
 mod exit;
 mod follow;
 mod render;
+mod stdin;
 
 use std::process::ExitCode;
 
@@ -99,6 +100,40 @@ enum Cmd {
         /// `[SIGNAL] CLIENT UUID`.
         #[arg(num_args = 2..=3, value_names = ["SIGNAL", "CLIENT", "UUID"])]
         args: Vec<String>,
+    },
+    /// Write to a running command's stdin: TEXT (with a newline unless
+    /// --raw), a file's bytes, or rvc's own stdin until end of file
+    /// (--attach). rvc waits for the client to write it.
+    #[command(group(clap::ArgGroup::new("input").required(true).args(["text", "file", "attach"])))]
+    Append {
+        /// The client id.
+        client_id: String,
+        /// The command's UUID.
+        issue_uuid: String,
+        /// The text to write.
+        text: Option<String>,
+        /// Write this file's bytes as they are.
+        #[arg(long, value_name = "PATH")]
+        file: Option<std::path::PathBuf>,
+        /// Stream rvc's own stdin until end of file (stdin stays open:
+        /// close it with close-stdin).
+        #[arg(long)]
+        attach: bool,
+        /// No newline after TEXT.
+        #[arg(long, alias = "no-newline", requires = "text")]
+        raw: bool,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Close a command's stdin after every earlier write (the process
+    /// reads end of file).
+    CloseStdin {
+        /// The client id.
+        client_id: String,
+        /// The command's UUID.
+        issue_uuid: String,
+        #[command(flatten)]
+        wait: WaitArgs,
     },
     /// A client's registration: show it (with a refused claim by another
     /// instance), or authorize that instance to take the client over.
@@ -207,6 +242,29 @@ fn generate(cmd: &Cmd) -> Option<u8> {
             }
         },
     )
+}
+
+/// How long a stdin command waits for the client's acknowledgement.
+#[derive(Debug, Args)]
+struct WaitArgs {
+    /// Return once the server has it durably; do not wait for the client.
+    #[arg(long)]
+    no_wait: bool,
+    /// How long to wait for the client (e.g. 30s); the data stays durable
+    /// and is written when the client gets it.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    wait_for: String,
+}
+
+impl WaitArgs {
+    fn wait(&self) -> Result<Option<std::time::Duration>, Failure> {
+        if self.no_wait {
+            return Ok(None);
+        }
+        let ms = rvbox_config::units::parse_duration(&self.wait_for)
+            .map_err(|e| Failure::usage(format!("--wait-for {:?}: {e}", self.wait_for)))?;
+        Ok(Some(std::time::Duration::from_millis(ms)))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -380,6 +438,44 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
                 resp.revision
             );
             Ok(0)
+        }
+        Cmd::Append {
+            client_id,
+            issue_uuid,
+            text,
+            file,
+            attach,
+            raw,
+            wait,
+        } => {
+            let source = match (text, file, attach) {
+                (Some(text), _, _) => stdin::Source::Text {
+                    text,
+                    newline: !raw,
+                },
+                (None, Some(path), _) => stdin::Source::File(path),
+                (None, None, _) => stdin::Source::Attach,
+            };
+            let wait = wait.wait()?;
+            let mut control = Control::new(socket);
+            stdin::append(
+                &mut control,
+                given_id,
+                &client_id,
+                &issue_uuid,
+                source,
+                wait,
+            )
+            .await
+        }
+        Cmd::CloseStdin {
+            client_id,
+            issue_uuid,
+            wait,
+        } => {
+            let wait = wait.wait()?;
+            let mut control = Control::new(socket);
+            stdin::close(&mut control, given_id, &client_id, &issue_uuid, wait).await
         }
         Cmd::Storage(cmd) => storage(socket, given_id, cmd).await,
         Cmd::Client(cmd) => client(socket, given_id, cmd).await,

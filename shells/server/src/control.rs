@@ -2,7 +2,8 @@
 //!
 //! Owns: the socket (created only after a stale one is proven ours and
 //! dead), the mapping of each RPC to the core (mutations: `RunCommand`,
-//! `SignalCommand`, answered only after the store committed them with
+//! `SignalCommand`, `AppendStdin`, `CloseStdin`, the takeover grant and
+//! the incident repairs, answered only after the store committed them with
 //! their idempotency row) or to a read-only store connection (reads:
 //! `GetCommand`, `ListCommands`, `ListClients`, `GetClient`, `GetOutput`,
 //! `FollowCommand`), and the mapping of domain errors to non-OK statuses
@@ -310,16 +311,32 @@ impl Control for ControlService {
 
     async fn append_stdin(
         &self,
-        _request: Request<wire::AppendStdinRequest>,
+        request: Request<wire::AppendStdinRequest>,
     ) -> Result<Response<wire::AppendStdinResponse>, Status> {
-        Err(not_served("AppendStdin"))
+        let who = caller(&request);
+        match self
+            .call(who, ControlCall::AppendStdin(request.into_inner()))
+            .await?
+        {
+            ControlAnswer::AppendStdin(Ok(r)) => Ok(Response::new(r)),
+            ControlAnswer::AppendStdin(Err(e)) => Err(port_status(&e)),
+            _ => Err(unavailable("mismatched answer")),
+        }
     }
 
     async fn close_stdin(
         &self,
-        _request: Request<wire::CloseStdinRequest>,
+        request: Request<wire::CloseStdinRequest>,
     ) -> Result<Response<wire::CloseStdinResponse>, Status> {
-        Err(not_served("CloseStdin"))
+        let who = caller(&request);
+        match self
+            .call(who, ControlCall::CloseStdin(request.into_inner()))
+            .await?
+        {
+            ControlAnswer::CloseStdin(Ok(r)) => Ok(Response::new(r)),
+            ControlAnswer::CloseStdin(Err(e)) => Err(port_status(&e)),
+            _ => Err(unavailable("mismatched answer")),
+        }
     }
 
     async fn signal_command(

@@ -708,6 +708,7 @@ pub(crate) fn finish_in(
         ],
     )
     .map_err(|e| StoreError::sqlite("finish command", e))?;
+    crate::stdin::discard_pending(tx, issue)?;
     crate::store::apply_owner_global(tx, &view.client_id, after.owner, after.global)?;
     crate::events::insert_tombstone_row(
         tx,

@@ -49,6 +49,9 @@ pub mod points {
     pub const TAKEOVER_AFTER_COMMIT: &str = "store.takeover.after_commit";
     /// A `SignalCommand` committed; no answer and no `Signal` frame yet.
     pub const SIGNAL_AFTER_COMMIT: &str = "store.signal.after_commit";
+    /// An `AppendStdin` or `CloseStdin` committed; no answer and no
+    /// `StdinWrite` frame yet.
+    pub const STDIN_AFTER_COMMIT: &str = "store.stdin.after_commit";
     /// A `RunCommand` committed; no answer yet.
     pub const RUN_COMMAND_AFTER_COMMIT: &str = "store.run_command.after_commit";
     /// A server-side lifecycle transition committed.
@@ -57,7 +60,7 @@ pub mod points {
     /// simulator crashes at each to show that no decision depends on a
     /// second transaction that might never run, and that the frame or
     /// answer the commit announces can be lost.
-    pub const AFTER_COMMIT: [&str; 17] = [
+    pub const AFTER_COMMIT: [&str; 18] = [
         DISPATCH_AFTER_COMMIT,
         REQUEUE_AFTER_COMMIT,
         ACCEPT_AFTER_COMMIT,
@@ -73,6 +76,7 @@ pub mod points {
         SESSION_CLOSE_AFTER_COMMIT,
         TAKEOVER_AFTER_COMMIT,
         SIGNAL_AFTER_COMMIT,
+        STDIN_AFTER_COMMIT,
         RUN_COMMAND_AFTER_COMMIT,
         TRANSITION_AFTER_COMMIT,
     ];

@@ -57,6 +57,8 @@ struct PendingEvent {
     segment: Option<(u32, u64)>,
     inline: Option<Vec<u8>>,
     lifecycle: Option<(Lifecycle, Option<i32>, Option<i32>)>,
+    /// A `StdinAck` that settles a pending write: (write_seq, delivery).
+    stdin_ack: Option<(u64, i32)>,
 }
 
 #[derive(Debug, Default)]
@@ -249,6 +251,8 @@ impl Store {
         let mut views: BTreeMap<[u8; 16], CmdView> = BTreeMap::new();
         let mut owners: BTreeMap<String, u64> = BTreeMap::new();
         let mut batch_digests: BTreeMap<([u8; 16], u64), [u8; 32]> = BTreeMap::new();
+        let mut stdin_settled: std::collections::BTreeSet<([u8; 16], u64)> =
+            std::collections::BTreeSet::new();
         let mut pending: Vec<PendingEvent> = Vec::new();
         let mut segs: BTreeMap<([u8; 16], u32), PendingSegment> = BTreeMap::new();
         let mut current: BTreeMap<[u8; 16], (u32, u64)> = BTreeMap::new();
@@ -375,6 +379,34 @@ impl Store {
                     }
                     _ => None,
                 };
+                // a stdin acknowledgement settles its write (and frees its
+                // payload's charge) in this transaction, once the event
+                // itself is charged
+                let mut stdin_ack = None;
+                if let EventBody::Other { kind, encoded } = &ev.body
+                    && *kind == body_kind::STDIN_ACK
+                {
+                    let Ok(ack) =
+                        <rvbox_proto::v1::StdinAck as prost::Message>::decode(encoded.as_slice())
+                    else {
+                        outcomes.push(refuse(Code::ProtocolError, "stdin_ack does not decode"));
+                        continue;
+                    };
+                    match crate::stdin::check_ack(&tx, &issue, &ack)? {
+                        Err(e) => {
+                            outcomes.push(EventOutcome::Refused(e));
+                            continue;
+                        }
+                        Ok(Some(stored)) if !stdin_settled.contains(&(issue, ack.write_seq)) => {
+                            stdin_ack = Some((
+                                ack.write_seq,
+                                ack.delivery,
+                                crate::stdin::settled_release(stored)?,
+                            ));
+                        }
+                        Ok(_) => {}
+                    }
+                }
                 // quota
                 let (charge_kind, class, bytes) = match &ev.body {
                     EventBody::Output { stored, .. } => (
@@ -427,6 +459,22 @@ impl Store {
                 view.held_closeout = r.held_closeout_after;
                 owners.insert(view.client_id.clone(), r.owner_after);
                 global = r.global_after;
+                if let Some((write_seq, _, freed)) = stdin_ack {
+                    let after = crate::stdin::usage_after_settle(
+                        &Usage {
+                            command: view.charged,
+                            held_closeout: view.held_closeout,
+                            owner: r.owner_after,
+                            global,
+                            free_space: free,
+                        },
+                        freed,
+                    )?;
+                    view.charged = after.command;
+                    owners.insert(view.client_id.clone(), after.owner);
+                    global = after.global;
+                    stdin_settled.insert((issue, write_seq));
+                }
                 view.last_seq = ev.event_seq;
                 batch_digests.insert((issue, ev.event_seq), digest);
                 if let Some((to, _, _)) = lifecycle {
@@ -446,6 +494,7 @@ impl Store {
                     segment: None,
                     inline: None,
                     lifecycle,
+                    stdin_ack: stdin_ack.map(|(seq, delivery, _)| (seq, delivery)),
                 };
                 match &ev.body {
                     EventBody::Output {
@@ -1023,6 +1072,23 @@ impl Store {
                          exit_code = COALESCE(?4, exit_code), exit_signal = COALESCE(?5, exit_signal)
                      WHERE issue_uuid = ?1").and_then(|mut st| st.execute(params![p.issue.as_slice(), to.to_wire() as i32, terminal, code, signal]))
                 .map_err(|e| StoreError::sqlite("apply lifecycle", e))?;
+                if to.is_terminal() {
+                    crate::stdin::discard_pending(&tx, &p.issue)?;
+                }
+            }
+            if let Some((write_seq, delivery)) = p.stdin_ack
+                && crate::stdin::settle(&tx, &p.issue, write_seq, delivery)?
+            {
+                self.metrics
+                    .stdin_acks
+                    .get_or_create(&crate::metrics::DeliveryLabel {
+                        delivery: if delivery == rvbox_proto::v1::StdinDelivery::Written as i32 {
+                            "written"
+                        } else {
+                            "discarded"
+                        },
+                    })
+                    .inc();
             }
         }
         let mut owners = owners.clone();

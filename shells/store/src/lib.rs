@@ -42,3 +42,4 @@ pub mod registry;
 pub mod retention;
 pub mod sessions;
 pub mod signals;
+pub mod stdin;

@@ -23,6 +23,13 @@ pub struct TierLabel {
     pub tier: &'static str,
 }
 
+/// How a stdin write was settled (`written`, `discarded`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeliveryLabel {
+    /// Delivery.
+    pub delivery: &'static str,
+}
+
 /// An incident kind name (`INCIDENT_KIND_CHECKSUM_MISMATCH`, ...).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
@@ -88,6 +95,11 @@ pub struct StoreMetrics {
     /// Signals recorded for delivery (operator signals and late-acceptance
     /// terminations).
     pub signals_recorded: Counter,
+    /// Stdin writes recorded for delivery (`AppendStdin`, `CloseStdin`).
+    pub stdin_writes: Counter,
+    /// Stdin writes settled by the client's acknowledgement, by delivery
+    /// (`written`, `discarded`).
+    pub stdin_acks: Family<DeliveryLabel, Counter>,
     /// Commands created (`RunCommand`).
     pub commands_created: Counter,
     /// Commands refused, by code.
@@ -133,6 +145,8 @@ impl Default for StoreMetrics {
             live_conflicts: Counter::default(),
             journal_checkpoints: Counter::default(),
             signals_recorded: Counter::default(),
+            stdin_writes: Counter::default(),
+            stdin_acks: Family::default(),
             commands_created: Counter::default(),
             commands_refused: Family::default(),
             quota_refusals: Family::default(),
@@ -230,6 +244,16 @@ impl StoreMetrics {
             "signals_recorded",
             "Signals recorded for delivery to a client",
             self.signals_recorded.clone(),
+        );
+        r.register(
+            "stdin_writes",
+            "Stdin writes recorded for delivery to a client",
+            self.stdin_writes.clone(),
+        );
+        r.register(
+            "stdin_acks",
+            "Stdin writes the client acknowledged, by delivery",
+            self.stdin_acks.clone(),
         );
         r.register(
             "commands_created",
