@@ -8,7 +8,13 @@
 //! retries it takes (R3).
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use hyper_util::rt::TokioIo;
 use rvbox_control_api::v1::control_client::ControlClient;
@@ -39,6 +45,63 @@ pub(crate) struct Control {
     /// A connection succeeded once: a missing socket is then a server
     /// restarting (systemd removes its runtime directory), not a typo.
     connected_once: bool,
+    /// Bytes written to the control socket, over every connection (an
+    /// upload's progress).
+    sent: Arc<AtomicU64>,
+}
+
+/// A stream that counts the bytes written to it.
+struct Counting<S> {
+    inner: S,
+    sent: Arc<AtomicU64>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counting<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counting<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = &r {
+            self.sent.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = &r {
+            self.sent.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// Whether a status means "try again with the same request".
@@ -53,7 +116,13 @@ impl Control {
             client: None,
             said_reconnecting: false,
             connected_once: false,
+            sent: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// The count of bytes written to the control socket.
+    pub(crate) fn sent_counter(&self) -> Arc<AtomicU64> {
+        self.sent.clone()
     }
 
     async fn client(&mut self) -> Result<ControlClient<Channel>, Failure> {
@@ -61,6 +130,7 @@ impl Control {
             return Ok(c.clone());
         }
         let path = self.socket.clone();
+        let sent = self.sent.clone();
         match std::fs::symlink_metadata(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let message = format!(
@@ -79,9 +149,10 @@ impl Control {
         let channel = endpoint
             .connect_with_connector(tower::service_fn(move |_| {
                 let path = path.clone();
+                let sent = sent.clone();
                 async move {
-                    let stream = tokio::net::UnixStream::connect(path).await?;
-                    Ok::<_, std::io::Error>(TokioIo::new(stream))
+                    let inner = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(TokioIo::new(Counting { inner, sent }))
                 }
             }))
             .await

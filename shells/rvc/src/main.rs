@@ -12,6 +12,7 @@ mod conn;
 mod exit;
 mod follow;
 mod render;
+mod script;
 mod stdin;
 
 use std::process::ExitCode;
@@ -290,10 +291,15 @@ struct RunArgs {
     /// limit); the server's default when absent.
     #[arg(long, value_name = "DURATION")]
     queue_ttl: Option<String>,
+    /// Run this script file (at most 10 MiB) instead of command text:
+    /// uploaded with the command, verified by the client, then run with
+    /// the shell.
+    #[arg(long, value_name = "PATH", conflicts_with = "command")]
+    script: Option<std::path::PathBuf>,
     /// The client id.
     client_id: String,
     /// The command text (words are joined with spaces).
-    #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
+    #[arg(required_unless_present = "script", num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,
 }
 
@@ -348,15 +354,30 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
         Cmd::Run(args) => {
             // created before dialing, reused by every retry
             let id = request_id(given_id)?;
-            let req = run_request(&id, &args)?;
+            let mut req = run_request(&id, &args)?;
             let mut control = Control::new(socket);
-            let resp = control
-                .retrying(|mut c| {
-                    let req = req.clone();
-                    async move { c.run_command(req).await }
-                })
-                .await
-                .map_err(|f| f.with_request_id(&req.request_id))?;
+            let resp = match &args.script {
+                Some(path) => {
+                    let s = script::load(path)?;
+                    let size = s.descriptor.size_bytes;
+                    let name = s.descriptor.display_basename.clone();
+                    if let Some(spec) = req.spec.as_mut() {
+                        spec.source = Some(wire::execution_spec::Source::Script(s.descriptor));
+                    }
+                    req.script = s.bytes;
+                    let request_id = req.request_id.clone();
+                    script::run_command(&mut control, req, size, &name)
+                        .await
+                        .map_err(|f| f.with_request_id(&request_id))?
+                }
+                None => control
+                    .retrying(|mut c| {
+                        let req = req.clone();
+                        async move { c.run_command(req).await }
+                    })
+                    .await
+                    .map_err(|f| f.with_request_id(&req.request_id))?,
+            };
             eprintln!("{}", resp.issue_uuid);
             if args.background {
                 println!("{}", resp.issue_uuid);

@@ -23,8 +23,10 @@ fn stdout(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
-const SUBCOMMANDS: [&str; 7] = [
+const SUBCOMMANDS: [&str; 9] = [
     "run",
+    "append",
+    "close-stdin",
     "follow",
     "stat",
     "list",
