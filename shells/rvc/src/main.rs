@@ -105,7 +105,10 @@ enum Cmd {
     /// Write to a running command's stdin: TEXT (with a newline unless
     /// --raw), a file's bytes, or rvc's own stdin until end of file
     /// (--attach). rvc waits for the client to write it.
-    #[command(group(clap::ArgGroup::new("input").required(true).args(["text", "file", "attach"])))]
+    #[command(
+        group(clap::ArgGroup::new("input").required(true).args(["text", "file", "attach"])),
+        override_usage = "rvc append [OPTIONS] CLIENT UUID (TEXT | --file PATH | --attach)"
+    )]
     Append {
         /// The client id.
         client_id: String,
