@@ -3,7 +3,9 @@
 //! This crate owns the tonic client (`v1::control_client::ControlClient`) and
 //! server (`v1::control_server::{Control, ControlServer}`) for
 //! `protos/rvbox/v1/control.proto`, and nothing else: the messages they carry
-//! are the prost types of `rvbox-proto`, and no handler logic lives here. The
+//! are the prost types of `rvbox-proto`, and no handler logic lives here
+//! beside [`json`], the canonical proto3 JSON form of those messages (for
+//! `rvc --output json` and the JSON-RPC adapter). The
 //! code under `src/gen/` is produced by `scripts/generate`; a test in
 //! `rvbox-codegen` fails when it is stale. Never edit it by hand.
 
@@ -22,3 +24,5 @@ pub mod v1 {
 /// The encoded `FileDescriptorSet` of `protos/rvbox/v1` and its imports,
 /// for gRPC server reflection (generated beside the stubs).
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("gen/rvbox_descriptor.bin");
+
+pub mod json;

@@ -150,6 +150,16 @@ impl Failure {
         }
     }
 
+    /// Prints the failure as one JSON document on stderr (`--output
+    /// json`) and returns its status.
+    pub(crate) fn report_json(self) -> u8 {
+        let doc = serde_json::json!({
+            "error": { "exitStatus": self.code, "message": self.message }
+        });
+        eprintln!("{doc}");
+        self.code
+    }
+
     /// Prints the failure and returns its status.
     pub(crate) fn report(self) -> u8 {
         eprintln!("rvc: {}", self.message);

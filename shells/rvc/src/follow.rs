@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use crate::conn::{Control, FIRST_PAUSE, MAX_PAUSE, RETRY_FOR, retryable};
 use crate::exit::{self, Failure};
+use crate::out::Format;
 use crate::render;
 
 /// The largest raw output chunk (`OutputChunk.raw_length`, 64 KiB).
@@ -90,7 +91,27 @@ struct End {
     result: Option<wire::ExitResult>,
 }
 
-fn handle(item: Item, cursor: &mut u64, end: &mut End) -> Result<(), Failure> {
+/// Handles one streamed item; in JSON mode it is printed as its
+/// `FollowCommandResponse` document instead of being rendered.
+fn handle(
+    resp: wire::FollowCommandResponse,
+    cursor: &mut u64,
+    end: &mut End,
+    fmt: Format,
+) -> Result<(), Failure> {
+    let Some(item) = resp.item.clone() else {
+        return Ok(());
+    };
+    let fresh = match &item {
+        Item::Event(ev) => ev.event.as_ref().is_some_and(|e| e.event_seq > *cursor),
+        _ => true,
+    };
+    let json = fmt == Format::Json;
+    if json && fresh {
+        let mut line = crate::out::json("FollowCommandResponse", &resp)?;
+        line.push('\n');
+        crate::out::write_stdout(&line)?;
+    }
     match item {
         Item::Event(ev) => {
             let Some(ev) = ev.event else { return Ok(()) };
@@ -99,6 +120,14 @@ fn handle(item: Item, cursor: &mut u64, end: &mut End) -> Result<(), Failure> {
                 return Ok(());
             }
             *cursor = ev.event_seq;
+            if json {
+                if let Some(Body::Lifecycle(l)) = ev.body
+                    && l.exit_result.is_some()
+                {
+                    end.result = l.exit_result;
+                }
+                return Ok(());
+            }
             match ev.body {
                 Some(Body::Output(c)) => write_chunk(&c)?,
                 Some(Body::Lifecycle(l)) if l.exit_result.is_some() => {
@@ -141,6 +170,11 @@ fn handle(item: Item, cursor: &mut u64, end: &mut End) -> Result<(), Failure> {
                 _ => {}
             }
         }
+        Item::Retention(_) | Item::Reset(_) if json => {
+            if let Item::Reset(r) = item {
+                *cursor = r.resumed_after_event_seq;
+            }
+        }
         Item::Retention(r) => {
             let bytes = r
                 .raw_bytes
@@ -179,6 +213,7 @@ pub(crate) async fn follow(
     issue: &str,
     after: u64,
     client: Option<&str>,
+    fmt: Format,
 ) -> Result<u8, Failure> {
     let mut cursor = after;
     let mut end = End::default();
@@ -223,13 +258,11 @@ pub(crate) async fn follow(
             };
             match next {
                 Ok(Some(resp)) => {
-                    if let Some(item) = resp.item {
-                        let before = cursor;
-                        handle(item, &mut cursor, &mut end)?;
-                        if cursor > before {
-                            progress_at = Instant::now();
-                            pause = FIRST_PAUSE;
-                        }
+                    let before = cursor;
+                    handle(resp, &mut cursor, &mut end, fmt)?;
+                    if cursor > before {
+                        progress_at = Instant::now();
+                        pause = FIRST_PAUSE;
                     }
                 }
                 Ok(None) => {

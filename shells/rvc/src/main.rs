@@ -11,6 +11,7 @@
 mod conn;
 mod exit;
 mod follow;
+mod out;
 mod render;
 mod script;
 mod stdin;
@@ -22,6 +23,7 @@ use rvbox_proto::v1 as wire;
 
 use crate::conn::Control;
 use crate::exit::Failure;
+use crate::out::{Format, emit};
 
 /// Default path of the server's control socket (`control.socket_path`).
 const DEFAULT_SOCKET: &str = "/run/rvbox-server/control.sock";
@@ -49,6 +51,10 @@ struct Cli {
     /// a new one is created when absent. Reads ignore it.
     #[arg(long, global = true, value_name = "UUID")]
     request_id: Option<String>,
+    /// `text` for a person, or `json`: one document per result, per line
+    /// (the service's answer in canonical proto3 JSON).
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = Format::Text, value_name = "FORMAT")]
+    output: Format,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -333,9 +339,11 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::INTERNAL);
         }
     };
-    let status = rt.block_on(dispatch(&cli.socket, cli.request_id, command));
+    let format = cli.output;
+    let status = rt.block_on(dispatch(&cli.socket, cli.request_id, format, command));
     ExitCode::from(match status {
         Ok(code) => code,
+        Err(f) if format == Format::Json => f.report_json(),
         Err(f) => f.report(),
     })
 }
@@ -352,7 +360,12 @@ fn request_id(given: Option<String>) -> Result<String, Failure> {
     }
 }
 
-async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8, Failure> {
+async fn dispatch(
+    socket: &str,
+    given_id: Option<String>,
+    fmt: Format,
+    cmd: Cmd,
+) -> Result<u8, Failure> {
     match cmd {
         Cmd::Run(args) => {
             // created before dialing, reused by every retry
@@ -381,16 +394,30 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
                     .await
                     .map_err(|f| f.with_request_id(&req.request_id))?,
             };
-            eprintln!("{}", resp.issue_uuid);
+            if fmt == Format::Text {
+                eprintln!("{}", resp.issue_uuid);
+            }
             if args.background {
-                println!("{}", resp.issue_uuid);
+                emit(fmt, "RunCommandResponse", &resp, || {
+                    format!("{}\n", resp.issue_uuid)
+                })?;
                 return Ok(0);
             }
-            follow::follow(&mut control, &resp.issue_uuid, 0, Some(&args.client_id)).await
+            if fmt == Format::Json {
+                emit(fmt, "RunCommandResponse", &resp, String::new)?;
+            }
+            follow::follow(
+                &mut control,
+                &resp.issue_uuid,
+                0,
+                Some(&args.client_id),
+                fmt,
+            )
+            .await
         }
         Cmd::Follow { issue_uuid, after } => {
             let mut control = Control::new(socket);
-            follow::follow(&mut control, &issue_uuid, after, None).await
+            follow::follow(&mut control, &issue_uuid, after, None, fmt).await
         }
         Cmd::Stat {
             client_id,
@@ -403,11 +430,25 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
             match (client_id, issue_uuid, all) {
                 (client, Some(issue), _) => {
                     let r = command_of(&mut control, &issue, client.as_deref()).await?;
-                    print!("{}", render::command(&r));
+                    let claim = client_of(&mut control, &r.client_id).await?;
+                    let resp = wire::GetCommandResponse { command: Some(r) };
+                    emit(fmt, "GetCommandResponse", &resp, || {
+                        resp.command
+                            .as_ref()
+                            .map(|c| render::command(c, &claim))
+                            .unwrap_or_default()
+                    })?;
                     Ok(0)
                 }
-                (Some(client), None, _) => list(&mut control, Some(client), page, per_page).await,
-                (None, None, true) => list(&mut control, None, page, per_page).await,
+                (Some(client), None, _) => {
+                    if fmt == Format::Text {
+                        let c = client_of(&mut control, &client).await?;
+                        print!("{}", render::client(&c));
+                        println!();
+                    }
+                    list(&mut control, Some(client), page, per_page, fmt).await
+                }
+                (None, None, true) => list(&mut control, None, page, per_page, fmt).await,
                 (None, None, false) => {
                     let req = wire::ListClientsRequest {
                         request_id: String::new(),
@@ -420,10 +461,16 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
                             async move { c.list_clients(req).await }
                         })
                         .await?;
-                    print!("{}", render::clients(&resp.clients));
-                    if !resp.next_page_token.is_empty() {
-                        println!("more: rvc stat --page {}", resp.next_page_token);
-                    }
+                    emit(fmt, "ListClientsResponse", &resp, || {
+                        let mut t = render::clients(&resp.clients);
+                        if !resp.next_page_token.is_empty() {
+                            t.push_str(&format!(
+                                "more: rvc stat --page {}\n",
+                                resp.next_page_token
+                            ));
+                        }
+                        t
+                    })?;
                     Ok(0)
                 }
             }
@@ -434,7 +481,7 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
             per_page,
         } => {
             let mut control = Control::new(socket);
-            list(&mut control, client_id, page, per_page).await
+            list(&mut control, client_id, page, per_page, fmt).await
         }
         Cmd::Kill { args } => {
             let (signal, client, issue) = kill_args(&args)?;
@@ -455,12 +502,14 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
                 })
                 .await
                 .map_err(|f| f.with_request_id(&req.request_id))?;
-            println!(
-                "{} {}: revision {}",
-                render::signal_name(signal),
-                issue,
-                resp.revision
-            );
+            emit(fmt, "SignalCommandResponse", &resp, || {
+                format!(
+                    "{} {}: revision {}\n",
+                    render::signal_name(signal),
+                    issue,
+                    resp.revision
+                )
+            })?;
             Ok(0)
         }
         Cmd::Append {
@@ -489,6 +538,7 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
                 &issue_uuid,
                 source,
                 wait,
+                fmt,
             )
             .await
         }
@@ -499,10 +549,10 @@ async fn dispatch(socket: &str, given_id: Option<String>, cmd: Cmd) -> Result<u8
         } => {
             let wait = wait.wait()?;
             let mut control = Control::new(socket);
-            stdin::close(&mut control, given_id, &client_id, &issue_uuid, wait).await
+            stdin::close(&mut control, given_id, &client_id, &issue_uuid, wait, fmt).await
         }
-        Cmd::Storage(cmd) => storage(socket, given_id, cmd).await,
-        Cmd::Client(cmd) => client(socket, given_id, cmd).await,
+        Cmd::Storage(cmd) => storage(socket, given_id, fmt, cmd).await,
+        Cmd::Client(cmd) => client(socket, given_id, fmt, cmd).await,
         // main writes these before any runtime exists
         c @ (Cmd::Completions { .. } | Cmd::Man) => Ok(generate(&c).unwrap_or(0)),
     }
@@ -538,21 +588,34 @@ async fn command_of(
     Ok(record)
 }
 
-async fn client(socket: &str, given_id: Option<String>, cmd: ClientCmd) -> Result<u8, Failure> {
+/// One client's registration.
+async fn client_of(
+    control: &mut Control,
+    client_id: &str,
+) -> Result<wire::GetClientResponse, Failure> {
+    let req = wire::GetClientRequest {
+        request_id: String::new(),
+        client_id: client_id.to_owned(),
+    };
+    control
+        .retrying(|mut c| {
+            let req = req.clone();
+            async move { c.get_client(req).await }
+        })
+        .await
+}
+
+async fn client(
+    socket: &str,
+    given_id: Option<String>,
+    fmt: Format,
+    cmd: ClientCmd,
+) -> Result<u8, Failure> {
     let mut control = Control::new(socket);
     match cmd {
         ClientCmd::Show { client_id } => {
-            let req = wire::GetClientRequest {
-                request_id: String::new(),
-                client_id,
-            };
-            let resp = control
-                .retrying(|mut c| {
-                    let req = req.clone();
-                    async move { c.get_client(req).await }
-                })
-                .await?;
-            print!("{}", render::client(&resp));
+            let resp = client_of(&mut control, &client_id).await?;
+            emit(fmt, "GetClientResponse", &resp, || render::client(&resp))?;
             Ok(0)
         }
         ClientCmd::Takeover {
@@ -571,18 +634,25 @@ async fn client(socket: &str, given_id: Option<String>, cmd: ClientCmd) -> Resul
                 })
                 .await
                 .map_err(|f| f.with_request_id(&req.request_id))?;
-            println!(
-                "{}: instance {} may take it over at its next connection, until {}",
-                resp.client_id,
-                resp.client_instance_id,
-                render::time_text(resp.grant_expiry_time.as_ref())
-            );
+            emit(fmt, "AuthorizeClientTakeoverResponse", &resp, || {
+                format!(
+                    "{}: instance {} may take it over at its next connection, until {}\n",
+                    resp.client_id,
+                    resp.client_instance_id,
+                    render::time_text(resp.grant_expiry_time.as_ref())
+                )
+            })?;
             Ok(0)
         }
     }
 }
 
-async fn storage(socket: &str, given_id: Option<String>, cmd: StorageCmd) -> Result<u8, Failure> {
+async fn storage(
+    socket: &str,
+    given_id: Option<String>,
+    fmt: Format,
+    cmd: StorageCmd,
+) -> Result<u8, Failure> {
     let mut control = Control::new(socket);
     match cmd {
         StorageCmd::Incidents {
@@ -602,14 +672,17 @@ async fn storage(socket: &str, given_id: Option<String>, cmd: StorageCmd) -> Res
                     async move { c.list_storage_incidents(req).await }
                 })
                 .await?;
-            print!("{}", render::incidents(&resp.incidents));
-            if !resp.next_page_token.is_empty() {
-                let all = if all { " --all" } else { "" };
-                println!(
-                    "more: rvc storage incidents{all} --page {}",
-                    resp.next_page_token
-                );
-            }
+            emit(fmt, "ListStorageIncidentsResponse", &resp, || {
+                let mut t = render::incidents(&resp.incidents);
+                if !resp.next_page_token.is_empty() {
+                    let all = if all { " --all" } else { "" };
+                    t.push_str(&format!(
+                        "more: rvc storage incidents{all} --page {}\n",
+                        resp.next_page_token
+                    ));
+                }
+                t
+            })?;
             Ok(0)
         }
         StorageCmd::Repair { incident_id } => {
@@ -624,7 +697,9 @@ async fn storage(socket: &str, given_id: Option<String>, cmd: StorageCmd) -> Res
                 })
                 .await
                 .map_err(|f| f.with_request_id(&req.request_id))?;
-            print!("{}", render::incidents(resp.incident.as_slice()));
+            emit(fmt, "RepairStorageIncidentResponse", &resp, || {
+                render::incidents(resp.incident.as_slice())
+            })?;
             Ok(0)
         }
         StorageCmd::Acknowledge { incident_id, note } => {
@@ -640,7 +715,9 @@ async fn storage(socket: &str, given_id: Option<String>, cmd: StorageCmd) -> Res
                 })
                 .await
                 .map_err(|f| f.with_request_id(&req.request_id))?;
-            print!("{}", render::incidents(resp.incident.as_slice()));
+            emit(fmt, "AcknowledgeStorageIncidentResponse", &resp, || {
+                render::incidents(resp.incident.as_slice())
+            })?;
             Ok(0)
         }
     }
@@ -651,6 +728,7 @@ async fn list(
     client_id: Option<String>,
     page: Option<String>,
     per_page: Option<u32>,
+    fmt: Format,
 ) -> Result<u8, Failure> {
     let req = wire::ListCommandsRequest {
         request_id: String::new(),
@@ -664,13 +742,19 @@ async fn list(
             async move { c.list_commands(req).await }
         })
         .await?;
-    print!("{}", render::commands(&resp.commands));
-    if !resp.next_page_token.is_empty() {
-        match client_id {
-            Some(c) => println!("more: rvc list {c} --page {}", resp.next_page_token),
-            None => println!("more: rvc list --page {}", resp.next_page_token),
+    emit(fmt, "ListCommandsResponse", &resp, || {
+        let mut t = render::commands(&resp.commands);
+        if !resp.next_page_token.is_empty() {
+            match &client_id {
+                Some(c) => t.push_str(&format!(
+                    "more: rvc list {c} --page {}\n",
+                    resp.next_page_token
+                )),
+                None => t.push_str(&format!("more: rvc list --page {}\n", resp.next_page_token)),
+            }
         }
-    }
+        t
+    })?;
     Ok(0)
 }
 

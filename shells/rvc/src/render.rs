@@ -74,46 +74,66 @@ fn exit_text(r: Option<&wire::ExitResult>) -> String {
     }
 }
 
-/// `rvc stat`: the clients.
-pub(crate) fn clients(list: &[wire::ClientSummary]) -> String {
+/// Width every table fits in.
+const WIDTH: u16 = 80;
+
+/// A borderless table (as kubectl and systemctl print them) fitted to
+/// [`WIDTH`] columns: a long cell wraps within its column instead of
+/// pushing the line past 80.
+fn table(header: &[&str]) -> comfy_table::Table {
+    let mut t = comfy_table::Table::new();
+    t.load_style(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
+        .set_width(WIDTH)
+        .set_header(header.iter().copied());
+    t
+}
+
+/// A table's text: lines without trailing blanks, one newline each.
+fn finish(t: &comfy_table::Table) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<24} {:<9} {:>5} LAST SEEN",
-        "CLIENT", "STATE", "GEN"
-    );
-    for c in list {
-        let _ = writeln!(
-            out,
-            "{:<24} {:<9} {:>5} {}",
-            shorten(&c.client_id, 24),
-            if c.connected { "connected" } else { "offline" },
-            c.generation,
-            time(c.last_seen_time.as_ref())
-        );
+    for line in t.lines() {
+        let line = line.trim_end();
+        // the preset pads a leading column of one blank
+        let line = line.strip_prefix(' ').unwrap_or(line);
+        out.push_str(line);
+        out.push('\n');
     }
     out
 }
 
+/// `rvc stat`: the clients.
+pub(crate) fn clients(list: &[wire::ClientSummary]) -> String {
+    let mut t = table(&["CLIENT", "STATE", "GEN", "LAST SEEN"]);
+    for c in list {
+        t.add_row(vec![
+            c.client_id.clone(),
+            if c.connected { "connected" } else { "offline" }.to_owned(),
+            c.generation.to_string(),
+            time(c.last_seen_time.as_ref()),
+        ]);
+    }
+    finish(&t)
+}
+
 /// `rvc list`: commands, newest first.
 pub(crate) fn commands(list: &[wire::CommandRecord]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<36} {:<12} {:<11} COMMAND",
-        "UUID", "CLIENT", "STATE"
-    );
-    for c in list {
-        let _ = writeln!(
-            out,
-            "{:<36} {:<12} {:<11} {}",
-            c.issue_uuid,
-            shorten(&c.client_id, 12),
-            lifecycle_name(c.lifecycle),
-            shorten(&command_text(c.spec.as_ref()), 17)
-        );
+    let mut t = table(&["UUID", "CLIENT", "STATE", "COMMAND"]);
+    // a UUID never wraps: it is copied to the next command
+    if let Some(c) = t.column_mut(0) {
+        c.set_constraint(comfy_table::ColumnConstraint::Absolute(
+            comfy_table::Width::Fixed(38),
+        ));
     }
-    out
+    for c in list {
+        t.add_row(vec![
+            c.issue_uuid.clone(),
+            c.client_id.clone(),
+            lifecycle_name(c.lifecycle),
+            shorten(&command_text(c.spec.as_ref()), 60),
+        ]);
+    }
+    finish(&t)
 }
 
 /// A time as the tables show it (whole seconds, UTC).
@@ -178,7 +198,9 @@ fn enum_name(name: Option<&str>, prefix: &str) -> String {
 /// it; every line within 80 columns.
 pub(crate) fn incidents(list: &[wire::StorageIncident]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{:<36} {:<12} DETECTED", "INCIDENT", "STATE");
+    if list.is_empty() {
+        let _ = writeln!(out, "{:<36} {:<12} DETECTED", "INCIDENT", "STATE");
+    }
     for i in list {
         let kind = enum_name(
             wire::IncidentKind::try_from(i.kind)
@@ -198,6 +220,9 @@ pub(crate) fn incidents(list: &[wire::StorageIncident]) -> String {
                 .map(|k| k.as_str_name()),
             "SCOPE_KIND_",
         );
+        if out.is_empty() {
+            let _ = writeln!(out, "{:<36} {:<12} DETECTED", "INCIDENT", "STATE");
+        }
         let _ = writeln!(
             out,
             "{:<36} {:<12} {}",
@@ -231,8 +256,8 @@ pub(crate) fn incidents(list: &[wire::StorageIncident]) -> String {
 }
 
 /// `rvc stat CLIENT UUID`: one command, its lifecycle and its history
-/// apart.
-pub(crate) fn command(c: &wire::CommandRecord) -> String {
+/// apart, and its client's pending takeover claim.
+pub(crate) fn command(c: &wire::CommandRecord, client: &wire::GetClientResponse) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "command     {}", c.issue_uuid);
     let _ = writeln!(out, "client      {}", c.client_id);
@@ -272,6 +297,12 @@ pub(crate) fn command(c: &wire::CommandRecord) -> String {
             e.reason
         );
     }
+    if c.expiry.is_some() && c.lifecycle != wire::Lifecycle::Expired as i32 {
+        let _ = writeln!(
+            out,
+            "  late      its client's result came after the expiry; the state above is that result"
+        );
+    }
     if c.expired_pending_reconciliation {
         let _ = writeln!(
             out,
@@ -306,6 +337,14 @@ pub(crate) fn command(c: &wire::CommandRecord) -> String {
             wire::ScopeKind::try_from(s.scope_kind).map_or("UNKNOWN", |k| k.as_str_name()),
             s.scope_key,
             s.incident_ids.join(", ")
+        );
+    }
+    if let Some(p) = &client.pending_claim {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "client      instance {} claims {} (rvc client takeover)",
+            p.client_instance_id, c.client_id
         );
     }
     out

@@ -21,6 +21,7 @@ use rvbox_proto::v1::follow_command_response::Item;
 
 use crate::conn::{Control, FIRST_PAUSE, MAX_PAUSE, RETRY_FOR};
 use crate::exit::Failure;
+use crate::out::Format;
 
 /// Bytes of one `AppendStdin` (the server's per-request ceiling).
 const APPEND_BYTES: usize = 1024 * 1024;
@@ -55,6 +56,7 @@ pub(crate) async fn append(
     issue: &str,
     source: Source,
     wait: Option<Duration>,
+    fmt: Format,
 ) -> Result<u8, Failure> {
     let record = crate::command_of(control, issue, Some(client)).await?;
     let from = record.last_event_seq;
@@ -127,15 +129,17 @@ pub(crate) async fn append(
             }
         }
     }
-    let Some(resp) = last else {
+    let Some(mut resp) = last else {
         eprintln!("rvc: nothing to append (the input was empty)");
         return Ok(0);
     };
-    eprintln!(
-        "rvc: {total} bytes recorded for {issue}'s stdin (writes up to {})",
-        resp.last_write_seq
-    );
-    settle(
+    if fmt == Format::Text {
+        eprintln!(
+            "rvc: {total} bytes recorded for {issue}'s stdin (writes up to {})",
+            resp.last_write_seq
+        );
+    }
+    let settled = settle(
         control,
         issue,
         from,
@@ -143,7 +147,12 @@ pub(crate) async fn append(
         resp.delivery,
         wait,
     )
-    .await
+    .await?;
+    resp.delivery = settled.delivery(resp.delivery);
+    if fmt == Format::Json {
+        crate::out::emit(fmt, "AppendStdinResponse", &resp, String::new)?;
+    }
+    report(settled, wait, fmt)
 }
 
 /// `rvc close-stdin`.
@@ -153,24 +162,27 @@ pub(crate) async fn close(
     client: &str,
     issue: &str,
     wait: Option<Duration>,
+    fmt: Format,
 ) -> Result<u8, Failure> {
     let record = crate::command_of(control, issue, Some(client)).await?;
     let req = wire::CloseStdinRequest {
         request_id: crate::request_id(given_id)?,
         issue_uuid: issue.to_owned(),
     };
-    let resp = control
+    let mut resp = control
         .retrying(|mut c| {
             let req = req.clone();
             async move { c.close_stdin(req).await }
         })
         .await
         .map_err(|f| f.with_request_id(&req.request_id))?;
-    eprintln!(
-        "rvc: close of {issue}'s stdin recorded (write {})",
-        resp.write_seq
-    );
-    settle(
+    if fmt == Format::Text {
+        eprintln!(
+            "rvc: close of {issue}'s stdin recorded (write {})",
+            resp.write_seq
+        );
+    }
+    let settled = settle(
         control,
         issue,
         record.last_event_seq,
@@ -178,7 +190,12 @@ pub(crate) async fn close(
         resp.delivery,
         wait,
     )
-    .await
+    .await?;
+    resp.delivery = settled.delivery(resp.delivery);
+    if fmt == Format::Json {
+        crate::out::emit(fmt, "CloseStdinResponse", &resp, String::new)?;
+    }
+    report(settled, wait, fmt)
 }
 
 fn read_up_to(file: &mut std::fs::File, max: usize) -> std::io::Result<Vec<u8>> {
@@ -229,8 +246,19 @@ async fn send(
     }
 }
 
+impl Settled {
+    /// The delivery a response reports once this is known.
+    fn delivery(&self, stored: i32) -> i32 {
+        match self {
+            Self::Written => wire::StdinDelivery::Written as i32,
+            Self::Discarded(_) | Self::Ended(_) => wire::StdinDelivery::Discarded as i32,
+            Self::Waiting => stored,
+        }
+    }
+}
+
 /// Waits up to `wait` for the client's acknowledgement of `write_seq`,
-/// reading the command's events after `from`; says what it found.
+/// reading the command's events after `from`.
 async fn settle(
     control: &mut Control,
     issue: &str,
@@ -238,7 +266,7 @@ async fn settle(
     write_seq: u64,
     delivery: i32,
     wait: Option<Duration>,
-) -> Result<u8, Failure> {
+) -> Result<Settled, Failure> {
     let known = match wire::StdinDelivery::try_from(delivery) {
         Ok(wire::StdinDelivery::Written) => Settled::Written,
         Ok(wire::StdinDelivery::Discarded) => Settled::Discarded(String::new()),
@@ -253,9 +281,16 @@ async fn settle(
         }
         (known, _) => known,
     };
+    Ok(settled)
+}
+
+/// Says what the client did and returns rvc's status.
+fn report(settled: Settled, wait: Option<Duration>, fmt: Format) -> Result<u8, Failure> {
     match settled {
         Settled::Written => {
-            eprintln!("rvc: written to the process's stdin");
+            if fmt == Format::Text {
+                eprintln!("rvc: written to the process's stdin");
+            }
             Ok(0)
         }
         Settled::Discarded(reason) => Err(Failure::refused(
@@ -274,7 +309,7 @@ async fn settle(
             format!("the command ended ({lifecycle}) before its client wrote the data"),
         )),
         Settled::Waiting => {
-            if wait.is_some() {
+            if wait.is_some() && fmt == Format::Text {
                 eprintln!(
                     "rvc: not acknowledged by the client yet; it is written once the client has it (durable on the server)"
                 );

@@ -447,14 +447,27 @@ fn grpc_health_and_reflection_are_served_on_the_control_socket() {
             .unwrap();
         let mut health = HealthClient::new(channel.clone());
         for service in ["", "rvbox.v1.Control"] {
-            let r = health
-                .check(HealthCheckRequest {
-                    service: service.into(),
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            assert_eq!(r.status, ServingStatus::Serving as i32, "{service:?}");
+            // NOT_SERVING while the store's startup recovery runs, then
+            // SERVING
+            let t = std::time::Instant::now();
+            loop {
+                let r = health
+                    .check(HealthCheckRequest {
+                        service: service.into(),
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                if r.status == ServingStatus::Serving as i32 {
+                    break;
+                }
+                assert_eq!(r.status, ServingStatus::NotServing as i32, "{service:?}");
+                assert!(
+                    t.elapsed() < std::time::Duration::from_secs(20),
+                    "{service:?} never served"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
         }
         let mut reflection = ServerReflectionClient::new(channel);
         let req = ServerReflectionRequest {

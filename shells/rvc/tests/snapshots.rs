@@ -37,6 +37,14 @@ macro_rules! snap {
         settings.add_filter(&regex_escape(&dir), "[dir]");
         settings.add_filter(r"revision \d+", "revision [n]");
         settings.add_filter(r"--page [A-Za-z0-9_-]+", "--page [token]");
+        settings.add_filter(
+            r#""(requestHash|nextPageToken)":"[^"]+""#,
+            "\"$1\":\"[redacted]\"",
+        );
+        settings.add_filter(
+            r#""(lastSeenTime|generation)":"?[^",}]+"?"#,
+            "\"$1\":[redacted]",
+        );
         settings.set_prepend_module_to_snapshot(false);
         settings.bind(|| insta::assert_snapshot!($name, render(&$out)));
     }};
@@ -76,6 +84,47 @@ fn rvc_output_of_every_command() {
         String::from_utf8_lossy(&s.rvc(&["stat", "web-1", &long_uuid]).stdout)
             .contains("state     running")
     });
+    // stdin of a running command
+    let cat = s.rvc(&["run", "--background", "web-1", "cat"]);
+    let cat_uuid = String::from_utf8_lossy(&cat.stdout).trim().to_owned();
+    s.wait_until("cat runs", || {
+        String::from_utf8_lossy(&s.rvc(&["stat", "web-1", &cat_uuid]).stdout)
+            .contains("state     running")
+    });
+    snap!(s, "append", s.rvc(&["append", "web-1", &cat_uuid, "hello"]));
+    snap!(
+        s,
+        "append_json",
+        s.rvc(&["-o", "json", "append", "web-1", &cat_uuid, "again"])
+    );
+    snap!(
+        s,
+        "close_stdin",
+        s.rvc(&["close-stdin", "web-1", &cat_uuid])
+    );
+    snap!(s, "follow_cat", s.rvc(&["follow", &cat_uuid]));
+    snap!(
+        s,
+        "error_append_ended",
+        s.rvc(&["append", "web-1", &cat_uuid, "late"])
+    );
+    snap!(
+        s,
+        "error_append_ended_json",
+        s.rvc(&["-o", "json", "append", "web-1", &cat_uuid, "late"])
+    );
+
+    let other = s.rvc(&["run", "--background", "web-1", "exec sleep 60"]);
+    let other_uuid = String::from_utf8_lossy(&other.stdout).trim().to_owned();
+    s.wait_until("the second sleep runs", || {
+        String::from_utf8_lossy(&s.rvc(&["stat", "web-1", &other_uuid]).stdout)
+            .contains("state     running")
+    });
+    snap!(
+        s,
+        "kill_json",
+        s.rvc(&["-o", "json", "kill", "HUP", "web-1", &other_uuid])
+    );
     snap!(s, "kill", s.rvc(&["kill", "KILL", "web-1", &long_uuid]));
     snap!(s, "follow_killed", s.rvc(&["follow", &long_uuid]));
 
@@ -84,6 +133,49 @@ fn rvc_output_of_every_command() {
     snap!(s, "list_page", s.rvc(&["list", "--per-page", "1"]));
 
     snap!(s, "client_show", s.rvc(&["client", "show", "web-1"]));
+
+    // --output json: one document per result
+    let bg = s.rvc(&["-o", "json", "run", "--background", "web-1", "echo json"]);
+    snap!(s, "run_background_json", bg);
+    let doc: serde_json::Value = serde_json::from_slice(&bg.stdout).unwrap();
+    let json_uuid = doc["issueUuid"].as_str().unwrap().to_owned();
+    snap!(
+        s,
+        "follow_json",
+        s.rvc(&["-o", "json", "follow", &json_uuid])
+    );
+    snap!(
+        s,
+        "stat_command_json",
+        s.rvc(&["-o", "json", "stat", "web-1", &json_uuid])
+    );
+    snap!(s, "stat_clients_json", s.rvc(&["-o", "json", "stat"]));
+    snap!(
+        s,
+        "list_page_json",
+        s.rvc(&["-o", "json", "list", "--per-page", "1"])
+    );
+    snap!(
+        s,
+        "client_show_json",
+        s.rvc(&["-o", "json", "client", "show", "web-1"])
+    );
+    snap!(
+        s,
+        "storage_incidents_none_json",
+        s.rvc(&["-o", "json", "storage", "incidents"])
+    );
+    snap!(
+        s,
+        "error_unknown_command_json",
+        s.rvc(&[
+            "-o",
+            "json",
+            "stat",
+            "web-1",
+            "01a233bb-db10-7210-ae1b-edcc39797699"
+        ])
+    );
     snap!(
         s,
         "storage_incidents_none",
