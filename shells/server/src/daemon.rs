@@ -206,6 +206,37 @@ async fn serve(config: ServerConfig) -> i32 {
         stop_rx.clone(),
     );
     let max_request = usize::try_from(config.limits.max_control_request).unwrap_or(usize::MAX);
+    // the JSON-RPC adapter, only when enabled (plan §9.3); a non-loopback
+    // bind was warned about with the configuration summary
+    if config.jsonrpc.enabled {
+        let addr = config.jsonrpc.listen;
+        match TcpListener::bind(addr).await {
+            Ok(l) => {
+                if addr.ip().is_loopback() {
+                    tracing::info!(%addr, "JSON-RPC adapter listening (POST /)");
+                } else {
+                    tracing::warn!(%addr, "JSON-RPC adapter listening on a non-loopback address: it is UNAUTHENTICATED, anyone who can reach it can run commands on every client");
+                }
+                let metrics = Arc::new(crate::jsonrpc::JsonRpcMetrics::default());
+                shared.register(|r| metrics.register(r));
+                tokio::spawn(crate::jsonrpc::serve(
+                    l,
+                    service.clone(),
+                    usize::try_from(config.jsonrpc.max_body).unwrap_or(usize::MAX),
+                    max_request,
+                    metrics,
+                    stop_rx.clone(),
+                ));
+            }
+            Err(e) => {
+                tracing::error!(%addr, error = %e, "jsonrpc.listen could not bind");
+                eprintln!("rvbox-server: cannot listen on {addr} (jsonrpc.listen): {e}");
+                let _ = stop_tx.send(true);
+                let _ = agent.await;
+                return EXIT_START;
+            }
+        }
+    }
     let control_task = tokio::spawn(crate::control::serve(
         control,
         service,

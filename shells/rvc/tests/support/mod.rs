@@ -98,6 +98,19 @@ impl Stack {
         s
     }
 
+    /// A server whose configuration has `extra` (TOML sections) appended,
+    /// and a connected client `web-1`.
+    pub fn with_server_config(extra: &str) -> Self {
+        let mut s = Self::configured();
+        let path = s.dir.path().join("server.toml");
+        let mut toml = std::fs::read_to_string(&path).unwrap();
+        toml.push_str(extra);
+        std::fs::write(&path, toml).unwrap();
+        s.start_server();
+        s.start_client();
+        s
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.dir.path().join("run/control.sock")
     }
