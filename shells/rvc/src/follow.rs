@@ -85,6 +85,42 @@ fn write_chunk(c: &wire::OutputChunk) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The notice of a range the server removed.
+pub(crate) fn retention_notice(r: &wire::RetentionTruncation) -> String {
+    let bytes = r
+        .raw_bytes
+        .map_or_else(String::new, |b| format!("{b} bytes, "));
+    format!(
+        "rvc: [events {}-{} of {} removed by the server ({}{}): {}]",
+        r.first_event_seq,
+        r.last_event_seq,
+        streams(&r.streams),
+        bytes,
+        source_name(r.source),
+        r.reason
+    )
+}
+
+/// The notice of a marker event (bytes lost on the client, incomplete
+/// output), if it is one.
+pub(crate) fn marker_notice(body: Option<&Body>) -> Option<String> {
+    match body {
+        Some(Body::Truncation(t)) => Some(format!(
+            "rvc: [{} bytes of {} lost on the client ({}): {}]",
+            t.raw_bytes,
+            streams(&t.streams),
+            source_name(t.source),
+            t.reason
+        )),
+        Some(Body::Incomplete(i)) => Some(format!(
+            "rvc: [{} is incomplete: {}]",
+            streams(&i.streams),
+            i.reason
+        )),
+        _ => None,
+    }
+}
+
 /// What the follow knows of the end.
 #[derive(Debug, Default)]
 struct End {
@@ -140,15 +176,10 @@ fn handle(
                         );
                     }
                 }
-                Some(Body::Truncation(t)) => eprintln!(
-                    "rvc: [{} bytes of {} lost on the client ({}): {}]",
-                    t.raw_bytes,
-                    streams(&t.streams),
-                    source_name(t.source),
-                    t.reason
-                ),
-                Some(Body::Incomplete(i)) => {
-                    eprintln!("rvc: [{} is incomplete: {}]", streams(&i.streams), i.reason)
+                Some(b @ (Body::Truncation(_) | Body::Incomplete(_))) => {
+                    if let Some(n) = marker_notice(Some(&b)) {
+                        eprintln!("{n}");
+                    }
                 }
                 Some(Body::SignalResult(s)) => eprintln!(
                     "rvc: [signal {} (revision {}): {}{}]",
@@ -175,20 +206,7 @@ fn handle(
                 *cursor = r.resumed_after_event_seq;
             }
         }
-        Item::Retention(r) => {
-            let bytes = r
-                .raw_bytes
-                .map_or_else(String::new, |b| format!("{b} bytes, "));
-            eprintln!(
-                "rvc: [events {}-{} of {} removed by the server ({}{}): {}]",
-                r.first_event_seq,
-                r.last_event_seq,
-                streams(&r.streams),
-                bytes,
-                source_name(r.source),
-                r.reason
-            );
-        }
+        Item::Retention(r) => eprintln!("{}", retention_notice(&r)),
         Item::Reset(r) => {
             eprintln!(
                 "rvc: [the server has no events after {}; continuing after {}: {}]",

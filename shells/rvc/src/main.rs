@@ -12,6 +12,7 @@ mod conn;
 mod exit;
 mod follow;
 mod out;
+mod output;
 mod render;
 mod script;
 mod stdin;
@@ -89,6 +90,30 @@ enum Cmd {
         /// Rows per page (1-1000; the server's default when absent).
         #[arg(long, value_name = "N")]
         per_page: Option<u32>,
+    },
+    /// A command's stored output by pages: one page (and the token of the
+    /// next), or with --follow every page until the command ends.
+    Output {
+        /// The client id.
+        client_id: String,
+        /// The command's UUID.
+        issue_uuid: String,
+        /// Which streams: both (interleaved in event order), stdout or
+        /// stderr.
+        #[arg(long, value_enum, default_value_t = output::Streams::Both)]
+        stream: output::Streams,
+        /// Put the time the client observed it before each line.
+        #[arg(long)]
+        timestamped: bool,
+        /// Raw bytes per page (1-4194304; the server's default when absent).
+        #[arg(long, value_name = "N")]
+        max_bytes: Option<u32>,
+        /// Continue from the token the previous page printed.
+        #[arg(long, value_name = "TOKEN")]
+        page: Option<String>,
+        /// Read on, page after page, until the command ends.
+        #[arg(long, short = 'f')]
+        follow: bool,
     },
     /// List commands, newest first: one client's, or every client's.
     List {
@@ -482,6 +507,27 @@ async fn dispatch(
         } => {
             let mut control = Control::new(socket);
             list(&mut control, client_id, page, per_page, fmt).await
+        }
+        Cmd::Output {
+            client_id,
+            issue_uuid,
+            stream,
+            timestamped,
+            max_bytes,
+            page,
+            follow,
+        } => {
+            let mut control = Control::new(socket);
+            let r = output::Request {
+                client: client_id,
+                issue: issue_uuid,
+                streams: stream,
+                timestamped,
+                max_bytes,
+                page,
+                follow,
+            };
+            output::output(&mut control, r, fmt).await
         }
         Cmd::Kill { args } => {
             let (signal, client, issue) = kill_args(&args)?;

@@ -67,6 +67,30 @@ fn rvc_output_of_every_command() {
     let fg = s.rvc(&["run", "web-1", "echo out; echo err >&2; exit 5"]);
     snap!(s, "run_foreground", fg);
 
+    // stored output by pages
+    let fg_uuid = support::issue_of(&fg);
+    snap!(s, "output", s.rvc(&["output", "web-1", &fg_uuid]));
+    snap!(
+        s,
+        "output_stderr_timestamped",
+        s.rvc(&["output", "--stream", "stderr", "--timestamped", "web-1", &fg_uuid])
+    );
+    snap!(
+        s,
+        "output_page",
+        s.rvc(&["output", "--max-bytes", "2", "web-1", &fg_uuid])
+    );
+    snap!(
+        s,
+        "output_follow",
+        s.rvc(&["output", "--follow", "--max-bytes", "2", "--timestamped", "web-1", &fg_uuid])
+    );
+    snap!(
+        s,
+        "output_json",
+        s.rvc(&["-o", "json", "output", "web-1", &fg_uuid])
+    );
+
     let bg = s.rvc(&["run", "--background", "web-1", "echo later"]);
     snap!(s, "run_background", bg);
     let uuid = String::from_utf8_lossy(&bg.stdout).trim().to_owned();
