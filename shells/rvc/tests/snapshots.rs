@@ -73,7 +73,14 @@ fn rvc_output_of_every_command() {
     snap!(
         s,
         "output_stderr_timestamped",
-        s.rvc(&["output", "--stream", "stderr", "--timestamped", "web-1", &fg_uuid])
+        s.rvc(&[
+            "output",
+            "--stream",
+            "stderr",
+            "--timestamped",
+            "web-1",
+            &fg_uuid
+        ])
     );
     snap!(
         s,
@@ -83,7 +90,15 @@ fn rvc_output_of_every_command() {
     snap!(
         s,
         "output_follow",
-        s.rvc(&["output", "--follow", "--max-bytes", "2", "--timestamped", "web-1", &fg_uuid])
+        s.rvc(&[
+            "output",
+            "--follow",
+            "--max-bytes",
+            "2",
+            "--timestamped",
+            "web-1",
+            &fg_uuid
+        ])
     );
     snap!(
         s,
