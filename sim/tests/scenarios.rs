@@ -172,6 +172,18 @@ impl Script {
                                 .unwrap_or_default(),
                             g.revision
                         ),
+                        Payload::StdinWrite(w) => format!(
+                            "stdin_write {} #{} {} bytes{}{}",
+                            short(&w.issue_uuid),
+                            w.write_seq,
+                            w.raw_length,
+                            if w.newline == wire::StdinNewline::Append as i32 {
+                                " +newline"
+                            } else {
+                                ""
+                            },
+                            if w.close_after { " close" } else { "" }
+                        ),
                         Payload::EventAck(a) => {
                             format!(
                                 "event_ack {} #{}",
@@ -958,6 +970,154 @@ fn a_signal_decided_while_the_client_is_away_is_sent_after_reconciliation() {
     s.killed(2, &d.issue_uuid, 2, 2, "killed");
     assert_eq!(s.lifecycle(&id), Lifecycle::Terminated);
     assert!(s.e.store().pending_signals(&id).unwrap().is_empty());
+    insta::assert_snapshot!(s.trace());
+}
+
+/// The stdin writes sent so far, in order: (conn, write_seq).
+fn stdin_sent(s: &Script) -> Vec<(u64, u64)> {
+    s.log
+        .iter()
+        .filter_map(|l| {
+            let (conn, rest) = l.split_once(" <- stdin_write ")?;
+            let conn = conn
+                .split_whitespace()
+                .last()?
+                .strip_prefix('c')?
+                .parse()
+                .ok()?;
+            let seq = rest
+                .split_whitespace()
+                .nth(1)?
+                .strip_prefix('#')?
+                .parse()
+                .ok()?;
+            Some((conn, seq))
+        })
+        .collect()
+}
+
+fn stdin_ack(write_seq: u64, closed: bool) -> wire::command_event::Body {
+    wire::command_event::Body::StdinAck(wire::StdinAck {
+        write_seq,
+        delivery: wire::StdinDelivery::Written as i32,
+        closed,
+        reason: String::new(),
+    })
+}
+
+#[test]
+fn stdin_waits_for_the_process_goes_in_order_within_the_window_and_again_after_a_reconnect() {
+    let mut s = Script::new();
+    s.hello(1, A);
+    s.reconcile(1, vec![], 0);
+    let id = s.run_command();
+    s.advance(1);
+    let d = s.dispatched.last().unwrap().clone();
+    s.accept(1, &d, wire::AcceptOutcome::Positive);
+    let append = |s: &mut Script, data: Vec<u8>, newline: wire::StdinNewline| {
+        let request_id = s.ids.uuid_v7(u64::try_from(s.wall).unwrap());
+        let req = wire::AppendStdinRequest {
+            request_id: rvbox_sim::rng::uuid_text(&request_id),
+            issue_uuid: rvbox_sim::rng::uuid_text(&id),
+            data,
+            newline: newline as i32,
+        };
+        let r = s.e.append_stdin(s.now, s.wall, &req).unwrap();
+        s.log.push(format!(
+            "{:>7} AppendStdin {} {} bytes -> writes {}..{}",
+            s.now,
+            short(&req.issue_uuid),
+            req.data.len(),
+            r.first_write_seq,
+            r.last_write_seq
+        ));
+        s.drain();
+        (req, r)
+    };
+    s.note("stdin written while the command is accepted but not running waits for its process");
+    let (early, _) = append(&mut s, b"early".to_vec(), wire::StdinNewline::Append);
+    assert!(stdin_sent(&s).is_empty(), "nothing before the process runs");
+    s.event(1, &d.issue_uuid, 1, running_body());
+    assert_eq!(
+        stdin_sent(&s),
+        vec![(1, 1)],
+        "the running event releases it"
+    );
+
+    s.note("2 MiB more: eight writes of 256 KiB; at most 1 MiB is in flight");
+    let (_, big) = append(&mut s, vec![b'x'; 1024 * 1024], wire::StdinNewline::Raw);
+    assert_eq!((big.first_write_seq, big.last_write_seq), (2, 5));
+    let (_, big2) = append(&mut s, vec![b'y'; 1024 * 1024], wire::StdinNewline::Raw);
+    assert_eq!((big2.first_write_seq, big2.last_write_seq), (6, 9));
+    let sent: Vec<u64> = stdin_sent(&s).iter().map(|(_, w)| *w).collect();
+    assert_eq!(
+        sent,
+        vec![1, 2, 3, 4],
+        "1 MiB minus the early write: three more"
+    );
+    s.note("the client acknowledges writes 1-3: the window moves on");
+    s.event(1, &d.issue_uuid, 2, stdin_ack(1, false));
+    s.event(1, &d.issue_uuid, 3, stdin_ack(2, false));
+    s.event(1, &d.issue_uuid, 4, stdin_ack(3, false));
+    let sent: Vec<u64> = stdin_sent(&s).iter().map(|(_, w)| *w).collect();
+    assert_eq!(
+        sent,
+        vec![1, 2, 3, 4, 5, 6, 7],
+        "in order, never beyond the window"
+    );
+
+    s.note("the connection drops; the operator closes stdin meanwhile");
+    s.e.disconnected(s.now, s.wall, 1);
+    s.drain();
+    let close = wire::CloseStdinRequest {
+        request_id: rvbox_sim::rng::uuid_text(&s.ids.uuid_v7(u64::try_from(s.wall).unwrap())),
+        issue_uuid: rvbox_sim::rng::uuid_text(&id),
+    };
+    let closed = s.e.close_stdin(s.now, s.wall, &close).unwrap();
+    assert_eq!(closed.write_seq, 10);
+    s.drain();
+    s.note("the client comes back still running: the unacknowledged writes go again from 4");
+    s.hello(2, A);
+    s.reconcile(2, vec![held(&d, wire::Lifecycle::Running, 4, 0)], 1);
+    let again: Vec<u64> = stdin_sent(&s)
+        .iter()
+        .filter(|(c, _)| *c == 2)
+        .map(|(_, w)| *w)
+        .collect();
+    assert_eq!(
+        again,
+        vec![4, 5, 6, 7],
+        "from the first unacknowledged one, within the window"
+    );
+    for (n, w) in (4..=10).enumerate() {
+        let seq = 5 + u64::try_from(n).unwrap();
+        s.event(2, &d.issue_uuid, seq, stdin_ack(w, w == 10));
+    }
+    let again: Vec<u64> = stdin_sent(&s)
+        .iter()
+        .filter(|(c, _)| *c == 2)
+        .map(|(_, w)| *w)
+        .collect();
+    assert_eq!(
+        again,
+        vec![4, 5, 6, 7, 8, 9, 10],
+        "each write sent once on this session"
+    );
+    assert!(
+        s.e.store()
+            .pending_stdin(&id, 0, u64::MAX, 1000)
+            .unwrap()
+            .writes
+            .is_empty(),
+        "every write settled"
+    );
+    s.note("a replayed append answers its first assignment and sends nothing");
+    let before = stdin_sent(&s).len();
+    let replay = s.e.append_stdin(s.now, s.wall, &early).unwrap();
+    s.drain();
+    assert_eq!((replay.first_write_seq, replay.last_write_seq), (1, 1));
+    assert_eq!(replay.delivery, wire::StdinDelivery::Written as i32);
+    assert_eq!(stdin_sent(&s).len(), before);
     insta::assert_snapshot!(s.trace());
 }
 

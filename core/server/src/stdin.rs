@@ -341,6 +341,11 @@ impl ServerCore {
                     return;
                 };
                 let fresh = c.stdin.read_done(&issue, writes, more);
+                // nothing fitted the window: the next acknowledgement (or
+                // a freed data lane) reads again, never a read in a loop
+                if fresh.is_empty() {
+                    return;
+                }
                 for w in fresh {
                     let write = w.clone();
                     if self.send(conn, Payload::StdinWrite(w)) {

@@ -409,6 +409,8 @@ impl ServerCore {
         for issue in issues {
             self.pump_upload(conn, issue);
         }
+        // room an upload freed in the session window may let stdin on
+        self.pump_stdins(conn);
     }
 
     /// Ends an upload and lets the room it held go to the others.

@@ -119,11 +119,17 @@ def main() -> int:
         ),
         timeout=30,
     )
-    data = b"".join(i.data.data for i in page.items if i.HasField("data"))
+    # the two streams are two pipes: their order against each other is
+    # the order the client read them in, each stream's own order is kept
+    items = [i.data for i in page.items if i.HasField("data")]
+    out = b"".join(d.data for d in items if d.stream == common_pb2.OUTPUT_STREAM_STDOUT)
+    err = b"".join(d.data for d in items if d.stream == common_pb2.OUTPUT_STREAM_STDERR)
     check(
         "GetOutput returns the bytes the follow counted",
-        data == b"from python\nto stderr\n" and output_bytes == len(data),
-        repr(data),
+        out == b"from python\n"
+        and err == b"to stderr\n"
+        and output_bytes == len(out) + len(err),
+        repr((out, err)),
     )
     again = stub.RunCommand(
         control_pb2.RunCommandRequest(

@@ -257,6 +257,39 @@ impl Engine {
         }
     }
 
+    /// `AppendStdin` through the core, answered when its store operation
+    /// completes (the executor runs deferred operations until then).
+    ///
+    /// # Errors
+    /// The refusal or store failure.
+    pub fn append_stdin(
+        &mut self,
+        now_ms: u64,
+        wall_ms: i64,
+        req: &wire::AppendStdinRequest,
+    ) -> Result<wire::AppendStdinResponse, PortError> {
+        match self.call(now_ms, wall_ms, ControlCall::AppendStdin(req.clone())) {
+            Some(ControlAnswer::AppendStdin(r)) => r,
+            _ => Err(PortError::Unavailable("AppendStdin got no answer".into())),
+        }
+    }
+
+    /// `CloseStdin` through the core.
+    ///
+    /// # Errors
+    /// The refusal or store failure.
+    pub fn close_stdin(
+        &mut self,
+        now_ms: u64,
+        wall_ms: i64,
+        req: &wire::CloseStdinRequest,
+    ) -> Result<wire::CloseStdinResponse, PortError> {
+        match self.call(now_ms, wall_ms, ControlCall::CloseStdin(req.clone())) {
+            Some(ControlAnswer::CloseStdin(r)) => r,
+            _ => Err(PortError::Unavailable("CloseStdin got no answer".into())),
+        }
+    }
+
     fn call(&mut self, now_ms: u64, wall_ms: i64, call: ControlCall) -> Option<ControlAnswer> {
         let request = RequestId(self.next_request);
         self.next_request += 1;

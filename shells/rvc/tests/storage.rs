@@ -81,6 +81,12 @@ fn a_damaged_segment_is_listed_refused_a_repair_and_acknowledged_and_a_torn_tail
         assert!(line.chars().count() <= 80, "{line:?}");
         assert_eq!(line, line.trim_end(), "no trailing blanks");
     }
+    support::snapshot(&s, "storage_incidents", &open);
+    support::snapshot(
+        &s,
+        "storage_incidents_json",
+        &s.rvc(&["-o", "json", "storage", "incidents"]),
+    );
     let bad = incident_for(&listing, &damaged);
     // the torn tail was cut at recovery: repaired already, so not open
     assert!(!listing.contains("uncommitted_tail"), "{listing}");
@@ -116,8 +122,25 @@ fn a_damaged_segment_is_listed_refused_a_repair_and_acknowledged_and_a_torn_tail
             id,
         ])
     };
+    support::snapshot(&s, "storage_repair_refused", &refused);
     let first = ack(&s);
     assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    support::snapshot(&s, "storage_acknowledge", &first);
+    support::snapshot(
+        &s,
+        "storage_acknowledge_json",
+        &s.rvc(&[
+            "-o",
+            "json",
+            "storage",
+            "acknowledge",
+            &bad,
+            "--note",
+            "restored from backup",
+            "--request-id",
+            id,
+        ]),
+    );
     let answer = text(&first.stdout);
     assert!(answer.contains("acknowledged"), "{answer}");
     assert!(answer.contains("note: restored from backup"), "{answer}");

@@ -93,8 +93,41 @@ fn a_reinstalled_client_is_refused_then_admitted_after_an_operator_takeover() {
         text(&wrong.stderr)
     );
 
-    let ok = s.rvc(&["client", "takeover", "web-1", &instance]);
+    support::snapshot(
+        &s,
+        "client_show_claim",
+        &s.rvc(&["client", "show", "web-1"]),
+    );
+    support::snapshot(
+        &s,
+        "client_show_claim_json",
+        &s.rvc(&["-o", "json", "client", "show", "web-1"]),
+    );
+    let id = uuid::Uuid::now_v7().hyphenated().to_string();
+    let ok = s.rvc(&[
+        "--request-id",
+        &id,
+        "client",
+        "takeover",
+        "web-1",
+        &instance,
+    ]);
     assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
+    support::snapshot(&s, "client_takeover", &ok);
+    support::snapshot(
+        &s,
+        "client_takeover_json",
+        &s.rvc(&[
+            "-o",
+            "json",
+            "--request-id",
+            &id,
+            "client",
+            "takeover",
+            "web-1",
+            &instance,
+        ]),
+    );
     assert!(text(&ok.stdout).contains(&instance), "{}", text(&ok.stdout));
 
     // the second installation's next attempt is admitted: a new

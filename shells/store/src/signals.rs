@@ -130,10 +130,22 @@ impl Store {
             .map_err(DomainError::from)?
             .as_bytes();
         let kind = match wire::SignalKind::try_from(req.signal) {
-            Ok(wire::SignalKind::Unspecified) | Err(_) => {
+            Ok(wire::SignalKind::Unspecified) => {
                 return Err(OpError::Refused(
                     DomainError::new(Code::InvalidArgument, "signal must be set")
                         .with_field("signal"),
+                ));
+            }
+            Err(_) => {
+                return Err(OpError::Refused(
+                    DomainError::new(
+                        Code::InvalidArgument,
+                        format!(
+                            "signal {} is not a known signal kind (HUP, INT, TERM, KILL, USR1, USR2)",
+                            req.signal
+                        ),
+                    )
+                    .with_field("signal"),
                 ));
             }
             Ok(k) => k,

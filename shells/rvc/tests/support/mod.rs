@@ -516,3 +516,49 @@ impl Stack {
         std::fs::write(path, text).unwrap();
     }
 }
+
+/// An insta snapshot of what rvc printed (status, stdout, stderr) under
+/// `tests/snapshots/NAME.snap`, with UUIDs, times, the stack's directory
+/// and tokens redacted.
+pub fn snapshot(s: &Stack, name: &str, out: &Output) {
+    let rendered = format!(
+        "status: {}\n--- stdout\n{}--- stderr\n{}",
+        out.status
+            .code()
+            .map_or_else(|| "signal".into(), |c| c.to_string()),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = s.dir.path().display().to_string();
+    let escaped: String = dir
+        .chars()
+        .flat_map(|c| {
+            let special = "\\.+*?()|[]{}^$#&-~".contains(c);
+            special
+                .then_some('\\')
+                .into_iter()
+                .chain(std::iter::once(c))
+        })
+        .collect();
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path("../snapshots");
+    settings.set_prepend_module_to_snapshot(false);
+    settings.add_filter(
+        r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+        "[uuid]",
+    );
+    settings.add_filter(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z", "[time]");
+    settings.add_filter(&escaped, "[dir]");
+    settings.add_filter(r"--page [A-Za-z0-9_-]+", "--page [token]");
+    settings.add_filter(
+        r#""(requestHash|nextPageToken)":"[^"]+""#,
+        "\"$1\":\"[redacted]\"",
+    );
+    settings.add_filter(
+        r#""(lastSeenTime|generation)":"?[^",}]+"?"#,
+        "\"$1\":[redacted]",
+    );
+    settings.add_filter(r"generation  \d+", "generation  [n]");
+    settings.add_filter(r"lost \d+ committed bytes \(\d+ events\)", "lost [n] committed bytes ([n] events)");
+    settings.bind(|| insta::assert_snapshot!(name.to_owned(), rendered));
+}
