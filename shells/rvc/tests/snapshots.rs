@@ -142,6 +142,18 @@ fn rvc_output_of_every_command() {
         s.rvc(&["close-stdin", "web-1", &cat_uuid])
     );
     snap!(s, "follow_cat", s.rvc(&["follow", &cat_uuid]));
+    let cat2 = s.rvc(&["run", "--background", "web-1", "cat"]);
+    let cat2_uuid = String::from_utf8_lossy(&cat2.stdout).trim().to_owned();
+    s.wait_until("the second cat runs", || {
+        String::from_utf8_lossy(&s.rvc(&["stat", "web-1", &cat2_uuid]).stdout)
+            .contains("state     running")
+    });
+    snap!(
+        s,
+        "close_stdin_json",
+        s.rvc(&["-o", "json", "close-stdin", "web-1", &cat2_uuid])
+    );
+    let _ = s.rvc(&["follow", &cat2_uuid]);
     snap!(
         s,
         "error_append_ended",
@@ -189,6 +201,11 @@ fn rvc_output_of_every_command() {
         s.rvc(&["-o", "json", "stat", "web-1", &json_uuid])
     );
     snap!(s, "stat_clients_json", s.rvc(&["-o", "json", "stat"]));
+    snap!(
+        s,
+        "stat_client_json",
+        s.rvc(&["-o", "json", "stat", "web-1", "--per-page", "2"])
+    );
     snap!(
         s,
         "list_page_json",

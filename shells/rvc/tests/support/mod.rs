@@ -559,6 +559,9 @@ pub fn snapshot(s: &Stack, name: &str, out: &Output) {
         "\"$1\":[redacted]",
     );
     settings.add_filter(r"generation  \d+", "generation  [n]");
-    settings.add_filter(r"lost \d+ committed bytes \(\d+ events\)", "lost [n] committed bytes ([n] events)");
+    settings.add_filter(
+        r"lost \d+ committed bytes \(\d+ events\)",
+        "lost [n] committed bytes ([n] events)",
+    );
     settings.bind(|| insta::assert_snapshot!(name.to_owned(), rendered));
 }
