@@ -67,45 +67,6 @@ fn rvc_output_of_every_command() {
     let fg = s.rvc(&["run", "web-1", "echo out; echo err >&2; exit 5"]);
     snap!(s, "run_foreground", fg);
 
-    // stored output by pages
-    let fg_uuid = support::issue_of(&fg);
-    snap!(s, "output", s.rvc(&["output", "web-1", &fg_uuid]));
-    snap!(
-        s,
-        "output_stderr_timestamped",
-        s.rvc(&[
-            "output",
-            "--stream",
-            "stderr",
-            "--timestamped",
-            "web-1",
-            &fg_uuid
-        ])
-    );
-    snap!(
-        s,
-        "output_page",
-        s.rvc(&["output", "--max-bytes", "2", "web-1", &fg_uuid])
-    );
-    snap!(
-        s,
-        "output_follow",
-        s.rvc(&[
-            "output",
-            "--follow",
-            "--max-bytes",
-            "2",
-            "--timestamped",
-            "web-1",
-            &fg_uuid
-        ])
-    );
-    snap!(
-        s,
-        "output_json",
-        s.rvc(&["-o", "json", "output", "web-1", &fg_uuid])
-    );
-
     let bg = s.rvc(&["run", "--background", "web-1", "echo later"]);
     snap!(s, "run_background", bg);
     let uuid = String::from_utf8_lossy(&bg.stdout).trim().to_owned();
@@ -190,6 +151,11 @@ fn rvc_output_of_every_command() {
     snap!(s, "run_background_json", bg);
     let doc: serde_json::Value = serde_json::from_slice(&bg.stdout).unwrap();
     let json_uuid = doc["issueUuid"].as_str().unwrap().to_owned();
+    // a command that has ended: the stream starts from its final status
+    // (one still starting would make the first items depend on timing)
+    s.wait_until("the json command ends", || {
+        String::from_utf8_lossy(&s.rvc(&["stat", "web-1", &json_uuid]).stdout).contains("succeeded")
+    });
     snap!(
         s,
         "follow_json",
@@ -283,6 +249,48 @@ fn rvc_output_of_every_command() {
         "error_request_conflict",
         s.rvc(&["run", "--background", "--request-id", id, "web-1", "false"])
     );
+    // stored output by pages
+    // (its own command, last, so no listing above shows it; the pause
+    // orders the two streams, which are two pipes)
+    let two = s.rvc(&["run", "web-1", "echo out; sleep 0.3; echo err >&2; exit 5"]);
+    let fg_uuid = support::issue_of(&two);
+    snap!(s, "output", s.rvc(&["output", "web-1", &fg_uuid]));
+    snap!(
+        s,
+        "output_stderr_timestamped",
+        s.rvc(&[
+            "output",
+            "--stream",
+            "stderr",
+            "--timestamped",
+            "web-1",
+            &fg_uuid
+        ])
+    );
+    snap!(
+        s,
+        "output_page",
+        s.rvc(&["output", "--max-bytes", "2", "web-1", &fg_uuid])
+    );
+    snap!(
+        s,
+        "output_follow",
+        s.rvc(&[
+            "output",
+            "--follow",
+            "--max-bytes",
+            "2",
+            "--timestamped",
+            "web-1",
+            &fg_uuid
+        ])
+    );
+    snap!(
+        s,
+        "output_json",
+        s.rvc(&["-o", "json", "output", "web-1", &fg_uuid])
+    );
+
     let no_server = support::bin("rvc");
     let out = std::process::Command::new(no_server)
         .env("RVC_SOCKET", s.dir.path().join("nowhere.sock"))
