@@ -434,17 +434,7 @@ fn grpc_health_and_reflection_are_served_on_the_control_socket() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let channel = tonic::transport::Endpoint::try_from("http://rvbox.invalid")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_| {
-                let socket = socket.clone();
-                async move {
-                    let s = tokio::net::UnixStream::connect(socket).await?;
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-                }
-            }))
-            .await
-            .unwrap();
+        let channel = support::control_channel(socket).await;
         let mut health = HealthClient::new(channel.clone());
         for service in ["", "rvbox.v1.Control"] {
             // NOT_SERVING while the store's startup recovery runs, then

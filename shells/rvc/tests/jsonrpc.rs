@@ -59,19 +59,7 @@ fn rpc(port: u16, method: &str, params: &Value) -> Value {
 }
 
 async fn grpc(s: &Stack) -> ControlClient<Channel> {
-    let socket = s.socket();
-    let channel = tonic::transport::Endpoint::try_from("http://rvbox.invalid")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                let s = tokio::net::UnixStream::connect(socket).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-            }
-        }))
-        .await
-        .unwrap();
-    ControlClient::new(channel)
+    ControlClient::new(support::control_channel(s.socket()).await)
 }
 
 /// The same request through both transports: equal answers, field by

@@ -10,55 +10,13 @@
 
 mod support;
 
-use std::process::Output;
-
 use support::Stack;
 
-fn render(out: &Output) -> String {
-    format!(
-        "status: {}\n--- stdout\n{}--- stderr\n{}",
-        out.status
-            .code()
-            .map_or_else(|| "signal".into(), |c| c.to_string()),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
+/// One snapshot, redacted as every end-to-end snapshot is.
 macro_rules! snap {
-    ($s:expr, $name:expr, $out:expr) => {{
-        let dir = $s.dir.path().display().to_string();
-        let mut settings = insta::Settings::clone_current();
-        settings.add_filter(
-            r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
-            "[uuid]",
-        );
-        settings.add_filter(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z", "[time]");
-        settings.add_filter(&regex_escape(&dir), "[dir]");
-        settings.add_filter(r"revision \d+", "revision [n]");
-        settings.add_filter(r"--page [A-Za-z0-9_-]+", "--page [token]");
-        settings.add_filter(
-            r#""(requestHash|nextPageToken)":"[^"]+""#,
-            "\"$1\":\"[redacted]\"",
-        );
-        settings.add_filter(
-            r#""(lastSeenTime|generation)":"?[^",}]+"?"#,
-            "\"$1\":[redacted]",
-        );
-        settings.set_prepend_module_to_snapshot(false);
-        settings.bind(|| insta::assert_snapshot!($name, render(&$out)));
-    }};
-}
-
-fn regex_escape(text: &str) -> String {
-    let mut out = String::new();
-    for c in text.chars() {
-        if "\\.+*?()|[]{}^$#&-~".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
+    ($s:expr, $name:expr, $out:expr) => {
+        support::snapshot(&$s, $name, &$out)
+    };
 }
 
 #[test]

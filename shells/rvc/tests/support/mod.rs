@@ -559,9 +559,25 @@ pub fn snapshot(s: &Stack, name: &str, out: &Output) {
         "\"$1\":[redacted]",
     );
     settings.add_filter(r"generation  \d+", "generation  [n]");
+    settings.add_filter(r"revision \d+", "revision [n]");
     settings.add_filter(
         r"lost \d+ committed bytes \(\d+ events\)",
         "lost [n] committed bytes ([n] events)",
     );
     settings.bind(|| insta::assert_snapshot!(name.to_owned(), rendered));
+}
+
+/// A gRPC channel to the server's control socket.
+pub async fn control_channel(socket: PathBuf) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::try_from("http://rvbox.invalid")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .unwrap()
 }
