@@ -1189,10 +1189,14 @@ pub(crate) fn insert_tombstone_row(
     tx.prepare_cached("INSERT INTO command_tombstones (issue_uuid, request_hash, client_id, lifecycle, terminal_ms)
          VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (issue_uuid) DO NOTHING").and_then(|mut st| st.execute(params![issue.as_slice(), request_hash, client_id, lifecycle.to_wire() as i32, now_ms]))
     .map_err(|e| StoreError::sqlite("insert tombstone", e))?;
-    let count: i64 = cached_row(tx, "SELECT COUNT(*) FROM command_tombstones", [], |r| {
-        r.get(0)
-    })
-    .map_err(|e| StoreError::sqlite("count tombstones", e))?;
+    // the maintained count (migration 5), never a scan of the FIFO
+    let count: i64 = cached_row(
+        tx,
+        "SELECT tombstones FROM quota_totals WHERE id = 1",
+        [],
+        |r| r.get(0),
+    )
+    .map_err(|e| StoreError::sqlite("read tombstone count", e))?;
     let drop = tombstones_to_drop(to_u64(count), cap);
     if drop > 0 {
         tx.prepare_cached("DELETE FROM command_tombstones WHERE seq IN (SELECT seq FROM command_tombstones ORDER BY seq LIMIT ?1)").and_then(|mut st| st.execute(params![to_i64(drop)]))

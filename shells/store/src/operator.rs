@@ -25,7 +25,12 @@ pub fn rebuild_counters(tx: &Transaction<'_>) -> Result<(), StoreError> {
          UPDATE quota_totals SET command_charged =
              COALESCE((SELECT SUM(charged_bytes) FROM clients), 0),
              clients = (SELECT COUNT(*) FROM clients),
-             sessions = (SELECT COUNT(*) FROM sessions) WHERE id = 1;",
+             sessions = (SELECT COUNT(*) FROM sessions),
+             queued = (SELECT COUNT(*) FROM commands WHERE lifecycle IN (1, 2)),
+             tombstones = (SELECT COUNT(*) FROM command_tombstones) WHERE id = 1;
+         DELETE FROM queued_by_client;
+         INSERT INTO queued_by_client (client_id, queued)
+             SELECT client_id, COUNT(*) FROM commands WHERE lifecycle IN (1, 2) GROUP BY client_id;",
     )
     .map_err(|e| StoreError::sqlite("rebuild counters", e))
 }

@@ -1225,8 +1225,12 @@ fn ensure_tombstone(
         .map_err(|e| StoreError::sqlite("ensure tombstone", e))?;
     if inserted > 0 {
         let count: i64 = tx
-            .query_row_cached("SELECT COUNT(*) FROM command_tombstones", [], |r| r.get(0))
-            .map_err(|e| StoreError::sqlite("count tombstones", e))?;
+            .query_row_cached(
+                "SELECT tombstones FROM quota_totals WHERE id = 1",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| StoreError::sqlite("read tombstone count", e))?;
         let drop = tombstones_to_drop(to_u64(count), cap);
         if drop > 0 {
             tx.execute_cached(

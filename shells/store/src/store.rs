@@ -588,13 +588,14 @@ fn check_queue_limits(
     client: &str,
     opts: &StoreOptions,
 ) -> Result<(), OpError> {
+    // maintained counters (migration 5), never a scan of the commands
     let per_client: i64 = tx
         .query_row_cached(
-            "SELECT COUNT(*) FROM commands WHERE client_id = ?1 AND lifecycle IN (1, 2)",
+            "SELECT COALESCE((SELECT queued FROM queued_by_client WHERE client_id = ?1), 0)",
             params![client],
             |r| r.get(0),
         )
-        .map_err(|e| StoreError::sqlite("count queued commands", e))?;
+        .map_err(|e| StoreError::sqlite("read queued commands", e))?;
     if to_u64(per_client) >= opts.queue_max_per_client {
         return Err(DomainError::new(
             Code::CapacityExhausted,
@@ -607,12 +608,10 @@ fn check_queue_limits(
         .into());
     }
     let total: i64 = tx
-        .query_row_cached(
-            "SELECT COUNT(*) FROM commands WHERE lifecycle IN (1, 2)",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(|e| StoreError::sqlite("count queued commands", e))?;
+        .query_row_cached("SELECT queued FROM quota_totals WHERE id = 1", [], |r| {
+            r.get(0)
+        })
+        .map_err(|e| StoreError::sqlite("read queued commands", e))?;
     if to_u64(total) >= opts.queue_max_total {
         return Err(DomainError::new(
             Code::CapacityExhausted,
@@ -624,6 +623,56 @@ fn check_queue_limits(
         .into());
     }
     Ok(())
+}
+
+impl Store {
+    /// The operation counters and a full recount (a check, not a hot path).
+    ///
+    /// # Errors
+    /// A store failure.
+    pub fn operation_counts(&self) -> Result<OperationCounts, StoreError> {
+        let bad = |e| StoreError::sqlite("recount operation counters", e);
+        let (queued, tombstones, queued_now, tombstones_now): (i64, i64, i64, i64) = self
+            .conn
+            .query_row_cached(
+                "SELECT queued, tombstones,
+                        (SELECT COUNT(*) FROM commands WHERE lifecycle IN (1, 2)),
+                        (SELECT COUNT(*) FROM command_tombstones)
+                 FROM quota_totals WHERE id = 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .map_err(bad)?;
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT client_id, counter, recount FROM (
+                     SELECT q.client_id, q.queued AS counter,
+                            (SELECT COUNT(*) FROM commands m
+                             WHERE m.client_id = q.client_id AND m.lifecycle IN (1, 2)) AS recount
+                     FROM queued_by_client q
+                     UNION ALL
+                     SELECT m.client_id, 0, COUNT(*) FROM commands m
+                     WHERE m.lifecycle IN (1, 2)
+                       AND NOT EXISTS (SELECT 1 FROM queued_by_client q WHERE q.client_id = m.client_id)
+                     GROUP BY m.client_id)
+                 WHERE counter <> recount OR counter = 0
+                 ORDER BY client_id",
+            )
+            .map_err(bad)?;
+        let queued_clients = stmt
+            .query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, to_u64(r.get(1)?), to_u64(r.get(2)?)))
+            })
+            .map_err(bad)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(bad)?;
+        Ok(OperationCounts {
+            queued: (to_u64(queued), to_u64(queued_now)),
+            tombstones: (to_u64(tombstones), to_u64(tombstones_now)),
+            queued_clients,
+        })
+    }
 }
 
 pub(crate) fn client_charged(tx: &Connection, client: &str) -> Result<u64, StoreError> {
@@ -689,6 +738,29 @@ pub struct CounterCheck {
     pub global: (u64, u64),
     /// Registry row counters (clients, sessions) and their recount.
     pub registry: crate::registry::RegistryCounts,
+    /// Operation counters (queued commands, tombstones) and their recount.
+    pub operations: OperationCounts,
+}
+
+/// The maintained counts that gate operations, beside their recount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperationCounts {
+    /// Queued commands in all: (counter, recount).
+    pub queued: (u64, u64),
+    /// Tombstones: (counter, recount).
+    pub tombstones: (u64, u64),
+    /// Clients whose queued counter differs: (client, counter, recount).
+    pub queued_clients: Vec<(String, u64, u64)>,
+}
+
+impl OperationCounts {
+    /// True when every counter equals its recount.
+    #[must_use]
+    pub fn consistent(&self) -> bool {
+        self.queued.0 == self.queued.1
+            && self.tombstones.0 == self.tombstones.1
+            && self.queued_clients.is_empty()
+    }
 }
 
 impl CounterCheck {
@@ -698,6 +770,7 @@ impl CounterCheck {
         self.clients.is_empty()
             && self.global.0 == self.global.1
             && self.registry.counters == self.registry.recount
+            && self.operations.consistent()
     }
 }
 
@@ -746,6 +819,7 @@ impl Store {
             clients,
             global: (global, to_u64(sum)),
             registry: self.registry_counts()?,
+            operations: self.operation_counts()?,
         })
     }
 }
