@@ -254,6 +254,33 @@ impl Store {
         &self.conn
     }
 
+    /// Calls `f` with the text of every statement the writer connection
+    /// starts (`None` stops): the query-plan check of the per-operation
+    /// statements, and diagnostics.
+    ///
+    /// # Errors
+    /// A SQLite failure.
+    pub fn trace_statements<F>(&mut self, f: Option<F>) -> Result<(), StoreError>
+    where
+        F: FnMut(&str) + Send + 'static,
+    {
+        let codes = rusqlite::trace::TraceEventCodes::SQLITE_TRACE_STMT;
+        let result = match f {
+            Some(mut f) => self.conn.trace_v2(
+                codes,
+                Some(move |e: rusqlite::trace::TraceEvent<'_>| {
+                    if let rusqlite::trace::TraceEvent::Stmt(stmt, _) = e {
+                        f(&stmt.sql());
+                    }
+                }),
+            ),
+            None => self
+                .conn
+                .trace_v2(codes, None::<fn(rusqlite::trace::TraceEvent<'_>)>),
+        };
+        result.map_err(|e| StoreError::sqlite("set statement trace", e))
+    }
+
     /// Free bytes on the store's filesystem.
     pub(crate) fn free_space(&self) -> Result<u64, StoreError> {
         let dir = self.layout.segments_dir();

@@ -1,0 +1,196 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+//! Every statement the writer runs on a per-operation path is served by
+//! an index: none scans a table that grows with the store's history
+//! (`commands`, `command_events`, `command_segments`, `command_tombstones`,
+//! `sessions`). The statements are the ones the store really runs,
+//! captured while a workload goes through RunCommand, dispatch,
+//! acceptance, event appends, the terminal transition with its tombstone,
+//! requeue, signals and stdin; each is planned with `EXPLAIN QUERY PLAN`.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use prost::Message as _;
+use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_proto::v1 as wire;
+use rvbox_store::events::{EventAppend, EventBody};
+use rvbox_store::operator::Caller;
+use support::*;
+
+/// Tables whose size follows the store's history.
+const GROWING: [&str; 5] = [
+    "commands",
+    "command_events",
+    "command_segments",
+    "command_tombstones",
+    "sessions",
+];
+
+/// The names a growing table goes by in `sql`: its own and its aliases.
+fn names(sql: &str) -> BTreeSet<String> {
+    const KEYWORDS: [&str; 16] = [
+        "where", "on", "join", "set", "values", "left", "inner", "order", "group", "limit",
+        "using", "select", "and", "or", "natural", "cross",
+    ];
+    let words: Vec<String> = sql
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .map(str::to_ascii_lowercase)
+        .collect();
+    // every growing table by name (a trigger or a foreign-key check may
+    // scan one the statement does not name), and the aliases it gives them
+    let mut out: BTreeSet<String> = GROWING.iter().map(|t| (*t).to_owned()).collect();
+    for (i, w) in words.iter().enumerate() {
+        if GROWING.contains(&w.as_str()) {
+            out.insert(w.clone());
+            let next = match words.get(i + 1).map(String::as_str) {
+                Some("as") => words.get(i + 2),
+                _ => words.get(i + 1),
+            };
+            if let Some(alias) = next
+                && !KEYWORDS.contains(&alias.as_str())
+                && !GROWING.contains(&alias.as_str())
+            {
+                out.insert(alias.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The full scans of a growing table in the plan of `sql` (a scan of a
+/// covering index is a full scan too; only a SEARCH is bounded).
+fn scans(db: &rusqlite::Connection, sql: &str) -> Vec<String> {
+    let mut stmt = match db.prepare(&format!("EXPLAIN QUERY PLAN {sql}")) {
+        Ok(s) => s,
+        // a statement of a trigger program or a transaction control one
+        Err(_) => return Vec::new(),
+    };
+    let n = stmt.parameter_count();
+    let params: Vec<rusqlite::types::Null> = vec![rusqlite::types::Null; n];
+    let rows: Vec<String> = stmt
+        .query_map(rusqlite::params_from_iter(params), |r| {
+            r.get::<_, String>(3)
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let names = names(sql);
+    rows.into_iter()
+        .filter(|d| {
+            d.strip_prefix("SCAN ")
+                .and_then(|rest| rest.split_whitespace().next())
+                .is_some_and(|t| names.contains(&t.to_ascii_lowercase()))
+        })
+        .collect()
+}
+
+#[test]
+fn no_per_operation_statement_scans_a_growing_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    // some history first, so the planner sees real tables
+    for _ in 0..20 {
+        let id = running_command(&mut s, "old");
+        s.append_events(&[lifecycle(&id, 2, Lifecycle::Succeeded)], NOW)
+            .unwrap();
+    }
+    s.db().execute_batch("ANALYZE").unwrap();
+
+    let seen = Arc::new(Mutex::new(BTreeSet::<String>::new()));
+    let sink = Arc::clone(&seen);
+    s.trace_statements(Some(move |sql: &str| {
+        sink.lock().unwrap().insert(sql.to_owned());
+    }))
+    .unwrap();
+
+    // the per-operation paths
+    let a = new_id();
+    s.run_command(&run_request(&a, "web-1", "cat"), NOW)
+        .unwrap();
+    s.mark_dispatched(&a, 1).unwrap();
+    s.record_accepted(&a, 1, wire::ShellType::Sh as i32)
+        .unwrap();
+    s.append_events(&[lifecycle(&a, 1, Lifecycle::Running)], NOW)
+        .unwrap();
+    s.append_events(&[output(&a, 2, b"hello\n"), output(&a, 3, b"more\n")], NOW)
+        .unwrap();
+    let append = wire::AppendStdinRequest {
+        request_id: text(&new_id()),
+        issue_uuid: text(&a),
+        data: b"in".to_vec(),
+        newline: wire::StdinNewline::Append as i32,
+    };
+    s.append_stdin_as(&append, &Caller::local(), NOW).unwrap();
+    s.pending_stdin(&a, 0, 1 << 20, 64).unwrap();
+    let ack = EventAppend {
+        issue_uuid: a,
+        event_seq: 4,
+        observed_ms: NOW,
+        body: EventBody::Other {
+            kind: rvbox_store_port::events::body_kind::STDIN_ACK,
+            encoded: wire::StdinAck {
+                write_seq: 1,
+                delivery: wire::StdinDelivery::Written as i32,
+                closed: false,
+                reason: String::new(),
+            }
+            .encode_to_vec(),
+        },
+    };
+    s.append_events(&[ack], NOW).unwrap();
+    let close = wire::CloseStdinRequest {
+        request_id: text(&new_id()),
+        issue_uuid: text(&a),
+    };
+    s.close_stdin_as(&close, &Caller::local(), NOW).unwrap();
+    let signal = wire::SignalCommandRequest {
+        request_id: text(&new_id()),
+        issue_uuid: text(&a),
+        signal: wire::SignalKind::Term as i32,
+    };
+    s.signal_command(
+        &signal,
+        |_| Ok(rvbox_store::signals::SignalPlan::Deliver),
+        NOW,
+    )
+    .unwrap();
+    s.pending_signals(&a).unwrap();
+    s.append_events(&[lifecycle(&a, 5, Lifecycle::Succeeded)], NOW)
+        .unwrap();
+    // a requeue and a server-side end
+    let b = new_id();
+    s.run_command(&run_request(&b, "web-1", "true"), NOW)
+        .unwrap();
+    s.mark_dispatched(&b, 1).unwrap();
+    s.requeue(&b, 1, NOW).unwrap();
+    s.command_view(&b).unwrap();
+    s.trace_statements(None::<fn(&str)>).unwrap();
+
+    let statements = seen.lock().unwrap().clone();
+    assert!(
+        statements.len() > 20,
+        "the trace saw the workload: {statements:?}"
+    );
+    let mut found = Vec::new();
+    for sql in &statements {
+        for scan in scans(s.db(), sql) {
+            found.push(format!(
+                "{scan}  <-  {}",
+                sql.split_whitespace().collect::<Vec<_>>().join(" ")
+            ));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "per-operation statements that scan a growing table:\n{}",
+        found.join("\n")
+    );
+}
