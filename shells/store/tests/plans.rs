@@ -10,7 +10,8 @@
 //! `sessions`). The statements are the ones the store really runs,
 //! captured while a workload goes through RunCommand, dispatch,
 //! acceptance, event appends, the terminal transition with its tombstone,
-//! requeue, signals and stdin; each is planned with `EXPLAIN QUERY PLAN`.
+//! requeue, signals and stdin, and the eviction sweep every start runs;
+//! each is planned with `EXPLAIN QUERY PLAN`.
 
 mod support;
 
@@ -32,6 +33,10 @@ const GROWING: [&str; 5] = [
     "command_tombstones",
     "sessions",
 ];
+
+/// Partial indexes of rows the store keeps few of: `commands_evicting`
+/// (commands whose eviction is in progress, at most one maintenance batch).
+const BOUNDED_INDEXES: [&str; 1] = ["commands_evicting"];
 
 /// The names a growing table goes by in `sql`: its own and its aliases.
 fn names(sql: &str) -> BTreeSet<String> {
@@ -66,7 +71,8 @@ fn names(sql: &str) -> BTreeSet<String> {
 }
 
 /// The full scans of a growing table in the plan of `sql` (a scan of a
-/// covering index is a full scan too; only a SEARCH is bounded).
+/// covering index is a full scan too; a SEARCH, and a scan of one of the
+/// [`BOUNDED_INDEXES`], are bounded).
 fn scans(db: &rusqlite::Connection, sql: &str) -> Vec<String> {
     let mut stmt = match db.prepare(&format!("EXPLAIN QUERY PLAN {sql}")) {
         Ok(s) => s,
@@ -83,11 +89,23 @@ fn scans(db: &rusqlite::Connection, sql: &str) -> Vec<String> {
         .collect::<Result<_, _>>()
         .unwrap();
     let names = names(sql);
+    // partial indexes that hold a bounded set of rows: scanning them is
+    // bounded (named one by one: a partial index of a growing set, such
+    // as closed sessions, would not be)
+    let partial: BTreeSet<&str> = BOUNDED_INDEXES.into_iter().collect();
     rows.into_iter()
         .filter(|d| {
-            d.strip_prefix("SCAN ")
-                .and_then(|rest| rest.split_whitespace().next())
-                .is_some_and(|t| names.contains(&t.to_ascii_lowercase()))
+            let Some(rest) = d.strip_prefix("SCAN ") else {
+                return false;
+            };
+            let growing = rest
+                .split_whitespace()
+                .next()
+                .is_some_and(|t| names.contains(&t.to_ascii_lowercase()));
+            let index = rest
+                .split_once("INDEX ")
+                .and_then(|(_, i)| i.split_whitespace().next());
+            growing && !index.is_some_and(|i| partial.contains(i))
         })
         .collect()
 }
@@ -172,6 +190,8 @@ fn no_per_operation_statement_scans_a_growing_table() {
     s.mark_dispatched(&b, 1).unwrap();
     s.requeue(&b, 1, NOW).unwrap();
     s.command_view(&b).unwrap();
+    // the eviction sweep that runs at every start
+    s.sweep(NOW).unwrap();
     s.trace_statements(None::<fn(&str)>).unwrap();
 
     let statements = seen.lock().unwrap().clone();

@@ -56,3 +56,9 @@ END;
 -- (its insert's, and the cascade when maintenance deletes an idle client)
 -- look them up instead of scanning every session.
 CREATE INDEX sessions_by_client ON sessions (client_id);
+
+-- Commands marked for eviction, oldest first: the sweep at every start and
+-- every maintenance pass rolls an interrupted eviction forward by reading
+-- these few rows, never by walking every command.
+CREATE INDEX commands_evicting ON commands (issue_time_ms, issue_uuid)
+    WHERE retention = 'evicting';
