@@ -87,6 +87,18 @@ impl StoreReader {
         })
     }
 
+    /// Calls `f` with the text of every statement this connection starts
+    /// (`None` stops): the query-plan check of the reads, and diagnostics.
+    ///
+    /// # Errors
+    /// A SQLite failure.
+    pub fn trace_statements<F>(&mut self, f: Option<F>) -> Result<(), StoreError>
+    where
+        F: FnMut(&str) + Send + 'static,
+    {
+        crate::store::trace_statements(&mut self.conn, f)
+    }
+
     fn side(&self) -> ReadSide<'_> {
         ReadSide {
             conn: &self.conn,

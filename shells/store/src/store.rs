@@ -264,21 +264,7 @@ impl Store {
     where
         F: FnMut(&str) + Send + 'static,
     {
-        let codes = rusqlite::trace::TraceEventCodes::SQLITE_TRACE_STMT;
-        let result = match f {
-            Some(mut f) => self.conn.trace_v2(
-                codes,
-                Some(move |e: rusqlite::trace::TraceEvent<'_>| {
-                    if let rusqlite::trace::TraceEvent::Stmt(stmt, _) = e {
-                        f(&stmt.sql());
-                    }
-                }),
-            ),
-            None => self
-                .conn
-                .trace_v2(codes, None::<fn(rusqlite::trace::TraceEvent<'_>)>),
-        };
-        result.map_err(|e| StoreError::sqlite("set statement trace", e))
+        trace_statements(&mut self.conn, f)
     }
 
     /// Free bytes on the store's filesystem.
@@ -700,6 +686,27 @@ impl Store {
             queued_clients,
         })
     }
+}
+
+/// Calls `f` with the text of every statement `conn` starts (`None`
+/// stops).
+pub(crate) fn trace_statements<F>(conn: &mut Connection, f: Option<F>) -> Result<(), StoreError>
+where
+    F: FnMut(&str) + Send + 'static,
+{
+    let codes = rusqlite::trace::TraceEventCodes::SQLITE_TRACE_STMT;
+    let result = match f {
+        Some(mut f) => conn.trace_v2(
+            codes,
+            Some(move |e: rusqlite::trace::TraceEvent<'_>| {
+                if let rusqlite::trace::TraceEvent::Stmt(stmt, _) = e {
+                    f(&stmt.sql());
+                }
+            }),
+        ),
+        None => conn.trace_v2(codes, None::<fn(rusqlite::trace::TraceEvent<'_>)>),
+    };
+    result.map_err(|e| StoreError::sqlite("set statement trace", e))
 }
 
 pub(crate) fn client_charged(tx: &Connection, client: &str) -> Result<u64, StoreError> {
