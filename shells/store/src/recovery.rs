@@ -83,6 +83,67 @@ fn evidence(ranges: &[ByteRange], committed_end: u64, file_len: u64) -> Vec<u8> 
     out.into_bytes()
 }
 
+/// Attempts of the start-up integrity check before an I/O failure is
+/// reported as such.
+pub const INTEGRITY_CHECK_ATTEMPTS: u32 = 3;
+
+/// What the start-up integrity check found.
+#[derive(Debug)]
+pub(crate) enum Integrity {
+    /// `ok`.
+    Ok,
+    /// SQLite's findings: real damage (an integrity incident).
+    Findings(StoreError),
+    /// The check itself could not run (every attempt failed reading the
+    /// database): not corruption.
+    Io(StoreError),
+}
+
+/// Runs `check` up to `attempts` times: findings (and a database SQLite
+/// calls malformed) are final at once, a failure to read the database (an
+/// I/O error, a lock) is tried again after a short pause (50 ms,
+/// doubling), and reported as I/O when it persists.
+pub(crate) fn integrity_check(
+    mut check: impl FnMut() -> Result<(), StoreError>,
+    attempts: u32,
+    mut pause: impl FnMut(std::time::Duration),
+) -> Integrity {
+    let mut wait = std::time::Duration::from_millis(50);
+    let mut attempt = 1;
+    loop {
+        match check() {
+            Ok(()) => return Integrity::Ok,
+            // findings, and a database SQLite calls malformed: damage
+            Err(e) if !unreadable(&e) => return Integrity::Findings(e),
+            Err(e) if attempt >= attempts => return Integrity::Io(e),
+            Err(e) => {
+                tracing::warn!(error = %e, attempt, "the SQLite integrity check failed to run; trying again");
+                pause(wait);
+                wait = wait.saturating_mul(2);
+                attempt += 1;
+            }
+        }
+    }
+}
+
+/// Whether `e` says the database could not be read (an I/O error, or a
+/// lock held elsewhere), as opposed to something read and found damaged.
+fn unreadable(e: &StoreError) -> bool {
+    match e {
+        StoreError::Sqlite {
+            source: rusqlite::Error::SqliteFailure(f, _),
+            ..
+        } => matches!(
+            f.code,
+            rusqlite::ErrorCode::SystemIoFailure
+                | rusqlite::ErrorCode::DatabaseBusy
+                | rusqlite::ErrorCode::DatabaseLocked
+        ),
+        StoreError::Io { .. } => true,
+        _ => false,
+    }
+}
+
 impl Store {
     /// Runs recovery; see the module docs. Safe to run more than once.
     ///
@@ -95,7 +156,24 @@ impl Store {
             ..Default::default()
         };
         self.health.set_recovering();
-        if let Err(e) = db::quick_check(&self.conn) {
+        let checked = match integrity_check(
+            || db::quick_check(&self.conn),
+            INTEGRITY_CHECK_ATTEMPTS,
+            std::thread::sleep,
+        ) {
+            Integrity::Io(e) => {
+                // the check could not read the database: nothing is known
+                // to be damaged, so no integrity incident; the store stays
+                // unavailable and the start fails, to be tried again
+                self.health.set_unavailable();
+                self.metrics.recovered("integrity_check_io_error", 1);
+                tracing::error!(error = %e, attempts = INTEGRITY_CHECK_ATTEMPTS, "the SQLite integrity check could not read the database (an I/O error, not a finding); the store stays unavailable");
+                return Err(e);
+            }
+            Integrity::Ok => Ok(()),
+            Integrity::Findings(e) => Err(e),
+        };
+        if let Err(e) = checked {
             report.integrity_ok = false;
             self.health.set_unavailable();
             tracing::error!(error = %e, "SQLite integrity check failed");
@@ -774,4 +852,83 @@ fn scan_all(
             })
             .collect()
     })
+}
+
+#[cfg(test)]
+mod integrity_tests {
+    use super::*;
+
+    fn io_error() -> StoreError {
+        StoreError::sqlite(
+            "quick_check",
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                None,
+            ),
+        )
+    }
+
+    #[test]
+    fn a_transient_read_error_is_tried_again_and_passes() {
+        let mut calls = 0;
+        let mut pauses = Vec::new();
+        let r = integrity_check(
+            || {
+                calls += 1;
+                if calls < 3 { Err(io_error()) } else { Ok(()) }
+            },
+            3,
+            |d| pauses.push(d.as_millis()),
+        );
+        assert!(matches!(r, Integrity::Ok), "{r:?}");
+        assert_eq!(pauses, vec![50, 100]);
+    }
+
+    #[test]
+    fn a_persistent_read_error_is_io_and_never_a_finding() {
+        let mut calls = 0;
+        let r = integrity_check(
+            || {
+                calls += 1;
+                Err(io_error())
+            },
+            3,
+            |_| {},
+        );
+        assert!(matches!(r, Integrity::Io(_)), "{r:?}");
+        assert_eq!(calls, 3);
+    }
+
+    #[test]
+    fn a_malformed_database_is_a_finding_not_an_io_error() {
+        let r = integrity_check(
+            || {
+                Err(StoreError::sqlite(
+                    "quick_check",
+                    rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
+                        None,
+                    ),
+                ))
+            },
+            3,
+            |_| panic!("no retry for damage"),
+        );
+        assert!(matches!(r, Integrity::Findings(_)), "{r:?}");
+    }
+
+    #[test]
+    fn findings_are_final_at_once() {
+        let mut calls = 0;
+        let r = integrity_check(
+            || {
+                calls += 1;
+                Err(StoreError::Integrity("row 3 missing from index".into()))
+            },
+            3,
+            |_| {},
+        );
+        assert!(matches!(r, Integrity::Findings(_)), "{r:?}");
+        assert_eq!(calls, 1);
+    }
 }
