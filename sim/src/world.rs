@@ -1020,6 +1020,11 @@ impl World {
             ("engine ingest_queue_full", stats.ingest_queue_full),
             ("engine gate_changes", stats.gate_changes),
             ("engine maintenance_passes", stats.maintenance_passes),
+            ("engine scrub_slices", stats.scrub_slices),
+            (
+                "engine scrub_segments_verified",
+                stats.scrub_segments_verified,
+            ),
             ("engine evicted", stats.evicted),
             ("engine rotations", stats.rotations),
             ("engine clients_pruned", stats.clients_pruned),

@@ -335,6 +335,9 @@ pub static SERVER_KEYS: &[KeyDef] = &[
     KeyDef::duration("storage.terminal_retention", l::DEFAULT_TERMINAL_RETENTION_MS,
         "Age after which a terminal command is reclaimed.")
         .zero_means("age reclamation is disabled (only quotas reclaim)"),
+    KeyDef::duration("storage.scrub_interval", l::DEFAULT_SCRUB_INTERVAL_MS,
+        "Time from the end of one background scrub cycle (re-verification of every sealed segment, the orphan sweep, the counter recount) to the start of the next; a cycle also starts at every start.")
+        .zero_means("only the cycle that follows each start runs"),
     KeyDef::bytes("storage.free_space_floor", l::DEFAULT_SERVER_FREE_SPACE_FLOOR_BYTES,
         "Emergency filesystem free-space floor; below it the server refuses new output."),
     KeyDef::count("storage.tombstones", l::DEFAULT_SERVER_TOMBSTONES,

@@ -62,6 +62,8 @@ pub struct StorageConfig {
     pub closeout_reserve: u64,
     /// Terminal command age reclamation; `None` = disabled.
     pub terminal_retention: Option<Duration>,
+    /// Background scrub cycle interval; `None` = only the cycle after each start.
+    pub scrub_interval: Option<Duration>,
     /// Emergency free-space floor, bytes.
     pub free_space_floor: u64,
     /// Tombstone FIFO length.
@@ -464,6 +466,7 @@ pub fn load_server(
             server_total: r.num("storage.server_total"),
             closeout_reserve: r.num("storage.closeout_reserve"),
             terminal_retention: optional(r.duration("storage.terminal_retention")),
+            scrub_interval: optional(r.duration("storage.scrub_interval")),
             free_space_floor: r.num("storage.free_space_floor"),
             tombstones: r.num("storage.tombstones"),
             segment_seal_size: r.num("storage.segment_seal_size"),

@@ -104,6 +104,9 @@ pub const DEFAULT_TERMINAL_RETENTION_MS: u64 = 30 * DAY_MS;
 pub const DEFAULT_AUDIT_BYTES: u64 = 100 * MIB;
 /// Default: audit age retention; 0 (the default) disables age rotation.
 pub const DEFAULT_AUDIT_RETENTION_MS: u64 = 0;
+/// Default interval between two cycles of the server store's background
+/// scrub (re-verification of sealed segments, orphan sweep, recount): a day.
+pub const DEFAULT_SCRUB_INTERVAL_MS: u64 = 24 * 60 * 60 * 1000;
 /// Default: server command tombstone FIFO length.
 pub const DEFAULT_SERVER_TOMBSTONES: u64 = 1_000_000;
 /// Default: client command tombstone FIFO length.

@@ -54,7 +54,7 @@ pub use format::{
     RECORD_OVERHEAD, RecordMeta, Stream, TRAILER_LEN, VERSION, decode, encode, encoded_len, sha256,
 };
 pub use names::{
-    MAX_AUDIT_ORDINAL, MAX_SEGMENT_ORDINAL, audit_file_name, parse_audit_file_name,
-    parse_segment_file_name, segment_file_name,
+    MAX_AUDIT_ORDINAL, MAX_SEGMENT_ORDINAL, SEGMENT_DIRS, audit_file_name, parse_audit_file_name,
+    parse_segment_file_name, segment_dir_name, segment_dir_of_index, segment_file_name,
 };
 pub use scan::{ByteRange, Damage, Recovery, Scan, ScannedRecord, scan};

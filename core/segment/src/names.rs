@@ -13,6 +13,29 @@ const SUFFIX: &str = ".seg";
 const AUDIT_PREFIX: &str = "audit-";
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
+/// How many fan-out directories hold command segment files.
+pub const SEGMENT_DIRS: usize = 256;
+
+/// The fan-out directory of a command's segment files: the first byte of
+/// the SHA-256 of its UUID as two lowercase hex digits, so the files of
+/// any set of UUIDs (operators choose them) spread evenly over
+/// [`SEGMENT_DIRS`] directories and no directory grows with the whole
+/// store.
+#[must_use]
+pub fn segment_dir_name(issue_uuid: &[u8; 16]) -> String {
+    segment_dir_of_index(usize::from(crate::sha256(issue_uuid)[0]))
+}
+
+/// The name of fan-out directory `index` (`00` to `ff`; `index` is taken
+/// modulo [`SEGMENT_DIRS`]).
+#[must_use]
+pub fn segment_dir_of_index(index: usize) -> String {
+    let b = index % SEGMENT_DIRS;
+    let hi = HEX.get(b >> 4).copied().unwrap_or(b'0');
+    let lo = HEX.get(b & 0x0f).copied().unwrap_or(b'0');
+    [char::from(hi), char::from(lo)].iter().collect()
+}
+
 /// `<32 lowercase hex of the uuid>-<ordinal, 8 digits>.seg`, e.g.
 /// `0189abcd...8057-00000001.seg`. `None` when the ordinal does not fit
 /// eight digits (above [`MAX_SEGMENT_ORDINAL`]).

@@ -78,6 +78,17 @@ pub const EXPIRY_INTERVAL_MS: u64 = 1_000;
 /// quota and age eviction, the tombstone FIFO, pending deletions and audit
 /// rotation are the maintenance worker's, never the receive path's).
 pub const MAINTENANCE_INTERVAL_MS: u64 = 60_000;
+/// A slice of the store's background scrub (re-verification of sealed
+/// segments, the orphan sweep, the counter recount) is asked for at most
+/// this often, and only while no other store operation is in flight: it
+/// yields to live traffic.
+pub const SCRUB_INTERVAL_MS: u64 = 200;
+/// Under constant traffic a slice still goes this long after the last one,
+/// so a busy store is still verified.
+pub const SCRUB_STARVED_MS: u64 = 2_000;
+/// After a slice that found nothing to do, the next is asked for this
+/// much later.
+pub const SCRUB_IDLE_INTERVAL_MS: u64 = 60_000;
 /// Most store operations in flight at once. A connection's own operations
 /// are bounded by its session windows; this bounds them all, and an input
 /// that would need more closes its connection (`INGRESS_OVERLOAD`)
@@ -338,6 +349,10 @@ pub struct EngineStats {
     pub gate_changes: u64,
     /// Maintenance passes completed.
     pub maintenance_passes: u64,
+    /// Background scrub slices completed.
+    pub scrub_slices: u64,
+    /// Segments the background scrub read back and checked.
+    pub scrub_segments_verified: u64,
     /// Whole commands evicted by maintenance (quota or age).
     pub evicted: u64,
     /// Idle clients maintenance deleted.
@@ -387,6 +402,8 @@ enum Pending {
     Background(&'static str),
     /// A maintenance pass.
     Maintenance,
+    /// A slice of the background scrub.
+    Scrub,
 }
 
 /// The server core (see the crate docs).
@@ -432,6 +449,12 @@ pub struct ServerCore {
     last_maintenance_ms: Option<u64>,
     /// A maintenance pass is in flight.
     maintenance_running: bool,
+    /// Monotonic time of the last scrub slice asked for.
+    last_scrub_ms: Option<u64>,
+    /// The earliest monotonic time of the next scrub slice.
+    next_scrub_ms: u64,
+    /// A scrub slice is in flight.
+    scrub_running: bool,
     now_ms: u64,
     wall_ms: i64,
 }
@@ -464,6 +487,9 @@ impl ServerCore {
             expiry_running: false,
             last_maintenance_ms: None,
             maintenance_running: false,
+            last_scrub_ms: None,
+            next_scrub_ms: 0,
+            scrub_running: false,
             now_ms: 0,
             wall_ms: 0,
         }
@@ -545,7 +571,8 @@ impl ServerCore {
             )
         };
         let group = self.group_due_at();
-        [sessions, expiry, wake, maintenance, group]
+        let scrub = (!self.scrub_running).then(|| self.scrub_due_at());
+        [sessions, expiry, wake, maintenance, group, scrub]
             .into_iter()
             .flatten()
             .min()
@@ -683,6 +710,10 @@ impl ServerCore {
             self.last_maintenance_ms = Some(now);
             self.maintenance_running = self.store(StoreOp::Maintain, Pending::Maintenance);
         }
+        if !self.scrub_running && now >= self.scrub_due_at() {
+            self.last_scrub_ms = Some(now);
+            self.scrub_running = self.store(StoreOp::Scrub, Pending::Scrub);
+        }
         self.wake_backoffs();
     }
 
@@ -819,6 +850,19 @@ impl ServerCore {
         self.pending.len() < MAX_PENDING_OPS
     }
 
+    /// When the next scrub slice may go: not before its interval, and,
+    /// while other store operations are in flight, only once the last
+    /// slice is [`SCRUB_STARVED_MS`] old.
+    fn scrub_due_at(&self) -> u64 {
+        if self.pending.is_empty() {
+            return self.next_scrub_ms;
+        }
+        let starved = self
+            .last_scrub_ms
+            .map_or(SCRUB_STARVED_MS, |t| t.saturating_add(SCRUB_STARVED_MS));
+        self.next_scrub_ms.max(starved)
+    }
+
     fn store(&mut self, op: StoreOp, pending: Pending) -> bool {
         if !self.can_issue() {
             tracing::error!(
@@ -883,6 +927,33 @@ impl ServerCore {
             Pending::Signal(p) => self.signal_done(p, result),
             Pending::Upload(p) => self.upload_done(p, result),
             Pending::Stdin(p) => self.stdin_done(p, result),
+            Pending::Scrub => {
+                self.scrub_running = false;
+                match result {
+                    Ok(Completion::Scrubbed(r)) => {
+                        self.stats.scrub_slices += 1;
+                        self.stats.scrub_segments_verified += r.segments_verified;
+                        let wait = if r.idle {
+                            SCRUB_IDLE_INTERVAL_MS
+                        } else {
+                            SCRUB_INTERVAL_MS
+                        };
+                        self.next_scrub_ms = self.now_ms.saturating_add(wait);
+                        if r.segments_damaged > 0 || r.counter_mismatches > 0 {
+                            tracing::error!(
+                                segments_damaged = r.segments_damaged,
+                                counter_mismatches = r.counter_mismatches,
+                                "background scrub found damage"
+                            );
+                        }
+                    }
+                    Ok(_) => self.mismatch("scrub"),
+                    Err(e) => {
+                        self.next_scrub_ms = self.now_ms.saturating_add(SCRUB_IDLE_INTERVAL_MS);
+                        tracing::error!(error = %e, "background scrub slice failed");
+                    }
+                }
+            }
             Pending::Maintenance => {
                 self.maintenance_running = false;
                 match result {

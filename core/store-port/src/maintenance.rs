@@ -33,3 +33,23 @@ pub struct MaintenanceReport {
     /// Idle clients deleted.
     pub clients_pruned: u64,
 }
+
+/// What one slice of the background scrub did (counters only).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScrubReport {
+    /// Segments read back and checked.
+    pub segments_verified: u64,
+    /// Of those, segments found damaged (each has an incident).
+    pub segments_damaged: u64,
+    /// Orphan segment files removed.
+    pub orphans_removed: u64,
+    /// Clients whose charged total was recounted.
+    pub clients_recounted: u64,
+    /// Recounts that differed from the counters (each repaired, with an
+    /// incident).
+    pub counter_mismatches: u64,
+    /// This slice finished a cycle.
+    pub cycle_completed: bool,
+    /// Nothing to do until the next cycle is due.
+    pub idle: bool,
+}

@@ -266,6 +266,10 @@ pub enum StoreOp {
     /// age eviction, the tombstone FIFO, pending deletions, audit
     /// rotation). -> [`Completion::Maintained`]
     Maintain,
+    /// One bounded slice of the background scrub (re-verification of
+    /// sealed segments, the orphan sweep, the counter recount).
+    /// -> [`Completion::Scrubbed`]
+    Scrub,
 }
 
 impl StoreOp {
@@ -304,6 +308,7 @@ impl StoreOp {
             Self::PendingStdin { .. } => "pending_stdin",
             Self::Audit(_) => "audit",
             Self::Maintain => "maintain",
+            Self::Scrub => "scrub",
         }
     }
 
@@ -376,6 +381,8 @@ pub enum Completion {
     StdinWrites(StdinWrites),
     /// [`StoreOp::Maintain`].
     Maintained(crate::maintenance::MaintenanceReport),
+    /// [`StoreOp::Scrub`].
+    Scrubbed(crate::maintenance::ScrubReport),
 }
 
 /// Why an operation did not happen. Either way nothing of it committed.

@@ -390,6 +390,10 @@ impl Executor {
                 .maintain(wall_ms)
                 .map(Completion::Maintained)
                 .map_err(port_store),
+            StoreOp::Scrub => s
+                .scrub(wall_ms)
+                .map(Completion::Scrubbed)
+                .map_err(port_store),
         }
     }
 }

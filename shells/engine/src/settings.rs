@@ -67,6 +67,7 @@ pub fn server_settings(
     store.seal_bytes = cfg.storage.segment_seal_size;
     store.tombstone_cap = cfg.storage.tombstones;
     store.terminal_retention_ms = cfg.storage.terminal_retention.map_or(0, ms);
+    store.scrub_interval_ms = cfg.storage.scrub_interval.map_or(0, ms);
     store.queue_ttl_ms = cfg.queue.ttl.map_or(0, ms);
     store.queue_max_per_client = cfg.queue.max_per_client;
     store.queue_max_total = cfg.queue.max_total;

@@ -20,6 +20,9 @@ fn segments_of(s: &Stack, issue: &str) -> Vec<PathBuf> {
     let hex = issue.replace('-', "");
     let mut files: Vec<PathBuf> = std::fs::read_dir(s.dir.path().join("data/segments"))
         .unwrap()
+        .map(|d| d.unwrap().path())
+        .filter(|d| d.is_dir())
+        .flat_map(|d| std::fs::read_dir(d).unwrap())
         .map(|e| e.unwrap().path())
         .filter(|p| {
             p.file_name()

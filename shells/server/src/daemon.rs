@@ -244,9 +244,11 @@ async fn serve(config: ServerConfig) -> i32 {
         stop_rx.clone(),
     ));
 
+    // the bounded part of recovery; the integrity check goes on beside
+    // the core, and global readiness waits for it (docs/storage.md)
     let recovering = tokio::task::spawn_blocking(move || {
         let wall = Clock::wall_ms();
-        let report = store.recover(wall);
+        let report = store.begin_recovery(wall);
         (store, report)
     });
     // a stop signal during recovery waits for recovery to end (it holds
@@ -261,10 +263,10 @@ async fn serve(config: ServerConfig) -> i32 {
             return EXIT_OK;
         }
     };
-    let store = match recovered {
-        Ok((store, Ok(report))) => {
-            tracing::info!(report = ?report, "store recovered");
-            store
+    let (store, startup_check) = match recovered {
+        Ok((store, Ok((report, check)))) => {
+            tracing::info!(report = ?report, "store scopes recovered");
+            (store, check)
         }
         Ok((_, Err(e))) => {
             tracing::error!(error = %e, "store recovery failed");
@@ -307,6 +309,15 @@ async fn serve(config: ServerConfig) -> i32 {
     shared.set_core(Some(core_tx.clone()));
     tracing::info!("serving");
 
+    // the start-up integrity check: a finding leaves the store unavailable
+    // (incident inspection goes on); a failure to read the database stops
+    // the server so a supervisor starts it again
+    let integrity_failed = async move {
+        match tokio::task::spawn_blocking(move || startup_check.wait()).await {
+            Ok(Err(e)) => e.to_string(),
+            Ok(Ok(_)) | Err(_) => std::future::pending::<String>().await,
+        }
+    };
     let mut status = EXIT_OK;
     let ended = thread.ended();
     let core_ended = async {
@@ -328,6 +339,12 @@ async fn serve(config: ServerConfig) -> i32 {
                 "the server core stopped on its own (the store executor failed); exiting so a supervisor restarts the server"
             );
             shared.set_failed("the store executor failed".into());
+            status = EXIT_START;
+        }
+        e = integrity_failed => {
+            tracing::error!(error = %e, "the start-up integrity check could not read the database; exiting so a supervisor restarts the server");
+            eprintln!("rvbox-server: recovery: {e}");
+            shared.set_failed(e);
             status = EXIT_START;
         }
     }

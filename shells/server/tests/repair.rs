@@ -86,9 +86,7 @@ fn damaged_store(dir: &Path) {
     };
     s.append_events(&[running, out], NOW).unwrap();
     drop(s);
-    let seg = Layout::new(dir)
-        .segments_dir()
-        .join(rvbox_segment::segment_file_name(&id, 1).unwrap());
+    let seg = Layout::new(dir).segment_path(&id, 1).unwrap();
     let mut bytes = std::fs::read(&seg).unwrap();
     let n = bytes.len();
     bytes[n - 8] ^= 0xff;

@@ -11,15 +11,12 @@
 //! which recovery removes.
 
 use crate::db::Cached as _;
-use std::path::Path;
 
 use rusqlite::params;
 use rvbox_domain::error::{Code, DomainError};
 use rvbox_domain::limits;
 use rvbox_proto::v1 as wire;
-use rvbox_segment::{
-    Compression, Kind, Limits, RecordMeta, Stream, decode, encode, segment_file_name, sha256,
-};
+use rvbox_segment::{Compression, Kind, Limits, RecordMeta, Stream, decode, encode, sha256};
 
 use crate::error::StoreError;
 use crate::fs::StoreFs;
@@ -105,20 +102,24 @@ pub(crate) fn prepare_script(
 }
 
 /// Writes the blob segment durably: exclusive create, append, sync, and a
-/// directory sync. On failure the partial file is removed (best effort;
-/// recovery removes any file no row names).
+/// directory sync, then reads it back and checks every record. Returns
+/// whether it read back clean (the durable "verified" fact its row gets;
+/// one that did not is scanned at the next start). On failure the partial
+/// file is removed (best effort; the orphan sweep removes any file no row
+/// names).
 pub(crate) fn write_blob(
     fs: &dyn StoreFs,
-    dir: &Path,
+    layout: &crate::layout::Layout,
     issue: &[u8; 16],
     blob: &PreparedBlob,
-) -> Result<(), StoreError> {
-    let name = segment_file_name(issue, BLOB_ORDINAL)
+) -> Result<bool, StoreError> {
+    let dir = layout.segment_dir(issue);
+    let dir = dir.as_path();
+    let path = layout
+        .segment_path(issue, BLOB_ORDINAL)
         .ok_or_else(|| StoreError::Integrity("blob segment name".into()))?;
-    let path = dir.join(name);
     let result = (|| {
-        let mut f = fs
-            .create_new(&path)
+        let mut f = crate::store::create_segment_file(fs, &path)
             .map_err(|e| StoreError::io("create blob segment", &path, e))?;
         f.append(&blob.bytes)
             .and_then(|()| f.sync_data())
@@ -129,7 +130,13 @@ pub(crate) fn write_blob(
     if result.is_err() {
         let _ = fs.remove_file(&path);
     }
-    result
+    result?;
+    let end = blob.bytes.len() as u64;
+    Ok(
+        rvbox_storage::segment_io::read_and_scan(fs, &path, end, end, &script_limits()).is_ok_and(
+            |s| s.file_len == end && matches!(s.scan.recovery, rvbox_segment::Recovery::Clean),
+        ),
+    )
 }
 
 /// Inserts the payload rows and the blob segment row (inside the
@@ -139,12 +146,13 @@ pub(crate) fn record_blob(
     issue: &[u8; 16],
     blob: &PreparedBlob,
     charged: u64,
+    verified: bool,
     now_ms: i64,
 ) -> Result<(), StoreError> {
     tx.execute_cached(
         "INSERT INTO command_segments (issue_uuid, ordinal, committed_end, state, stored_bytes, raw_bytes,
-             charged_bytes, created_ms)
-         VALUES (?1, ?2, ?3, 'blob', ?4, ?5, ?6, ?7)",
+             charged_bytes, created_ms, verified)
+         VALUES (?1, ?2, ?3, 'blob', ?4, ?5, ?6, ?7, ?8)",
         params![
             issue.as_slice(),
             BLOB_ORDINAL,
@@ -152,7 +160,8 @@ pub(crate) fn record_blob(
             to_i64(blob.stored_total),
             to_i64(blob.raw_total),
             to_i64(charged),
-            now_ms
+            now_ms,
+            i64::from(verified)
         ],
     )
     .map_err(|e| StoreError::sqlite("record blob segment", e))?;
@@ -263,11 +272,13 @@ impl Store {
             .collect::<Result<_, _>>()
             .map_err(|e| StoreError::sqlite("read script", e))?;
         let file = if rows.iter().any(|r| r.5.is_some()) {
-            let name = segment_file_name(issue, BLOB_ORDINAL)
+            let path = self
+                .layout
+                .segment_path(issue, BLOB_ORDINAL)
                 .ok_or_else(|| integrity("blob segment name"))?;
             Some(
                 self.fs
-                    .open(&self.layout.segments_dir().join(name))
+                    .open(&path)
                     .map_err(|_| integrity("the blob segment is missing"))?,
             )
         } else {

@@ -34,6 +34,10 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 5,
         sql: include_str!("migrations/0005_operation_counters.sql"),
     },
+    Migration {
+        version: 6,
+        sql: include_str!("migrations/0006_sealed_verified.sql"),
+    },
 ];
 
 /// Applies every missing server-store migration and validates the
@@ -55,7 +59,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.sqlite3");
         let mut c = open(&path, DbOptions::default()).unwrap();
-        assert_eq!(migrate(&mut c, 1).unwrap(), vec![1, 2, 3, 4, 5]);
+        assert_eq!(migrate(&mut c, 1).unwrap(), vec![1, 2, 3, 4, 5, 6]);
         assert_eq!(migrate(&mut c, 2).unwrap(), Vec::<i64>::new());
         quick_check(&c).unwrap();
         // a tampered record refuses to open
@@ -78,7 +82,7 @@ mod tests {
             migrate(&mut c, 3),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 5
+                known: 6
             })
         ));
     }

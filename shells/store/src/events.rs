@@ -14,7 +14,7 @@ use rvbox_retention::{
     CHARGE_VERSION, ChargeKind, Class, Usage, charge, release_closeout, reserve, tombstones_to_drop,
 };
 use rvbox_segment::journal::JournalEntry;
-use rvbox_segment::{Compression, Kind, RecordMeta, encode, segment_file_name, sha256};
+use rvbox_segment::{Compression, Kind, RecordMeta, encode, sha256};
 
 use crate::crash::points;
 use crate::error::StoreError;
@@ -221,7 +221,7 @@ impl Store {
         batch: &[EventAppend],
         now_ms: i64,
     ) -> Result<AppendReport, StoreError> {
-        if let Err(e) = self.health.check_writable(&[]) {
+        if let Err(e) = self.health.check_serving() {
             // recovering or unusable: refuse everything, acknowledge nothing
             return Ok(AppendReport {
                 outcomes: batch
@@ -608,7 +608,11 @@ impl Store {
             return Err(e);
         }
 
-        // ---- 3. one metadata transaction ----------------------------------
+        // ---- 3. what the batch seals, read back: "verified at seal" -------
+        let sealing = self.sealing_segments(&pending, &segs, &base, &current)?;
+        let verified = self.verify_sealing(&sealing);
+
+        // ---- 4. one metadata transaction ----------------------------------
         let commit = self.commit_batch(
             &pending,
             &segs,
@@ -617,6 +621,7 @@ impl Store {
             global,
             now_ms,
             tombstone_cap,
+            &verified,
         );
         if let Err(e) = commit {
             self.rollback_segments(&base, &segs);
@@ -628,6 +633,12 @@ impl Store {
             if let Some(open) = self.open_segments.get_mut(issue) {
                 open.ordinal = *ordinal;
                 open.committed = *len;
+            }
+        }
+        // a terminal command's segment is sealed: nothing appends to it again
+        for p in &pending {
+            if p.lifecycle.is_some_and(|(to, _, _)| to.is_terminal()) {
+                self.open_segments.remove(&p.issue);
             }
         }
         let acked = batch
@@ -811,7 +822,9 @@ impl Store {
         failing: &mut Option<[u8; 16]>,
     ) -> Result<(), StoreError> {
         let dir = self.layout.segments_dir();
-        let mut created = false;
+        // the fan-out directories that got a new file: synced before the
+        // metadata that names the file commits
+        let mut created = std::collections::BTreeSet::new();
         let mut first_write = true;
         // Files that received bytes in this batch but left the cache before
         // the sync (a segment sealed mid-batch, or evicted by the open-file
@@ -825,20 +838,19 @@ impl Store {
             }
             // an error until the next iteration belongs to this command
             *failing = Some(*issue);
-            let name = segment_file_name(issue, *ordinal)
+            let path = self
+                .layout
+                .segment_path(issue, *ordinal)
                 .ok_or_else(|| StoreError::Integrity("segment ordinal out of range".into()))?;
-            let path = dir.join(&name);
             let needs_open = self
                 .open_segments
                 .get(issue)
                 .is_none_or(|s| s.ordinal != *ordinal);
             if needs_open {
                 let file = if seg.new_file {
-                    let f = self
-                        .fs
-                        .create_new(&path)
+                    let f = crate::store::create_segment_file(self.fs.as_ref(), &path)
                         .map_err(|e| StoreError::io("create segment", &path, e))?;
-                    created = true;
+                    created.insert(self.layout.segment_dir(issue));
                     self.hook.at(points::SEGMENT_CREATED);
                     f
                 } else {
@@ -925,7 +937,7 @@ impl Store {
                     bytes: &seg.bytes,
                 })
                 .collect();
-            if self.journal_group(&entries, created)? {
+            if self.journal_group(&entries, &created)? {
                 self.hook.at(points::EVENT_AFTER_FSYNC);
                 return Ok(());
             }
@@ -952,10 +964,10 @@ impl Store {
                 })?;
             }
         }
-        if created {
+        for dir in &created {
             self.fs
-                .sync_dir(&dir)
-                .map_err(|e| StoreError::io("sync segment directory", &dir, e))?;
+                .sync_dir(dir)
+                .map_err(|e| StoreError::io("sync segment directory", dir, e))?;
         }
         self.hook.at(points::EVENT_AFTER_FSYNC);
         Ok(())
@@ -987,8 +999,8 @@ impl Store {
             if seg.new_file && base.get(issue).is_none_or(|b| b.0 != *ordinal) {
                 self.open_segments
                     .retain(|k, s| !(k == issue && s.ordinal == *ordinal));
-                if let Some(name) = segment_file_name(issue, *ordinal) {
-                    let _ = self.fs.remove_file(&self.layout.segments_dir().join(name));
+                if let Some(path) = self.layout.segment_path(issue, *ordinal) {
+                    let _ = self.fs.remove_file(&path);
                 }
             }
         }
@@ -996,6 +1008,90 @@ impl Store {
             segments = segs.len(),
             "event batch failed; nothing acknowledged"
         );
+    }
+
+    /// The segments this batch seals, each with its committed end once the
+    /// batch commits: the full segment a new one follows, and the segment
+    /// of every command the batch makes terminal (migration 6 seals it in
+    /// the terminal transition).
+    fn sealing_segments(
+        &self,
+        pending: &[PendingEvent],
+        segs: &BTreeMap<([u8; 16], u32), PendingSegment>,
+        base: &BTreeMap<[u8; 16], (u32, u64)>,
+        current: &BTreeMap<[u8; 16], (u32, u64)>,
+    ) -> Result<Vec<([u8; 16], u32, u64)>, StoreError> {
+        let end_after = |issue: &[u8; 16], ordinal: u32| {
+            let before = base
+                .get(issue)
+                .filter(|b| b.0 == ordinal)
+                .map_or(0, |b| b.1);
+            let added = segs
+                .get(&(*issue, ordinal))
+                .map_or(0, |s| s.bytes.len() as u64);
+            before.saturating_add(added)
+        };
+        let mut out = Vec::new();
+        for ((issue, _), seg) in segs {
+            if let Some(prev) = seg.sealed_before {
+                out.push((*issue, prev, end_after(issue, prev)));
+            }
+        }
+        for p in pending {
+            if !p.lifecycle.is_some_and(|(to, _, _)| to.is_terminal()) {
+                continue;
+            }
+            let last = match current.get(&p.issue) {
+                Some(c) => Some(*c),
+                None => match self.open_segments.get(&p.issue) {
+                    Some(o) => Some((o.ordinal, o.committed)),
+                    None => cached_row(
+                        &self.conn,
+                        "SELECT ordinal, committed_end FROM command_segments WHERE issue_uuid = ?1 AND state = 'active'",
+                        params![p.issue.as_slice()],
+                        |r| Ok((r.get::<_, u32>(0)?, to_u64(r.get(1)?))),
+                    )
+                    .optional()
+                    .map_err(|e| StoreError::sqlite("find active segment", e))?,
+                },
+            };
+            if let Some((ordinal, end)) = last.filter(|l| l.1 > 0) {
+                out.push((p.issue, ordinal, end));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads back each segment being sealed and checks every record of its
+    /// committed range; returns the clean ones. One that is not clean keeps
+    /// no fact: the next start (or the background scrub) scans it and
+    /// records what it finds.
+    fn verify_sealing(&self, sealing: &[([u8; 16], u32, u64)]) -> Vec<([u8; 16], u32, u64)> {
+        let limits = record_limits();
+        sealing
+            .iter()
+            .copied()
+            .filter(|(issue, ordinal, end)| {
+                let Some(path) = self.layout.segment_path(issue, *ordinal) else {
+                    return false;
+                };
+                let clean = rvbox_storage::segment_io::read_and_scan(
+                    self.fs.as_ref(),
+                    &path,
+                    *end,
+                    self.opts.seal_bytes,
+                    &limits,
+                )
+                .is_ok_and(|s| {
+                    s.file_len == *end && matches!(s.scan.recovery, rvbox_segment::Recovery::Clean)
+                });
+                if !clean {
+                    self.metrics.recovered("seal_verify_failed", 1);
+                    tracing::error!(ordinal, "a segment being sealed did not read back clean; it is scanned again at the next start");
+                }
+                clean
+            })
+            .collect()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1008,6 +1104,7 @@ impl Store {
         global: u64,
         now_ms: i64,
         tombstone_cap: u64,
+        verified: &[([u8; 16], u32, u64)],
     ) -> Result<(), StoreError> {
         let tx = self
             .conn
@@ -1135,6 +1232,15 @@ impl Store {
                 .map_err(|e| StoreError::sqlite("update client usage", e))?;
         }
         crate::store::set_global_charged(&tx, global)?;
+        // the durable "verified at seal" fact, only for exactly the bytes read back
+        for (issue, ordinal, end) in verified {
+            tx.prepare_cached(
+                "UPDATE command_segments SET verified = 1
+                 WHERE issue_uuid = ?1 AND ordinal = ?2 AND state = 'sealed' AND committed_end = ?3",
+            )
+            .and_then(|mut st| st.execute(params![issue.as_slice(), ordinal, to_i64(*end)]))
+            .map_err(|e| StoreError::sqlite("record a verified seal", e))?;
+        }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit events", e))
     }

@@ -54,10 +54,25 @@ impl ScopeState {
     }
 }
 
+/// Where the start-up integrity check (`PRAGMA quick_check`) stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IntegrityState {
+    Running,
+    Passed,
+    Failed,
+}
+
 #[derive(Debug)]
 struct State {
     global: ScopeState,
     audit: ScopeState,
+    /// The start's scope recovery finished: client, session and command
+    /// scopes serve (plan §5.1 item 6) while the global scope may still
+    /// wait for the integrity check.
+    scopes_recovered: bool,
+    integrity: IntegrityState,
+    /// An open incident names the global scope.
+    global_dirty: bool,
     /// Scopes with open incidents: (kind, key) -> incident ids.
     dirty: BTreeMap<(i32, String), Vec<String>>,
     open_incidents: u32,
@@ -76,6 +91,9 @@ impl Default for Health {
             state: Arc::new(Mutex::new(State {
                 global: ScopeState::Recovering,
                 audit: ScopeState::Recovering,
+                scopes_recovered: false,
+                integrity: IntegrityState::Passed,
+                global_dirty: false,
                 dirty: BTreeMap::new(),
                 open_incidents: 0,
                 bootstrap: None,
@@ -86,6 +104,30 @@ impl Default for Health {
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The global state once recovery and the integrity check say so.
+fn settle(s: &mut State) {
+    if s.global == ScopeState::Unavailable {
+        return;
+    }
+    if s.global == ScopeState::Recovering
+        && !(s.scopes_recovered && s.integrity == IntegrityState::Passed)
+    {
+        return;
+    }
+    s.global = if s.global_dirty {
+        ScopeState::DirtyReadable
+    } else {
+        ScopeState::Ready
+    };
+}
+
+/// Scope recovery finished and the integrity check is still running.
+fn serving_scopes(s: &State) -> bool {
+    s.global == ScopeState::Recovering
+        && s.scopes_recovered
+        && s.integrity == IntegrityState::Running
 }
 
 fn canonical(id: &[u8; 16]) -> String {
@@ -104,13 +146,46 @@ impl Health {
         let mut s = lock(&self.state);
         s.global = ScopeState::Recovering;
         s.audit = ScopeState::Recovering;
+        s.scopes_recovered = false;
         tracing::info!(state = "recovering", "store scope state");
     }
 
     /// Marks the database unusable (integrity failure).
     pub fn set_unavailable(&self) {
-        lock(&self.state).global = ScopeState::Unavailable;
+        let mut s = lock(&self.state);
+        s.global = ScopeState::Unavailable;
+        s.scopes_recovered = false;
         tracing::error!(state = "unavailable", "store scope state");
+    }
+
+    /// The start-up integrity check began: global readiness waits for it.
+    pub(crate) fn integrity_running(&self) {
+        lock(&self.state).integrity = IntegrityState::Running;
+    }
+
+    /// The start-up integrity check passed: the global scope becomes ready
+    /// once the scopes are recovered too.
+    pub(crate) fn integrity_passed(&self) {
+        let mut s = lock(&self.state);
+        s.integrity = IntegrityState::Passed;
+        settle(&mut s);
+        tracing::info!(global = s.global.name(), "start-up integrity check passed");
+    }
+
+    /// The start-up integrity check failed (findings, or it could not read
+    /// the database): unavailable until the offline repair or a restart.
+    pub(crate) fn integrity_failed(&self) {
+        let mut s = lock(&self.state);
+        s.integrity = IntegrityState::Failed;
+        s.global = ScopeState::Unavailable;
+        s.scopes_recovered = false;
+        tracing::error!(state = "unavailable", "store scope state");
+    }
+
+    /// Whether the start-up integrity check has finished (passed or not).
+    #[must_use]
+    pub fn integrity_settled(&self) -> bool {
+        lock(&self.state).integrity != IntegrityState::Running
     }
 
     /// Holds an incident the database could not take (plan §5.1: "expose an
@@ -151,17 +226,10 @@ impl Health {
             }
         }
         let mut s = lock(&self.state);
-        let global_dirty =
-            dirty.contains_key(&(wire::ScopeKind::GlobalStore as i32, String::new()));
+        s.global_dirty = dirty.contains_key(&(wire::ScopeKind::GlobalStore as i32, String::new()));
         // while recovery runs, only the dirty map changes; readiness comes
-        // from `recovered`
-        if s.global != ScopeState::Unavailable && s.global != ScopeState::Recovering {
-            s.global = if global_dirty {
-                ScopeState::DirtyReadable
-            } else {
-                ScopeState::Ready
-            };
-        }
+        // from `recovered` and the integrity check
+        settle(&mut s);
         s.audit = if dirty
             .keys()
             .any(|(k, _)| *k == wire::ScopeKind::Audit as i32)
@@ -191,10 +259,27 @@ impl Health {
         {
             let mut s = lock(&self.state);
             if s.global == ScopeState::Recovering {
-                s.global = ScopeState::Ready;
+                s.scopes_recovered = true;
             }
         }
         self.refresh(conn)
+    }
+
+    /// Whether the store takes writes at all: the global scope is ready, or
+    /// the start's scope recovery finished while the integrity check runs
+    /// (then only writes confined to client, session and command scopes).
+    ///
+    /// # Errors
+    /// `UNAVAILABLE` naming the global state.
+    pub fn check_serving(&self) -> Result<(), DomainError> {
+        let s = lock(&self.state);
+        if s.global == ScopeState::Ready || serving_scopes(&s) {
+            return Ok(());
+        }
+        Err(DomainError::new(
+            Code::Unavailable,
+            format!("the server store is {}; retry later", s.global.name()),
+        ))
     }
 
     /// Refuses a mutation unless the global store and each named scope are
@@ -204,7 +289,16 @@ impl Health {
     /// `UNAVAILABLE` with the scope and, when dirty, an incident id.
     pub fn check_writable(&self, scopes: &[(wire::ScopeKind, &str)]) -> Result<(), DomainError> {
         let s = lock(&self.state);
-        if s.global != ScopeState::Ready {
+        // before global readiness, a recovered client, session or command
+        // scope serves (plan §5.1 item 6); nothing global does
+        let confined = !scopes.is_empty()
+            && scopes.iter().all(|(k, _)| {
+                matches!(
+                    k,
+                    wire::ScopeKind::Client | wire::ScopeKind::Command | wire::ScopeKind::Segment
+                )
+            });
+        if s.global != ScopeState::Ready && !(confined && serving_scopes(&s)) {
             return Err(DomainError::new(
                 Code::Unavailable,
                 format!("the server store is {}; retry later", s.global.name()),
@@ -303,5 +397,65 @@ impl Health {
             open_incident_count: s.open_incidents,
             bootstrap_incident: s.bootstrap.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn() -> Connection {
+        let mut c = Connection::open_in_memory().unwrap_or_else(|e| panic!("{e}"));
+        crate::db::migrate(&mut c, 0).unwrap_or_else(|e| panic!("{e}"));
+        c
+    }
+
+    #[test]
+    fn client_scopes_serve_while_the_integrity_check_runs_and_global_readiness_waits() {
+        let c = conn();
+        let h = Health::default();
+        h.set_recovering();
+        h.integrity_running();
+        let client = [(wire::ScopeKind::Client, "web-1")];
+        assert!(
+            h.check_writable(&client).is_err(),
+            "not before the scopes recover"
+        );
+        assert!(h.check_serving().is_err());
+        h.recovered(&c).unwrap_or_else(|e| panic!("{e}"));
+        // the scopes serve; nothing global does, and readiness waits
+        assert!(h.check_writable(&client).is_ok());
+        assert!(h.check_serving().is_ok());
+        assert!(h.check_writable(&[]).is_err());
+        assert!(
+            h.check_writable(&[(wire::ScopeKind::GlobalStore, "")])
+                .is_err()
+        );
+        assert_eq!(h.global(), ScopeState::Recovering);
+        assert!(!h.report(0).ready);
+        h.integrity_passed();
+        assert_eq!(h.global(), ScopeState::Ready);
+        assert!(h.report(0).ready);
+        assert!(h.check_writable(&[]).is_ok());
+    }
+
+    #[test]
+    fn a_failed_integrity_check_stops_the_scopes_too() {
+        let c = conn();
+        let h = Health::default();
+        h.set_recovering();
+        h.integrity_running();
+        h.recovered(&c).unwrap_or_else(|e| panic!("{e}"));
+        h.integrity_failed();
+        assert_eq!(h.global(), ScopeState::Unavailable);
+        assert!(
+            h.check_writable(&[(wire::ScopeKind::Client, "web-1")])
+                .is_err()
+        );
+        assert!(h.check_serving().is_err());
+        // a refresh never makes an unusable store ready
+        h.refresh(&c).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(h.global(), ScopeState::Unavailable);
+        assert!(!h.report(0).ready);
     }
 }

@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 
 use rusqlite::{OptionalExtension, params};
 use rvbox_segment::journal::{JournalEntry, decode_frames, encode_frame, frame_len};
-use rvbox_segment::{scan, segment_file_name};
+use rvbox_segment::scan;
 
 use crate::error::StoreError;
 use crate::fs::{SegmentFile, StoreFs};
@@ -134,7 +134,7 @@ impl Store {
     pub(crate) fn journal_group(
         &mut self,
         entries: &[JournalEntry<'_>],
-        created: bool,
+        created: &std::collections::BTreeSet<std::path::PathBuf>,
     ) -> Result<bool, StoreError> {
         if self.journal.is_none() || frame_len(entries) > JOURNAL_FRAME_MAX {
             return Ok(false);
@@ -172,13 +172,12 @@ impl Store {
             return Err(e);
         }
         j.len = j.len.saturating_add(frame.len() as u64);
-        if created {
-            // R-5.3-11: a new segment's directory entry is durable before
-            // the metadata that names it commits
-            let dir = self.layout.segments_dir();
+        // R-5.3-11: a new segment's directory entry is durable before the
+        // metadata that names it commits
+        for dir in created {
             self.fs
-                .sync_dir(&dir)
-                .map_err(|e| StoreError::io("sync segment directory", &dir, e))?;
+                .sync_dir(dir)
+                .map_err(|e| StoreError::io("sync segment directory", dir, e))?;
         }
         self.metrics.journal_groups.inc();
         Ok(true)
@@ -307,9 +306,10 @@ impl Store {
         let Some(committed_end) = committed_end.map(to_u64) else {
             return Ok(0); // evicted, rotated or never committed
         };
-        let name = segment_file_name(issue, ordinal)
+        let path = self
+            .layout
+            .segment_path(issue, ordinal)
             .ok_or_else(|| StoreError::Integrity("segment ordinal out of range".into()))?;
-        let path = self.layout.segments_dir().join(name);
         let mut file = match self.fs.open(&path) {
             Ok(f) => f,
             // a committed segment's entry was synced before its metadata:
@@ -351,6 +351,13 @@ impl Store {
                 .map_err(|e| StoreError::io("journal replay append", &path, e))?;
             pos = end;
         }
+        // the bytes changed under any earlier verification: scan it again
+        self.conn
+            .execute_cached(
+                "UPDATE command_segments SET verified = 0 WHERE issue_uuid = ?1 AND ordinal = ?2",
+                params![issue.as_slice(), ordinal],
+            )
+            .map_err(|e| StoreError::sqlite("clear the verified fact", e))?;
         tracing::warn!(
             ordinal,
             from = start,

@@ -64,6 +64,79 @@ impl Layout {
         self.root.join("segments")
     }
 
+    /// The fan-out directory that holds the segment files of command
+    /// `issue` (`segments/<2 hex digits>`, see
+    /// [`rvbox_segment::segment_dir_name`]).
+    #[must_use]
+    pub fn segment_dir(&self, issue: &[u8; 16]) -> PathBuf {
+        self.segments_dir()
+            .join(rvbox_segment::segment_dir_name(issue))
+    }
+
+    /// The file of segment `ordinal` of command `issue` (`None` for an
+    /// ordinal beyond the name format).
+    #[must_use]
+    pub fn segment_path(&self, issue: &[u8; 16], ordinal: u32) -> Option<PathBuf> {
+        rvbox_segment::segment_file_name(issue, ordinal).map(|n| self.segment_dir(issue).join(n))
+    }
+
+    /// The file of a canonical segment file name (`None` for any other
+    /// name).
+    #[must_use]
+    pub fn segment_file(&self, name: &str) -> Option<PathBuf> {
+        rvbox_segment::parse_segment_file_name(name)
+            .map(|(issue, _)| self.segment_dir(&issue).join(name))
+    }
+
+    /// Every directory that can hold command segment files, in the order
+    /// the orphan sweep walks them (a directory is created with its first
+    /// file).
+    #[must_use]
+    pub fn segment_dirs(&self) -> Vec<PathBuf> {
+        (0..rvbox_segment::SEGMENT_DIRS)
+            .map(|i| {
+                self.segments_dir()
+                    .join(rvbox_segment::segment_dir_of_index(i))
+            })
+            .collect()
+    }
+
+    /// Moves segment files of the flat layout of earlier versions
+    /// (`segments/<name>`) into their fan-out directories; a no-op on a
+    /// store that has none. Other names are left alone.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] naming the file or directory.
+    pub fn migrate_flat_segments(&self, fs: &dyn StoreFs) -> Result<u64, StoreError> {
+        let root = self.segments_dir();
+        let names = fs
+            .list(&root, usize::MAX)
+            .map_err(|e| StoreError::io("list segment directory", &root, e))?;
+        let mut moved = std::collections::BTreeSet::new();
+        let mut files = 0u64;
+        for name in names {
+            let Some((issue, _)) = rvbox_segment::parse_segment_file_name(&name) else {
+                continue;
+            };
+            let dir = self.segment_dir(&issue);
+            fs.ensure_private_dir(&dir)
+                .map_err(|e| StoreError::io("create segment directory", &dir, e))?;
+            let from = root.join(&name);
+            fs.rename(&from, &dir.join(&name))
+                .map_err(|e| StoreError::io("move segment into its directory", &from, e))?;
+            moved.insert(dir);
+            files += 1;
+        }
+        if files > 0 {
+            for dir in moved.iter().chain(std::iter::once(&root)) {
+                fs.sync_dir(dir)
+                    .map_err(|e| StoreError::io("sync segment directory", dir, e))?;
+            }
+            tracing::info!(files, "segment files moved into fan-out directories");
+        }
+        Ok(files)
+    }
+
     /// The audit segment directory.
     #[must_use]
     pub fn audit_dir(&self) -> PathBuf {

@@ -40,6 +40,7 @@ pub mod records;
 pub mod recovery;
 pub mod registry;
 pub mod retention;
+pub mod scrub;
 pub mod sessions;
 pub mod signals;
 pub mod stdin;

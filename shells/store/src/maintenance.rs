@@ -102,6 +102,15 @@ impl Store {
     /// [`StoreError`] when the database failed; file failures become
     /// incidents and pending work instead.
     pub fn maintain(&mut self, now_ms: i64) -> Result<MaintenanceReport, StoreError> {
+        if !matches!(
+            self.health.global(),
+            crate::health::ScopeState::Ready | crate::health::ScopeState::DirtyReadable
+        ) {
+            // evictions and rotations are global decisions: not before the
+            // start's integrity check passed, never on an unusable store
+            tracing::debug!("maintenance skipped: the store is not globally ready");
+            return Ok(MaintenanceReport::default());
+        }
         let mut report = MaintenanceReport {
             incidents_trimmed: crate::incidents::trim_resolved(
                 &self.conn,

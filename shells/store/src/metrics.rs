@@ -110,6 +110,8 @@ pub struct StoreMetrics {
     pub incidents: Family<KindLabel, Counter>,
     /// Recovery actions, by step.
     pub recovery: Family<StepLabel, Counter>,
+    /// Background scrub actions, by step.
+    pub scrub: Family<StepLabel, Counter>,
     /// Output rotations, by truncation source.
     pub rotations: Family<CauseLabel, Counter>,
     /// Whole commands evicted, by cause.
@@ -152,6 +154,7 @@ impl Default for StoreMetrics {
             quota_refusals: Family::default(),
             incidents: Family::default(),
             recovery: Family::default(),
+            scrub: Family::default(),
             rotations: Family::default(),
             evictions: Family::default(),
             eviction_failures: Counter::default(),
@@ -281,6 +284,11 @@ impl StoreMetrics {
             self.recovery.clone(),
         );
         r.register(
+            "scrub_actions",
+            "Background scrub actions (re-verification, orphan sweep, recount), by step",
+            self.scrub.clone(),
+        );
+        r.register(
             "rotations",
             "Output rotations, by truncation source",
             self.rotations.clone(),
@@ -330,6 +338,13 @@ impl StoreMetrics {
     /// Counts one recovery action.
     pub fn recovered(&self, step: &'static str, n: u64) {
         self.recovery.get_or_create(&StepLabel { step }).inc_by(n);
+    }
+
+    /// Counts background scrub actions (nothing when `n` is 0).
+    pub fn scrubbed(&self, step: &'static str, n: u64) {
+        if n > 0 {
+            self.scrub.get_or_create(&StepLabel { step }).inc_by(n);
+        }
     }
 }
 

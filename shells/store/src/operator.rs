@@ -78,6 +78,7 @@ impl Store {
         let floor = self.opts.tiers.free_space_floor;
         let free = self.free_space();
         let dir = self.layout.segments_dir();
+        let layout = self.layout.clone();
         let fs = self.fs.clone();
         let writable = || -> bool {
             let probe = dir.join(".rvbox-write-probe");
@@ -93,7 +94,7 @@ impl Store {
             now_ms,
             &mut |tx, incident, action| match action {
                 SafeRepair::RebuildCounters => rebuild_counters(tx).map_err(OpError::Store),
-                SafeRepair::TruncateTail => cut_tail(tx, fs.as_ref(), &dir, incident),
+                SafeRepair::TruncateTail => cut_tail(tx, fs.as_ref(), &layout, incident),
                 SafeRepair::RollForwardEviction => roll_forward_marked(tx, incident),
                 SafeRepair::RecheckCondition => {
                     let space_ok = free.as_ref().is_ok_and(|f| *f >= floor);
@@ -152,7 +153,7 @@ impl Store {
 fn cut_tail(
     tx: &Transaction<'_>,
     fs: &dyn crate::fs::StoreFs,
-    dir: &std::path::Path,
+    layout: &crate::layout::Layout,
     incident: &Incident,
 ) -> Result<(), OpError> {
     let bad = || {
@@ -183,7 +184,7 @@ fn cut_tail(
         return Ok(()); // the segment is gone (evicted or rotated)
     };
     let committed = u64::try_from(committed).unwrap_or(0);
-    let path = dir.join(&name);
+    let path = layout.segment_file(&name).ok_or_else(bad)?;
     let mut f = match fs.open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),

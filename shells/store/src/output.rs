@@ -47,7 +47,7 @@ use rvbox_domain::lifecycle::Lifecycle;
 use rvbox_domain::limits::{DEFAULT_OUTPUT_PAGE_BYTES, MAX_OUTPUT_PAGE_BYTES};
 use rvbox_domain::token::{OutputPosition, TokenCodec, TokenKey, TokenKind, encode_filters};
 use rvbox_proto::v1 as wire;
-use rvbox_segment::{Compression, Kind, Stream, decode, encoded_len, segment_file_name, sha256};
+use rvbox_segment::{Compression, Kind, Stream, decode, encoded_len, sha256};
 
 use crate::error::StoreError;
 use crate::events::body_kind;
@@ -732,9 +732,10 @@ impl<'s> SegmentReader<'s> {
     }
 
     fn path(&self, ordinal: u32) -> Result<PathBuf, StoreError> {
-        let name = segment_file_name(&self.issue, ordinal)
-            .ok_or_else(|| StoreError::Integrity("segment ordinal out of range".into()))?;
-        Ok(self.store.layout.segments_dir().join(name))
+        self.store
+            .layout
+            .segment_path(&self.issue, ordinal)
+            .ok_or_else(|| StoreError::Integrity("segment ordinal out of range".into()))
     }
 
     /// The open file of a segment and its committed end.

@@ -15,16 +15,15 @@
 use crate::db::Cached as _;
 use rusqlite::{TransactionBehavior, params};
 use rvbox_proto::v1 as wire;
-use rvbox_segment::{ByteRange, Recovery, parse_segment_file_name, segment_file_name};
+use rvbox_segment::{ByteRange, Recovery};
 
 use crate::db;
 use crate::entropy::uuid_v7;
 use crate::error::StoreError;
 use crate::incidents::{self, NewIncident};
-use crate::store::{Store, record_limits, to_i64, to_u64};
+use std::sync::Arc;
 
-/// Most files recovery lists in the segment directory.
-pub const MAX_SEGMENT_FILES: usize = 4_000_000;
+use crate::store::{Store, record_limits, to_i64, to_u64};
 
 /// What recovery did (progress counters; no payload bytes).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -59,11 +58,20 @@ pub struct RecoveryReport {
 }
 
 #[derive(Debug)]
-struct SegRow {
-    issue: [u8; 16],
-    ordinal: u32,
-    committed_end: u64,
-    client_id: String,
+pub(crate) struct SegRow {
+    pub(crate) issue: [u8; 16],
+    pub(crate) ordinal: u32,
+    pub(crate) committed_end: u64,
+    pub(crate) client_id: String,
+}
+
+/// What applying one segment's scan did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The committed range read back clean, nothing beyond it.
+    Clean,
+    /// A tail was cut or damage recorded.
+    Repaired,
 }
 
 fn hex(id: &[u8; 16]) -> String {
@@ -144,38 +152,103 @@ fn unreadable(e: &StoreError) -> bool {
     }
 }
 
-impl Store {
-    /// Runs recovery; see the module docs. Safe to run more than once.
+/// The start-up integrity check (`PRAGMA quick_check`), running on the
+/// recovery pool on its own connection beside the scope recovery (plan
+/// §5.1: global readiness waits for it; client scopes do not).
+#[derive(Debug)]
+pub struct StartupCheck {
+    handle: Option<std::thread::JoinHandle<Result<bool, StoreError>>>,
+    /// The verdict, once it was waited for.
+    settled: Option<Result<bool, StoreError>>,
+}
+
+impl StartupCheck {
+    /// Waits for the check: `Ok(true)` when it passed, `Ok(false)` when it
+    /// found damage (recorded as a `SQLITE_INTEGRITY_FAILURE` incident, the
+    /// store unavailable), and an error when it could not read the
+    /// database (an I/O failure, not corruption; the store unavailable and
+    /// the start to be tried again).
     ///
     /// # Errors
-    /// [`StoreError`] only when the database itself cannot be used; a bad
-    /// segment is recorded as an incident and recovery moves on.
-    pub fn recover(&mut self, now_ms: i64) -> Result<RecoveryReport, StoreError> {
-        let mut report = RecoveryReport {
-            integrity_ok: true,
-            ..Default::default()
-        };
-        self.health.set_recovering();
-        let checked = match integrity_check(
-            || db::quick_check(&self.conn),
-            INTEGRITY_CHECK_ATTEMPTS,
-            std::thread::sleep,
-        ) {
-            Integrity::Io(e) => {
-                // the check could not read the database: nothing is known
-                // to be damaged, so no integrity incident; the store stays
-                // unavailable and the start fails, to be tried again
-                self.health.set_unavailable();
-                self.metrics.recovered("integrity_check_io_error", 1);
-                tracing::error!(error = %e, attempts = INTEGRITY_CHECK_ATTEMPTS, "the SQLite integrity check could not read the database (an I/O error, not a finding); the store stays unavailable");
-                return Err(e);
-            }
-            Integrity::Ok => Ok(()),
-            Integrity::Findings(e) => Err(e),
-        };
-        if let Err(e) = checked {
-            report.integrity_ok = false;
-            self.health.set_unavailable();
+    /// The I/O failure.
+    pub fn wait(mut self) -> Result<bool, StoreError> {
+        self.settle();
+        self.settled.take().unwrap_or(Ok(true))
+    }
+
+    fn settle(&mut self) -> &Result<bool, StoreError> {
+        if let Some(h) = self.handle.take() {
+            self.settled = Some(h.join().unwrap_or_else(|_| {
+                Err(StoreError::Integrity(
+                    "the integrity check's thread panicked".into(),
+                ))
+            }));
+        }
+        self.settled.get_or_insert(Ok(true))
+    }
+
+    /// Whether the check has finished.
+    #[must_use]
+    pub fn is_finished(&self) -> bool {
+        self.handle
+            .as_ref()
+            .is_none_or(std::thread::JoinHandle::is_finished)
+    }
+}
+
+impl Drop for StartupCheck {
+    fn drop(&mut self) {
+        // never leave the check running unobserved past its handle
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The body of the integrity check's thread.
+fn run_startup_check(
+    db_file: &std::path::Path,
+    opts: db::DbOptions,
+    health: &crate::health::Health,
+    metrics: &crate::metrics::StoreMetrics,
+    entropy: &dyn crate::entropy::Entropy,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let started = std::time::Instant::now();
+    let conn = match db::open(db_file, opts) {
+        Ok(c) => c,
+        Err(e) => {
+            health.integrity_failed();
+            metrics.recovered("integrity_check_io_error", 1);
+            tracing::error!(error = %e, "the integrity check could not open the database; the store stays unavailable");
+            return Err(e);
+        }
+    };
+    match integrity_check(
+        || db::quick_check(&conn),
+        INTEGRITY_CHECK_ATTEMPTS,
+        std::thread::sleep,
+    ) {
+        Integrity::Ok => {
+            health.integrity_passed();
+            tracing::info!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "SQLite integrity check passed"
+            );
+            Ok(true)
+        }
+        Integrity::Io(e) => {
+            // the check could not read the database: nothing is known to
+            // be damaged, so no integrity incident; the store stays
+            // unavailable and the start fails, to be tried again
+            health.integrity_failed();
+            metrics.recovered("integrity_check_io_error", 1);
+            tracing::error!(error = %e, attempts = INTEGRITY_CHECK_ATTEMPTS, "the SQLite integrity check could not read the database (an I/O error, not a finding); the store stays unavailable");
+            Err(e)
+        }
+        Integrity::Findings(e) => {
+            health.integrity_failed();
+            metrics.recovered("integrity_failed", 1);
             tracing::error!(error = %e, "SQLite integrity check failed");
             let incident = NewIncident {
                 kind: wire::IncidentKind::SqliteIntegrityFailure,
@@ -188,21 +261,122 @@ impl Store {
                 evidence: e.to_string().into_bytes(),
                 data_loss: false,
             };
-            match self.record_incident(&incident, now_ms, false) {
-                Ok(_) => report.incidents += 1,
+            let recorded = uuid_v7(entropy, now_ms)
+                .map_err(|e| StoreError::io("mint incident id", "", e))
+                .and_then(|id| {
+                    let mut conn = conn;
+                    let tx = conn
+                        .transaction_with_behavior(TransactionBehavior::Immediate)
+                        .map_err(|e| StoreError::sqlite("begin incident", e))?;
+                    incidents::insert(&tx, id, &incident, now_ms)?;
+                    tx.commit()
+                        .map_err(|e| StoreError::sqlite("commit incident", e))?;
+                    health.refresh(&conn)
+                });
+            match recorded {
+                Ok(()) => {
+                    metrics
+                        .incidents
+                        .get_or_create(&crate::metrics::KindLabel {
+                            kind: incident.kind.as_str_name(),
+                        })
+                        .inc();
+                }
                 Err(write_error) => {
                     // the database cannot even take the incident: keep it in
                     // memory, visible through health, until offline repair
                     tracing::error!(error = %write_error, "integrity incident held in memory only");
-                    self.health.set_bootstrap(&incident, now_ms);
+                    health.set_bootstrap(&incident, now_ms);
                 }
             }
-            // metadata that fails its integrity check is not a basis for
-            // truncating or deleting anything: stop here, unavailable
-            let _ = self.health.refresh(&self.conn);
-            self.metrics.recovered("integrity_failed", 1);
-            return Ok(report);
+            Ok(false)
         }
+    }
+}
+
+impl Store {
+    /// Runs recovery and waits for the integrity check; see
+    /// [`Store::begin_recovery`]. Safe to run more than once. The store is
+    /// globally ready when it returns, unless the integrity check found
+    /// damage (`integrity_ok` false, the store unavailable).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database itself cannot be used, including
+    /// an integrity check that could not read it; a bad segment is
+    /// recorded as an incident and recovery moves on.
+    pub fn recover(&mut self, now_ms: i64) -> Result<RecoveryReport, StoreError> {
+        let (mut report, check) = self.begin_recovery(now_ms)?;
+        report.integrity_ok = report.integrity_ok && check.wait()?;
+        if report.integrity_ok {
+            self.health.refresh(&self.conn)?;
+        } else {
+            report.incidents += 1;
+        }
+        Ok(report)
+    }
+
+    /// The bounded part of a start (docs/storage.md, "Start-up"): starts the
+    /// integrity check on its own thread, then, beside it, finishes stale
+    /// evictions, replays the group journal, scans the segments that could
+    /// hold an uncommitted tail or were never verified (active ones, and
+    /// sealed or blob ones without the verified fact), closes the prior
+    /// sessions and checks the essential state of every non-terminal
+    /// command. When it returns the client, command and segment scopes
+    /// serve; the global scope is ready once the returned check passes.
+    /// Everything proportional to the store's history (re-verifying sealed
+    /// segments, the orphan sweep, the counter recount) is left to the
+    /// background scrub ([`Store::scrub`]).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database cannot be used.
+    pub fn begin_recovery(
+        &mut self,
+        now_ms: i64,
+    ) -> Result<(RecoveryReport, StartupCheck), StoreError> {
+        let mut report = RecoveryReport {
+            integrity_ok: true,
+            ..Default::default()
+        };
+        self.health.set_recovering();
+        self.health.integrity_running();
+        let check = {
+            let (db_file, opts) = (self.layout.db_file(), self.opts.db);
+            let (health, metrics) = (self.health.clone(), self.metrics.clone());
+            let entropy = Arc::clone(&self.entropy);
+            std::thread::Builder::new()
+                .name("rvbox-integrity".into())
+                .spawn(move || {
+                    run_startup_check(&db_file, opts, &health, &metrics, entropy.as_ref(), now_ms)
+                })
+                .map_err(|e| StoreError::io("start the integrity check", "", e))?
+        };
+        let mut check = StartupCheck {
+            handle: Some(check),
+            settled: None,
+        };
+        match self.recover_scopes(&mut report, now_ms) {
+            Ok(()) => Ok((report, check)),
+            Err(e) => {
+                // the scope recovery could not use the database: when the
+                // integrity check finds it damaged, that is the verdict (an
+                // incident, unavailable); otherwise the start fails
+                if matches!(check.settle(), Ok(false)) {
+                    report.integrity_ok = false;
+                    tracing::error!(error = %e, "scope recovery stopped on a damaged database");
+                    return Ok((report, check));
+                }
+                self.health.set_unavailable();
+                Err(e)
+            }
+        }
+    }
+
+    fn recover_scopes(
+        &mut self,
+        report: &mut RecoveryReport,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let started = std::time::Instant::now();
         self.open_segments.clear();
         // plan §5.4: finish stale evictions and pending deletions first, so
         // files an eviction already moved are never mistaken for loss
@@ -212,24 +386,28 @@ impl Store {
         let replay = self.replay_journal()?;
         report.journal_frames = replay.frames;
         report.journal_segments_redone = replay.segments_redone;
-        let rows = self.live_segments()?;
-        let dir = self.layout.segments_dir();
+        let rows = self.unverified_segments()?;
         let fs = self.fs.clone();
         for batch in rows.chunks(RECOVERY_BATCH) {
             // read and scan on the bounded pool; apply the verdicts here, in
             // order, on the single writer
-            let scanned = scan_all(fs.as_ref(), &dir, self.opts.seal_bytes, batch);
+            let scanned = scan_all(fs.as_ref(), &self.layout, self.opts.seal_bytes, batch);
+            let mut clean = Vec::new();
             for (row, result) in batch.iter().zip(scanned) {
                 report.segments_scanned += 1;
-                if let Err(e) = self.recover_segment(row, result, now_ms, &mut report) {
-                    // one bad segment never stops recovery of the others
-                    let key = format!("{}/{}", hex(&row.issue), row.ordinal);
-                    tracing::error!(segment = %key, error = %e, "segment recovery failed");
-                    report.last_failure = Some(key);
+                match self.recover_segment(row, result, now_ms, report) {
+                    Ok(Verdict::Clean) => clean.push(row),
+                    Ok(Verdict::Repaired) => {}
+                    Err(e) => {
+                        // one bad segment never stops recovery of the others
+                        let key = format!("{}/{}", hex(&row.issue), row.ordinal);
+                        tracing::error!(segment = %key, error = %e, "segment recovery failed");
+                        report.last_failure = Some(key);
+                    }
                 }
             }
+            self.mark_verified(&clean)?;
         }
-        self.remove_orphans(&mut report)?;
         // plan §5.4/§5.5: audit segment recovery (retention.rs, audit.rs)
         self.recover_retention(now_ms)?;
         report.sessions_closed = to_u64(
@@ -241,26 +419,48 @@ impl Store {
                 .map_err(|e| StoreError::sqlite("close prior sessions", e))? as i64,
         );
         report.commands_interrupted += self.verify_essential_state(now_ms)?;
-        self.check_counters_at_recovery(now_ms, &mut report)?;
         // every segment byte is in its own file now (redone ones included)
         self.checkpoint_journal()?;
+        // the background scrub starts its cycle afresh
+        self.scrub = crate::scrub::ScrubState::default();
         self.health.recovered(&self.conn)?;
         let m = &self.metrics;
         m.recovered("command_interrupted", report.commands_interrupted);
         m.recovered("tail_truncated", report.tails_truncated);
         m.recovered("segment_damaged", report.segments_damaged);
-        m.recovered("orphan_removed", report.orphans_removed);
         m.recovered("journal_redone", report.journal_segments_redone);
         m.recovered("session_closed", report.sessions_closed);
-        m.recovered("integrity_failed", u64::from(!report.integrity_ok));
         tracing::info!(
             segments = report.segments_scanned,
             tails = report.tails_truncated,
             damaged = report.segments_damaged,
-            orphans = report.orphans_removed,
-            "store recovery finished"
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "store scopes recovered; the integrity check gates global readiness"
         );
-        Ok(report)
+        Ok(())
+    }
+
+    /// Records the verified fact for sealed and blob segments that scanned
+    /// clean (active ones may still grow and never carry it).
+    pub(crate) fn mark_verified(&mut self, rows: &[&SegRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin verified facts", e))?;
+        for row in rows {
+            tx.execute_cached(
+                "UPDATE command_segments SET verified = 1
+                 WHERE issue_uuid = ?1 AND ordinal = ?2 AND state IN ('sealed', 'blob')
+                   AND committed_end = ?3 AND verified = 0",
+                params![row.issue.as_slice(), row.ordinal, to_i64(row.committed_end)],
+            )
+            .map_err(|e| StoreError::sqlite("record a verified segment", e))?;
+        }
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit verified facts", e))
     }
 
     /// Re-verifies every live segment of one command and applies the
@@ -282,13 +482,12 @@ impl Store {
             integrity_ok: true,
             ..Default::default()
         };
-        let rows = self.live_segments_of(Some(issue))?;
+        let rows = self.live_segments_of(issue)?;
         // the active file may be replaced by a damaged one's successor
         self.open_segments.remove(issue);
-        let dir = self.layout.segments_dir();
         for row in &rows {
             report.segments_scanned += 1;
-            let scanned = scan_segment(self.fs.as_ref(), &dir, self.opts.seal_bytes, row);
+            let scanned = scan_segment(self.fs.as_ref(), &self.layout, self.opts.seal_bytes, row);
             if let Err(e) = self.recover_segment(row, scanned, now_ms, &mut report) {
                 let key = format!("{}/{}", hex(&row.issue), row.ordinal);
                 tracing::error!(segment = %key, error = %e, "segment re-verification failed");
@@ -307,23 +506,48 @@ impl Store {
         Ok(report)
     }
 
-    fn live_segments(&self) -> Result<Vec<SegRow>, StoreError> {
-        self.live_segments_of(None)
+    /// The live segments a start scans: active ones and sealed or blob ones
+    /// without the verified fact (their partial index, migration 6), and
+    /// the script blob of every non-terminal command (essential state, plan
+    /// §5.1 item 5); a few rows however long the history.
+    fn unverified_segments(&self) -> Result<Vec<SegRow>, StoreError> {
+        self.segment_rows(
+            "SELECT s.issue_uuid, s.ordinal, s.committed_end, c.client_id
+             FROM command_segments s JOIN commands c ON c.issue_uuid = s.issue_uuid
+             WHERE s.verified = 0 AND s.state IN ('active', 'sealed', 'blob')
+               AND c.retention = 'retained'
+             UNION
+             SELECT s.issue_uuid, s.ordinal, s.committed_end, c.client_id
+             FROM commands c JOIN command_segments s ON s.issue_uuid = c.issue_uuid AND s.ordinal = 0
+             WHERE c.lifecycle < 5 AND s.state = 'blob' AND c.retention = 'retained'
+             ORDER BY 1, 2",
+            [],
+        )
     }
 
-    fn live_segments_of(&self, only: Option<&[u8; 16]>) -> Result<Vec<SegRow>, StoreError> {
+    /// Every live segment of one command.
+    fn live_segments_of(&self, issue: &[u8; 16]) -> Result<Vec<SegRow>, StoreError> {
+        self.segment_rows(
+            "SELECT s.issue_uuid, s.ordinal, s.committed_end, c.client_id
+             FROM command_segments s JOIN commands c ON c.issue_uuid = s.issue_uuid
+             WHERE s.issue_uuid = ?1 AND s.state IN ('active', 'sealed', 'blob')
+               AND c.retention = 'retained'
+             ORDER BY s.ordinal",
+            [issue.as_slice()],
+        )
+    }
+
+    pub(crate) fn segment_rows(
+        &self,
+        sql: &str,
+        args: impl rusqlite::Params,
+    ) -> Result<Vec<SegRow>, StoreError> {
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "SELECT s.issue_uuid, s.ordinal, s.committed_end, c.client_id
-                 FROM command_segments s JOIN commands c ON c.issue_uuid = s.issue_uuid
-                 WHERE s.state IN ('active', 'sealed', 'blob') AND c.retention = 'retained'
-                   AND (?1 IS NULL OR s.issue_uuid = ?1)
-                 ORDER BY s.issue_uuid, s.ordinal",
-            )
+            .prepare_cached(sql)
             .map_err(|e| StoreError::sqlite("list segments", e))?;
         let rows = stmt
-            .query_map([only.map(|i| i.to_vec())], |r| {
+            .query_map(args, |r| {
                 let issue: Vec<u8> = r.get(0)?;
                 Ok(SegRow {
                     issue: <[u8; 16]>::try_from(issue.as_slice()).unwrap_or([0; 16]),
@@ -337,13 +561,13 @@ impl Store {
             .map_err(|e| StoreError::sqlite("list segments", e))
     }
 
-    fn recover_segment(
+    pub(crate) fn recover_segment(
         &mut self,
         row: &SegRow,
         scanned: Result<ScannedSegment, StoreError>,
         now_ms: i64,
         report: &mut RecoveryReport,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Verdict, StoreError> {
         let ScannedSegment {
             path,
             scan: result,
@@ -351,7 +575,7 @@ impl Store {
             max_len,
         } = scanned?;
         match result.recovery {
-            Recovery::Clean if file_len <= max_len => Ok(()),
+            Recovery::Clean if file_len <= max_len => Ok(Verdict::Clean),
             Recovery::Clean | Recovery::TruncateTail { .. } => {
                 let cut = rvbox_storage::segment_io::cut_tail(
                     self.fs.as_ref(),
@@ -377,7 +601,7 @@ impl Store {
                     true,
                 )?;
                 report.incidents += 1;
-                Ok(())
+                Ok(Verdict::Repaired)
             }
             Recovery::CommittedDamage {
                 lost,
@@ -402,7 +626,7 @@ impl Store {
                         report.commands_interrupted += 1;
                     }
                 }
-                Ok(())
+                Ok(Verdict::Repaired)
             }
         }
     }
@@ -555,50 +779,6 @@ impl Store {
         self.health.refresh(&self.conn)?;
         Ok(id)
     }
-
-    /// Removes segment files that no row references: they hold only bytes
-    /// of batches that never committed. Names RVBox did not make are left
-    /// alone (and logged): recovery never deletes what it cannot identify.
-    fn remove_orphans(&mut self, report: &mut RecoveryReport) -> Result<(), StoreError> {
-        let dir = self.layout.segments_dir();
-        let names = match self.fs.list(&dir, MAX_SEGMENT_FILES) {
-            Ok(n) => n,
-            Err(e) => {
-                // orphans only cost space; never let them stop recovery
-                tracing::error!(error = %e, "segment directory not listed; orphan files left in place");
-                return Ok(());
-            }
-        };
-        for name in names {
-            let Some((issue, ordinal)) = parse_segment_file_name(&name) else {
-                tracing::warn!(file = %name, "unrecognised file in the segment directory left alone");
-                continue;
-            };
-            let known: bool = self
-                .conn
-                .query_row_cached(
-                    "SELECT EXISTS (SELECT 1 FROM command_segments WHERE issue_uuid = ?1 AND ordinal = ?2)",
-                    params![issue.as_slice(), ordinal],
-                    |r| r.get(0),
-                )
-                .map_err(|e| StoreError::sqlite("check segment row", e))?;
-            if !known {
-                let path = dir.join(&name);
-                match self.fs.remove_file(&path) {
-                    Ok(()) => report.orphans_removed += 1,
-                    Err(e) => {
-                        tracing::error!(file = %name, error = %e, "orphan segment not removed")
-                    }
-                }
-            }
-        }
-        if report.orphans_removed > 0
-            && let Err(e) = self.fs.sync_dir(&dir)
-        {
-            tracing::error!(error = %e, "segment directory not synced after orphan removal");
-        }
-        Ok(())
-    }
 }
 
 impl Store {
@@ -735,67 +915,18 @@ impl Store {
     }
 }
 
-impl Store {
-    /// Recomputes the charged-byte counters (plan §5.2: "recompute charged
-    /// totals"); a mismatch is recorded as a `COUNTER_MISMATCH` incident and
-    /// repaired at once by rebuilding the derivable counters, which discards
-    /// nothing.
-    fn check_counters_at_recovery(
-        &mut self,
-        now_ms: i64,
-        report: &mut RecoveryReport,
-    ) -> Result<(), StoreError> {
-        let check = self.check_counters()?;
-        if check.consistent() {
-            return Ok(());
-        }
-        tracing::error!(
-            clients = check.clients.len(),
-            "charged-byte counters differ from a recount"
-        );
-        let summary = format!(
-            "{} client counter(s) and the global counter ({} recorded, {} recounted) differed from a recount; rebuilt",
-            check.clients.len(),
-            check.global.0,
-            check.global.1
-        );
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| StoreError::sqlite("begin counter rebuild", e))?;
-        crate::operator::rebuild_counters(&tx)?;
-        tx.commit()
-            .map_err(|e| StoreError::sqlite("commit counter rebuild", e))?;
-        self.record_incident(
-            &NewIncident {
-                kind: wire::IncidentKind::CounterMismatch,
-                scope_kind: wire::ScopeKind::GlobalStore,
-                scope_key: String::new(),
-                client_id: None,
-                issue_uuid: None,
-                summary,
-                evidence: format!("{:?}", check.clients).into_bytes(),
-                data_loss: false,
-            },
-            now_ms,
-            true,
-        )?;
-        report.incidents += 1;
-        Ok(())
-    }
-}
-
 use rvbox_storage::segment_io::ScannedSegment;
 
 /// Reads and scans one segment (no writes): the part of recovery that the
 /// bounded pool runs in parallel. The buffer lives only while scanning.
 fn scan_segment(
     fs: &dyn crate::fs::StoreFs,
-    dir: &std::path::Path,
+    layout: &crate::layout::Layout,
     seal_bytes: u64,
     row: &SegRow,
 ) -> Result<ScannedSegment, StoreError> {
-    let name = segment_file_name(&row.issue, row.ordinal)
+    let path = layout
+        .segment_path(&row.issue, row.ordinal)
         .ok_or_else(|| StoreError::Integrity("segment ordinal out of range".into()))?;
     let limits = if row.ordinal == crate::blobs::BLOB_ORDINAL {
         crate::blobs::script_limits()
@@ -804,13 +935,7 @@ fn scan_segment(
     };
     // A sealed or active segment is never larger than the seal size plus
     // one record.
-    rvbox_storage::segment_io::read_and_scan(
-        fs,
-        &dir.join(&name),
-        row.committed_end,
-        seal_bytes,
-        &limits,
-    )
+    rvbox_storage::segment_io::read_and_scan(fs, &path, row.committed_end, seal_bytes, &limits)
 }
 
 /// Threads of the recovery pool.
@@ -819,9 +944,9 @@ pub const RECOVERY_WORKERS: usize = 2;
 const RECOVERY_BATCH: usize = 256;
 
 /// Scans `rows` on a bounded pool of threads, in order of `rows`.
-fn scan_all(
+pub(crate) fn scan_all(
     fs: &dyn crate::fs::StoreFs,
-    dir: &std::path::Path,
+    layout: &crate::layout::Layout,
     seal_bytes: u64,
     rows: &[SegRow],
 ) -> Vec<Result<ScannedSegment, StoreError>> {
@@ -834,7 +959,7 @@ fn scan_all(
                 let h = scope.spawn(move || {
                     chunk
                         .iter()
-                        .map(|row| scan_segment(fs, dir, seal_bytes, row))
+                        .map(|row| scan_segment(fs, layout, seal_bytes, row))
                         .collect::<Vec<_>>()
                 });
                 (n, h)

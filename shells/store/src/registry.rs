@@ -212,9 +212,15 @@ impl Store {
     /// # Errors
     /// A database failure.
     pub fn registry_counts(&self) -> Result<RegistryCounts, StoreError> {
-        let counters = counts(&self.conn)?;
-        let recount: (i64, i64) = self
-            .conn
+        registry_counts_on(&self.conn)
+    }
+}
+
+/// [`Store::registry_counts`] on any connection (the scrub's snapshot).
+pub(crate) fn registry_counts_on(conn: &Connection) -> Result<RegistryCounts, StoreError> {
+    {
+        let counters = counts(conn)?;
+        let recount: (i64, i64) = conn
             .query_row_cached(
                 "SELECT (SELECT COUNT(*) FROM clients), (SELECT COUNT(*) FROM sessions)",
                 [],

@@ -862,7 +862,7 @@ impl Store {
                     // a live segment never moves; an evicting command's
                     // files move (either order is safe: rows follow)
                     let live = !evicting && state.is_some_and(|s| s != "rotated");
-                    (self.layout.segments_dir(), live)
+                    (self.layout.segment_dir(&issue), live)
                 }
                 Origin::Audit => {
                     let ordinal = parse_audit_file_name(source).ok_or_else(|| {
@@ -1018,11 +1018,17 @@ impl Store {
                         "pending deletion names a file the store never makes".into(),
                     ));
                 }
-                let from = self.layout.segments_dir().join(source);
+                let from = self.layout.segment_file(source).ok_or_else(|| {
+                    StoreError::Integrity(
+                        "pending deletion names a file the store never makes".into(),
+                    )
+                })?;
                 let to = self.layout.trash_dir().join(&row.file_name);
                 match self.fs.rename(&from, &to) {
                     Ok(()) => {
-                        moved_from.insert(self.layout.segments_dir());
+                        if let Some(dir) = from.parent() {
+                            moved_from.insert(dir.to_path_buf());
+                        }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => return Err(StoreError::io("move segment to trash", &from, e)),

@@ -56,6 +56,10 @@ pub struct StoreOptions {
     /// Audit segments whose newest record is this old rotate; 0 (the
     /// default) disables the age trigger, not the byte budget.
     pub audit_retention_ms: u64,
+    /// The background scrub starts a new cycle (re-verification of every
+    /// sealed segment, orphan sweep, counter recount) this long after the
+    /// last one finished, and at every start; 0 runs only the start's.
+    pub scrub_interval_ms: u64,
 }
 
 impl StoreOptions {
@@ -86,6 +90,7 @@ impl Default for StoreOptions {
             eviction_slack_bytes: limits::DEFAULT_COMMAND_TOTAL_BYTES,
             audit_budget_bytes: limits::DEFAULT_AUDIT_BYTES,
             audit_retention_ms: limits::DEFAULT_AUDIT_RETENTION_MS,
+            scrub_interval_ms: limits::DEFAULT_SCRUB_INTERVAL_MS,
         }
     }
 }
@@ -100,6 +105,38 @@ pub fn record_limits() -> Limits {
     Limits {
         max_stored_len: stored,
         max_raw_len: raw,
+    }
+}
+
+/// Creates the file of a segment no row names yet (a new ordinal, or the
+/// blob of a command being created), and its fan-out directory with the
+/// first file in it. A file already there holds only bytes of a batch that
+/// never committed, an orphan the background sweep has not reached yet: it
+/// is removed and the file created afresh, so a start never has to sweep
+/// orphans before it serves. The caller syncs the file's directory.
+pub(crate) fn create_segment_file(
+    fs: &dyn StoreFs,
+    path: &std::path::Path,
+) -> std::io::Result<Box<dyn SegmentFile>> {
+    let first = match fs.create_new(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(dir) = path.parent() {
+                fs.ensure_private_dir(dir)?;
+            }
+            fs.create_new(path)
+        }
+        other => other,
+    };
+    match first {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            tracing::warn!(
+                file = %path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+                "a segment file no row names (left by a batch that never committed) is replaced"
+            );
+            fs.remove_file(path)?;
+            fs.create_new(path)
+        }
+        other => other,
     }
 }
 
@@ -142,6 +179,8 @@ pub struct Store {
     /// Audited writes leave flushing the outbox to maintenance until this
     /// wall time (a flush failed).
     pub(crate) audit_flush_backoff_until: i64,
+    /// Where the background scrub's cycle stands.
+    pub(crate) scrub: crate::scrub::ScrubState,
     server_id: [u8; 16],
     token_key: [u8; identity::TOKEN_KEY_LEN],
     _lock: InstanceLock,
@@ -167,6 +206,7 @@ impl Store {
             .map_err(|e| StoreError::io("create data directory", layout.root(), e))?;
         let lock = InstanceLock::acquire(&layout.lock_file())?;
         layout.create(fs.as_ref())?;
+        layout.migrate_flat_segments(fs.as_ref())?;
         let mut conn = db::open(&layout.db_file(), opts.db)?;
         db::migrate(&mut conn, now_ms)?;
         let server_id = identity::server_id(&conn, entropy.as_ref(), now_ms)?;
@@ -193,6 +233,7 @@ impl Store {
                     .map_err(|e| StoreError::io("create zstd context", "", e))?,
             ),
             audit_flush_backoff_until: i64::MIN,
+            scrub: crate::scrub::ScrubState::default(),
             server_id,
             token_key,
             _lock: lock,
@@ -452,11 +493,11 @@ impl Store {
             .map_err(|e| StoreError::sqlite("store script", e))?;
         }
         if let Some(b) = &blob {
-            crate::blobs::write_blob(self.fs.as_ref(), &self.layout.segments_dir(), &issue, b)?;
+            let verified = crate::blobs::write_blob(self.fs.as_ref(), &self.layout, &issue, b)?;
             self.hook.at(crate::crash::points::BLOB_AFTER_SYNC);
             let charged = charge(CHARGE_VERSION, ChargeKind::ScriptPayload, b.stored_total)
                 .map_err(|e| StoreError::Integrity(e.to_string()))?;
-            crate::blobs::record_blob(&tx, &issue, b, charged, now_ms)?;
+            crate::blobs::record_blob(&tx, &issue, b, charged, verified, now_ms)?;
         }
         apply_owner_global(&tx, valid.client_id.as_str(), r.owner_after, r.global_after)?;
         let response = wire::RunCommandResponse {
@@ -644,9 +685,15 @@ impl Store {
     /// # Errors
     /// A store failure.
     pub fn operation_counts(&self) -> Result<OperationCounts, StoreError> {
+        operation_counts_on(&self.conn)
+    }
+}
+
+/// [`Store::operation_counts`] on any connection (the scrub's snapshot).
+pub(crate) fn operation_counts_on(conn: &Connection) -> Result<OperationCounts, StoreError> {
+    {
         let bad = |e| StoreError::sqlite("recount operation counters", e);
-        let (queued, tombstones, queued_now, tombstones_now): (i64, i64, i64, i64) = self
-            .conn
+        let (queued, tombstones, queued_now, tombstones_now): (i64, i64, i64, i64) = conn
             .query_row_cached(
                 "SELECT queued, tombstones,
                         (SELECT COUNT(*) FROM commands WHERE lifecycle IN (1, 2)),
@@ -656,8 +703,7 @@ impl Store {
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .map_err(bad)?;
-        let mut stmt = self
-            .conn
+        let mut stmt = conn
             .prepare_cached(
                 "SELECT client_id, counter, recount FROM (
                      SELECT q.client_id, q.queued AS counter,

@@ -75,10 +75,7 @@ fn repairing_an_uncommitted_tail_cuts_it() {
     let mut s = open(dir.path());
     let id = running_command(&mut s, "web-1");
     s.append_events(&[output(&id, 2, b"kept")], NOW).unwrap();
-    let path = s
-        .layout()
-        .segments_dir()
-        .join(rvbox_segment::segment_file_name(&id, 1).unwrap());
+    let path = s.layout().segment_path(&id, 1).unwrap();
     let committed = std::fs::metadata(&path).unwrap().len();
     std::fs::OpenOptions::new()
         .append(true)
@@ -184,14 +181,15 @@ fn a_damaged_segment_in_the_middle_never_breaks_rotation() {
         }
     }
     // damage the second segment
-    let seg2 = dir
-        .path()
-        .join("segments")
-        .join(rvbox_segment::segment_file_name(&id, 2).unwrap());
+    let seg2 = rvbox_store::layout::Layout::new(dir.path())
+        .segment_path(&id, 2)
+        .unwrap();
     let mut bytes = std::fs::read(&seg2).unwrap();
     bytes[500] ^= 0xff;
     std::fs::write(&seg2, &bytes).unwrap();
     let mut s = open_with(dir.path(), Arc::new(rvbox_store::fs::RealFs), opts);
+    // a sealed segment verified at seal: the background scrub finds it
+    assert_eq!(s.scrub_cycle(NOW).unwrap().segments_damaged, 1);
     let incident = incidents::open(s.db(), 10).unwrap().remove(0);
     s.acknowledge_incident(
         &wire::AcknowledgeStorageIncidentRequest {

@@ -675,9 +675,7 @@ fn rotation_between_pages_continues_at_the_next_retained_event() {
 }
 
 fn segment_path(s: &Store, id: &[u8; 16], ordinal: u32) -> PathBuf {
-    s.layout()
-        .segments_dir()
-        .join(rvbox_segment::segment_file_name(id, ordinal).unwrap())
+    s.layout().segment_path(id, ordinal).unwrap()
 }
 
 #[test]

@@ -20,9 +20,7 @@ use rvbox_store::incidents;
 use support::*;
 
 fn segment_path(s: &Store, id: &[u8; 16], ordinal: u32) -> PathBuf {
-    s.layout()
-        .segments_dir()
-        .join(rvbox_segment::segment_file_name(id, ordinal).unwrap())
+    s.layout().segment_path(id, ordinal).unwrap()
 }
 
 fn committed_end(s: &Store, id: &[u8; 16], ordinal: u32) -> i64 {
@@ -201,15 +199,35 @@ fn corrupt_committed_middle_keeps_the_records_after_it() {
 fn orphan_segments_are_removed_and_foreign_files_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let (_, id, _) = prepared(dir.path());
-    let segs = dir.path().join("segments");
-    let orphan = segs.join(rvbox_segment::segment_file_name(&id, 7).unwrap());
+    let layout = rvbox_store::layout::Layout::new(dir.path());
+    let orphan = layout.segment_path(&id, 7).unwrap();
     std::fs::write(&orphan, b"never committed").unwrap();
-    let foreign = segs.join("README.operator");
+    let foreign = layout.segment_dir(&id).join("README.operator");
     std::fs::write(&foreign, b"keep me").unwrap();
-    let s = open(dir.path());
+    let mut s = open(dir.path());
+    // orphans only cost space: the background scrub removes them
+    assert!(orphan.exists());
+    assert_eq!(s.scrub_cycle(NOW).unwrap().orphans_removed, 1);
     assert!(!orphan.exists());
     assert!(foreign.exists());
     assert_eq!(verify_output(&s, &id), vec![2, 3, 4]);
+}
+
+#[test]
+fn segment_files_of_the_flat_layout_move_into_their_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, id, _) = prepared(dir.path());
+    // the layout of earlier versions: every file directly in segments/
+    let root = dir.path().join("segments");
+    let flat = root.join(path.file_name().unwrap());
+    std::fs::rename(&path, &flat).unwrap();
+    std::fs::write(root.join("README.operator"), b"keep me").unwrap();
+    let s = open(dir.path());
+    assert!(!flat.exists());
+    assert!(path.exists(), "moved to {}", path.display());
+    assert!(root.join("README.operator").exists());
+    assert_eq!(verify_output(&s, &id), vec![2, 3, 4]);
+    assert!(incidents::open(s.db(), 10).unwrap().is_empty());
 }
 
 #[test]
@@ -240,7 +258,7 @@ fn restart_closes_prior_live_sessions() {
 }
 
 #[test]
-fn counter_drift_is_recorded_and_rebuilt_at_recovery() {
+fn counter_drift_is_recorded_and_rebuilt_by_the_background_recount() {
     let dir = tempfile::tempdir().unwrap();
     {
         let mut s = open(dir.path());
@@ -253,7 +271,11 @@ fn counter_drift_is_recorded_and_rebuilt_at_recovery() {
             .unwrap();
         assert!(!s.check_counters().unwrap().consistent());
     }
-    let s = open(dir.path());
+    let mut s = open(dir.path());
+    // a start no longer recounts; the scrub's recount finds and rebuilds
+    assert!(!s.check_counters().unwrap().consistent());
+    let r = s.scrub_cycle(NOW).unwrap();
+    assert_eq!((r.counter_mismatches, r.cycle_completed), (1, true));
     assert_counters(&s);
     let all = incidents::list(s.db(), None, None, 10).unwrap();
     assert_eq!(all.len(), 1);

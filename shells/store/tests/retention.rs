@@ -147,7 +147,12 @@ fn files(dir: &Path) -> Vec<String> {
 
 fn files_of(s: &Store, id: &[u8; 16]) -> usize {
     let prefix: String = id.iter().map(|b| format!("{b:02x}")).collect();
-    files(&s.layout().segments_dir())
+    s.layout()
+        .segment_dirs()
+        .iter()
+        .filter(|d| d.exists())
+        .flat_map(|d| files(d))
+        .collect::<Vec<_>>()
         .iter()
         .chain(files(&s.layout().trash_dir()).iter())
         .filter(|n| n.starts_with(&prefix))
@@ -573,14 +578,15 @@ fn unresolved_incidents_keep_their_commands() {
     finish(&mut s, &id, next);
     drop(s);
     // corrupt a committed byte: recovery opens a data-loss incident
-    let seg = dir
-        .path()
-        .join("segments")
-        .join(rvbox_segment::segment_file_name(&id, 1).unwrap());
+    let seg = rvbox_store::layout::Layout::new(dir.path())
+        .segment_path(&id, 1)
+        .unwrap();
     let mut bytes = std::fs::read(&seg).unwrap();
     bytes[200] ^= 0xff;
     std::fs::write(&seg, &bytes).unwrap();
     let mut s = reopen(dir.path(), o);
+    // the sealed segment was verified at seal: the background scrub finds it
+    assert_eq!(s.scrub_cycle(NOW).unwrap().segments_damaged, 1);
     let r = s.maintain(NOW + 1_000_000).unwrap();
     assert_eq!(r.evicted_aged, 0);
     assert!(exists(&s, &id));

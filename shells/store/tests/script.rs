@@ -36,8 +36,9 @@ fn script_request(id: &[u8; 16], body: &[u8]) -> wire::RunCommandRequest {
 }
 
 fn blob_path(dir: &std::path::Path, id: &[u8; 16]) -> std::path::PathBuf {
-    dir.join("segments")
-        .join(rvbox_segment::segment_file_name(id, 0).unwrap())
+    rvbox_store::layout::Layout::new(dir)
+        .segment_path(id, 0)
+        .unwrap()
 }
 
 #[test]

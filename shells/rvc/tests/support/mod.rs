@@ -558,6 +558,8 @@ pub fn snapshot(s: &Stack, name: &str, out: &Output) {
         r#""(lastSeenTime|generation)":"?[^",}]+"?"#,
         "\"$1\":[redacted]",
     );
+    // the host's kernel release differs between machines
+    settings.add_filter(r#""osRelease":"[^"]*""#, "\"osRelease\":\"[release]\"");
     settings.add_filter(r"generation  \d+", "generation  [n]");
     settings.add_filter(r"revision \d+", "revision [n]");
     settings.add_filter(

@@ -25,6 +25,15 @@ use rvbox_store::{Store, StoreOptions};
 pub const NOW: i64 = 1_800_000_000_000;
 
 pub fn open_with(dir: &Path, fs: Arc<dyn StoreFs>, opts: StoreOptions) -> Store {
+    open_with_report(dir, fs, opts).0
+}
+
+/// [`open_with`], and what its recovery did.
+pub fn open_with_report(
+    dir: &Path,
+    fs: Arc<dyn StoreFs>,
+    opts: StoreOptions,
+) -> (Store, rvbox_store::recovery::RecoveryReport) {
     // Another test of this binary may be forking a child process right now;
     // between fork and exec the child holds a copy of every descriptor,
     // including a just-dropped store's lock file, so a reopen can briefly
@@ -45,8 +54,8 @@ pub fn open_with(dir: &Path, fs: Arc<dyn StoreFs>, opts: StoreOptions) -> Store 
             other => break other.unwrap(),
         }
     };
-    s.recover(NOW).unwrap();
-    s
+    let report = s.recover(NOW).unwrap();
+    (s, report)
 }
 
 pub fn open(dir: &Path) -> Store {
@@ -177,8 +186,8 @@ pub fn verify_output(store: &Store, id: &[u8; 16]) -> Vec<u64> {
         .unwrap();
     let mut seqs = Vec::new();
     for (seq, ordinal, offset, digest) in rows {
-        let name = rvbox_segment::segment_file_name(id, ordinal).unwrap();
-        let bytes = std::fs::read(store.layout().segments_dir().join(name)).unwrap();
+        let path = store.layout().segment_path(id, ordinal).unwrap();
+        let bytes = std::fs::read(path).unwrap();
         let rec = rvbox_segment::decode(
             &bytes[usize::try_from(offset).unwrap()..],
             &rvbox_store::store::record_limits(),
