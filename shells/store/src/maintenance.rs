@@ -23,8 +23,9 @@ use crate::store::{Store, to_u64};
 pub const MAX_CANDIDATES: u32 = 10_000;
 /// Most over-quota clients one pass relieves.
 pub const MAX_CLIENTS_PER_PASS: u32 = 1_000;
-/// Most commands one pass checks for due rotation.
-pub const MAX_ROTATION_CHECKS: u32 = 1_000;
+/// Commands one pass checks for due rotation (a slice by key; the next
+/// pass goes on from there and wraps around).
+pub const ROTATION_CHECKS_PER_PASS: u32 = 10_000;
 
 pub use rvbox_store_port::maintenance::MaintenanceReport;
 
@@ -122,32 +123,9 @@ impl Store {
         report.rolled_forward = sweep.rolled_forward;
         report.files_swept = sweep.files_removed;
 
-        // rotation a window or total already exceeds (e.g. lowered tiers)
-        let due: Vec<[u8; 16]> = {
-            let mut stmt = self
-                .conn
-                .prepare_cached(
-                    "SELECT issue_uuid FROM commands WHERE retention = 'retained'
-                       AND (output_charged > ?1 OR charged_bytes > ?2)
-                     ORDER BY issue_time_ms, issue_uuid LIMIT ?3",
-                )
-                .map_err(|e| StoreError::sqlite("list rotation due", e))?;
-            let rows = stmt
-                .query_map(
-                    params![
-                        crate::store::to_i64(self.opts.tiers.command_output_window),
-                        crate::store::to_i64(self.opts.tiers.command_total),
-                        MAX_ROTATION_CHECKS
-                    ],
-                    |r| {
-                        let id: Vec<u8> = r.get(0)?;
-                        Ok(<[u8; 16]>::try_from(id.as_slice()).unwrap_or([0; 16]))
-                    },
-                )
-                .map_err(|e| StoreError::sqlite("list rotation due", e))?;
-            rows.collect::<Result<Vec<_>, _>>()
-                .map_err(|e| StoreError::sqlite("list rotation due", e))?
-        };
+        // rotation a window or total already exceeds (e.g. lowered tiers):
+        // a slice of the commands by key per pass, never a walk of them all
+        let due = self.rotation_due_slice()?;
         for issue in due {
             match self.rotate_due(&issue, now_ms) {
                 Ok(Some(_)) => report.rotations += 1,
@@ -270,6 +248,44 @@ impl Store {
             "maintenance pass"
         );
         Ok(report)
+    }
+
+    /// The commands of this pass's slice whose output window or total a
+    /// tier already exceeds.
+    fn rotation_due_slice(&mut self) -> Result<Vec<[u8; 16]>, StoreError> {
+        // an empty blob sorts before every key: the first slice
+        let after = self.rotation_cursor.map_or_else(Vec::new, |c| c.to_vec());
+        let rows: Vec<(Vec<u8>, bool)> = {
+            let mut stmt = self
+                .conn
+                .prepare_cached(
+                    "SELECT issue_uuid, retention = 'retained' AND (output_charged > ?1 OR charged_bytes > ?2)
+                     FROM commands WHERE issue_uuid > ?3 ORDER BY issue_uuid LIMIT ?4",
+                )
+                .map_err(|e| StoreError::sqlite("list rotation due", e))?;
+            stmt.query_map(
+                params![
+                    crate::store::to_i64(self.opts.tiers.command_output_window),
+                    crate::store::to_i64(self.opts.tiers.command_total),
+                    after,
+                    ROTATION_CHECKS_PER_PASS
+                ],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(|e| StoreError::sqlite("list rotation due", e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| StoreError::sqlite("list rotation due", e))?
+        };
+        let full = rows.len() >= ROTATION_CHECKS_PER_PASS as usize;
+        self.rotation_cursor = rows
+            .last()
+            .filter(|_| full)
+            .and_then(|(id, _)| <[u8; 16]>::try_from(id.as_slice()).ok());
+        Ok(rows
+            .into_iter()
+            .filter(|(_, due)| *due)
+            .filter_map(|(id, _)| <[u8; 16]>::try_from(id.as_slice()).ok())
+            .collect())
     }
 
     fn count_eviction_ret(

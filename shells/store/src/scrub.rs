@@ -183,7 +183,8 @@ impl Store {
         let rows = self.segment_rows(
             "SELECT s.issue_uuid, s.ordinal, s.committed_end, c.client_id
              FROM command_segments s JOIN commands c ON c.issue_uuid = s.issue_uuid
-             WHERE s.verified = 0 AND s.state IN ('sealed', 'blob') AND c.retention = 'retained'
+             WHERE s.verified = 0 AND s.state IN ('active', 'sealed', 'blob') AND s.state <> 'active'
+               AND c.retention = 'retained'
              ORDER BY s.issue_uuid, s.ordinal LIMIT ?1",
             params![SEGMENTS_PER_SLICE as i64],
         )?;

@@ -181,6 +181,8 @@ pub struct Store {
     pub(crate) audit_flush_backoff_until: i64,
     /// Where the background scrub's cycle stands.
     pub(crate) scrub: crate::scrub::ScrubState,
+    /// Where maintenance's rotation-due check goes on (a slice per pass).
+    pub(crate) rotation_cursor: Option<[u8; 16]>,
     server_id: [u8; 16],
     token_key: [u8; identity::TOKEN_KEY_LEN],
     _lock: InstanceLock,
@@ -234,6 +236,7 @@ impl Store {
             ),
             audit_flush_backoff_until: i64::MIN,
             scrub: crate::scrub::ScrubState::default(),
+            rotation_cursor: None,
             server_id,
             token_key,
             _lock: lock,

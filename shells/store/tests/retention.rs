@@ -302,6 +302,43 @@ fn command_window_rotation_records_exact_truncations() {
 }
 
 #[test]
+fn a_lowered_window_rotates_at_the_next_maintenance_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let wide = opts(
+        tiers(256 * KIB, 512 * KIB, 4096 * KIB, 8192 * KIB),
+        16 * KIB,
+    );
+    let mut s = reopen(dir.path(), wide);
+    let ids: Vec<_> = (0..3)
+        .map(|k| {
+            let id = command_at(&mut s, "web-1", k);
+            fill(&mut s, &id, 2, 20, 4096);
+            id
+        })
+        .collect();
+    assert!(ids.iter().all(|id| truncations(&s, id).is_empty()));
+    drop(s);
+    // the window is lowered below what each command holds
+    let narrow = opts(tiers(32 * KIB, 512 * KIB, 4096 * KIB, 8192 * KIB), 16 * KIB);
+    let mut s = reopen(dir.path(), narrow);
+    let r = s.maintain(NOW + 1).unwrap();
+    assert_eq!(r.rotations, 3, "{r:?}");
+    for id in &ids {
+        let out_charged = q_u64(
+            &s,
+            "SELECT output_charged FROM commands WHERE issue_uuid = ?1",
+            id,
+        );
+        assert!(out_charged <= 32 * KIB, "{out_charged}");
+        assert!(!truncations(&s, id).is_empty());
+        assert_output_recount(&s, id);
+    }
+    // the next pass finds nothing due
+    assert_eq!(s.maintain(NOW + 2).unwrap().rotations, 0);
+    assert_counters(&s);
+}
+
+#[test]
 fn command_total_rotation_records_the_total_source() {
     let dir = tempfile::tempdir().unwrap();
     // the window is as large as the total allows: the total binds first

@@ -1,0 +1,507 @@
+//! The store at scale: a store filled through its own API to 10,000,
+//! 100,000 and 1,000,000 finished commands (about 4 KiB of output each:
+//! 0.04, 0.4 and 4 GiB of segments) on the real disk, and at each size:
+//!
+//! - RunCommand and terminal-event rates with real flushes, each as a
+//!   ratio to a raw `fdatasync` probe run right before and after it (the
+//!   disk here flips between fast and slow flush modes), and the same
+//!   operations without flushes (the per-operation cost the history could
+//!   change);
+//! - a restart after a clean stop and after a SIGKILL under traffic, with a
+//!   warm page cache and with the data files dropped from it
+//!   (`posix_fadvise(DONTNEED)` on every file of the data directory): the
+//!   time to liveness (the store open, its health answering), to the first
+//!   client scope serving (a RunCommand committed), and to global
+//!   readiness (the integrity check passed), and the restarted process's
+//!   peak RSS.
+//!
+//! The fill runs SQLite with `synchronous=OFF` (the group journal still
+//! syncs) to save time; at the smallest size the bench also fills a second
+//! store with every flush on and restarts it the same way, so the two can
+//! be compared: the restart reads what is on disk, not how it got there.
+//!
+//! Run: `scripts/bench` (or `cargo bench -p rvbox-store --bench store_scale`).
+//! `RVBOX_BENCH_SCALE` (default `10000,100000,1000000`) sets the sizes;
+//! `RVBOX_BENCH_DIR` (default `target/bench-store-scale`) where the stores
+//! go (it needs about 6 GiB free for the largest).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::print_stdout,
+    clippy::print_stderr
+)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_proto::v1 as wire;
+use rvbox_segment::{Compression, Stream};
+use rvbox_store::entropy::{OsEntropy, uuid_v7};
+use rvbox_store::events::{EventAppend, EventBody, EventOutcome};
+use rvbox_store::fs::RealFs;
+use rvbox_store::layout::Layout;
+use rvbox_store::{Store, StoreOptions};
+
+mod common;
+
+use common::{noise, now_ms, probe};
+
+/// Clients the commands are spread over.
+const CLIENTS: u64 = 100;
+/// Raw output per command.
+const OUTPUT: usize = 4096;
+/// Commands per fill batch (one append call for their events).
+const BATCH: usize = 64;
+/// Operations per rate measurement.
+const RATE_OPS: u64 = 400;
+
+fn options() -> StoreOptions {
+    let mut tiers = rvbox_retention::Tiers::server_defaults();
+    tiers.free_space_floor = 0;
+    tiers.global_total = 1 << 40;
+    tiers.per_owner_total = 1 << 40;
+    StoreOptions {
+        tiers,
+        queue_max_per_client: 1 << 20,
+        queue_max_total: 1 << 20,
+        ..StoreOptions::default()
+    }
+}
+
+fn open_store(dir: &Path) -> Store {
+    Store::open(
+        Layout::new(dir),
+        Arc::new(RealFs),
+        Arc::new(OsEntropy),
+        options(),
+        now_ms(),
+    )
+    .unwrap()
+}
+
+fn request(id: &[u8; 16], client: &str) -> wire::RunCommandRequest {
+    wire::RunCommandRequest {
+        request_id: uuid::Uuid::from_bytes(*id).hyphenated().to_string(),
+        client_id: client.into(),
+        spec: Some(wire::ExecutionSpec {
+            source: Some(wire::execution_spec::Source::CommandText(
+                "journalctl -u nginx --since today | tail -n 50".into(),
+            )),
+            ..Default::default()
+        }),
+        script: Vec::new(),
+        queue_ttl: None,
+    }
+}
+
+fn client_of(n: u64) -> String {
+    format!("web-{:03}", n % CLIENTS)
+}
+
+fn lifecycle(id: [u8; 16], seq: u64, to: Lifecycle) -> EventAppend {
+    EventAppend {
+        issue_uuid: id,
+        event_seq: seq,
+        observed_ms: now_ms(),
+        body: EventBody::Lifecycle {
+            to,
+            exit_code: (to == Lifecycle::Succeeded).then_some(0),
+            exit_signal: None,
+            encoded: vec![to.to_wire() as u8],
+        },
+    }
+}
+
+fn output(id: [u8; 16], seq: u64, stored: &[u8]) -> EventAppend {
+    EventAppend {
+        issue_uuid: id,
+        event_seq: seq,
+        observed_ms: now_ms(),
+        body: EventBody::Output {
+            stream: Stream::Stdout,
+            compression: Compression::None,
+            raw_len: u32::try_from(stored.len()).unwrap(),
+            stored: stored.to_vec(),
+        },
+    }
+}
+
+/// A new command, dispatched and accepted (its RunCommand timed apart when
+/// asked).
+fn accepted(s: &mut Store, n: u64) -> [u8; 16] {
+    let id = uuid_v7(&OsEntropy, now_ms()).unwrap();
+    s.run_command(&request(&id, &client_of(n)), now_ms())
+        .unwrap();
+    s.record_transition(&id, Lifecycle::Dispatched).unwrap();
+    s.record_transition(&id, Lifecycle::Accepted).unwrap();
+    id
+}
+
+fn check(outcomes: &[EventOutcome]) {
+    assert!(
+        outcomes.iter().all(|o| *o == EventOutcome::Appended),
+        "{outcomes:?}"
+    );
+}
+
+/// Adds `count` finished commands: each runs, writes `OUTPUT` bytes and
+/// succeeds, `BATCH` commands' events per append.
+fn fill(s: &mut Store, from: u64, count: u64) {
+    let body = noise(from, OUTPUT);
+    let mut n = from;
+    while n < from + count {
+        let k = (from + count - n).min(BATCH as u64);
+        let ids: Vec<[u8; 16]> = (0..k).map(|i| accepted(s, n + i)).collect();
+        let mut batch = Vec::with_capacity(ids.len() * 3);
+        for id in &ids {
+            batch.push(lifecycle(*id, 1, Lifecycle::Running));
+            batch.push(output(*id, 2, &body));
+            batch.push(lifecycle(*id, 3, Lifecycle::Succeeded));
+        }
+        check(&s.append_events(&batch, now_ms()).unwrap().outcomes);
+        n += k;
+    }
+}
+
+fn mean(a: f64, b: f64) -> f64 {
+    (a + b) / 2.0
+}
+
+/// RunCommand and terminal-event rates (ops/s) on an open store.
+fn rates(s: &mut Store, base: u64) -> (f64, f64) {
+    let start = Instant::now();
+    let mut ids = Vec::new();
+    for i in 0..RATE_OPS {
+        let id = uuid_v7(&OsEntropy, now_ms()).unwrap();
+        s.run_command(&request(&id, &client_of(base + i)), now_ms())
+            .unwrap();
+        ids.push(id);
+    }
+    let run = RATE_OPS as f64 / start.elapsed().as_secs_f64();
+    let body = noise(base, OUTPUT);
+    for id in &ids {
+        s.record_transition(id, Lifecycle::Dispatched).unwrap();
+        s.record_transition(id, Lifecycle::Accepted).unwrap();
+    }
+    for chunk in ids.chunks(BATCH) {
+        let mut batch = Vec::new();
+        for id in chunk {
+            batch.push(lifecycle(*id, 1, Lifecycle::Running));
+            batch.push(output(*id, 2, &body));
+        }
+        check(&s.append_events(&batch, now_ms()).unwrap().outcomes);
+    }
+    let start = Instant::now();
+    for id in &ids {
+        check(
+            &s.append_events(&[lifecycle(*id, 3, Lifecycle::Succeeded)], now_ms())
+                .unwrap()
+                .outcomes,
+        );
+    }
+    let terminal = RATE_OPS as f64 / start.elapsed().as_secs_f64();
+    (run, terminal)
+}
+
+/// Drops every file of `dir` from the page cache.
+fn drop_cache(dir: &Path) {
+    fn walk(p: &Path, n: &mut u64) {
+        for e in std::fs::read_dir(p).unwrap().flatten() {
+            let path = e.path();
+            let Ok(t) = e.file_type() else { continue };
+            if t.is_dir() {
+                walk(&path, n);
+            } else if t.is_file()
+                && let Ok(f) = std::fs::File::open(&path)
+            {
+                let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
+                *n += 1;
+            }
+        }
+    }
+    let mut n = 0;
+    walk(dir, &mut n);
+}
+
+fn syncfs(dir: &Path) {
+    let f = std::fs::File::open(dir).unwrap();
+    rustix::fs::syncfs(&f).unwrap();
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Restart {
+    live_ms: f64,
+    scope_ms: f64,
+    ready_ms: f64,
+    rss_mib: f64,
+    scanned: u64,
+}
+
+/// Restarts the store in a fresh process and reads its figures.
+fn restart(dir: &Path) -> Restart {
+    let exe = std::env::current_exe().unwrap();
+    let started = Instant::now();
+    let out = Command::new(exe)
+        .arg("--child-restart")
+        .arg(dir)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "the restarted store failed");
+    let _ = started;
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut r = Restart::default();
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once('=') else {
+            continue;
+        };
+        match k {
+            "live_ms" => r.live_ms = v.parse().unwrap(),
+            "scope_ms" => r.scope_ms = v.parse().unwrap(),
+            "ready_ms" => r.ready_ms = v.parse().unwrap(),
+            "rss_kib" => r.rss_mib = v.parse::<f64>().unwrap() / 1024.0,
+            "scanned" => r.scanned = v.parse().unwrap(),
+            _ => {}
+        }
+    }
+    r
+}
+
+/// Runs traffic in a child process and kills it (SIGKILL) mid-write.
+fn kill_under_traffic(dir: &Path) {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .arg("--child-traffic")
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l == "serving" => break,
+            Some(Ok(_)) => {}
+            _ => panic!("the traffic child ended before serving"),
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    child.kill().unwrap(); // SIGKILL
+    let _ = child.wait();
+}
+
+/// The child: open, recover the scopes, serve a first RunCommand, wait for
+/// the integrity check, print the times since the process started.
+fn child_restart(dir: &Path) {
+    let t0 = Instant::now();
+    let mut s = open_store(dir);
+    let health = s.health();
+    let _ = health.report(now_ms());
+    let live = t0.elapsed();
+    let (report, check) = s.begin_recovery(now_ms()).unwrap();
+    let id = uuid_v7(&OsEntropy, now_ms()).unwrap();
+    s.run_command(&request(&id, "web-000"), now_ms()).unwrap();
+    let scope = t0.elapsed();
+    assert!(check.wait().unwrap(), "integrity check failed");
+    assert!(health.report(now_ms()).ready);
+    let ready = t0.elapsed();
+    let rss = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .map(|v| v.trim().trim_end_matches("kB").trim().to_owned())
+        .unwrap_or_default();
+    println!("live_ms={:.1}", live.as_secs_f64() * 1e3);
+    println!("scope_ms={:.1}", scope.as_secs_f64() * 1e3);
+    println!("ready_ms={:.1}", ready.as_secs_f64() * 1e3);
+    println!("rss_kib={rss}");
+    println!("scanned={}", report.segments_scanned);
+}
+
+/// The child that is killed: recover, then write commands until killed.
+fn child_traffic(dir: &Path) {
+    let mut s = open_store(dir);
+    s.recover(now_ms()).unwrap();
+    println!("serving");
+    let mut n = 0u64;
+    let body = noise(99, OUTPUT);
+    loop {
+        // some finish, some are left running (their segments active)
+        let ids: Vec<[u8; 16]> = (0..8).map(|i| accepted(&mut s, n + i)).collect();
+        let mut batch = Vec::new();
+        for (i, id) in ids.iter().enumerate() {
+            batch.push(lifecycle(*id, 1, Lifecycle::Running));
+            batch.push(output(*id, 2, &body));
+            if i % 2 == 0 {
+                batch.push(lifecycle(*id, 3, Lifecycle::Succeeded));
+            }
+        }
+        check(&s.append_events(&batch, now_ms()).unwrap().outcomes);
+        n += 8;
+    }
+}
+
+fn du(dir: &Path) -> (u64, u64) {
+    fn walk(p: &Path, bytes: &mut u64, files: &mut u64) {
+        for e in std::fs::read_dir(p).unwrap().flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                walk(&e.path(), bytes, files);
+            } else {
+                *bytes += m.len();
+                *files += 1;
+            }
+        }
+    }
+    let (mut b, mut f) = (0, 0);
+    walk(dir, &mut b, &mut f);
+    (b, f)
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / f64::from(1u32 << 30)
+}
+
+fn print_restart(label: &str, r: &Restart) {
+    println!(
+        "  restart {label:<22} live {:>7.1} ms  first scope {:>7.1} ms  ready {:>8.1} ms  peak RSS {:>6.1} MiB  segments read {}",
+        r.live_ms, r.scope_ms, r.ready_ms, r.rss_mib, r.scanned
+    );
+}
+
+/// Every restart of one store: clean stop and SIGKILL, warm and cold.
+fn restarts(dir: &Path) {
+    // a clean stop: the fill's store was dropped (checkpointed) already
+    syncfs(dir);
+    let warm = restart(dir);
+    let warm = restart(dir).min_by_ready(warm);
+    print_restart("clean, warm", &warm);
+    syncfs(dir);
+    drop_cache(dir);
+    print_restart("clean, cold", &restart(dir));
+    kill_under_traffic(dir);
+    syncfs(dir);
+    // the first restart after the kill recovers what it left; measure it
+    // warm, then kill again for the cold one
+    print_restart("SIGKILL, warm", &restart(dir));
+    kill_under_traffic(dir);
+    syncfs(dir);
+    drop_cache(dir);
+    print_restart("SIGKILL, cold", &restart(dir));
+}
+
+impl Restart {
+    fn min_by_ready(self, other: Self) -> Self {
+        if self.ready_ms <= other.ready_ms {
+            self
+        } else {
+            other
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--child-restart") {
+        child_restart(Path::new(&args[i + 1]));
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--child-traffic") {
+        child_traffic(Path::new(&args[i + 1]));
+        return;
+    }
+    let sizes: Vec<u64> = std::env::var("RVBOX_BENCH_SCALE")
+        .unwrap_or_else(|_| "10000,100000,1000000".into())
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse()
+                .expect("RVBOX_BENCH_SCALE: comma-separated counts")
+        })
+        .collect();
+    let root = PathBuf::from(
+        std::env::var("RVBOX_BENCH_DIR").unwrap_or_else(|_| "target/bench-store-scale".into()),
+    );
+    std::fs::create_dir_all(&root).unwrap();
+    let scratch = tempfile::tempdir_in(&root).unwrap();
+    println!(
+        "store_scale: {CLIENTS} clients, {OUTPUT} B of output per command, rates over {RATE_OPS} operations, data in {}",
+        root.display()
+    );
+    let dir = scratch.path().join("store");
+    let mut filled = 0u64;
+    let mut first: Option<(f64, f64)> = None;
+    for (i, &size) in sizes.iter().enumerate() {
+        // fill without SQLite flushes up to the size
+        {
+            let mut s = open_store(&dir);
+            s.recover(now_ms()).unwrap();
+            s.db().execute_batch("PRAGMA synchronous = OFF").unwrap();
+            let t = Instant::now();
+            fill(&mut s, filled, size.saturating_sub(filled));
+            filled = filled.max(size);
+            let took = t.elapsed().as_secs_f64();
+            drop(s);
+            syncfs(&dir);
+            let (bytes, files) = du(&dir);
+            println!(
+                "\n{size} commands: {:.2} GiB on disk in {files} files (filled in {took:.0} s)",
+                gib(bytes)
+            );
+        }
+        // rates with real flushes, then without
+        {
+            let mut s = open_store(&dir);
+            s.recover(now_ms()).unwrap();
+            let p0 = probe(scratch.path(), 4096, Duration::from_secs(1));
+            let (run, terminal) = rates(&mut s, filled);
+            let p1 = probe(scratch.path(), 4096, Duration::from_secs(1));
+            let p = mean(p0, p1);
+            filled += RATE_OPS;
+            s.db().execute_batch("PRAGMA synchronous = OFF").unwrap();
+            let (run_off, terminal_off) = rates(&mut s, filled);
+            filled += RATE_OPS;
+            println!(
+                "  RunCommand      {run:>8.0}/s  = {:.2}x probe ({p:.0} fdatasync/s)   unflushed {:>6.1} us/op",
+                run / p,
+                1e6 / run_off
+            );
+            println!(
+                "  terminal event  {terminal:>8.0}/s  = {:.2}x probe                       unflushed {:>6.1} us/op",
+                terminal / p,
+                1e6 / terminal_off
+            );
+            match first {
+                None => first = Some((run / p, terminal / p)),
+                Some((r0, t0)) => println!(
+                    "  against the first size: RunCommand {:.0}%, terminal event {:.0}% (ratios to the probe)",
+                    100.0 * (run / p) / r0,
+                    100.0 * (terminal / p) / t0
+                ),
+            }
+        }
+        restarts(&dir);
+        if i == 0 {
+            // the same size filled with every flush on: restarts compare
+            let flushed = scratch.path().join("flushed");
+            {
+                let mut s = open_store(&flushed);
+                s.recover(now_ms()).unwrap();
+                let t = Instant::now();
+                fill(&mut s, 0, size);
+                println!(
+                    "\n{size} commands filled with every flush on (in {:.0} s), for comparison:",
+                    t.elapsed().as_secs_f64()
+                );
+            }
+            restarts(&flushed);
+            std::fs::remove_dir_all(&flushed).unwrap();
+        }
+    }
+}
