@@ -74,6 +74,22 @@ fn a_damaged_segment_is_listed_refused_a_repair_and_acknowledged_and_a_torn_tail
     drop(f);
 
     s.start_server();
+    // both commands ended, so their segments were verified at seal: a
+    // start does not read them again, the background scrub does, in its
+    // first slices after ready
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let all = text(&s.rvc(&["storage", "incidents", "--all"]).stdout);
+        if all.contains("checksum_mismatch") && all.contains("uncommitted_tail") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the scrub did not find both:\n{all}\n{}",
+            s.logs()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let open = s.rvc(&["storage", "incidents"]);
     assert_eq!(open.status.code(), Some(0), "{}", text(&open.stderr));
     let listing = text(&open.stdout);
@@ -91,7 +107,7 @@ fn a_damaged_segment_is_listed_refused_a_repair_and_acknowledged_and_a_torn_tail
         &s.rvc(&["-o", "json", "storage", "incidents"]),
     );
     let bad = incident_for(&listing, &damaged);
-    // the torn tail was cut at recovery: repaired already, so not open
+    // the torn tail was cut by the scrub: repaired already, so not open
     assert!(!listing.contains("uncommitted_tail"), "{listing}");
     let all = text(&s.rvc(&["storage", "incidents", "--all"]).stdout);
     assert!(all.contains("uncommitted_tail"), "{all}");

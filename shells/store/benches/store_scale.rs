@@ -166,7 +166,13 @@ fn fill(s: &mut Store, from: u64, count: u64) {
         }
         check(&s.append_events(&batch, now_ms()).unwrap().outcomes);
         n += k;
+        // the server runs maintenance every minute: it moves the audit
+        // outbox into audit segments, among the rest
+        if n % 16_384 < k {
+            s.maintain(now_ms()).unwrap();
+        }
     }
+    s.maintain(now_ms()).unwrap();
 }
 
 fn mean(a: f64, b: f64) -> f64 {

@@ -215,20 +215,23 @@ fn run_startup_check(
     now_ms: i64,
 ) -> Result<bool, StoreError> {
     let started = std::time::Instant::now();
-    let conn = match db::open(db_file, opts) {
-        Ok(c) => c,
-        Err(e) => {
-            health.integrity_failed();
-            metrics.recovered("integrity_check_io_error", 1);
-            tracing::error!(error = %e, "the integrity check could not open the database; the store stays unavailable");
-            return Err(e);
-        }
-    };
-    match integrity_check(
-        || db::quick_check(&conn),
+    // opening the connection reads the database too: an attempt opens it
+    // when the last one could not
+    let mut conn: Option<rusqlite::Connection> = None;
+    let verdict = integrity_check(
+        || {
+            if conn.is_none() {
+                conn = Some(db::open(db_file, opts)?);
+            }
+            match conn.as_ref() {
+                Some(c) => db::quick_check(c),
+                None => Ok(()),
+            }
+        },
         INTEGRITY_CHECK_ATTEMPTS,
         std::thread::sleep,
-    ) {
+    );
+    match verdict {
         Integrity::Ok => {
             health.integrity_passed();
             tracing::info!(
@@ -264,7 +267,10 @@ fn run_startup_check(
             let recorded = uuid_v7(entropy, now_ms)
                 .map_err(|e| StoreError::io("mint incident id", "", e))
                 .and_then(|id| {
-                    let mut conn = conn;
+                    let mut conn = match conn {
+                        Some(c) => c,
+                        None => db::open(db_file, opts)?,
+                    };
                     let tx = conn
                         .transaction_with_behavior(TransactionBehavior::Immediate)
                         .map_err(|e| StoreError::sqlite("begin incident", e))?;
