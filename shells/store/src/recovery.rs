@@ -205,7 +205,13 @@ impl Drop for StartupCheck {
     }
 }
 
-/// The body of the integrity check's thread.
+/// The body of the integrity check's thread: the check that gates global
+/// readiness (the structure of every table and its indexes,
+/// `PRAGMA quick_check(TABLE)` with CHECK constraints left out, on
+/// [`RECOVERY_WORKERS`] connections at once, after one sequential read of
+/// the database file), then, with the store ready, the unrestricted
+/// `PRAGMA quick_check` (every CHECK constraint of every row, and the page
+/// accounting: no page used twice, none lost) on this connection.
 fn run_startup_check(
     db_file: &std::path::Path,
     opts: db::DbOptions,
@@ -215,6 +221,7 @@ fn run_startup_check(
     now_ms: i64,
 ) -> Result<bool, StoreError> {
     let started = std::time::Instant::now();
+    prefetch(db_file);
     // opening the connection reads the database too: an attempt opens it
     // when the last one could not
     let mut conn: Option<rusqlite::Connection> = None;
@@ -224,7 +231,7 @@ fn run_startup_check(
                 conn = Some(db::open(db_file, opts)?);
             }
             match conn.as_ref() {
-                Some(c) => db::quick_check(c),
+                Some(c) => quick_check_tables(db_file, opts, c),
                 None => Ok(()),
             }
         },
@@ -234,11 +241,37 @@ fn run_startup_check(
     match verdict {
         Integrity::Ok => {
             health.integrity_passed();
+            metrics.recovered("integrity_checked", 1);
             tracing::info!(
                 elapsed_ms = started.elapsed().as_millis() as u64,
-                "SQLite integrity check passed"
+                "SQLite integrity check of every table passed"
             );
-            Ok(true)
+            let Some(c) = conn.as_ref() else {
+                return Ok(true);
+            };
+            // the page accounting, with the store serving
+            match db::quick_check(c) {
+                Ok(()) => {
+                    tracing::info!(
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "SQLite integrity check of the whole file passed"
+                    );
+                    Ok(true)
+                }
+                Err(e) if unreadable(&e) => {
+                    // nothing is known to be damaged, and the store has
+                    // served since the tables passed: say so loudly
+                    metrics.recovered("integrity_check_io_error", 1);
+                    tracing::error!(error = %e, "the SQLite integrity check of the whole file could not read the database (an I/O error, not a finding)");
+                    Ok(true)
+                }
+                Err(e) => {
+                    record_integrity_failure(
+                        conn, db_file, opts, health, metrics, entropy, &e, now_ms,
+                    );
+                    Ok(false)
+                }
+            }
         }
         Integrity::Io(e) => {
             // the check could not read the database: nothing is known to
@@ -250,52 +283,182 @@ fn run_startup_check(
             Err(e)
         }
         Integrity::Findings(e) => {
-            health.integrity_failed();
-            metrics.recovered("integrity_failed", 1);
-            tracing::error!(error = %e, "SQLite integrity check failed");
-            let incident = NewIncident {
-                kind: wire::IncidentKind::SqliteIntegrityFailure,
-                scope_kind: wire::ScopeKind::GlobalStore,
-                scope_key: String::new(),
-                client_id: None,
-                issue_uuid: None,
-                summary: "SQLite reported integrity problems; stop the server and run rvbox-server repair"
-                    .into(),
-                evidence: e.to_string().into_bytes(),
-                data_loss: false,
-            };
-            let recorded = uuid_v7(entropy, now_ms)
-                .map_err(|e| StoreError::io("mint incident id", "", e))
-                .and_then(|id| {
-                    let mut conn = match conn {
-                        Some(c) => c,
-                        None => db::open(db_file, opts)?,
-                    };
-                    let tx = conn
-                        .transaction_with_behavior(TransactionBehavior::Immediate)
-                        .map_err(|e| StoreError::sqlite("begin incident", e))?;
-                    incidents::insert(&tx, id, &incident, now_ms)?;
-                    tx.commit()
-                        .map_err(|e| StoreError::sqlite("commit incident", e))?;
-                    health.refresh(&conn)
-                });
-            match recorded {
-                Ok(()) => {
-                    metrics
-                        .incidents
-                        .get_or_create(&crate::metrics::KindLabel {
-                            kind: incident.kind.as_str_name(),
-                        })
-                        .inc();
-                }
-                Err(write_error) => {
-                    // the database cannot even take the incident: keep it in
-                    // memory, visible through health, until offline repair
-                    tracing::error!(error = %write_error, "integrity incident held in memory only");
-                    health.set_bootstrap(&incident, now_ms);
-                }
-            }
+            record_integrity_failure(conn, db_file, opts, health, metrics, entropy, &e, now_ms);
             Ok(false)
+        }
+    }
+}
+
+/// Reads the database file once from start to end, so the integrity check
+/// that follows finds its pages in the page cache instead of reading them
+/// one at a time in b-tree order (best effort: an error here is the
+/// check's to meet and report).
+fn prefetch(db_file: &std::path::Path) {
+    use std::io::Read as _;
+    let Ok(mut f) = std::fs::File::open(db_file) else {
+        return;
+    };
+    let mut buf = vec![0u8; 1 << 20];
+    while let Ok(n) = f.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+/// `PRAGMA quick_check(TABLE)` for every table of the schema (its rows,
+/// its indexes, their b-trees), on [`RECOVERY_WORKERS`] connections at
+/// once, the largest tables first.
+fn quick_check_tables(
+    db_file: &std::path::Path,
+    opts: db::DbOptions,
+    conn: &rusqlite::Connection,
+) -> Result<(), StoreError> {
+    let bad = |e| StoreError::sqlite("quick_check", e);
+    let mut tables: Vec<String> = {
+        let mut stmt = conn
+            .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
+            .map_err(bad)?;
+        stmt.query_map([], |r| r.get(0))
+            .map_err(bad)?
+            .collect::<Result<_, _>>()
+            .map_err(bad)?
+    };
+    tables.push("sqlite_schema".into());
+    // the tables that grow with the history go first (a shared queue: the
+    // workers take the next one when done)
+    const LARGEST: [&str; 5] = [
+        "command_events",
+        "commands",
+        "control_mutations",
+        "command_segments",
+        "command_tombstones",
+    ];
+    tables.sort_by_key(|t| LARGEST.iter().position(|l| l == t).unwrap_or(LARGEST.len()));
+    tables.reverse(); // popped from the end
+    let queue = std::sync::Mutex::new(tables);
+    let findings = std::sync::Mutex::new(Vec::<String>::new());
+    let failure = std::sync::Mutex::new(None::<StoreError>);
+    std::thread::scope(|scope| {
+        for _ in 0..RECOVERY_WORKERS {
+            scope.spawn(|| {
+                let worker = match db::open(db_file, opts) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        if let Ok(mut f) = failure.lock() {
+                            f.get_or_insert(e);
+                        }
+                        return;
+                    }
+                };
+                // the b-trees, their cells and NOT NULL are checked here;
+                // the CHECK constraints of every row (several times the
+                // cost) with the whole-file check that follows readiness.
+                // This connection only reads, so the setting changes no
+                // write.
+                if let Err(e) = worker.execute_batch("PRAGMA ignore_check_constraints = ON") {
+                    if let Ok(mut f) = failure.lock() {
+                        f.get_or_insert(StoreError::sqlite("quick_check", e));
+                    }
+                    return;
+                }
+                loop {
+                    let next = queue.lock().ok().and_then(|mut q| q.pop());
+                    let Some(table) = next else { break };
+                    let sql = format!("PRAGMA quick_check(\"{}\")", table.replace('"', "\"\""));
+                    let rows: Result<Vec<String>, StoreError> = worker
+                        .prepare(&sql)
+                        .and_then(|mut st| {
+                            st.query_map([], |r| r.get::<_, String>(0))?
+                                .collect::<Result<Vec<_>, _>>()
+                        })
+                        .map_err(|e| StoreError::sqlite("quick_check", e));
+                    match rows {
+                        Ok(rows) if rows.len() == 1 && rows.first().is_some_and(|r| r == "ok") => {}
+                        Ok(rows) => {
+                            if let Ok(mut f) = findings.lock() {
+                                f.extend(rows.into_iter().map(|r| format!("{table}: {r}")));
+                            }
+                        }
+                        Err(e) => {
+                            if let Ok(mut f) = failure.lock() {
+                                f.get_or_insert(e);
+                            }
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failure.into_inner().ok().flatten() {
+        return Err(e);
+    }
+    let findings = findings.into_inner().unwrap_or_default();
+    if findings.is_empty() {
+        Ok(())
+    } else {
+        Err(StoreError::Integrity(findings.join("; ")))
+    }
+}
+
+/// Records what the integrity check found: the store unavailable, a
+/// `SQLITE_INTEGRITY_FAILURE` incident (held in memory when the database
+/// cannot take it).
+#[allow(clippy::too_many_arguments)]
+fn record_integrity_failure(
+    conn: Option<rusqlite::Connection>,
+    db_file: &std::path::Path,
+    opts: db::DbOptions,
+    health: &crate::health::Health,
+    metrics: &crate::metrics::StoreMetrics,
+    entropy: &dyn crate::entropy::Entropy,
+    e: &StoreError,
+    now_ms: i64,
+) {
+    health.integrity_failed();
+    metrics.recovered("integrity_failed", 1);
+    tracing::error!(error = %e, "SQLite integrity check failed");
+    let incident = NewIncident {
+        kind: wire::IncidentKind::SqliteIntegrityFailure,
+        scope_kind: wire::ScopeKind::GlobalStore,
+        scope_key: String::new(),
+        client_id: None,
+        issue_uuid: None,
+        summary: "SQLite reported integrity problems; stop the server and run rvbox-server repair"
+            .into(),
+        evidence: e.to_string().into_bytes(),
+        data_loss: false,
+    };
+    let recorded = uuid_v7(entropy, now_ms)
+        .map_err(|e| StoreError::io("mint incident id", "", e))
+        .and_then(|id| {
+            let mut conn = match conn {
+                Some(c) => c,
+                None => db::open(db_file, opts)?,
+            };
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(|e| StoreError::sqlite("begin incident", e))?;
+            incidents::insert(&tx, id, &incident, now_ms)?;
+            tx.commit()
+                .map_err(|e| StoreError::sqlite("commit incident", e))?;
+            health.refresh(&conn)
+        });
+    match recorded {
+        Ok(()) => {
+            metrics
+                .incidents
+                .get_or_create(&crate::metrics::KindLabel {
+                    kind: incident.kind.as_str_name(),
+                })
+                .inc();
+        }
+        Err(write_error) => {
+            // the database cannot even take the incident: keep it in
+            // memory, visible through health, until offline repair
+            tracing::error!(error = %write_error, "integrity incident held in memory only");
+            health.set_bootstrap(&incident, now_ms);
         }
     }
 }

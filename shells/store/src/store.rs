@@ -108,6 +108,9 @@ pub fn record_limits() -> Limits {
     }
 }
 
+/// The writer connection's SQLite page cache, KiB.
+pub const WRITER_CACHE_KIB: u64 = 32 * 1024;
+
 /// Creates the file of a segment no row names yet (a new ordinal, or the
 /// blob of a command being created), and its fan-out directory with the
 /// first file in it. A file already there holds only bytes of a batch that
@@ -210,6 +213,10 @@ impl Store {
         layout.create(fs.as_ref())?;
         layout.migrate_flat_segments(fs.as_ref())?;
         let mut conn = db::open(&layout.db_file(), opts.db)?;
+        // the writer's page cache: the upper levels of every hot index stay
+        // in it however large the history grows (SQLite's default is 2 MiB)
+        conn.execute_batch(&format!("PRAGMA cache_size = -{}", WRITER_CACHE_KIB))
+            .map_err(|e| StoreError::sqlite("set the page cache size", e))?;
         db::migrate(&mut conn, now_ms)?;
         let server_id = identity::server_id(&conn, entropy.as_ref(), now_ms)?;
         let journal = crate::journal::open(fs.as_ref(), &layout, &conn)?;

@@ -4,10 +4,12 @@
  * fail with EIO, as a failing disk makes them.
  *
  *   RVBOX_FAULT_PATH   the path suffix of the file (e.g. "/rvbox.sqlite3")
- *   RVBOX_FAULT_OPEN   which open of that file is faulty (1 = the first)
- *   RVBOX_FAULT_READS  how many of its reads fail (-1: every one)
+ *   RVBOX_FAULT_OPEN   the first open of that file that is faulty (1 = the
+ *                      first; every later one is faulty too)
+ *   RVBOX_FAULT_READS  how many reads of the faulty descriptors fail, in
+ *                      all (-1: every one)
  *
- * Only read(2), pread(2) and pread64 on that one descriptor are touched;
+ * Only read(2), pread(2) and pread64 on those descriptors are touched;
  * every other call goes to libc unchanged.
  */
 #define _GNU_SOURCE
@@ -22,9 +24,17 @@
 #include <unistd.h>
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+#define MAX_FAULTY 64
 static int opens = 0;
-static int faulty_fd = -1;
+static int faulty[MAX_FAULTY];
+static int nfaulty = 0;
 static long remaining = 0;
+static int armed = 0;
+
+static int is_faulty(int fd) {
+    for (int i = 0; i < nfaulty; i++) if (faulty[i] == fd) return 1;
+    return 0;
+}
 
 static int matches(const char *path) {
     const char *want = getenv("RVBOX_FAULT_PATH");
@@ -39,9 +49,9 @@ static void opened(const char *path, int fd) {
     const char *reads = getenv("RVBOX_FAULT_READS");
     pthread_mutex_lock(&lock);
     opens++;
-    if (which && atoi(which) == opens) {
-        faulty_fd = fd;
-        remaining = reads ? atol(reads) : -1;
+    if (which && opens >= atoi(which) && nfaulty < MAX_FAULTY) {
+        faulty[nfaulty++] = fd;
+        if (!armed) { remaining = reads ? atol(reads) : -1; armed = 1; }
     }
     pthread_mutex_unlock(&lock);
 }
@@ -49,7 +59,7 @@ static void opened(const char *path, int fd) {
 static int fail_now(int fd) {
     int fail = 0;
     pthread_mutex_lock(&lock);
-    if (fd == faulty_fd && remaining != 0) {
+    if (is_faulty(fd) && remaining != 0) {
         fail = 1;
         if (remaining > 0) remaining--;
     }
@@ -89,7 +99,7 @@ int openat(int dir, const char *path, int flags, ...) {
 int close(int fd) {
     NEXT(close);
     pthread_mutex_lock(&lock);
-    if (fd == faulty_fd) faulty_fd = -1;
+    for (int i = 0; i < nfaulty; i++) if (faulty[i] == fd) faulty[i] = faulty[--nfaulty];
     pthread_mutex_unlock(&lock);
     return next(fd);
 }
