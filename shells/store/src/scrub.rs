@@ -104,13 +104,17 @@ impl Store {
     /// incidents, never an error.
     pub fn scrub(&mut self, now_ms: i64) -> Result<ScrubReport, StoreError> {
         let mut report = ScrubReport::default();
-        if !matches!(
-            self.health.global(),
-            crate::health::ScopeState::Ready | crate::health::ScopeState::DirtyReadable
-        ) {
-            // recovering or unusable: nothing to judge against yet
-            report.idle = true;
-            return Ok(report);
+        match self.health.global() {
+            crate::health::ScopeState::Ready | crate::health::ScopeState::DirtyReadable => {}
+            // the start's integrity check still runs: nothing to judge
+            // against yet, but soon (not idle: the next slice comes at the
+            // short interval)
+            crate::health::ScopeState::Recovering => return Ok(report),
+            // unusable until repaired: nothing to do
+            crate::health::ScopeState::Unavailable => {
+                report.idle = true;
+                return Ok(report);
+            }
         }
         self.verify_unverified(&mut report, now_ms)?;
         let phase = std::mem::take(&mut self.scrub.phase);
@@ -159,6 +163,9 @@ impl Store {
     pub fn scrub_cycle(&mut self, now_ms: i64) -> Result<ScrubReport, StoreError> {
         let mut total = ScrubReport::default();
         self.scrub = ScrubState::default();
+        if self.health.global() == crate::health::ScopeState::Recovering {
+            return Ok(total);
+        }
         loop {
             let r = self.scrub(now_ms)?;
             total.segments_verified += r.segments_verified;

@@ -195,6 +195,37 @@ fn a_file_a_batch_left_behind_never_stops_the_next_write() {
 }
 
 #[test]
+fn a_slice_before_global_readiness_does_nothing_and_asks_again_soon() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut s = open_with(
+            dir.path(),
+            Arc::new(rvbox_store::fs::RealFs),
+            small_segments(),
+        );
+        command_with_output(&mut s, 5, true);
+    }
+    let mut s = Store::open(
+        Layout::new(dir.path()),
+        Arc::new(rvbox_store::fs::RealFs),
+        Arc::new(rvbox_store::entropy::OsEntropy),
+        small_segments(),
+        NOW,
+    )
+    .unwrap();
+    // before the start has recovered anything
+    let r = s.scrub(NOW).unwrap();
+    assert_eq!(r.segments_verified, 0);
+    assert!(
+        !r.idle,
+        "not idle: the core asks again at the short interval"
+    );
+    s.recover(NOW).unwrap();
+    let r = s.scrub(NOW).unwrap();
+    assert!(r.segments_verified > 0, "{r:?}");
+}
+
+#[test]
 fn the_background_scrub_yields_in_bounded_slices() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = open_with(
