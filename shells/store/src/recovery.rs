@@ -1,6 +1,9 @@
 //! Startup recovery (plan §5.1 steps 3-5, §5.3).
 //!
-//! For every live command segment the file is scanned against its
+//! A start scans only the segments that may hold an uncommitted tail or
+//! carry no verified fact (docs/storage.md, "Start-up"); the background
+//! scrub (`scrub.rs`) applies the same verdicts to every sealed segment
+//! later. Each scanned file is checked against its
 //! `committed_end`: bytes beyond it were never acknowledged and are cut
 //! (an `UNCOMMITTED_TAIL` incident is recorded already repaired, so history
 //! shows it); a missing or corrupt committed range is never "fixed" by
@@ -8,7 +11,8 @@
 //! become `STORAGE_LOSS` truncation rows, and an open incident with
 //! `data_loss` makes the command's scope dirty until an operator
 //! acknowledges it. Segment files with no row (created by a batch that
-//! never committed) are removed. Each step is idempotent, so a crash during
+//! never committed) are left to the scrub's orphan sweep, or replaced when
+//! a new segment needs the name. Each step is idempotent, so a crash during
 //! recovery is recovered by running it again, and one bad segment never
 //! stops the others.
 
@@ -38,7 +42,8 @@ pub struct RecoveryReport {
     pub segments_damaged: u64,
     /// Events lost with them.
     pub events_lost: u64,
-    /// Orphan segment files removed.
+    /// Orphan segment files removed (0 at a start: the background scrub's
+    /// orphan sweep removes them, see [`crate::scrub::ScrubReport`]).
     pub orphans_removed: u64,
     /// Valid group journal frames of the current epoch found.
     pub journal_frames: u64,
