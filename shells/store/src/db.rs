@@ -38,6 +38,10 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 6,
         sql: include_str!("migrations/0006_sealed_verified.sql"),
     },
+    Migration {
+        version: 7,
+        sql: include_str!("migrations/0007_foreign_key_indexes.sql"),
+    },
 ];
 
 /// Applies every missing server-store migration and validates the
@@ -59,7 +63,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.sqlite3");
         let mut c = open(&path, DbOptions::default()).unwrap();
-        assert_eq!(migrate(&mut c, 1).unwrap(), vec![1, 2, 3, 4, 5, 6]);
+        assert_eq!(migrate(&mut c, 1).unwrap(), vec![1, 2, 3, 4, 5, 6, 7]);
         assert_eq!(migrate(&mut c, 2).unwrap(), Vec::<i64>::new());
         quick_check(&c).unwrap();
         // a tampered record refuses to open
@@ -82,7 +86,7 @@ mod tests {
             migrate(&mut c, 3),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 6
+                known: 7
             })
         ));
     }

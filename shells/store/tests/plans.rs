@@ -7,7 +7,8 @@
 //! Every statement the writer runs on a per-operation path is served by
 //! an index: none scans a table that grows with the store's history
 //! (`commands`, `command_events`, `command_segments`, `command_tombstones`,
-//! `sessions`). The statements are the ones the store really runs,
+//! `sessions`, `control_mutations`), and every foreign key's child column
+//! leads an index, so the cascade of a parent's deletion searches. The statements are the ones the store really runs,
 //! captured while a workload goes through RunCommand, dispatch,
 //! acceptance, event appends, the terminal transition with its tombstone,
 //! requeue, signals and stdin, a whole start's scope recovery (bounded
@@ -28,8 +29,9 @@ use rvbox_store::operator::Caller;
 use support::*;
 
 /// Tables whose size follows the store's history.
-const GROWING: [&str; 5] = [
+const GROWING: [&str; 6] = [
     "commands",
+    "control_mutations",
     "command_events",
     "command_segments",
     "command_tombstones",
@@ -296,6 +298,60 @@ fn no_per_operation_statement_scans_a_growing_table() {
         found.is_empty(),
         "per-operation statements that scan a growing table:\n{}",
         found.join("\n")
+    );
+}
+
+/// A foreign key's action (the cascade of an evicted command, an idle
+/// client's deletion, a pruned incident) looks its child rows up by the
+/// child column; `EXPLAIN QUERY PLAN` of the statement does not show that
+/// lookup, so every key of the schema is planned here on its own.
+#[test]
+fn every_foreign_key_lookup_is_a_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path());
+    let tables: Vec<String> = s
+        .db()
+        .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let mut keys = Vec::new();
+    let mut scanned = Vec::new();
+    for table in &tables {
+        let columns: Vec<(String, String)> = s
+            .db()
+            .prepare("SELECT \"from\", \"table\" FROM pragma_foreign_key_list(?1)")
+            .unwrap()
+            .query_map([table], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for (column, parent) in columns {
+            let sql = format!("SELECT 1 FROM {table} WHERE {column} = ?1");
+            let plan: Vec<String> = s
+                .db()
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map([rusqlite::types::Null], |r| r.get(3))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            if plan.iter().any(|d| d.starts_with("SCAN ")) {
+                scanned.push(format!("{table}.{column} -> {parent}: {plan:?}"));
+            }
+            keys.push(format!("{table}.{column}"));
+        }
+    }
+    assert!(
+        keys.len() >= 10,
+        "the schema's foreign keys were read: {keys:?}"
+    );
+    assert!(
+        scanned.is_empty(),
+        "foreign keys whose child lookup scans its table:\n{}",
+        scanned.join("\n")
     );
 }
 
