@@ -3,10 +3,13 @@
 //! 0.04, 0.4 and 4 GiB of segments) on the real disk, and at each size:
 //!
 //! - RunCommand and terminal-event rates with real flushes, each as a
-//!   ratio to a raw `fdatasync` probe run right before and after it (the
-//!   disk here flips between fast and slow flush modes), and the same
-//!   operations without flushes (the per-operation cost the history could
-//!   change);
+//!   ratio to a raw `fdatasync` probe interleaved with it (one probe flush
+//!   before each operation: the disk here flips between fast and slow
+//!   flush modes), and the same operations without flushes (the
+//!   per-operation cost the history could change), measured at the end
+//!   for every size side by side (a copy of the store is kept at each
+//!   size), in rounds that visit each size in turn; and one eviction pass
+//!   per size;
 //! - a restart after a clean stop and after a SIGKILL under traffic, with a
 //!   warm page cache and with the data files dropped from it
 //!   (`posix_fadvise(DONTNEED)` on every file of the data directory): the
@@ -23,7 +26,11 @@
 //! Run: `scripts/bench` (or `cargo bench -p rvbox-store --bench store_scale`).
 //! `RVBOX_BENCH_SCALE` (default `10000,100000,1000000`) sets the sizes;
 //! `RVBOX_BENCH_DIR` (default `target/bench-store-scale`) where the stores
-//! go (it needs about 6 GiB free for the largest).
+//! go (it needs about 6 GiB free for the largest); `RVBOX_BENCH_KEEP=1`
+//! keeps the filled store there (`<dir>/kept`, filled on from what it
+//! holds), `--rates DIR...` measures the rates of kept stores side by
+//! side, and `--unflushed DIR N` runs N unflushed operations of each kind
+//! (for a profile).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -75,11 +82,15 @@ fn options() -> StoreOptions {
 }
 
 fn open_store(dir: &Path) -> Store {
+    open_store_with(dir, options())
+}
+
+fn open_store_with(dir: &Path, opts: StoreOptions) -> Store {
     Store::open(
         Layout::new(dir),
         Arc::new(RealFs),
         Arc::new(OsEntropy),
-        options(),
+        opts,
         now_ms(),
     )
     .unwrap()
@@ -179,18 +190,82 @@ fn mean(a: f64, b: f64) -> f64 {
     (a + b) / 2.0
 }
 
-/// RunCommand and terminal-event rates (ops/s) on an open store, `ops`
-/// of each.
-fn rates(s: &mut Store, base: u64, ops: u64) -> (f64, f64) {
-    let start = Instant::now();
+/// A raw flush probe: one 4 KiB append and `fdatasync` on a file of its
+/// own, timed, run right before each timed operation so that both see the
+/// same flush mode of the disk.
+struct Probe {
+    file: std::fs::File,
+    path: PathBuf,
+    buf: Vec<u8>,
+    spent: Duration,
+    count: u64,
+}
+
+impl Probe {
+    fn new(dir: &Path) -> Self {
+        let path = dir.join("interleaved-probe");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        Probe {
+            file,
+            path,
+            buf: noise(7, 4096),
+            spent: Duration::ZERO,
+            count: 0,
+        }
+    }
+
+    fn once(&mut self) {
+        use std::io::Write as _;
+        let t = Instant::now();
+        self.file.write_all(&self.buf).unwrap();
+        self.file.sync_data().unwrap();
+        self.spent += t.elapsed();
+        self.count += 1;
+    }
+
+    /// Probe time so far, and the flushes per second it shows.
+    fn take(&mut self) -> (Duration, f64) {
+        let spent = std::mem::take(&mut self.spent);
+        let n = std::mem::take(&mut self.count);
+        (spent, n as f64 / spent.as_secs_f64())
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// RunCommand and terminal-event rates on an open store, `ops` of each:
+/// operations per second, or, with a probe interleaved (one flush before
+/// each operation), the rate as a ratio to the probe's over the same time
+/// (the probe's time over the operations'), and the probe's own rate.
+fn rates(s: &mut Store, base: u64, ops: u64, mut probe: Option<&mut Probe>) -> (f64, f64, f64) {
+    let mut spent = Duration::ZERO;
     let mut ids = Vec::new();
     for i in 0..ops {
+        if let Some(p) = probe.as_deref_mut() {
+            p.once();
+        }
         let id = uuid_v7(&OsEntropy, now_ms()).unwrap();
-        s.run_command(&request(&id, &client_of(base + i)), now_ms())
-            .unwrap();
+        let req = request(&id, &client_of(base + i));
+        let t = Instant::now();
+        s.run_command(&req, now_ms()).unwrap();
+        spent += t.elapsed();
         ids.push(id);
     }
-    let run = ops as f64 / start.elapsed().as_secs_f64();
+    let (probed, flushes) = probe
+        .as_deref_mut()
+        .map_or((Duration::ZERO, 0.0), Probe::take);
+    let run = match probe {
+        Some(_) => probed.as_secs_f64() / spent.as_secs_f64(),
+        None => ops as f64 / spent.as_secs_f64(),
+    };
     let body = noise(base, OUTPUT);
     for id in &ids {
         s.record_transition(id, Lifecycle::Dispatched).unwrap();
@@ -204,41 +279,21 @@ fn rates(s: &mut Store, base: u64, ops: u64) -> (f64, f64) {
         }
         check(&s.append_events(&batch, now_ms()).unwrap().outcomes);
     }
-    let start = Instant::now();
+    let mut spent = Duration::ZERO;
     for id in &ids {
-        check(
-            &s.append_events(&[lifecycle(*id, 3, Lifecycle::Succeeded)], now_ms())
-                .unwrap()
-                .outcomes,
-        );
+        if let Some(p) = probe.as_deref_mut() {
+            p.once();
+        }
+        let event = [lifecycle(*id, 3, Lifecycle::Succeeded)];
+        let t = Instant::now();
+        check(&s.append_events(&event, now_ms()).unwrap().outcomes);
+        spent += t.elapsed();
     }
-    let terminal = ops as f64 / start.elapsed().as_secs_f64();
-    (run, terminal)
-}
-
-/// Durable rates as ratios to the probe: rounds of (probe, operations,
-/// probe), each round's rates divided by its own probe mean, the median
-/// round kept (the disk flips modes every few seconds).
-fn durable_ratios(s: &mut Store, dir: &Path, base: u64) -> (f64, f64, f64) {
-    const ROUNDS: u64 = 7;
-    let per = RATE_OPS / 4;
-    let mut runs = Vec::new();
-    let mut terms = Vec::new();
-    let mut probes = Vec::new();
-    for r in 0..ROUNDS {
-        let p0 = probe(dir, 4096, Duration::from_millis(250));
-        let (run, terminal) = rates(s, base + r * per, per);
-        let p1 = probe(dir, 4096, Duration::from_millis(250));
-        let p = mean(p0, p1);
-        runs.push(run / p);
-        terms.push(terminal / p);
-        probes.push(p);
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+    let terminal = match probe {
+        Some(p) => p.take().0.as_secs_f64() / spent.as_secs_f64(),
+        None => ops as f64 / spent.as_secs_f64(),
     };
-    (median(&mut runs), median(&mut terms), median(&mut probes))
+    (run, terminal, flushes)
 }
 
 /// Drops every file of `dir` from the page cache.
@@ -449,6 +504,139 @@ impl Restart {
     }
 }
 
+/// Commands the eviction measurement makes maintenance evict.
+const EVICT: u64 = 200;
+
+/// Whole-command evictions under the server-wide tier, lowered so that
+/// about `EVICT` of the oldest commands must go: evictions per second of
+/// one maintenance pass, and as a ratio to the probe around it (each
+/// eviction flushes).
+fn evictions(dir: &Path, probe_dir: &Path) -> (u64, f64, f64) {
+    let charged: i64 = {
+        let s = open_store(dir);
+        s.db()
+            .query_row("SELECT command_charged FROM quota_totals", [], |r| r.get(0))
+            .unwrap()
+    };
+    let charged = u64::try_from(charged).unwrap();
+    let per = charged / held(dir).max(1);
+    let mut opts = options();
+    opts.tiers.global_total = charged.saturating_sub(EVICT * per);
+    let mut s = open_store_with(dir, opts);
+    s.recover(now_ms()).unwrap();
+    let p0 = probe(probe_dir, 4096, Duration::from_millis(250));
+    let t = Instant::now();
+    let report = s.maintain(now_ms()).unwrap();
+    let took = t.elapsed().as_secs_f64();
+    let p1 = probe(probe_dir, 4096, Duration::from_millis(250));
+    let n = report.evicted_quota;
+    let rate = n as f64 / took;
+    (n, rate, rate / mean(p0, p1))
+}
+
+/// Commands a store holds (what a kept store is filled on from).
+fn held(dir: &Path) -> u64 {
+    let s = open_store(dir);
+    let n: i64 = s
+        .db()
+        .query_row("SELECT count(*) FROM commands", [], |r| r.get(0))
+        .unwrap();
+    u64::try_from(n).unwrap()
+}
+
+/// Rounds of the side-by-side rate measurement.
+const ROUNDS: usize = 9;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The rates of every store in `stores` side by side in one run: rounds
+/// that visit each store in turn, so every size sees the same flush modes
+/// of the disk, `RATE_OPS / 4` operations of each kind per store and
+/// round with a probe flush interleaved before each (the durable rate as a
+/// ratio to the probe over the same time), then rounds without SQLite
+/// flushes (the per-operation cost), then one eviction pass per store.
+fn side_by_side(stores: &[(u64, PathBuf)], probe_dir: &Path) {
+    let per = RATE_OPS / 4;
+    let mut open: Vec<Store> = stores
+        .iter()
+        .map(|(_, dir)| {
+            let mut s = open_store(dir);
+            s.recover(now_ms()).unwrap();
+            s
+        })
+        .collect();
+    let mut probe = Probe::new(probe_dir);
+    let n = stores.len();
+    let (mut runs, mut terms, mut probes) = (
+        vec![Vec::new(); n],
+        vec![Vec::new(); n],
+        vec![Vec::new(); n],
+    );
+    for r in 0..ROUNDS {
+        for (k, s) in open.iter_mut().enumerate() {
+            let (run, terminal, p) = rates(s, (r as u64) * per, per, Some(&mut probe));
+            runs[k].push(run);
+            terms[k].push(terminal);
+            probes[k].push(p);
+        }
+    }
+    let (mut runs_off, mut terms_off) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+    for s in &open {
+        s.db().execute_batch("PRAGMA synchronous = OFF").unwrap();
+    }
+    for r in 0..ROUNDS {
+        for (k, s) in open.iter_mut().enumerate() {
+            let (run, terminal, _) = rates(s, (r as u64) * per, per, None);
+            runs_off[k].push(1e6 / run);
+            terms_off[k].push(1e6 / terminal);
+        }
+    }
+    drop(open);
+    println!(
+        "\nrates side by side ({ROUNDS} rounds visiting every size in turn, {per} operations of each kind per size and round; durable: ratio to a probe flush interleaved before each operation, median round; unflushed: us/op, median round):"
+    );
+    println!(
+        "  {:>10}  {:>22}  {:>22}  {:>20}  {:>20}",
+        "commands",
+        "RunCommand durable",
+        "terminal durable",
+        "RunCommand unflushed",
+        "terminal unflushed"
+    );
+    let mut first: Option<(f64, f64, f64, f64)> = None;
+    for (k, (size, _)) in stores.iter().enumerate() {
+        let (run, term) = (median(runs[k].clone()), median(terms[k].clone()));
+        let p = median(probes[k].clone());
+        let (run_off, term_off) = (median(runs_off[k].clone()), median(terms_off[k].clone()));
+        println!(
+            "  {size:>10}  {:>8.0}/s = {run:.2}x probe  {:>8.0}/s = {term:.2}x probe  {run_off:>17.1} us  {term_off:>17.1} us   (probe {p:.0} fdatasync/s)",
+            run * p,
+            term * p
+        );
+        match first {
+            None => first = Some((run, term, run_off, term_off)),
+            Some((r0, t0, ro, to)) => println!(
+                "  {:>10}  against {}: durable RunCommand {:.0}%, terminal event {:.0}%; unflushed cost {:.0}% and {:.0}%",
+                "",
+                stores[0].0,
+                100.0 * run / r0,
+                100.0 * term / t0,
+                100.0 * run_off / ro,
+                100.0 * term_off / to
+            ),
+        }
+    }
+    for (size, dir) in stores {
+        let (n, rate, ratio) = evictions(dir, probe_dir);
+        println!(
+            "  {size:>10}  eviction {rate:>6.0}/s = {ratio:.2}x probe ({n} commands evicted by one maintenance pass)"
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--child-restart") {
@@ -457,6 +645,33 @@ fn main() {
     }
     if let Some(i) = args.iter().position(|a| a == "--child-traffic") {
         child_traffic(Path::new(&args[i + 1]));
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--unflushed") {
+        // a profile of the per-operation cost alone: `--unflushed DIR N`
+        let dir = Path::new(&args[i + 1]);
+        let n: u64 = args[i + 2].parse().unwrap();
+        let base = held(dir);
+        let mut s = open_store(dir);
+        s.recover(now_ms()).unwrap();
+        s.db().execute_batch("PRAGMA synchronous = OFF").unwrap();
+        eprintln!("recovered; {n} operations of each kind follow");
+        let (run, terminal, _) = rates(&mut s, base, n, None);
+        println!(
+            "unflushed: RunCommand {:.1} us/op, terminal event {:.1} us/op",
+            1e6 / run,
+            1e6 / terminal
+        );
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--rates") {
+        // `--rates DIR...`: kept stores, side by side
+        let stores: Vec<(u64, PathBuf)> = args[i + 1..]
+            .iter()
+            .map(|d| (held(Path::new(d)), PathBuf::from(d)))
+            .collect();
+        let probe_dir = stores[0].1.parent().unwrap_or(&stores[0].1).to_path_buf();
+        side_by_side(&stores, &probe_dir);
         return;
     }
     let sizes: Vec<u64> = std::env::var("RVBOX_BENCH_SCALE")
@@ -477,9 +692,16 @@ fn main() {
         "store_scale: {CLIENTS} clients, {OUTPUT} B of output per command, rates over {RATE_OPS} operations, data in {}",
         root.display()
     );
-    let dir = scratch.path().join("store");
-    let mut filled = 0u64;
-    let mut first: Option<(f64, f64, f64, f64)> = None;
+    let keep = std::env::var_os("RVBOX_BENCH_KEEP").is_some_and(|v| v == "1");
+    let dir = if keep {
+        root.join("kept")
+    } else {
+        scratch.path().join("store")
+    };
+    let mut filled = if dir.exists() { held(&dir) } else { 0 };
+    // a copy of the store at every size but the last, for the rates side
+    // by side at the end
+    let mut sized: Vec<(u64, PathBuf)> = Vec::new();
     for (i, &size) in sizes.iter().enumerate() {
         // fill without SQLite flushes up to the size
         {
@@ -498,35 +720,16 @@ fn main() {
                 gib(bytes)
             );
         }
-        // rates with real flushes, then without
-        {
-            let mut s = open_store(&dir);
-            s.recover(now_ms()).unwrap();
-            let (run, terminal, p) = durable_ratios(&mut s, scratch.path(), filled);
-            filled += 7 * (RATE_OPS / 4);
-            s.db().execute_batch("PRAGMA synchronous = OFF").unwrap();
-            let (run_off, terminal_off) = rates(&mut s, filled, RATE_OPS);
-            filled += RATE_OPS;
-            println!(
-                "  RunCommand      {:>8.0}/s  = {run:.2}x probe (median of 7 rounds; probe {p:.0} fdatasync/s)   unflushed {:>6.1} us/op",
-                run * p,
-                1e6 / run_off
-            );
-            println!(
-                "  terminal event  {:>8.0}/s  = {terminal:.2}x probe                                         unflushed {:>6.1} us/op",
-                terminal * p,
-                1e6 / terminal_off
-            );
-            match first {
-                None => first = Some((run, terminal, run_off, terminal_off)),
-                Some((r0, t0, ro, to)) => println!(
-                    "  against the first size: durable RunCommand {:.0}%, terminal event {:.0}% (ratios to the probe); unflushed {:.0}% and {:.0}%",
-                    100.0 * run / r0,
-                    100.0 * terminal / t0,
-                    100.0 * run_off / ro,
-                    100.0 * terminal_off / to
-                ),
-            }
+        if i + 1 < sizes.len() {
+            let copy = scratch.path().join(format!("at-{size}"));
+            let status = Command::new("cp")
+                .arg("-a")
+                .arg(&dir)
+                .arg(&copy)
+                .status()
+                .unwrap();
+            assert!(status.success(), "copy the store at {size}");
+            sized.push((size, copy));
         }
         restarts(&dir);
         if i == 0 {
@@ -546,4 +749,6 @@ fn main() {
             std::fs::remove_dir_all(&flushed).unwrap();
         }
     }
+    sized.push((sizes.last().copied().unwrap_or(filled), dir.clone()));
+    side_by_side(&sized, scratch.path());
 }

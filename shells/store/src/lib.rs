@@ -26,6 +26,7 @@ pub mod store;
 pub use store::{Store, StoreOptions};
 pub mod audit;
 pub mod blobs;
+pub mod checkpoint;
 pub mod commands;
 pub mod events;
 pub mod group;

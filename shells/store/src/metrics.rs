@@ -92,6 +92,8 @@ pub struct StoreMetrics {
     pub live_conflicts: Counter,
     /// Group journal checkpoints.
     pub journal_checkpoints: Counter,
+    /// The WAL checkpointer's counters (checkpoint.rs).
+    pub checkpoint: crate::checkpoint::CheckpointMetrics,
     /// Signals recorded for delivery (operator signals and late-acceptance
     /// terminations).
     pub signals_recorded: Counter,
@@ -146,6 +148,7 @@ impl Default for StoreMetrics {
             sessions_fenced: Counter::default(),
             live_conflicts: Counter::default(),
             journal_checkpoints: Counter::default(),
+            checkpoint: crate::checkpoint::CheckpointMetrics::default(),
             signals_recorded: Counter::default(),
             stdin_writes: Counter::default(),
             stdin_acks: Family::default(),
@@ -242,6 +245,31 @@ impl StoreMetrics {
             "journal_checkpoints",
             "Group journal checkpoints",
             self.journal_checkpoints.clone(),
+        );
+        r.register(
+            "wal_checkpoints",
+            "WAL checkpoints that copied frames into the database file",
+            self.checkpoint.checkpoints.clone(),
+        );
+        r.register(
+            "wal_frames_checkpointed",
+            "WAL frames copied into the database file by the checkpointer",
+            self.checkpoint.frames.clone(),
+        );
+        r.register(
+            "wal_checkpoint_errors",
+            "WAL checkpoints that failed",
+            self.checkpoint.errors.clone(),
+        );
+        r.register(
+            "wal_frames",
+            "Frames in the WAL at the last checkpoint",
+            self.checkpoint.wal_frames.clone(),
+        );
+        r.register(
+            "wal_frames_backfilled",
+            "Frames of the WAL already copied into the database file at the last checkpoint",
+            self.checkpoint.wal_backfilled.clone(),
         );
         r.register(
             "signals_recorded",

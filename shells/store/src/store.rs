@@ -168,6 +168,9 @@ pub struct Store {
     pub(crate) layout: Layout,
     pub(crate) fs: Arc<dyn StoreFs>,
     pub(crate) entropy: Arc<dyn Entropy>,
+    /// The WAL checkpointer (declared before the writer's connection, so
+    /// it stops and closes first).
+    _checkpointer: crate::checkpoint::Checkpointer,
     pub(crate) conn: Connection,
     pub(crate) opts: StoreOptions,
     pub(crate) hook: Arc<dyn CrashHook>,
@@ -217,7 +220,20 @@ impl Store {
         // in it however large the history grows (SQLite's default is 2 MiB)
         conn.execute_batch(&format!("PRAGMA cache_size = -{}", WRITER_CACHE_KIB))
             .map_err(|e| StoreError::sqlite("set the page cache size", e))?;
+        // checkpoints run on the checkpointer's thread (checkpoint.rs); the
+        // writer's own is the bound for when that one falls behind
+        conn.execute_batch(&format!(
+            "PRAGMA wal_autocheckpoint = {}",
+            crate::checkpoint::WRITER_FALLBACK_PAGES
+        ))
+        .map_err(|e| StoreError::sqlite("set the writer's checkpoint threshold", e))?;
         db::migrate(&mut conn, now_ms)?;
+        let metrics = crate::metrics::StoreMetrics::default();
+        let checkpointer = crate::checkpoint::Checkpointer::start(
+            &layout.db_file(),
+            opts.db,
+            metrics.checkpoint.clone(),
+        )?;
         let server_id = identity::server_id(&conn, entropy.as_ref(), now_ms)?;
         let journal = crate::journal::open(fs.as_ref(), &layout, &conn)?;
         let token_key = identity::token_key(
@@ -230,12 +246,13 @@ impl Store {
             layout,
             fs,
             entropy,
+            _checkpointer: checkpointer,
             conn,
             opts,
             hook: Arc::new(NoCrash),
             open_segments: BTreeMap::new(),
             journal: Some(journal),
-            metrics: crate::metrics::StoreMetrics::default(),
+            metrics,
             health: crate::health::Health::default(),
             dctx: Dctx(
                 zstd::bulk::Decompressor::new()

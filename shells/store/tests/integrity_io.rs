@@ -8,7 +8,8 @@
 //! (docs/storage.md, "SQLite"): reads of the database fail with EIO under a
 //! fault-injecting file layer (`tests/fault/eio_preload.c`, loaded with
 //! `LD_PRELOAD` into a child process, failing the reads of every open of
-//! the database after the writer's: the integrity check's), and the store retries, then reports an I/O
+//! the database after the writer's and the checkpointer's: the integrity
+//! check's), and the store retries, then reports an I/O
 //! failure (unavailable, counted, the start fails) without an integrity
 //! incident; a transient error passes on a retry.
 
@@ -64,9 +65,10 @@ fn run_child(dir: &Path, lib: &Path, reads: &str, expect: &str) {
         ])
         .env("LD_PRELOAD", lib)
         .env("RVBOX_FAULT_PATH", "/rvbox.sqlite3")
-        // the writer's connection is the first open of the database; the
-        // integrity check's reads (its prefetch, its connections) come after
-        .env("RVBOX_FAULT_OPEN", "2")
+        // the writer's connection is the first open of the database and
+        // the WAL checkpointer's the second; the integrity check's reads
+        // (its prefetch, its connections) come after
+        .env("RVBOX_FAULT_OPEN", "3")
         .env("RVBOX_FAULT_READS", reads)
         .env("RVBOX_FAULT_CHILD_DIR", dir)
         .env("RVBOX_FAULT_EXPECT", expect)

@@ -258,3 +258,31 @@ fn the_background_scrub_yields_in_bounded_slices() {
     let later = NOW + i64::try_from(StoreOptions::default().scrub_interval_ms).unwrap();
     assert!(!s.scrub(later).unwrap().idle, "a new cycle starts when due");
 }
+
+/// The writer's commits never copy the WAL into the database file at
+/// SQLite's default 1,000 pages: the checkpointer's thread does, and the
+/// writer's own checkpoint waits for the 4,096-page bound.
+#[test]
+fn the_wal_is_checkpointed_off_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let pages: i64 = s
+        .db()
+        .query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        pages,
+        i64::from(rvbox_store::checkpoint::WRITER_FALLBACK_PAGES)
+    );
+    for i in 0..50 {
+        command_with_output(&mut s, 2, i % 2 == 0);
+    }
+    let m = s.metrics().checkpoint.clone();
+    let t = std::time::Instant::now();
+    while m.frames.get() == 0 && t.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(m.frames.get() > 0, "the checkpointer copied nothing");
+    assert!(m.checkpoints.get() >= 1);
+    assert_eq!(m.errors.get(), 0);
+}
