@@ -35,10 +35,23 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// A free loopback port.
+/// A free loopback port, never one this process handed out before: a
+/// port is picked long before the daemon that is given it binds it (a
+/// client's health listener starts with the client), and the kernel may
+/// offer the same free port twice in the meantime.
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// One server and (optionally) one client.
