@@ -1,0 +1,603 @@
+//! A real RVBox on loopback for end-to-end tests: the built
+//! `rvbox-server`, `rvbox` and `rvc` binaries, each in a private
+//! directory, talking over a real WebSocket and a real Unix socket, and
+//! nginx terminating TLS with the shipped `deploy/nginx/rvbox.conf`.
+//!
+//! Owns: starting, stopping and killing the daemons of one test, their
+//! configurations and logs, free ports, polling with a deadline.
+//!
+//! Must never: be a dependency of anything but tests and benchmarks.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::new_without_default
+)]
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where the workspace's binaries are (beside this test's own
+/// executable's `deps` directory).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(Path::parent).unwrap();
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run the tests with `cargo test --workspace` (or `cargo build --workspace` first)",
+        path.display()
+    );
+    path
+}
+
+/// A free loopback port, never one this process handed out before: a
+/// port is picked long before the daemon that is given it binds it (a
+/// client's health listener starts with the client), and the kernel may
+/// offer the same free port twice in the meantime.
+pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+}
+
+/// One server and (optionally) one client.
+#[derive(Debug)]
+pub struct Stack {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    /// The client's health listener (`observability.metrics_listen`).
+    pub client_health: u16,
+    /// The server's separate health and metrics listener.
+    pub server_metrics: u16,
+    pub server: Option<Child>,
+    pub client: Option<Child>,
+    pub restarts: u32,
+}
+
+impl Stack {
+    /// Free ports and a private directory with both configurations;
+    /// nothing started.
+    pub fn configured() -> Self {
+        let s = Self {
+            dir: tempfile::tempdir().unwrap(),
+            port: free_port(),
+            client_health: free_port(),
+            server_metrics: free_port(),
+            server: None,
+            client: None,
+            restarts: 0,
+        };
+        s.write_configs();
+        s
+    }
+
+    /// A server on a free port, ready.
+    pub fn server_only() -> Self {
+        let mut s = Self::configured();
+        s.start_server();
+        s
+    }
+
+    /// A server and a connected client `web-1`.
+    pub fn new() -> Self {
+        let mut s = Self::server_only();
+        s.start_client();
+        s
+    }
+
+    /// A server and a connected client `web-1` whose configuration has
+    /// `extra` (TOML sections) appended.
+    pub fn with_client_config(extra: &str) -> Self {
+        let mut s = Self::configured();
+        s.append_client_config(extra);
+        s.start_server();
+        s.start_client();
+        s
+    }
+
+    /// A server whose configuration has `extra` (TOML sections) appended,
+    /// and a connected client `web-1`.
+    pub fn with_server_config(extra: &str) -> Self {
+        let mut s = Self::configured();
+        s.append_server_config(extra);
+        s.start_server();
+        s.start_client();
+        s
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("run/control.sock")
+    }
+
+    fn write_configs(&self) {
+        let d = self.dir.path();
+        std::fs::create_dir_all(d.join("work")).unwrap();
+        std::fs::write(
+            d.join("server.toml"),
+            format!(
+                "[server]\nagent_listen = \"127.0.0.1:{}\"\n[storage]\ndata_dir = \"{}\"\n[control]\nruntime_dir = \"{}\"\nsocket_path = \"{}\"\n[observability]\nmetrics_listen = \"127.0.0.1:{}\"\n",
+                self.port,
+                d.join("data").display(),
+                d.join("run").display(),
+                self.socket().display(),
+                self.server_metrics
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("client.toml"),
+            format!(
+                "[client]\nclient_id = \"web-1\"\nserver_urls = [\"ws://127.0.0.1:{}/rvbox/agent\"]\nstate_dir = \"{}\"\n[exec]\nallowed_cwd_roots = [\"{}\"]\ndefault_cwd = \"{}\"\ndrain_grace = \"1s\"\nkill_grace = \"2s\"\n[reconnect]\ninitial = \"1s\"\nmax = \"2s\"\n[observability]\nmetrics_listen = \"127.0.0.1:{}\"\n",
+                self.port,
+                d.join("cstate").display(),
+                d.join("work").display(),
+                d.join("work").display(),
+                self.client_health
+            ),
+        )
+        .unwrap();
+    }
+
+    fn log(&self, name: &str) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(name))
+            .unwrap()
+    }
+
+    /// A server whose soft file-descriptor limit is `limit`, ready.
+    pub fn server_with_fd_limit(limit: u32) -> Self {
+        let mut s = Self::configured();
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -n {limit} && exec \"$0\" --config \"$1\""))
+            .arg(bin("rvbox-server"))
+            .arg(s.dir.path().join("server.toml"))
+            .stdout(Stdio::null())
+            .stderr(s.log("server.log"))
+            .spawn()
+            .unwrap();
+        s.server = Some(child);
+        s.wait_until("the server is ready", || {
+            http_get(s.port, "/readyz").is_some_and(|(code, _)| code == 200)
+        });
+        s
+    }
+
+    /// The server's log so far.
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// Starts the server and waits until it is ready.
+    pub fn start_server(&mut self) {
+        let child = Command::new(bin("rvbox-server"))
+            .arg("--config")
+            .arg(self.dir.path().join("server.toml"))
+            .stdout(Stdio::null())
+            .stderr(self.log("server.log"))
+            .spawn()
+            .unwrap();
+        self.server = Some(child);
+        self.wait_until("the server is ready", || {
+            http_get(self.port, "/readyz").is_some_and(|(code, _)| code == 200)
+        });
+    }
+
+    /// Starts the client and waits until the server lists it connected.
+    pub fn start_client(&mut self) {
+        let child = Command::new(bin("rvbox"))
+            .arg("--config")
+            .arg(self.dir.path().join("client.toml"))
+            .stdout(Stdio::null())
+            .stderr(self.log("client.log"))
+            .spawn()
+            .unwrap();
+        self.client = Some(child);
+        self.wait_connected();
+    }
+
+    /// Waits until `rvc stat` shows web-1 connected.
+    pub fn wait_connected(&self) {
+        self.wait_until("the client is connected", || {
+            let out = self.rvc(&["stat"]);
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .any(|l| l.starts_with("web-1") && l.contains("connected"))
+        });
+    }
+
+    /// Polls `ok` every 50 ms for at most 30 s.
+    pub fn wait_until(&self, what: &str, ok: impl FnMut() -> bool) {
+        self.wait_until_for(what, Duration::from_secs(30), ok);
+    }
+
+    /// Polls `ok` every 50 ms for at most `max`.
+    pub fn wait_until_for(&self, what: &str, max: Duration, mut ok: impl FnMut() -> bool) {
+        let until = Instant::now() + max;
+        while Instant::now() < until {
+            if ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("timed out waiting until {what}\n{}", self.logs());
+    }
+
+    /// Both daemons' logs (for failure messages).
+    pub fn logs(&self) -> String {
+        let read = |n: &str| std::fs::read_to_string(self.dir.path().join(n)).unwrap_or_default();
+        format!(
+            "--- server.log\n{}\n--- client.log\n{}",
+            tail(&read("server.log")),
+            tail(&read("client.log"))
+        )
+    }
+
+    /// Runs rvc against this server.
+    pub fn rvc(&self, args: &[&str]) -> Output {
+        self.rvc_cmd(args).output().unwrap()
+    }
+
+    /// An rvc command against this server (to spawn).
+    pub fn rvc_cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(bin("rvc"));
+        c.env("RVC_SOCKET", self.socket()).args(args);
+        c
+    }
+
+    /// The client's work directory (its allowed CWD root).
+    pub fn work(&self) -> PathBuf {
+        self.dir.path().join("work")
+    }
+
+    /// Stops a daemon with SIGTERM and waits; returns its exit status.
+    pub fn term(child: &mut Child) -> Option<i32> {
+        let pid = rustix::process::Pid::from_child(child);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        wait_exit(child, Duration::from_secs(30))
+    }
+
+    pub fn stop_server(&mut self) -> Option<i32> {
+        let mut s = self.server.take().unwrap();
+        Self::term(&mut s)
+    }
+
+    pub fn stop_client(&mut self) -> Option<i32> {
+        let mut c = self.client.take().unwrap();
+        Self::term(&mut c)
+    }
+
+    /// Kills the client with SIGKILL.
+    pub fn kill_client(&mut self) {
+        let mut c = self.client.take().unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    /// Kills the server with SIGKILL.
+    pub fn kill_server(&mut self) {
+        let mut c = self.server.take().unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    /// Appends `extra` (TOML sections) to the client's configuration;
+    /// takes effect at the next client start.
+    pub fn append_client_config(&self, extra: &str) {
+        append(&self.dir.path().join("client.toml"), extra);
+    }
+
+    /// Appends `extra` (TOML sections) to the server's configuration;
+    /// takes effect at the next server start.
+    pub fn append_server_config(&self, extra: &str) {
+        append(&self.dir.path().join("server.toml"), extra);
+    }
+
+    /// Points the client at `urls` in order (trusting `ca` for `wss://`);
+    /// takes effect at the next client start.
+    pub fn client_urls(&self, urls: &[String], ca: Option<&Path>) {
+        let path = self.dir.path().join("client.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let plain = format!(
+            "server_urls = [\"ws://127.0.0.1:{}/rvbox/agent\"]",
+            self.port
+        );
+        assert!(
+            text.contains(&plain),
+            "the client's URL was changed already"
+        );
+        let list = urls
+            .iter()
+            .map(|u| format!("\"{u}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut with = format!("server_urls = [{list}]");
+        if let Some(ca) = ca {
+            with.push_str(&format!("\nca_file = \"{}\"", ca.display()));
+        }
+        std::fs::write(path, text.replace(&plain, &with)).unwrap();
+    }
+
+    /// The client's log so far.
+    pub fn client_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("client.log")).unwrap_or_default()
+    }
+
+    /// Restarts the server.
+    pub fn restart_server(&mut self) {
+        assert_eq!(self.stop_server(), Some(0), "{}", self.logs());
+        self.restarts += 1;
+        self.start_server();
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        for c in [self.client.take(), self.server.take()]
+            .into_iter()
+            .flatten()
+        {
+            let mut c = c;
+            let _ = Self::term(&mut c).or_else(|| {
+                let _ = c.kill();
+                c.wait().ok().and_then(|s| s.code())
+            });
+        }
+    }
+}
+
+fn append(path: &Path, extra: &str) {
+    let mut toml = std::fs::read_to_string(path).unwrap();
+    toml.push_str(extra);
+    std::fs::write(path, toml).unwrap();
+}
+
+fn wait_exit(child: &mut Child, max: Duration) -> Option<i32> {
+    let until = Instant::now() + max;
+    while Instant::now() < until {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status.code();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// A plain HTTP GET on loopback: status code and body.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((code, body))
+}
+
+/// The UUID `rvc run` printed first on stderr.
+/// Bytes as text, for assertions and their messages.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+pub fn issue_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+/// The nginx configuration RVBox ships.
+pub fn shipped_nginx_conf() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nginx/rvbox.conf")
+}
+
+/// nginx terminating TLS in front of a server's agent endpoint, as in a
+/// real deployment (the shipped `deploy/nginx/rvbox.conf`): a private CA, a certificate for `localhost`, and
+/// nginx in the foreground with its own configuration and prefix.
+#[derive(Debug)]
+pub struct Nginx {
+    child: Child,
+    /// The TLS port.
+    pub port: u16,
+    /// The CA bundle the client trusts.
+    pub ca: PathBuf,
+}
+
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Nginx {
+    /// Starts nginx in `dir` proxying `wss://localhost:PORT/rvbox/agent`
+    /// to the agent endpoint on `agent_port`.
+    pub fn start(dir: &Path, agent_port: u16) -> Self {
+        let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .expect(
+                "nginx is not installed; scripts/test installs it (apt-get install nginx-light)",
+            );
+        let d = dir.join("nginx");
+        std::fs::create_dir_all(d.join("logs")).unwrap();
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        run_ok(
+            Command::new("openssl")
+                .args(["req", "-x509"])
+                .args(ec)
+                .args(["-days", "2", "-subj", "/CN=RVBox test CA"])
+                .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+                .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+                .arg("-keyout")
+                .arg(d.join("ca.key"))
+                .arg("-out")
+                .arg(d.join("ca.crt")),
+        );
+        run_ok(
+            Command::new("openssl")
+                .arg("req")
+                .args(ec)
+                .args(["-subj", "/CN=localhost"])
+                .arg("-keyout")
+                .arg(d.join("server.key"))
+                .arg("-out")
+                .arg(d.join("server.csr")),
+        );
+        std::fs::write(
+            d.join("ext.cnf"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        run_ok(
+            Command::new("openssl")
+                .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
+                .arg("-in")
+                .arg(d.join("server.csr"))
+                .arg("-CA")
+                .arg(d.join("ca.crt"))
+                .arg("-CAkey")
+                .arg(d.join("ca.key"))
+                .arg("-extfile")
+                .arg(d.join("ext.cnf"))
+                .arg("-out")
+                .arg(d.join("server.crt")),
+        );
+        let port = free_port();
+        // the shipped server block, with this test's addresses and files
+        let shipped = std::fs::read_to_string(shipped_nginx_conf()).unwrap();
+        let site = [
+            ("    listen [::]:443 ssl;\n", String::new()),
+            ("listen 443 ssl;", format!("listen 127.0.0.1:{port} ssl;")),
+            (
+                "server_name rvbox.example.net;",
+                "server_name localhost;".into(),
+            ),
+            (
+                "server 127.0.0.1:7700;",
+                format!("server 127.0.0.1:{agent_port};"),
+            ),
+            (
+                "/etc/nginx/tls/rvbox.crt",
+                d.join("server.crt").display().to_string(),
+            ),
+            (
+                "/etc/nginx/tls/rvbox.key",
+                d.join("server.key").display().to_string(),
+            ),
+        ]
+        .into_iter()
+        .fold(shipped, |text, (from, to)| {
+            assert_eq!(
+                text.matches(from).count(),
+                1,
+                "deploy/nginx/rvbox.conf no longer has `{from}` exactly once; update the test kit"
+            );
+            text.replace(from, &to)
+        });
+        std::fs::write(d.join("rvbox.conf"), site).unwrap();
+        let conf = format!(
+            r#"daemon off;
+user root;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/logs/error.log info;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/tmp-body;
+    proxy_temp_path {d}/tmp-proxy;
+    fastcgi_temp_path {d}/tmp-fastcgi;
+    uwsgi_temp_path {d}/tmp-uwsgi;
+    scgi_temp_path {d}/tmp-scgi;
+    include {d}/rvbox.conf;
+}}
+"#,
+            d = d.display()
+        );
+        std::fs::write(d.join("nginx.conf"), conf).unwrap();
+        let child = Command::new(nginx)
+            .arg("-p")
+            .arg(&d)
+            .arg("-c")
+            .arg(d.join("nginx.conf"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < until,
+                "nginx did not start: {}",
+                std::fs::read_to_string(d.join("logs/error.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self {
+            child,
+            port,
+            ca: d.join("ca.crt"),
+        }
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = Stack::term(&mut self.child);
+    }
+}
+
+impl Stack {
+    /// Points the client at `url` (trusting `ca`) instead of the plain
+    /// loopback endpoint; takes effect at the next client start.
+    pub fn client_url(&self, url: &str, ca: &Path) {
+        let path = self.dir.path().join("client.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let plain = format!("ws://127.0.0.1:{}/rvbox/agent", self.port);
+        let text = text.replace(
+            &format!("server_urls = [\"{plain}\"]"),
+            &format!("server_urls = [\"{url}\"]\nca_file = \"{}\"", ca.display()),
+        );
+        std::fs::write(path, text).unwrap();
+    }
+}
