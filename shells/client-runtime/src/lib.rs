@@ -251,8 +251,7 @@ impl<S: Supervisor> Runtime<S> {
             // than grow; the spool resends everything pinned
             tracing::warn!("transport queue full; closing the connection");
             self.wire.clear();
-            self.wire.push_back(Wire::Close(1011));
-            self.inputs.push_back(Input::Closed(None));
+            self.abandon_session();
             return;
         }
         self.wire.push_back(w);
@@ -271,31 +270,63 @@ impl<S: Supervisor> Runtime<S> {
                 last_seq,
                 session_id,
                 generation,
-            } => match self.store.read_events(&issue, first_seq, last_seq) {
-                Ok(events) => {
-                    for e in events {
-                        let env = wire::Envelope {
-                            session_id: session_id.clone(),
-                            generation,
-                            payload: Some(wire::envelope::Payload::CommandEvent(e)),
-                        };
-                        self.push_wire(Wire::Binary(env.encode_to_vec()));
-                    }
-                }
-                Err(e) => {
-                    // a damaged record is never sent; the session ends and
-                    // the store is dirty (recovery records the incident)
-                    tracing::error!(error = %e, "spooled events could not be read back");
-                    self.push_wire(Wire::Close(1011));
-                    self.inputs.push_back(Input::Closed(None));
-                }
-            },
+            } => self.send_events(&issue, first_seq, last_seq, &session_id, generation),
             Output::Store(token, op) => {
                 let done = self.store.perform(&self.policy, &op, Self::wall_ms());
                 self.inputs.push_back(Input::Completion(token, done));
             }
             Output::Supervise(op) => self.supervise(op),
         }
+    }
+
+    /// Sends every event of the run `first_seq..=last_seq`, read back from
+    /// the spool in batches (one read returns at most
+    /// [`rvbox_client_store::spool::MAX_READ_EVENTS`]; a replay after a
+    /// long partition can be many times that). A run the store cannot
+    /// return whole is never sent in part: the session ends (the store
+    /// records the damage) and the next one replays from the server's
+    /// durable position.
+    fn send_events(
+        &mut self,
+        issue: &rvbox_domain::ids::Uuid7,
+        first_seq: u64,
+        last_seq: u64,
+        session_id: &str,
+        generation: u64,
+    ) {
+        let mut next = first_seq;
+        while next <= last_seq {
+            let events = match self.store.read_events(issue, next, last_seq) {
+                Ok(events) if !events.is_empty() => events,
+                Ok(_) => {
+                    tracing::error!(%issue, next, last_seq, "sequenced events are missing from the spool");
+                    self.abandon_session();
+                    return;
+                }
+                Err(e) => {
+                    // a damaged record is never sent; the session ends and
+                    // the store is dirty (recovery records the incident)
+                    tracing::error!(error = %e, "spooled events could not be read back");
+                    self.abandon_session();
+                    return;
+                }
+            };
+            next = next.saturating_add(u64::try_from(events.len()).unwrap_or(u64::MAX));
+            for e in events {
+                let env = wire::Envelope {
+                    session_id: session_id.to_owned(),
+                    generation,
+                    payload: Some(wire::envelope::Payload::CommandEvent(e)),
+                };
+                self.push_wire(Wire::Binary(env.encode_to_vec()));
+            }
+        }
+    }
+
+    /// Ends the connection from this side (1011) and tells the core.
+    fn abandon_session(&mut self) {
+        self.push_wire(Wire::Close(1011));
+        self.inputs.push_back(Input::Closed(None));
     }
 
     fn supervise(&mut self, op: SuperviseOp) {

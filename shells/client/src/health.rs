@@ -42,6 +42,10 @@ pub(crate) struct HealthView {
     pub(crate) spool_backlog_bytes: u64,
     /// Raw output bytes dropped into loss markers so far.
     pub(crate) spool_dropped_bytes: u64,
+    /// Spooled events given a wire sequence so far.
+    pub(crate) events_assigned: u64,
+    /// Sequenced events sent again after a reconnect so far.
+    pub(crate) events_replayed: u64,
     /// `ready`, or `dirty` while a local incident is unresolved.
     pub(crate) store: &'static str,
     /// `cgroup_v2`, `hybrid` or `process_group`.
@@ -67,6 +71,8 @@ impl HealthView {
             "spool": {
                 "backlog_bytes": self.spool_backlog_bytes,
                 "dropped_bytes": self.spool_dropped_bytes,
+                "events_sequenced": self.events_assigned,
+                "events_replayed": self.events_replayed,
                 "store": self.store,
             },
             "supervisor": {
@@ -107,6 +113,8 @@ pub(crate) fn view_of(rt: &Runtime<UnixSupervisor>) -> HealthView {
         sessions_lost: link.sessions_lost,
         spool_backlog_bytes: core.spool_backlog(),
         spool_dropped_bytes: spool.raw_bytes_dropped,
+        events_assigned: spool.assigned,
+        events_replayed: spool.replayed,
         store,
         supervision: match rt.supervisor().mode() {
             rvbox_client_core::process::Supervision::CgroupV2 => "cgroup_v2",
@@ -128,6 +136,8 @@ struct Gauges {
     sessions_lost: Gauge,
     backlog: Gauge,
     dropped: Gauge,
+    assigned: Gauge,
+    replayed: Gauge,
     dirty: Gauge,
     running: Gauge,
     queued: Gauge,
@@ -182,6 +192,16 @@ impl Health {
                 gauges.dropped.clone(),
             );
             r.register(
+                "events_sequenced",
+                "Spooled events given a wire sequence since start",
+                gauges.assigned.clone(),
+            );
+            r.register(
+                "events_replayed",
+                "Sequenced events sent again after a reconnect since start",
+                gauges.replayed.clone(),
+            );
+            r.register(
                 "store_dirty",
                 "1 while a local incident is unresolved",
                 gauges.dirty.clone(),
@@ -228,6 +248,8 @@ impl Health {
         gs.sessions_lost.set(g(v.sessions_lost));
         gs.backlog.set(g(v.spool_backlog_bytes));
         gs.dropped.set(g(v.spool_dropped_bytes));
+        gs.assigned.set(g(v.events_assigned));
+        gs.replayed.set(g(v.events_replayed));
         gs.dirty.set(i64::from(v.store != "ready"));
         gs.running.set(i64::from(v.running));
         gs.queued.set(i64::from(v.queued));

@@ -36,6 +36,9 @@ struct Host {
     rt: Runtime<UnixSupervisor>,
     envs: Vec<wire::Envelope>,
     closes: Vec<u16>,
+    dials: usize,
+    /// The session the scripted server speaks for.
+    session: (String, u64),
 }
 
 impl Host {
@@ -70,13 +73,15 @@ impl Host {
             rt,
             envs: Vec::new(),
             closes: Vec::new(),
+            dials: 0,
+            session: (SID.into(), 1),
         }
     }
 
     fn frame(&mut self, p: Payload) {
         let env = wire::Envelope {
-            session_id: SID.into(),
-            generation: 1,
+            session_id: self.session.0.clone(),
+            generation: self.session.1,
             payload: Some(p),
         };
         self.rt.input(Input::Frame(env.encode_to_vec()));
@@ -90,6 +95,7 @@ impl Host {
                     .envs
                     .push(wire::Envelope::decode(b.as_slice()).unwrap()),
                 Wire::Close(c) => self.closes.push(c),
+                Wire::Dial => self.dials += 1,
                 _ => {}
             }
         }
@@ -113,6 +119,61 @@ impl Host {
         };
         r.result_digest = rvbox_reconcile::result_digest(&r).to_vec();
         self.frame(Payload::ReconcileResult(r));
+    }
+
+    /// The connection is lost; after the backoff the client dials again,
+    /// is welcomed into session `sid` at `generation`, and is told in the
+    /// round's result to resume `resume` (command, durable sequence).
+    fn reconnect(&mut self, sid: &str, generation: u64, resume: &[(&str, u64)]) {
+        self.rt.input(Input::Closed(None));
+        self.collect();
+        let dials = self.dials;
+        let until = Instant::now() + Duration::from_secs(10);
+        while self.dials == dials {
+            assert!(Instant::now() < until, "no dial after the backoff");
+            std::thread::sleep(Duration::from_millis(20));
+            self.rt.tick();
+            self.collect();
+        }
+        self.session = (sid.into(), generation);
+        self.rt.input(Input::Opened);
+        self.frame(Payload::ServerWelcome(wire::ServerWelcome {
+            protocol_major: 1,
+            session_id: sid.into(),
+            generation,
+            ..Default::default()
+        }));
+        self.frame(Payload::ReconcileRequest(wire::ReconcileRequest {
+            round: 1,
+            rows: vec![],
+        }));
+        let mut r = wire::ReconcileResult {
+            round: 1,
+            resume: resume
+                .iter()
+                .map(|(issue, durable)| wire::ResumeRow {
+                    issue_uuid: (*issue).into(),
+                    revision: 1,
+                    durable_event_seq: *durable,
+                    script_resume_offset: 0,
+                })
+                .collect(),
+            ..Default::default()
+        };
+        r.result_digest = rvbox_reconcile::result_digest(&r).to_vec();
+        self.frame(Payload::ReconcileResult(r));
+    }
+
+    /// The events of `issue` sent in session `sid`.
+    fn events_in(&self, sid: &str, issue: &str) -> Vec<wire::CommandEvent> {
+        self.envs
+            .iter()
+            .filter(|e| e.session_id == sid)
+            .filter_map(|e| match &e.payload {
+                Some(Payload::CommandEvent(ev)) if ev.issue_uuid == issue => Some(ev.clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     fn events(&self, issue: &str) -> Vec<wire::CommandEvent> {
@@ -849,4 +910,49 @@ fn a_continuously_verbose_child_is_never_blocked_by_the_daemon() {
     let (kept, dropped) = accounted(&events, wire::OutputStream::Stdout);
     assert_eq!(kept + dropped, total, "every byte is kept or in a marker");
     assert!(dropped > 0, "an idle loop drops, it does not block");
+}
+
+/// A partition longer than the liveness timeout leaves far more pinned
+/// events than one spool read-back returns (1,024); after the reconnect
+/// every one of them is sent again, in order, from the server's durable
+/// position, and new events follow without a gap.
+#[test]
+fn every_pinned_event_is_sent_again_after_a_reconnect_past_one_read_back_batch() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let (mut host, _) = host_in(dir.path());
+    let issue = "01890000-0000-7000-8000-0000000000a4";
+    // one write per line, slower than the pipe reader, so each is an event
+    host.frame(dispatch(
+        issue,
+        "i=0; while [ $i -lt 1600 ]; do i=$((i+1)); echo \"line $i\"; sleep 0.001; done\n",
+    ));
+    // nothing is acknowledged: every event stays pinned
+    host.run_until_terminal(issue, Duration::from_secs(60));
+    let sent = host.events(issue);
+    let last = sent.iter().map(|e| e.event_seq).max().unwrap();
+    assert!(
+        last > 1100,
+        "the test needs more pinned events than one read-back batch; got {last}"
+    );
+    // the server held the first 10 durably when the path went dark
+    host.reconnect("fedcba9876543210fedc", 2, &[(issue, 10)]);
+    let again = host.events_in("fedcba9876543210fedc", issue);
+    let seqs: Vec<u64> = again.iter().map(|e| e.event_seq).collect();
+    assert!(
+        seqs == (11..=last).collect::<Vec<_>>(),
+        "every pinned event after the durable position, once, in order: {} sent again ({:?}..{:?}), {} expected (11..{last})",
+        seqs.len(),
+        seqs.first(),
+        seqs.last(),
+        last - 10
+    );
+    let want: Vec<u8> = (1..=1600)
+        .flat_map(|i| format!("line {i}\n").into_bytes())
+        .collect();
+    let first: Vec<wire::CommandEvent> =
+        sent.iter().filter(|e| e.event_seq <= 10).cloned().collect();
+    let mut all = first;
+    all.extend(again);
+    assert_eq!(output_of(&all, wire::OutputStream::Stdout), want);
+    assert!(host.closes.is_empty(), "closed: {:?}", host.closes);
 }
