@@ -1,0 +1,307 @@
+//! The R8 chaos harness: the real `rvbox-server`, `rvbox` and `rvc`
+//! binaries with `rvbox-faultproxy` between the client and the server
+//! (and, when asked, nginx with the shipped configuration behind the
+//! proxy), and the checks every chaos test ends with, made from outside:
+//! marker files count side effects, `rvc` reads back what the server
+//! stores and serves, and the daemons' logs must hold no panic.
+//!
+//! Owns: assembling a stack with one or two proxied paths, short
+//! liveness timers so a partition past them takes seconds, and the
+//! outside checks.
+//!
+//! Must never: reach into a daemon's files or memory; everything it
+//! learns comes through `rvc`, the logs, or the marker files the
+//! commands write.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+pub use rvbox_faultproxy::{BackgroundProxy, Command, Dir, RouteSpec};
+pub use rvbox_testkit::{Nginx, Stack, text};
+use serde_json::Value;
+
+/// The server's heartbeat idle time in the harness.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// The server's liveness timeout in the harness (the client follows the
+/// server's policy from the welcome).
+pub const LIVENESS: Duration = Duration::from_secs(3);
+
+/// How a chaos stack is built.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// nginx (the shipped configuration) between the proxy and the
+    /// server: the client speaks `wss://`.
+    pub nginx: bool,
+    /// A second proxied path (route `b`), listed after `a` in the
+    /// client's `server_urls`.
+    pub second_path: bool,
+    /// The server's `session.heartbeat_idle` and
+    /// `session.liveness_timeout` ([`HEARTBEAT`] and [`LIVENESS`] when
+    /// unset).
+    pub timers: Option<(Duration, Duration)>,
+    /// TOML appended to the server's configuration.
+    pub server_extra: String,
+    /// TOML appended to the client's configuration.
+    pub client_extra: String,
+}
+
+/// A running chaos stack.
+#[derive(Debug)]
+pub struct Chaos {
+    /// The daemons (field order: the client stops before the proxy and
+    /// nginx go).
+    pub stack: Stack,
+    /// The fault proxy: route `a` (and `b`).
+    pub proxy: BackgroundProxy,
+    /// nginx, when asked for.
+    pub nginx: Option<Nginx>,
+}
+
+impl Chaos {
+    /// A server, the proxy (and nginx), and a connected client `web-1`.
+    #[must_use]
+    pub fn start(opts: &Options) -> Self {
+        let mut stack = Stack::configured();
+        let (heartbeat, liveness) = opts.timers.unwrap_or((HEARTBEAT, LIVENESS));
+        stack.append_server_config(&format!(
+            "[session]\nheartbeat_idle = \"{}ms\"\nliveness_timeout = \"{}ms\"\n{}",
+            heartbeat.as_millis(),
+            liveness.as_millis(),
+            opts.server_extra
+        ));
+        stack.start_server();
+        let nginx = opts
+            .nginx
+            .then(|| Nginx::start(stack.dir.path(), stack.port));
+        let upstream: SocketAddr = match &nginx {
+            Some(n) => SocketAddr::from(([127, 0, 0, 1], n.port)),
+            None => SocketAddr::from(([127, 0, 0, 1], stack.port)),
+        };
+        let mut routes = vec![RouteSpec {
+            name: "a".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            upstream,
+        }];
+        if opts.second_path {
+            routes.push(RouteSpec {
+                name: "b".into(),
+                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                upstream,
+            });
+        }
+        let proxy = BackgroundProxy::start(&routes).unwrap();
+        let url = |route: &str| {
+            let port = proxy.addr(route).unwrap().port();
+            if nginx.is_some() {
+                format!("wss://localhost:{port}/rvbox/agent")
+            } else {
+                format!("ws://127.0.0.1:{port}/rvbox/agent")
+            }
+        };
+        let mut urls = vec![url("a")];
+        if opts.second_path {
+            urls.push(url("b"));
+        }
+        stack.client_urls(&urls, nginx.as_ref().map(|n| n.ca.as_path()));
+        stack.append_client_config(&opts.client_extra);
+        stack.start_client();
+        Self {
+            stack,
+            proxy,
+            nginx,
+        }
+    }
+
+    /// Applies a fault to route `route`.
+    pub fn fault(&self, route: &str, command: &Command) {
+        self.proxy.apply(route, command).unwrap();
+    }
+
+    /// Runs rvc.
+    #[must_use]
+    pub fn rvc(&self, args: &[&str]) -> Output {
+        self.stack.rvc(args)
+    }
+
+    /// `rvc run --background web-1 COMMAND`: the command's UUID.
+    #[must_use]
+    pub fn run_bg(&self, command: &str) -> String {
+        let out = self.rvc(&["run", "--background", "web-1", command]);
+        assert!(
+            out.status.success(),
+            "rvc run failed: {}\n{}",
+            text(&out.stderr),
+            self.stack.logs()
+        );
+        text(&out.stdout).trim().to_owned()
+    }
+
+    /// The command as `rvc -o json stat web-1 UUID` shows it.
+    #[must_use]
+    pub fn command(&self, uuid: &str) -> Value {
+        let out = self.rvc(&["-o", "json", "stat", "web-1", uuid]);
+        assert!(out.status.success(), "rvc stat: {}", text(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.get("command").cloned().unwrap_or(Value::Null)
+    }
+
+    /// Waits at most `max` for the command to reach a terminal lifecycle;
+    /// returns the command.
+    #[must_use]
+    pub fn wait_ended(&self, uuid: &str, max: Duration) -> Value {
+        let until = Instant::now() + max;
+        loop {
+            let c = self.command(uuid);
+            let lifecycle = c["lifecycle"].as_str().unwrap_or_default().to_owned();
+            if matches!(
+                lifecycle.as_str(),
+                "LIFECYCLE_SUCCEEDED"
+                    | "LIFECYCLE_FAILED"
+                    | "LIFECYCLE_TERMINATED"
+                    | "LIFECYCLE_INTERRUPTED"
+                    | "LIFECYCLE_CANCELLED"
+                    | "LIFECYCLE_REJECTED"
+                    | "LIFECYCLE_EXPIRED"
+            ) {
+                return c;
+            }
+            assert!(
+                Instant::now() < until,
+                "command {uuid} still {lifecycle} after {max:?}: {c}\n{}",
+                self.stack.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// One stream of the command's stored output, read back whole
+    /// through `rvc output --follow` (the server's GetOutput pages), and
+    /// what rvc said on stderr (gap notices).
+    #[must_use]
+    pub fn output(&self, uuid: &str, stream: &str) -> (Vec<u8>, String) {
+        let out = self.rvc(&["output", "--follow", "--stream", stream, "web-1", uuid]);
+        assert!(
+            out.status.success(),
+            "rvc output failed: {}",
+            text(&out.stderr)
+        );
+        (out.stdout, text(&out.stderr))
+    }
+
+    /// The same command followed from its first event (`rvc follow`):
+    /// stdout, stderr and exit status, as an operator sees them.
+    #[must_use]
+    pub fn follow(&self, uuid: &str) -> Output {
+        self.rvc(&["follow", uuid])
+    }
+
+    /// A marker file in the client's work directory.
+    #[must_use]
+    pub fn marker(&self, name: &str) -> PathBuf {
+        self.stack.work().join(format!("marker-{name}"))
+    }
+
+    /// Lines in a marker file (0 when absent): how often a side effect
+    /// happened.
+    #[must_use]
+    pub fn marker_count(&self, name: &str) -> usize {
+        std::fs::read_to_string(self.marker(name))
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    }
+
+    /// A metric of the client's `/metrics` (0 when absent).
+    #[must_use]
+    pub fn client_metric(&self, name: &str) -> u64 {
+        metric(self.stack.client_health, name)
+    }
+
+    /// A metric of the server's `/metrics`, summed over its labels (0
+    /// when absent).
+    #[must_use]
+    pub fn server_metric(&self, name: &str) -> u64 {
+        metric(self.stack.server_metrics, name)
+    }
+
+    /// Occurrences of `needle` in both daemons' logs.
+    #[must_use]
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.stack.server_log().matches(needle).count()
+            + self.stack.client_log().matches(needle).count()
+    }
+
+    /// The checks every chaos test ends with: nothing panicked, and no
+    /// session was closed as a protocol violation.
+    pub fn assert_clean(&self) {
+        for (name, log) in [
+            ("server", self.stack.server_log()),
+            ("client", self.stack.client_log()),
+        ] {
+            assert!(
+                !log.contains("panicked"),
+                "the {name} panicked:\n{}",
+                self.stack.logs()
+            );
+            for bad in ["PROTOCOL_ERROR", "ProtocolError"] {
+                assert!(
+                    !log.contains(bad),
+                    "the {name} log has {bad}:\n{}",
+                    self.stack.logs()
+                );
+            }
+        }
+    }
+
+    /// Waits until the server shows `web-1` connected.
+    pub fn wait_connected(&self, max: Duration) {
+        self.stack
+            .wait_until_for("the client is connected", max, || {
+                let out = self.rvc(&["stat"]);
+                text(&out.stdout)
+                    .lines()
+                    .any(|l| l.starts_with("web-1") && l.contains("connected"))
+            });
+    }
+}
+
+fn metric(port: u16, name: &str) -> u64 {
+    let body = rvbox_testkit::http_get(port, "/metrics")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    body.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next())
+        .filter_map(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// The bytes `printf 'line %d\n'` writes for `1..=n`.
+#[must_use]
+pub fn numbered_lines(n: u64) -> Vec<u8> {
+    let mut v = Vec::new();
+    for i in 1..=n {
+        v.extend_from_slice(format!("line {i}\n").as_bytes());
+    }
+    v
+}
+
+/// A shell loop writing `line 1` .. `line N`, one write each, sleeping
+/// `pause` seconds after every `every` lines.
+#[must_use]
+pub fn numbered_lines_command(n: u64, every: u64, pause: &str) -> String {
+    format!(
+        "i=0; while [ $i -lt {n} ]; do i=$((i+1)); echo \"line $i\"; if [ $((i % {every})) -eq 0 ]; then sleep {pause}; fi; done"
+    )
+}
