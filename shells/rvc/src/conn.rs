@@ -25,8 +25,23 @@ use rvbox_domain::error::DomainError;
 
 use crate::exit::Failure;
 
-/// How long a call keeps being retried while the server is unreachable.
+/// How long a call keeps being retried while the server is unreachable,
+/// unless `--retry-for` says otherwise.
 pub(crate) const RETRY_FOR: Duration = Duration::from_secs(60);
+/// The longest `--retry-for`.
+pub(crate) const MAX_RETRY_FOR: Duration = Duration::from_secs(24 * 3600);
+
+static RETRY_WINDOW: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+/// Sets this invocation's retry window (`--retry-for`), once.
+pub(crate) fn set_retry_for(d: Duration) {
+    let _ = RETRY_WINDOW.set(d);
+}
+
+/// This invocation's retry window.
+pub(crate) fn retry_for() -> Duration {
+    RETRY_WINDOW.get().copied().unwrap_or(RETRY_FOR)
+}
 /// The first pause between retries (doubling up to [`MAX_PAUSE`]).
 pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// The longest pause between retries.
@@ -104,9 +119,25 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counting<S> {
     }
 }
 
-/// Whether a status means "try again with the same request".
+/// Whether a status is the transport's rather than an answer of the
+/// service: the connection broke before, while or after the request went
+/// out (the server was killed or restarted in the middle of the call).
+/// rvbox-server gives every refusal an RVBox detail; a status without one
+/// that tonic raised here (it keeps the underlying error as its source),
+/// or that HTTP/2 reported as a reset or a cancellation, is a transport
+/// failure, and the request may or may not have been applied.
+pub(crate) fn is_transport_failure(s: &Status) -> bool {
+    if DomainError::detail_from_grpc(s.details()).is_some() {
+        return false;
+    }
+    std::error::Error::source(s).is_some()
+        || matches!(s.code(), tonic::Code::Unknown | tonic::Code::Cancelled)
+}
+
+/// Whether a status means "try again with the same request": the server
+/// said it is unavailable, or the transport failed.
 pub(crate) fn retryable(s: &Status) -> bool {
-    s.code() == tonic::Code::Unavailable
+    s.code() == tonic::Code::Unavailable || is_transport_failure(s)
 }
 
 impl Control {
@@ -178,15 +209,15 @@ impl Control {
         self.client = None;
     }
 
-    /// Runs `call` until it answers, fails for good, or [`RETRY_FOR`]
-    /// passes without the server; an attempt without an answer within
+    /// Runs `call` until it answers, fails for good, or the retry window
+    /// ([`retry_for`]) passes without the server; an attempt without an answer within
     /// [`CALL_DEADLINE`] is sent again.
     pub(crate) async fn retrying<T, F, Fut>(&mut self, mut call: F) -> Result<T, Failure>
     where
         F: FnMut(ControlClient<Channel>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
-        let give_up = Instant::now() + RETRY_FOR;
+        let give_up = Instant::now() + retry_for();
         let mut pause = FIRST_PAUSE;
         // a request went out without an answer (it may have been applied)
         let mut unanswered = false;
@@ -195,10 +226,9 @@ impl Control {
                 Ok(c) => match tokio::time::timeout(CALL_DEADLINE, call(c)).await {
                     Ok(Ok(r)) => return Ok(r.into_inner()),
                     Ok(Err(s)) if retryable(&s) => {
-                        // an UNAVAILABLE answer is a refusal before the
-                        // store; a broken connection may not be
-                        unanswered |= s.code() == tonic::Code::Unavailable
-                            && DomainError::detail_from_grpc(s.details()).is_none();
+                        // the service's UNAVAILABLE answer is a refusal
+                        // before the store; a broken connection may not be
+                        unanswered |= DomainError::detail_from_grpc(s.details()).is_none();
                         self.reset();
                         Failure::from_status(&s)
                     }

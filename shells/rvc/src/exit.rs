@@ -125,6 +125,22 @@ impl Failure {
         }
     }
 
+    /// `rvc run` that never got its answer: the command may be stored
+    /// under its UUID (the request id); the message says where to look
+    /// and how to retry without running it twice.
+    pub(crate) fn with_run_lookup(self, issue_uuid: &str, client_id: &str) -> Self {
+        if !self.unanswered {
+            return self;
+        }
+        Self {
+            message: format!(
+                "{}; the command may have been stored as {issue_uuid}: `rvc stat {client_id} {issue_uuid}` shows it, and the same `rvc run` with --request-id {issue_uuid} never runs it twice",
+                self.message
+            ),
+            ..self
+        }
+    }
+
     /// A non-OK status: the RVBox detail's code decides the exit status.
     pub(crate) fn from_status(s: &tonic::Status) -> Self {
         if let Some(detail) = DomainError::detail_from_grpc(s.details())
@@ -143,6 +159,11 @@ impl Failure {
             };
         }
         match s.code() {
+            _ if crate::conn::is_transport_failure(s) => Self::retry(format!(
+                "the connection to the server broke ({:?}: {})",
+                s.code(),
+                s.message()
+            )),
             tonic::Code::Unavailable => {
                 Self::retry(format!("the server is unavailable: {}", s.message()))
             }

@@ -16,7 +16,7 @@ use rvbox_proto::v1::follow_command_response::Item;
 
 use std::time::Instant;
 
-use crate::conn::{Control, FIRST_PAUSE, MAX_PAUSE, RETRY_FOR, retryable};
+use crate::conn::{Control, FIRST_PAUSE, MAX_PAUSE, retryable};
 use crate::exit::{self, Failure};
 use crate::out::Format;
 use crate::render;
@@ -238,16 +238,16 @@ pub(crate) async fn follow(
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     // a stream that keeps ending without progress is retried with a
-    // growing pause, and given up after RETRY_FOR without progress
+    // growing pause, and given up after the retry window without progress
     let mut progress_at = Instant::now();
     let mut pause = FIRST_PAUSE;
     let mut first = true;
     loop {
         if !first {
-            if progress_at.elapsed() >= RETRY_FOR {
+            if progress_at.elapsed() >= crate::conn::retry_for() {
                 return Err(Failure::unreachable(format!(
                     "no progress following {issue} for {} s; follow it again with: rvc follow {issue}",
-                    RETRY_FOR.as_secs()
+                    crate::conn::retry_for().as_secs()
                 )));
             }
             tokio::select! {
@@ -292,7 +292,7 @@ pub(crate) async fn follow(
                     control.reset();
                     break;
                 }
-                Err(s) if retryable(&s) || s.code() == tonic::Code::Unknown => {
+                Err(s) if retryable(&s) => {
                     control.reconnecting();
                     control.reset();
                     break;

@@ -56,6 +56,17 @@ struct Cli {
     /// (the service's answer in canonical proto3 JSON).
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = Format::Text, value_name = "FORMAT")]
     output: Format,
+    /// How long a call is retried (with the same request) while the
+    /// server is unreachable or its connection breaks: `60s`, `5m`; `0s`
+    /// gives up at the first failure.
+    #[arg(
+        long,
+        global = true,
+        value_name = "DURATION",
+        env = "RVC_RETRY_FOR",
+        default_value = "60s"
+    )]
+    retry_for: String,
     #[command(subcommand)]
     command: Option<Cmd>,
 }
@@ -354,6 +365,23 @@ fn main() -> ExitCode {
     if let Some(code) = generate(&command) {
         return ExitCode::from(code);
     }
+    match rvbox_config::units::parse_duration(&cli.retry_for) {
+        Ok(ms) if std::time::Duration::from_millis(ms) <= conn::MAX_RETRY_FOR => {
+            conn::set_retry_for(std::time::Duration::from_millis(ms));
+        }
+        Ok(_) => {
+            eprintln!(
+                "rvc: --retry-for {:?}: at most {} hours",
+                cli.retry_for,
+                conn::MAX_RETRY_FOR.as_secs() / 3600
+            );
+            return ExitCode::from(exit::USAGE);
+        }
+        Err(e) => {
+            eprintln!("rvc: --retry-for {:?}: {e}", cli.retry_for);
+            return ExitCode::from(exit::USAGE);
+        }
+    }
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -409,7 +437,7 @@ async fn dispatch(
                     let request_id = req.request_id.clone();
                     script::run_command(&mut control, req, size, &name)
                         .await
-                        .map_err(|f| f.with_request_id(&request_id))?
+                        .map_err(|f| f.with_run_lookup(&request_id, &args.client_id))?
                 }
                 None => control
                     .retrying(|mut c| {
@@ -417,7 +445,7 @@ async fn dispatch(
                         async move { c.run_command(req).await }
                     })
                     .await
-                    .map_err(|f| f.with_request_id(&req.request_id))?,
+                    .map_err(|f| f.with_run_lookup(&req.request_id, &args.client_id))?,
             };
             if fmt == Format::Text {
                 eprintln!("{}", resp.issue_uuid);

@@ -19,7 +19,7 @@ use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::command_event::Body;
 use rvbox_proto::v1::follow_command_response::Item;
 
-use crate::conn::{Control, FIRST_PAUSE, MAX_PAUSE, RETRY_FOR};
+use crate::conn::{Control, FIRST_PAUSE, MAX_PAUSE};
 use crate::exit::Failure;
 use crate::out::Format;
 
@@ -223,7 +223,7 @@ async fn send(
             wire::StdinNewline::Raw as i32
         },
     };
-    let give_up = Instant::now() + RETRY_FOR;
+    let give_up = Instant::now() + crate::conn::retry_for();
     let mut pause = FIRST_PAUSE;
     loop {
         match control

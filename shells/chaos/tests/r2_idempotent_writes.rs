@@ -1,0 +1,157 @@
+//! R2: every operator write carries an idempotency key, and rvc keeps it
+//! for every retry of one invocation. The server is SIGKILLed at a random
+//! moment inside each call (before the request arrives, while it commits,
+//! after it committed but before the answer left) and restarted; every
+//! call still ends with its answer, and every command ran exactly once.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use rvbox_chaos::{Chaos, Options, text};
+
+/// A small deterministic generator for the kill moments (the seed is
+/// printed, so a failure can be replayed).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % below
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("RVBOX_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
+}
+
+/// Runs `args` with the server SIGKILLed `kill_after` into the call and
+/// restarted at once; returns rvc's output.
+fn call_across_a_kill(c: &mut Chaos, args: &[&str], kill_after: Duration) -> std::process::Output {
+    let child = c
+        .stack
+        .rvc_cmd(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(kill_after);
+    c.stack.kill_server();
+    c.stack.start_server();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn r2_run_and_kill_survive_a_server_killed_inside_the_call_and_act_once() {
+    let seed = seed();
+    eprintln!("RVBOX_CHAOS_SEED={seed}");
+    let mut rng = Lcg(seed);
+    let mut c = Chaos::start(&Options::default());
+    let mut issues = Vec::new();
+    for i in 0..16 {
+        let after = Duration::from_millis(rng.next(41));
+        let command = format!("echo once >> {}", c.marker(&i.to_string()).display());
+        let out = call_across_a_kill(&mut c, &["run", "--background", "web-1", &command], after);
+        assert!(
+            out.status.success(),
+            "seed {seed}: run {i} killed after {after:?} exited {:?}: {}\n{}",
+            out.status.code(),
+            text(&out.stderr),
+            c.stack.logs()
+        );
+        let uuid = text(&out.stdout).trim().to_owned();
+        assert_eq!(uuid.len(), 36, "seed {seed}: run {i} printed no UUID");
+        issues.push(uuid);
+    }
+    c.wait_connected(Duration::from_secs(30));
+    for (i, uuid) in issues.iter().enumerate() {
+        let cmd = c.wait_ended(uuid, Duration::from_secs(60));
+        assert_eq!(
+            cmd["lifecycle"], "LIFECYCLE_SUCCEEDED",
+            "seed {seed}: {cmd}"
+        );
+        assert_eq!(
+            c.marker_count(&i.to_string()),
+            1,
+            "seed {seed}: command {i} ({uuid}) ran other than once"
+        );
+    }
+    let listed = c.rvc(&["-o", "json", "stat", "web-1", "--per-page", "100"]);
+    let v: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(
+        v["commands"].as_array().map(Vec::len),
+        Some(issues.len()),
+        "seed {seed}: one stored command per invocation"
+    );
+
+    // a signal, sent across a kill of the server, is applied once
+    for i in 0..6 {
+        let uuid = c.run_bg(&format!(
+            "trap 'echo term >> {}; exit 7' TERM; while :; do sleep 0.1; done",
+            c.marker(&format!("term-{i}")).display()
+        ));
+        c.stack.wait_until("the command runs", || {
+            c.command(&uuid)["lifecycle"] == "LIFECYCLE_RUNNING"
+        });
+        let after = Duration::from_millis(rng.next(41));
+        let out = call_across_a_kill(&mut c, &["kill", "TERM", "web-1", &uuid], after);
+        assert!(
+            out.status.success(),
+            "seed {seed}: kill {i} killed after {after:?} exited {:?}: {}",
+            out.status.code(),
+            text(&out.stderr)
+        );
+        c.wait_connected(Duration::from_secs(30));
+        let cmd = c.wait_ended(&uuid, Duration::from_secs(60));
+        assert_eq!(
+            cmd["lifecycle"], "LIFECYCLE_TERMINATED",
+            "seed {seed}: {cmd}"
+        );
+        assert_eq!(cmd["exitResult"]["exitCode"], 7, "seed {seed}: {cmd}");
+        assert_eq!(
+            c.marker_count(&format!("term-{i}")),
+            1,
+            "seed {seed}: TERM delivered other than once"
+        );
+    }
+    c.assert_clean();
+}
+
+#[test]
+fn r2_a_run_that_never_gets_its_answer_says_how_to_find_the_command() {
+    let mut c = Chaos::start(&Options::default());
+    let out = c
+        .stack
+        .rvc_cmd(&["run", "--background", "web-1", "true"])
+        .env("RVC_RETRY_FOR", "2s")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    c.stack.kill_server();
+    let out = out.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    if out.status.success() {
+        // the answer came before the kill: nothing to find
+        return;
+    }
+    assert_eq!(out.status.code(), Some(69), "{err}");
+    assert!(err.contains("rvc stat web-1 "), "{err}");
+    assert!(err.contains("--request-id"), "{err}");
+}
