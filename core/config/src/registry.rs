@@ -374,6 +374,8 @@ pub static SERVER_KEYS: &[KeyDef] = &[
         "Send a Ping after this long without an inbound frame."),
     KeyDef::duration("session.liveness_timeout", l::DEFAULT_LIVENESS_TIMEOUT_MS,
         "Close a session after this long without an inbound frame."),
+    KeyDef::duration("session.reconcile_timeout", l::DEFAULT_RECONCILE_TIMEOUT_MS,
+        "Close a session (RECONCILE_TIMEOUT) whose reconciliation is not complete this long after its welcome."),
     KeyDef::duration("session.takeover_grant_ttl", l::DEFAULT_TAKEOVER_GRANT_TTL_MS,
         "Lifetime of a one-shot live-conflict takeover grant."),
     // [flow]

@@ -110,6 +110,8 @@ pub struct ServerSessionConfig {
     pub heartbeat_idle: Duration,
     /// Close after this much inbound silence.
     pub liveness_timeout: Duration,
+    /// Close a session not reconciled this long after its welcome.
+    pub reconcile_timeout: Duration,
     /// One-shot takeover grant lifetime.
     pub takeover_grant_ttl: Duration,
 }
@@ -487,6 +489,7 @@ pub fn load_server(
         session: ServerSessionConfig {
             heartbeat_idle: r.duration("session.heartbeat_idle"),
             liveness_timeout: r.duration("session.liveness_timeout"),
+            reconcile_timeout: r.duration("session.reconcile_timeout"),
             takeover_grant_ttl: r.duration("session.takeover_grant_ttl"),
         },
         flow: ServerFlowConfig {

@@ -58,6 +58,10 @@ pub const MAX_ENV_OVERRIDES: usize = 1024;
 pub const DEFAULT_HEARTBEAT_IDLE_MS: u64 = 10 * SECOND_MS;
 /// Default: close a session after this long without an inbound frame.
 pub const DEFAULT_LIVENESS_TIMEOUT_MS: u64 = 30 * SECOND_MS;
+/// Default: a session must complete reconciliation (the client's complete
+/// snapshot and the durable `ReconcileResult`) this long after its
+/// welcome, or it is closed (`RECONCILE_TIMEOUT`).
+pub const DEFAULT_RECONCILE_TIMEOUT_MS: u64 = 2 * MINUTE_MS;
 /// Default: first reconnect backoff cap (full jitter below it).
 pub const DEFAULT_RECONNECT_INITIAL_MS: u64 = SECOND_MS;
 /// Default: largest reconnect backoff cap.

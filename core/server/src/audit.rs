@@ -31,6 +31,7 @@ pub const fn action(kind: AuditKind) -> &'static str {
         AuditKind::ProtocolError => "ProtocolError",
         AuditKind::Fenced => "SessionFenced",
         AuditKind::LivenessTimeout => "LivenessTimeout",
+        AuditKind::ReconcileTimeout => "ReconcileTimeout",
         AuditKind::IngressOverload => "IngressOverload",
         AuditKind::ClientError => "ClientError",
         AuditKind::StorageUnavailable => "StorageUnavailable",

@@ -20,7 +20,7 @@ use prost::Message as _;
 use rvbox_domain::error::{Code, DomainError};
 use rvbox_domain::ids::{ClientId, Uuid7};
 use rvbox_domain::lifecycle::Lifecycle;
-use rvbox_domain::limits::DEFAULT_LIVENESS_TIMEOUT_MS;
+use rvbox_domain::limits::{DEFAULT_LIVENESS_TIMEOUT_MS, DEFAULT_RECONCILE_TIMEOUT_MS};
 use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::CloseReason;
 use rvbox_proto::v1::envelope::Payload;
@@ -89,6 +89,8 @@ pub enum AuditKind {
     Fenced,
     /// No inbound frame for the liveness timeout.
     LivenessTimeout,
+    /// Reconciliation did not complete within the reconcile timeout.
+    ReconcileTimeout,
     /// An ingress queue was full; closed without acknowledging.
     IngressOverload,
     /// The client sent a `ControlError`.
@@ -336,6 +338,11 @@ pub struct SessionConfig {
     pub limits: SessionLimits,
     /// Longest wait for the hello (default [`HELLO_TIMEOUT_MS`]).
     pub hello_timeout_ms: u64,
+    /// Longest time from the welcome to a written `ReconcileResult`
+    /// (default [`DEFAULT_RECONCILE_TIMEOUT_MS`]): a client that keeps
+    /// answering Pings but never completes its snapshot holds no session
+    /// for ever.
+    pub reconcile_timeout_ms: u64,
 }
 
 impl SessionConfig {
@@ -346,6 +353,7 @@ impl SessionConfig {
             identity,
             limits: SessionLimits::default(),
             hello_timeout_ms: HELLO_TIMEOUT_MS,
+            reconcile_timeout_ms: DEFAULT_RECONCILE_TIMEOUT_MS,
         }
     }
 
@@ -359,6 +367,12 @@ impl SessionConfig {
         if self.hello_timeout_ms == 0 {
             return Err(ConfigError {
                 field: "hello_timeout_ms",
+                reason: "must be above 0".into(),
+            });
+        }
+        if self.reconcile_timeout_ms == 0 {
+            return Err(ConfigError {
+                field: "reconcile_timeout_ms",
                 reason: "must be above 0".into(),
             });
         }
@@ -388,6 +402,9 @@ enum State {
         generation: u64,
         minor: u32,
         ready: bool,
+        /// When the welcome went out: reconciliation must be complete
+        /// within the reconcile timeout of it.
+        welcomed_ms: u64,
     },
     Closed,
 }
@@ -494,6 +511,15 @@ impl Session {
                 self.liveness
                     .deadline()
                     .min(self.opened_ms.saturating_add(self.config.hello_timeout_ms)),
+            ),
+            State::Active {
+                ready: false,
+                welcomed_ms,
+                ..
+            } => Some(
+                self.liveness
+                    .deadline()
+                    .min(welcomed_ms.saturating_add(self.config.reconcile_timeout_ms)),
             ),
             _ => Some(self.liveness.deadline()),
         }
@@ -932,6 +958,7 @@ impl Session {
             generation,
             minor,
             ready: false,
+            welcomed_ms: self.last_now_ms,
         };
         self.effects.push_back(Effect::Send {
             lane: Lane::Control,
@@ -1087,6 +1114,27 @@ impl Session {
                 "no ClientHello within {} ms",
                 self.config.hello_timeout_ms
             ));
+            return;
+        }
+        if let State::Active {
+            ready: false,
+            welcomed_ms,
+            ..
+        } = self.state
+            && now >= welcomed_ms.saturating_add(self.config.reconcile_timeout_ms)
+        {
+            // the client's snapshot, or the round it feeds, never
+            // completed: nothing can be dispatched or acknowledged on this
+            // session, so it goes, and the client reconnects
+            self.close(
+                CloseReason::ReconcileTimeout,
+                None,
+                AuditKind::ReconcileTimeout,
+                format!(
+                    "reconciliation not complete {} ms after the welcome",
+                    now.saturating_sub(welcomed_ms)
+                ),
+            );
         }
     }
 

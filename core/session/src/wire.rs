@@ -142,6 +142,7 @@ pub fn close_code(reason: CloseReason) -> Option<u16> {
         CloseReason::IngressOverload => 4003,
         CloseReason::StorageUnavailable => 4004,
         CloseReason::HelloRejected => 4005,
+        CloseReason::ReconcileTimeout => 4006,
     })
 }
 
@@ -164,6 +165,7 @@ mod tests {
         assert_eq!(close_code(CloseReason::ProtocolError), Some(1002));
         assert_eq!(close_code(CloseReason::MessageTooBig), Some(1009));
         assert_eq!(close_code(CloseReason::HelloRejected), Some(4005));
+        assert_eq!(close_code(CloseReason::ReconcileTimeout), Some(4006));
         assert_eq!(close_code(CloseReason::Unspecified), None);
         assert_eq!(close_text(CloseReason::SessionFenced), "SESSION_FENCED");
         assert_eq!(close_text(CloseReason::LivenessTimeout), "LIVENESS_TIMEOUT");

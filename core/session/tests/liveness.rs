@@ -233,3 +233,64 @@ fn full_control_lane_is_reported() {
     assert_eq!(e.lane, Lane::Control);
     assert_eq!(w.len(Lane::Control), CONTROL_LANE_CAPACITY);
 }
+
+/// A client that answers every Ping but never completes its snapshot is
+/// closed `RECONCILE_TIMEOUT` once the reconcile timeout has passed since
+/// its welcome, not before; liveness alone never would close it.
+#[test]
+fn a_session_never_reconciled_is_closed_at_the_reconcile_timeout() {
+    let mut c = common::config();
+    c.reconcile_timeout_ms = 45_000;
+    let mut h = Harness::with_config(c);
+    let token = h.hello();
+    h.input(Input::Registered {
+        token,
+        session_id: common::sid(common::SID_1),
+        generation: 1,
+    });
+    // welcomed at 0; the client stays alive, its snapshot never completes
+    let mut t = 0;
+    while t + 5_000 < 45_000 {
+        t += 5_000;
+        h.at(t, Input::Pong);
+        assert!(
+            closes(&h.at(t, Input::Timeout)).is_empty(),
+            "closed early at {t}"
+        );
+        assert_eq!(h.s.poll_timeout(), Some((t + 10_000).min(45_000)));
+    }
+    assert!(closes(&h.at(44_999, Input::Timeout)).is_empty());
+    let fx = h.at(45_000, Input::Timeout);
+    assert_eq!(closes(&fx), vec![CloseReason::ReconcileTimeout]);
+    assert!(common::has_audit(
+        &fx,
+        rvbox_session::AuditKind::ReconcileTimeout
+    ));
+    assert_eq!(h.s.poll_timeout(), None);
+}
+
+/// Once the result is written the reconcile deadline is gone.
+#[test]
+fn a_reconciled_session_has_no_reconcile_deadline() {
+    let mut c = common::config();
+    c.reconcile_timeout_ms = 15_000;
+    let mut h = Harness::with_config(c);
+    let token = h.hello();
+    h.input(Input::Registered {
+        token,
+        session_id: common::sid(common::SID_1),
+        generation: 1,
+    });
+    assert_eq!(h.s.poll_timeout(), Some(10_000));
+    h.at(
+        5_000,
+        Input::ReconcileWritten(wire::ReconcileResult {
+            round: 1,
+            ..Default::default()
+        }),
+    );
+    for t in [10_000, 14_000, 15_000, 16_000, 24_000] {
+        h.at(t, Input::Pong);
+        assert!(closes(&h.at(t, Input::Timeout)).is_empty(), "closed at {t}");
+    }
+}

@@ -78,6 +78,7 @@ pub fn server_settings(
     session.limits.heartbeat_idle_ms = ms(cfg.session.heartbeat_idle);
     session.limits.liveness_timeout_ms = ms(cfg.session.liveness_timeout);
     session.hello_timeout_ms = ms(cfg.session.liveness_timeout);
+    session.reconcile_timeout_ms = ms(cfg.session.reconcile_timeout);
     session.limits.max_envelope_bytes = cfg.limits.max_envelope;
     session.limits.command_window_bytes = cfg.flow.command_send_window;
     session.limits.session_window_bytes = cfg.flow.session_send_window;

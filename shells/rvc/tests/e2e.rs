@@ -696,3 +696,67 @@ fn a_registered_session_that_misbehaves_is_closed_and_nothing_is_stored() {
     let list = text(&s.rvc(&["list"]).stdout);
     assert_eq!(list.lines().count(), 1, "no command: {list}");
 }
+
+/// An agent that says hello and answers every Ping but never sends its
+/// snapshot is closed RECONCILE_TIMEOUT once `session.reconcile_timeout`
+/// has passed since its welcome.
+#[test]
+fn an_agent_that_never_completes_reconciliation_is_closed() {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    use rvbox_proto::v1::envelope::Payload;
+    use tokio_tungstenite::tungstenite::Message;
+    let mut s = Stack::configured();
+    s.append_server_config("[session]\nheartbeat_idle = \"500ms\"\nliveness_timeout = \"1s\"\nreconcile_timeout = \"3s\"\n");
+    s.start_server();
+    let port = s.port;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (code, reason, waited) = rt.block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let (mut ws, _) =
+            tokio_tungstenite::client_async(format!("ws://127.0.0.1:{port}/rvbox/agent"), tcp)
+                .await
+                .unwrap();
+        ws.send(support::agent_client::env(
+            "",
+            0,
+            Payload::ClientHello(support::agent_client::hello(7)),
+        ))
+        .await
+        .unwrap();
+        let Payload::ServerWelcome(_) = support::agent_client::next_payload(&mut ws).await else {
+            panic!("no welcome")
+        };
+        let welcomed = std::time::Instant::now();
+        loop {
+            // reading answers the server's Pings (tungstenite queues the
+            // Pong); the snapshot is never sent
+            match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+                Ok(Some(Ok(Message::Close(Some(f))))) => {
+                    return (u16::from(f.code), f.reason.to_string(), welcomed.elapsed());
+                }
+                Ok(Some(Ok(Message::Ping(_)))) => {
+                    let _ = ws.flush().await;
+                }
+                Ok(Some(Ok(_))) => {}
+                other => panic!("no close frame: {other:?}"),
+            }
+        }
+    });
+    assert_eq!((code, reason.as_str()), (4006, "RECONCILE_TIMEOUT"));
+    assert!(
+        waited >= Duration::from_millis(2_900),
+        "closed after {waited:?}"
+    );
+    let (_, metrics) = support::http_get(s.port, "/metrics").unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.contains("RECONCILE_TIMEOUT") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}

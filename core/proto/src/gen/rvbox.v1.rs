@@ -2130,6 +2130,10 @@ pub enum CloseReason {
     /// Code 4005: the hello was rejected (VERSION_MISMATCH, LIVE_CONFLICT,
     /// INVALID_ARGUMENT); preceded by a ControlError naming the cause.
     HelloRejected = 11,
+    /// Code 4006: the session did not complete reconciliation (the client's
+    /// complete snapshot and the durable ReconcileResult) within the server's
+    /// session.reconcile_timeout after the welcome; the client reconnects.
+    ReconcileTimeout = 12,
 }
 impl CloseReason {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -2150,6 +2154,7 @@ impl CloseReason {
             Self::IngressOverload => "CLOSE_REASON_INGRESS_OVERLOAD",
             Self::StorageUnavailable => "CLOSE_REASON_STORAGE_UNAVAILABLE",
             Self::HelloRejected => "CLOSE_REASON_HELLO_REJECTED",
+            Self::ReconcileTimeout => "CLOSE_REASON_RECONCILE_TIMEOUT",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -2167,6 +2172,7 @@ impl CloseReason {
             "CLOSE_REASON_INGRESS_OVERLOAD" => Some(Self::IngressOverload),
             "CLOSE_REASON_STORAGE_UNAVAILABLE" => Some(Self::StorageUnavailable),
             "CLOSE_REASON_HELLO_REJECTED" => Some(Self::HelloRejected),
+            "CLOSE_REASON_RECONCILE_TIMEOUT" => Some(Self::ReconcileTimeout),
             _ => None,
         }
     }
