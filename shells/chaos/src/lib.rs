@@ -196,6 +196,112 @@ impl Chaos {
         (out.stdout, text(&out.stderr))
     }
 
+    /// One stream of the command's stored output as the server serves it
+    /// (`rvc -o json output --stream`, page after page): its bytes and
+    /// every gap record between them, in event order. Call it once the
+    /// command ended.
+    #[must_use]
+    pub fn stored_output(&self, uuid: &str, stream: &str) -> Vec<Piece> {
+        use base64::Engine as _;
+        let mut pieces = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            let mut args = vec!["-o", "json", "output", "--stream", stream, "web-1", uuid];
+            if let Some(p) = &page {
+                args.push("--page");
+                args.push(p);
+            }
+            let out = self.rvc(&args);
+            assert!(out.status.success(), "rvc output: {}", text(&out.stderr));
+            let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+            for item in doc["items"].as_array().cloned().unwrap_or_default() {
+                let n = |v: &Value| {
+                    v.as_str()
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .or_else(|| v.as_u64())
+                        .unwrap_or(0)
+                };
+                if let Some(d) = item.get("data") {
+                    let bytes = base64::engine::general_purpose::STANDARD
+                        .decode(d["data"].as_str().unwrap_or_default())
+                        .unwrap();
+                    match pieces.last_mut() {
+                        Some(Piece::Bytes(b)) => b.extend_from_slice(&bytes),
+                        _ => pieces.push(Piece::Bytes(bytes)),
+                    }
+                } else if let Some(m) = item.get("marker") {
+                    let ev = &m["event"];
+                    if let Some(t) = ev.get("truncation") {
+                        pieces.push(Piece::Gap {
+                            raw_bytes: n(&t["rawBytes"]),
+                            source: t["source"].as_str().unwrap_or_default().to_owned(),
+                        });
+                    } else if ev.get("incomplete").is_some() {
+                        pieces.push(Piece::Incomplete);
+                    }
+                } else if let Some(r) = item.get("retention") {
+                    pieces.push(Piece::Gap {
+                        raw_bytes: n(&r["rawBytes"]),
+                        source: r["source"].as_str().unwrap_or_default().to_owned(),
+                    });
+                }
+            }
+            match doc["nextPageToken"].as_str() {
+                Some(t) if !t.is_empty() => page = Some(t.to_owned()),
+                _ => return pieces,
+            }
+        }
+    }
+
+    /// The output oracle on one stream of an ended command: what the
+    /// server stores and serves equals `wrote` byte for byte, with no gap
+    /// record at all.
+    pub fn assert_stream_exact(&self, uuid: &str, stream: &str, wrote: &[u8]) {
+        let pieces = self.stored_output(uuid, stream);
+        match check_stream(&pieces, wrote) {
+            Ok(gaps) if gaps.is_empty() => {}
+            Ok(gaps) => panic!(
+                "{stream} of {uuid} has gap records {gaps:?}, none expected\n{}",
+                self.stack.logs()
+            ),
+            Err(e) => panic!("{stream} of {uuid}: {e}\n{}", self.stack.logs()),
+        }
+    }
+
+    /// Waits until the command's stored events reach `at_least`.
+    pub fn wait_events(&self, uuid: &str, at_least: u64) {
+        self.stack
+            .wait_until_for("the command's events", Duration::from_secs(60), || {
+                self.command(uuid)["lastEventSeq"]
+                    .as_str()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .is_some_and(|n| n >= at_least)
+            });
+    }
+
+    /// Waits until the command runs.
+    pub fn wait_running(&self, uuid: &str) {
+        self.stack.wait_until("the command runs", || {
+            self.command(uuid)["lifecycle"] == "LIFECYCLE_RUNNING"
+        });
+    }
+
+    /// Creates the file `go` in the client's work directory (see
+    /// [`gated`]).
+    pub fn go(&self) {
+        std::fs::write(self.stack.work().join("go"), b"").unwrap();
+    }
+
+    /// The client daemon is the one this test started (it never exited).
+    pub fn assert_client_alive(&mut self) {
+        let client = self.stack.client.as_mut().unwrap();
+        assert!(
+            client.try_wait().unwrap().is_none(),
+            "the client daemon exited:\n{}",
+            self.stack.logs()
+        );
+    }
+
     /// The same command followed from its first event (`rvc follow`):
     /// stdout, stderr and exit status, as an operator sees them.
     #[must_use]
@@ -272,6 +378,79 @@ impl Chaos {
     }
 }
 
+/// A piece of a stream as the server serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// Output bytes (consecutive chunks joined).
+    Bytes(Vec<u8>),
+    /// A truncation record: the client's (`CLIENT_OVERLOAD`,
+    /// `CLIENT_SPOOL`) or the server's retention or storage loss.
+    Gap {
+        /// The raw bytes it says are missing.
+        raw_bytes: u64,
+        /// Its source (`TRUNCATION_SOURCE_...`).
+        source: String,
+    },
+    /// An `OutputIncomplete` record.
+    Incomplete,
+}
+
+/// The output oracle: `pieces` (what the server stores and serves) equal
+/// `wrote` (what the process wrote) except for runs each covered by
+/// exactly one gap record whose raw byte count equals the missing run;
+/// no byte is duplicated, reordered or invented. Returns the gaps.
+///
+/// # Errors
+/// Where and how the stored stream departs from what was written.
+pub fn check_stream(pieces: &[Piece], wrote: &[u8]) -> Result<Vec<(u64, String)>, String> {
+    let mut at = 0usize;
+    let mut gaps = Vec::new();
+    for (i, p) in pieces.iter().enumerate() {
+        match p {
+            Piece::Bytes(b) => {
+                let end = at + b.len();
+                let want = wrote.get(at..end).ok_or_else(|| {
+                    format!(
+                        "piece {i}: {} stored bytes at offset {at} run past the {} written",
+                        b.len(),
+                        wrote.len()
+                    )
+                })?;
+                if want != b.as_slice() {
+                    let first = want.iter().zip(b).position(|(x, y)| x != y).unwrap_or(0);
+                    return Err(format!(
+                        "piece {i}: stored bytes differ from the written ones at offset {}",
+                        at + first
+                    ));
+                }
+                at = end;
+            }
+            Piece::Gap { raw_bytes, source } => {
+                if matches!(pieces.get(i + 1), Some(Piece::Gap { .. })) {
+                    return Err(format!("piece {i}: two gap records in a row"));
+                }
+                let n = usize::try_from(*raw_bytes).unwrap_or(usize::MAX);
+                if at.saturating_add(n) > wrote.len() {
+                    return Err(format!(
+                        "piece {i}: a {source} gap of {raw_bytes} bytes at offset {at} runs past the {} written",
+                        wrote.len()
+                    ));
+                }
+                at += n;
+                gaps.push((*raw_bytes, source.clone()));
+            }
+            Piece::Incomplete => {}
+        }
+    }
+    if at != wrote.len() {
+        return Err(format!(
+            "{at} bytes accounted for (stored or in gap records) of {} written: the rest vanished without a record",
+            wrote.len()
+        ));
+    }
+    Ok(gaps)
+}
+
 fn metric(port: u16, name: &str) -> u64 {
     let body = rvbox_testkit::http_get(port, "/metrics")
         .map(|(_, b)| b)
@@ -285,6 +464,29 @@ fn metric(port: u16, name: &str) -> u64 {
         .filter_map(|v| v.parse::<f64>().ok())
         .map(|v| v as u64)
         .sum()
+}
+
+/// A command that prints `start`, waits for the file `go` in its working
+/// directory ([`Chaos::go`]), then runs `body`: the test decides when its
+/// output begins, e.g. inside a fault.
+#[must_use]
+pub fn gated(body: &str) -> String {
+    format!("echo start; while [ ! -e go ]; do sleep 0.05; done; rm -f go; {body}")
+}
+
+/// The bytes of `echo "line $i"` for `1..=n`.
+#[must_use]
+pub fn lines(n: u64) -> Vec<u8> {
+    (1..=n)
+        .flat_map(|i| format!("line {i}\n").into_bytes())
+        .collect()
+}
+
+/// A loop of `n` writes of `line $i`, one event each (a short sleep
+/// between writes keeps the pipe reader from joining them).
+#[must_use]
+pub fn lines_command(n: u64) -> String {
+    format!("i=0; while [ $i -lt {n} ]; do i=$((i+1)); echo \"line $i\"; sleep 0.001; done")
 }
 
 /// The bytes `printf 'line %d\n'` writes for `1..=n`.
@@ -304,4 +506,47 @@ pub fn numbered_lines_command(n: u64, every: u64, pause: &str) -> String {
     format!(
         "i=0; while [ $i -lt {n} ]; do i=$((i+1)); echo \"line $i\"; if [ $((i % {every})) -eq 0 ]; then sleep {pause}; fi; done"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(b: &[u8]) -> Piece {
+        Piece::Bytes(b.to_vec())
+    }
+    fn gap(n: u64) -> Piece {
+        Piece::Gap {
+            raw_bytes: n,
+            source: "TRUNCATION_SOURCE_CLIENT_SPOOL".into(),
+        }
+    }
+
+    #[test]
+    fn the_output_oracle_accepts_exact_and_labelled_streams() {
+        assert_eq!(check_stream(&[bytes(b"abcdef")], b"abcdef"), Ok(vec![]));
+        let g = check_stream(&[bytes(b"ab"), gap(2), bytes(b"ef")], b"abcdef").unwrap();
+        assert_eq!(g.len(), 1);
+        assert!(check_stream(&[gap(6)], b"abcdef").is_ok());
+        assert!(check_stream(&[], b"").is_ok());
+    }
+
+    #[test]
+    fn the_output_oracle_sees_loss_duplication_reordering_and_invention() {
+        // a silent gap
+        assert!(check_stream(&[bytes(b"ab"), bytes(b"ef")], b"abcdef").is_err());
+        // a lost tail
+        assert!(check_stream(&[bytes(b"abcd")], b"abcdef").is_err());
+        // a duplicated byte run
+        assert!(check_stream(&[bytes(b"abcabcdef")], b"abcdef").is_err());
+        // reordered
+        assert!(check_stream(&[bytes(b"abdcef")], b"abcdef").is_err());
+        // invented
+        assert!(check_stream(&[bytes(b"abcdefg")], b"abcdef").is_err());
+        // a record that counts the wrong number of bytes
+        assert!(check_stream(&[bytes(b"ab"), gap(3), bytes(b"ef")], b"abcdef").is_err());
+        assert!(check_stream(&[bytes(b"ab"), gap(1), bytes(b"ef")], b"abcdef").is_err());
+        // one run covered by two records
+        assert!(check_stream(&[bytes(b"ab"), gap(1), gap(1), bytes(b"ef")], b"abcdef").is_err());
+    }
 }

@@ -155,3 +155,118 @@ fn r2_a_run_that_never_gets_its_answer_says_how_to_find_the_command() {
     assert!(err.contains("rvc stat web-1 "), "{err}");
     assert!(err.contains("--request-id"), "{err}");
 }
+
+/// The client accepts a dispatch and runs it, but its `CommandAccepted`
+/// never reaches the server (the way up is dark, then the connection
+/// drops). After the reconnect, reconciliation finds the client's record:
+/// the command goes on, and it never runs a second time.
+#[test]
+fn r2_a_lost_command_accepted_never_runs_the_command_twice_through_nginx() {
+    let c = Chaos::start(&Options {
+        nginx: true,
+        ..Options::default()
+    });
+    c.fault("a", &rvbox_chaos::Command::Blackhole(rvbox_chaos::Dir::Up));
+    let uuid = c.run_bg(&format!(
+        "echo ran >> {}; {}",
+        c.marker("accepted").display(),
+        rvbox_chaos::lines_command(300)
+    ));
+    c.stack.wait_until("the client ran the command", || {
+        c.marker_count("accepted") == 1
+    });
+    assert_eq!(
+        c.command(&uuid)["lifecycle"],
+        "LIFECYCLE_DISPATCHED",
+        "the server never heard of the acceptance"
+    );
+    c.fault("a", &rvbox_chaos::Command::Drop);
+    c.fault("a", &rvbox_chaos::Command::Pass);
+    let cmd = c.wait_ended(&uuid, Duration::from_secs(60));
+    assert_eq!(cmd["lifecycle"], "LIFECYCLE_SUCCEEDED", "{cmd}");
+    assert_eq!(c.marker_count("accepted"), 1, "the command ran twice");
+    c.assert_stream_exact(&uuid, "stdout", &rvbox_chaos::lines(300));
+    c.assert_clean();
+}
+
+/// A 5 MiB script's transfer is cut in the middle of a chunk frame; the
+/// upload resumes from what the client holds durably, the script is run
+/// once, whole and verified.
+#[test]
+fn r2_a_script_transfer_cut_mid_frame_resumes_and_runs_once_through_nginx() {
+    let c = Chaos::start(&Options {
+        nginx: true,
+        ..Options::default()
+    });
+    let mut script = String::from(": <<'PAYLOAD'\n");
+    let mut i = 0u64;
+    while script.len() < 5 << 20 {
+        script.push_str(&format!("{i:064}\n"));
+        i += 1;
+    }
+    script.push_str(&format!(
+        "PAYLOAD\necho ran >> {}\necho done\n",
+        c.marker("script").display()
+    ));
+    let path = c.stack.dir.path().join("big.sh");
+    std::fs::write(&path, &script).unwrap();
+    // 2 MB into the way down: inside a 256 KiB chunk frame
+    c.fault(
+        "a",
+        &rvbox_chaos::Command::Cut(rvbox_chaos::Dir::Down, 2_000_003),
+    );
+    let out = c
+        .stack
+        .rvc_cmd(&["run", "--background", "--script"])
+        .arg(&path)
+        .arg("web-1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let uuid = text(&out.stdout).trim().to_owned();
+    c.stack
+        .wait_until("the cut", || c.proxy.stats("a").unwrap().cuts >= 1);
+    c.fault("a", &rvbox_chaos::Command::Pass);
+    let cmd = c.wait_ended(&uuid, Duration::from_secs(90));
+    assert_eq!(cmd["lifecycle"], "LIFECYCLE_SUCCEEDED", "{cmd}");
+    assert_eq!(c.marker_count("script"), 1);
+    c.assert_stream_exact(&uuid, "stdout", b"done\n");
+    c.assert_clean();
+}
+
+/// A dispatched command's acceptance is held up past its queue TTL: the
+/// server marks it expired pending reconciliation (never a false terminal
+/// state); the late real result then becomes current, and `rvc stat`
+/// shows both the expiry and the late result. It ran once.
+#[test]
+fn r2_a_ttl_expiry_followed_by_a_late_real_result_shows_both() {
+    let c = Chaos::start(&Options::default());
+    c.fault("a", &rvbox_chaos::Command::Blackhole(rvbox_chaos::Dir::Up));
+    let out = c.rvc(&[
+        "run",
+        "--background",
+        "--queue-ttl",
+        "2s",
+        "web-1",
+        &format!("echo late >> {}; echo done", c.marker("late").display()),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let uuid = text(&out.stdout).trim().to_owned();
+    c.stack
+        .wait_until("the client ran it", || c.marker_count("late") == 1);
+    c.stack
+        .wait_until("the server marks it expired pending reconciliation", || {
+            c.command(&uuid)["expiredPendingReconciliation"] == true
+        });
+    assert_eq!(c.command(&uuid)["lifecycle"], "LIFECYCLE_DISPATCHED");
+    c.fault("a", &rvbox_chaos::Command::Pass);
+    let cmd = c.wait_ended(&uuid, Duration::from_secs(60));
+    assert_eq!(cmd["lifecycle"], "LIFECYCLE_SUCCEEDED", "{cmd}");
+    assert!(cmd.get("expiry").is_some_and(|e| !e.is_null()), "{cmd}");
+    let shown = text(&c.rvc(&["stat", "web-1", &uuid]).stdout);
+    assert!(shown.contains("expired"), "{shown}");
+    assert!(shown.contains("late"), "{shown}");
+    assert_eq!(c.marker_count("late"), 1);
+    c.assert_stream_exact(&uuid, "stdout", b"done\n");
+    c.assert_clean();
+}

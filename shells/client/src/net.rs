@@ -291,6 +291,12 @@ pub(crate) async fn run(cfg: NetConfig, mut wire: UnboundedReceiver<Wire>, poste
                             tracing::info!(code, "closing the connection");
                             c.close(code).await;
                         }
+                        if code == rvbox_client_core::link::codes::liveness_timeout() {
+                            // plan R5: a stall (nothing heard for the
+                            // liveness timeout, or no welcome in time)
+                            // moves to the next URL like a transport error
+                            next_url = next_url.wrapping_add(1);
+                        }
                     }
                 }
             }

@@ -62,6 +62,9 @@ pub enum Command {
     /// Delay every chunk by this long in `Dir` (a delay line: throughput
     /// is kept).
     Delay(Duration, Dir),
+    /// Forward at most this many bytes per second in `Dir`, per
+    /// connection (a slow link); 0 lifts the limit.
+    Rate(u64, Dir),
     /// Cut every connection after this many more bytes in `Dir` (`up` or
     /// `down`): exactly that many are forwarded, then both sockets close.
     /// New connections are cut at that offset too, until `pass`.
@@ -86,6 +89,7 @@ impl fmt::Display for Command {
             Self::Hold(d) => write!(f, "hold {d}"),
             Self::Release => f.write_str("release"),
             Self::Delay(t, d) => write!(f, "delay {} {d}", t.as_millis()),
+            Self::Rate(n, d) => write!(f, "rate {n} {d}"),
             Self::Cut(d, n) => write!(f, "cut {d} {n}"),
             Self::Drop => f.write_str("drop"),
             Self::Refuse => f.write_str("refuse"),
@@ -116,7 +120,7 @@ pub enum ParseError {
     NoVerb(String),
     /// A verb this proxy does not know.
     #[error(
-        "unknown verb `{0}` (pass, blackhole, hold, release, delay, cut, drop, refuse, accept, upstream, status)"
+        "unknown verb `{0}` (pass, blackhole, hold, release, delay, rate, cut, drop, refuse, accept, upstream, status)"
     )]
     UnknownVerb(String),
     /// A bad or missing argument.
@@ -226,6 +230,16 @@ pub fn parse(line: &str) -> Result<(Target, Command), ParseError> {
             }
             Command::Delay(t, parse_dir(verb, args.get(1).copied(), Dir::Both)?)
         }
+        "rate" => {
+            extra(2)?;
+            let n = args
+                .first()
+                .ok_or_else(|| arg_error(verb, "expected bytes per second"))?;
+            let n: u64 = n.parse().map_err(|_| {
+                arg_error(verb, format!("`{n}` is not a number of bytes per second"))
+            })?;
+            Command::Rate(n, parse_dir(verb, args.get(1).copied(), Dir::Both)?)
+        }
         "cut" => {
             extra(2)?;
             let dir = parse_dir(verb, args.first().copied(), Dir::Both)?;
@@ -291,6 +305,7 @@ mod tests {
             "a hold down",
             "a release",
             "a delay 250 both",
+            "a rate 65536 down",
             "a cut up 100",
             "a cut down 0",
             "a drop",

@@ -90,6 +90,9 @@ struct Faults {
     hold_down: bool,
     delay_up: Duration,
     delay_down: Duration,
+    /// Bytes per second (0: no limit).
+    rate_up: u64,
+    rate_down: u64,
     /// (arming number, bytes): a connection cuts after this many bytes
     /// counted from when it saw this arming (or from its start).
     cut_up: Option<(u64, u64)>,
@@ -113,6 +116,9 @@ impl Faults {
     fn delay(&self, up: bool) -> Duration {
         if up { self.delay_up } else { self.delay_down }
     }
+    fn rate(&self, up: bool) -> u64 {
+        if up { self.rate_up } else { self.rate_down }
+    }
     fn cut(&self, up: bool) -> Option<(u64, u64)> {
         if up { self.cut_up } else { self.cut_down }
     }
@@ -135,6 +141,12 @@ impl Faults {
         }
         if !self.delay_down.is_zero() {
             parts.push(format!("delay down {} ms", self.delay_down.as_millis()));
+        }
+        if self.rate_up > 0 {
+            parts.push(format!("rate up {} B/s", self.rate_up));
+        }
+        if self.rate_down > 0 {
+            parts.push(format!("rate down {} B/s", self.rate_down));
         }
         if let Some((_, n)) = self.cut_up {
             parts.push(format!("cut up {n}"));
@@ -283,6 +295,8 @@ impl Proxy {
                 hold_down: false,
                 delay_up: Duration::ZERO,
                 delay_down: Duration::ZERO,
+                rate_up: 0,
+                rate_down: 0,
                 cut_up: None,
                 cut_down: None,
                 refuse: false,
@@ -372,6 +386,8 @@ fn apply_to(r: &RouteShared, command: &Command) {
             f.hold_down = false;
             f.delay_up = Duration::ZERO;
             f.delay_down = Duration::ZERO;
+            f.rate_up = 0;
+            f.rate_down = 0;
             f.cut_up = None;
             f.cut_down = None;
             f.refuse = false;
@@ -394,6 +410,14 @@ fn apply_to(r: &RouteShared, command: &Command) {
             }
             if d.down() {
                 f.delay_down = *t;
+            }
+        }
+        Command::Rate(n, d) => {
+            if d.up() {
+                f.rate_up = *n;
+            }
+            if d.down() {
+                f.rate_down = *n;
             }
         }
         Command::Cut(d, n) => {
@@ -693,7 +717,18 @@ async fn writer(
             }
             cut = Some((arming, remaining - len));
         }
-        if dst.write_all(&bytes).await.is_err() {
+        let rate = faults.borrow().rate(up);
+        if rate > 0 {
+            // a slow link: this chunk, written at the rate, in slices
+            for slice in bytes.chunks(1024) {
+                if dst.write_all(slice).await.is_err() {
+                    let _ = kill.send(true);
+                    return;
+                }
+                let pace = Duration::from_secs_f64(slice.len() as f64 / rate as f64);
+                tokio::time::sleep(pace).await;
+            }
+        } else if dst.write_all(&bytes).await.is_err() {
             let _ = kill.send(true);
             return;
         }

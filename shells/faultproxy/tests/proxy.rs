@@ -304,3 +304,21 @@ fn the_binary_takes_commands_on_its_control_socket() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn rate_slows_a_direction_down_to_about_that_many_bytes_a_second() {
+    let (up, _) = echo_server();
+    let p = BackgroundProxy::loopback("a", up).unwrap();
+    let mut s = connect(&p);
+    p.apply("a", &Command::Rate(100_000, Dir::Down)).unwrap();
+    let data = pattern(50_000);
+    let t0 = Instant::now();
+    s.write_all(&data).unwrap();
+    assert_eq!(read_exact(&mut s, data.len()), data);
+    // 50 kB at 100 kB/s: at least about half a second
+    assert!(
+        t0.elapsed() >= Duration::from_millis(450),
+        "{:?}",
+        t0.elapsed()
+    );
+}
