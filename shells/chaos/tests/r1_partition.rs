@@ -19,7 +19,7 @@ use rvbox_chaos::{Chaos, Command, Dir, Options, gated, lines, lines_command};
 /// client sequences well over one spool read-back batch (1,024 events)
 /// into the dead session before it gives the session up.
 const HEARTBEAT: Duration = Duration::from_secs(1);
-const LIVENESS: Duration = Duration::from_secs(6);
+const LIVENESS: Duration = Duration::from_secs(8);
 
 /// Longer than the liveness timeout of both ends, with room for a
 /// reconnect attempt to fail inside the hole too.
@@ -33,7 +33,13 @@ fn hole() -> Duration {
 /// `expected` as its stdout, byte for byte, with no gap record, no
 /// protocol error, no panic and the same client process; returns the
 /// events the client sent again.
-fn survives_a_blackhole(c: &mut Chaos, body: &str, expected: &[u8], max: Duration) -> u64 {
+fn survives_a_blackhole(
+    c: &mut Chaos,
+    body: &str,
+    expected: &[u8],
+    expected_err: &[u8],
+    max: Duration,
+) -> u64 {
     let uuid = c.run_bg(&gated(body));
     c.wait_running(&uuid);
     c.fault("a", &Command::Blackhole(Dir::Both));
@@ -45,6 +51,7 @@ fn survives_a_blackhole(c: &mut Chaos, body: &str, expected: &[u8], max: Duratio
     let mut want = b"start\n".to_vec();
     want.extend_from_slice(expected);
     c.assert_stream_exact(&uuid, "stdout", &want);
+    c.assert_stream_exact(&uuid, "stderr", expected_err);
     let (out, notes) = c.output(&uuid, "stdout");
     assert!(out == want, "rvc output shows other bytes");
     assert!(notes.is_empty(), "gap notices: {notes}");
@@ -67,12 +74,16 @@ fn r1_small_output_survives_a_blackhole_past_the_liveness_timeout() {
         timers: Some((HEARTBEAT, LIVENESS)),
         ..Options::default()
     });
-    // a few KB in some thousands of events, most of them sequenced into
-    // the dead session before the client gives it up
+    // a few KB in some thousands of events on both streams, most of them
+    // sequenced into the dead session before the client gives it up
+    let err: Vec<u8> = (1..=3000u64)
+        .flat_map(|i| format!("err {i}\n").into_bytes())
+        .collect();
     let replayed = survives_a_blackhole(
         &mut c,
-        &lines_command(4000),
-        &lines(4000),
+        "i=0; while [ $i -lt 3000 ]; do i=$((i+1)); echo \"line $i\"; echo \"err $i\" >&2; sleep 0.001; done",
+        &lines(3000),
+        &err,
         Duration::from_secs(90),
     );
     assert!(
@@ -94,12 +105,15 @@ fn r1_verbose_output_far_past_the_send_windows_survives_a_blackhole_past_the_liv
         client_extra: "[flow]\ncommand_high_watermark = \"8MiB\"\ncommand_low_watermark = \"4MiB\"\ndaemon_high_watermark = \"32MiB\"\ndaemon_low_watermark = \"16MiB\"\n".into(),
         ..Options::default()
     });
-    // 6,000 writes of 401 bytes (2.4 MB: the 1 MiB command window fills
-    // in the hole with some 2,600 events), then 4.8 MB of `seq` in bursts
-    // of 240 KB (64 KiB chunks) that wait in the spool until the path heals
+    // 6,000 writes of 401 bytes on each stream (4.8 MB: the 1 MiB command
+    // window fills in the hole with some 2,600 events), then 4.8 MB of
+    // `seq` in bursts of 240 KB (64 KiB chunks) that wait in the spool
+    // until the path heals
     let mut want = Vec::new();
+    let mut err = Vec::new();
     for i in 1..=6000u64 {
         want.extend_from_slice(format!("{i:0400}\n").as_bytes());
+        err.extend_from_slice(format!("{:0400}\n", i + 1_000_000).as_bytes());
     }
     for j in 1..=20u64 {
         for n in j * 1_000_000..=j * 1_000_000 + 30_000 {
@@ -108,9 +122,10 @@ fn r1_verbose_output_far_past_the_send_windows_survives_a_blackhole_past_the_liv
     }
     let replayed = survives_a_blackhole(
         &mut c,
-        "i=0; while [ $i -lt 6000 ]; do i=$((i+1)); printf '%0400d\\n' $i; sleep 0.001; done; \
+        "i=0; while [ $i -lt 6000 ]; do i=$((i+1)); printf '%0400d\\n' $i; printf '%0400d\\n' $((i+1000000)) >&2; sleep 0.001; done; \
          j=0; while [ $j -lt 20 ]; do j=$((j+1)); seq $((j*1000000)) $((j*1000000+30000)); sleep 0.3; done",
         &want,
+        &err,
         Duration::from_secs(120),
     );
     assert!(
