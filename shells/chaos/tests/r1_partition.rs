@@ -17,9 +17,10 @@ use rvbox_chaos::{Chaos, Command, Dir, Options, gated, lines, lines_command};
 
 /// Heartbeat and liveness for the partition tests: long enough that the
 /// client sequences well over one spool read-back batch (1,024 events)
-/// into the dead session before it gives the session up.
+/// into the dead session before it gives the session up, even on a loaded
+/// machine (a write, a fork and a sleep per event: some 170 a second).
 const HEARTBEAT: Duration = Duration::from_secs(1);
-const LIVENESS: Duration = Duration::from_secs(8);
+const LIVENESS: Duration = Duration::from_secs(12);
 
 /// Longer than the liveness timeout of both ends, with room for a
 /// reconnect attempt to fail inside the hole too.
@@ -74,17 +75,18 @@ fn r1_small_output_survives_a_blackhole_past_the_liveness_timeout() {
         timers: Some((HEARTBEAT, LIVENESS)),
         ..Options::default()
     });
-    // a few KB in some thousands of events on both streams, most of them
-    // sequenced into the dead session before the client gives it up
-    let err: Vec<u8> = (1..=3000u64)
-        .flat_map(|i| format!("err {i}\n").into_bytes())
-        .collect();
+    // a few KB in some thousands of events, most of them sequenced into
+    // the dead session before the client gives it up (one stream: the
+    // pipe reader joins a stream's consecutive chunks, while tiny writes
+    // alternating between the streams fill its 1,024-item hand-over in a
+    // couple of seconds of a starved runtime thread, and are then counted
+    // as CLIENT_OVERLOAD, as designed)
     let replayed = survives_a_blackhole(
         &mut c,
-        "i=0; while [ $i -lt 3000 ]; do i=$((i+1)); echo \"line $i\"; echo \"err $i\" >&2; sleep 0.001; done",
-        &lines(3000),
-        &err,
-        Duration::from_secs(90),
+        &lines_command(4000),
+        &lines(4000),
+        b"",
+        Duration::from_secs(120),
     );
     assert!(
         replayed > 1024,
@@ -105,15 +107,12 @@ fn r1_verbose_output_far_past_the_send_windows_survives_a_blackhole_past_the_liv
         client_extra: "[flow]\ncommand_high_watermark = \"8MiB\"\ncommand_low_watermark = \"4MiB\"\ndaemon_high_watermark = \"32MiB\"\ndaemon_low_watermark = \"16MiB\"\n".into(),
         ..Options::default()
     });
-    // 6,000 writes of 401 bytes on each stream (4.8 MB: the 1 MiB command
-    // window fills in the hole with some 2,600 events), then 4.8 MB of
-    // `seq` in bursts of 240 KB (64 KiB chunks) that wait in the spool
-    // until the path heals
+    // 6,000 writes of 401 bytes (2.4 MB: the 1 MiB command window fills
+    // in the hole with some 2,600 events), then 4.8 MB of `seq` in bursts
+    // of 240 KB (64 KiB chunks) that wait in the spool until the path heals
     let mut want = Vec::new();
-    let mut err = Vec::new();
     for i in 1..=6000u64 {
         want.extend_from_slice(format!("{i:0400}\n").as_bytes());
-        err.extend_from_slice(format!("{:0400}\n", i + 1_000_000).as_bytes());
     }
     for j in 1..=20u64 {
         for n in j * 1_000_000..=j * 1_000_000 + 30_000 {
@@ -122,11 +121,11 @@ fn r1_verbose_output_far_past_the_send_windows_survives_a_blackhole_past_the_liv
     }
     let replayed = survives_a_blackhole(
         &mut c,
-        "i=0; while [ $i -lt 6000 ]; do i=$((i+1)); printf '%0400d\\n' $i; printf '%0400d\\n' $((i+1000000)) >&2; sleep 0.001; done; \
+        "i=0; while [ $i -lt 6000 ]; do i=$((i+1)); printf '%0400d\\n' $i; sleep 0.001; done; \
          j=0; while [ $j -lt 20 ]; do j=$((j+1)); seq $((j*1000000)) $((j*1000000+30000)); sleep 0.3; done",
         &want,
-        &err,
-        Duration::from_secs(120),
+        b"",
+        Duration::from_secs(150),
     );
     assert!(
         replayed > 1024,

@@ -5,9 +5,12 @@
 //! [`Supervisor`], frames handed to the transport through [`Wire`]; the one
 //! timer is re-armed at the core's deadline.
 //!
-//! Owns: the clock (monotonic milliseconds since start, and wall time), the
-//! order outputs are performed in, reading sequenced events back from the
-//! spool for sending, and the mapping of supervisor answers to inputs.
+//! Owns: the order outputs are performed in, reading sequenced events back
+//! from the spool for sending, and the mapping of supervisor answers to
+//! inputs. The clocks come from an [`Env`]: the system's in production
+//! ([`SystemEnv`]), the simulator's own there, which also sees every store
+//! operation (to inject a storage failure, and to keep its ledger). The
+//! simulator runs this same loop; it has no copy of it.
 //!
 //! Must never: decide anything of the protocol (the core does), hold a
 //! frame the core has not released, or block on the network: the
@@ -63,21 +66,73 @@ pub enum RuntimeError {
     Spool(#[from] rvbox_client_core::spool::SpoolError),
 }
 
+/// What the loop needs from its surroundings besides the store and the
+/// supervisor: the two clocks, and a look at every store operation.
+pub trait Env {
+    /// Monotonic milliseconds (only differences matter).
+    fn now_ms(&self) -> u64;
+    /// Wall-clock UTC milliseconds since the Unix epoch.
+    fn wall_ms(&self) -> i64;
+    /// A store operation about to be performed. An answer replaces the
+    /// store's (a storage failure the simulator injects before anything
+    /// commits); production answers `None`.
+    fn intercept(&mut self, _op: &ClientOp) -> Option<ClientCompletion> {
+        None
+    }
+    /// A store operation's completion, as the core is about to see it.
+    fn completed(&mut self, _op: &ClientOp, _done: &ClientCompletion) {}
+}
+
+/// The production environment: the system's clocks, the store untouched.
+#[derive(Debug, Clone, Copy)]
+pub struct SystemEnv {
+    start: Instant,
+}
+
+impl SystemEnv {
+    /// Monotonic time counts from now.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemEnv {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Env for SystemEnv {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn wall_ms(&self) -> i64 {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+}
+
 /// The loop's state.
 #[derive(Debug)]
-pub struct Runtime<S: Supervisor> {
+pub struct Runtime<S: Supervisor, E: Env = SystemEnv> {
     core: ClientCore,
     store: ClientStore,
     supervisor: S,
+    env: E,
     policy: AcceptPolicy,
     wire: VecDeque<Wire>,
-    start: Instant,
     inputs: VecDeque<Input>,
 }
 
 impl<S: Supervisor> Runtime<S> {
-    /// The runtime over an opened store: restores the records and the
-    /// spool, and starts the core (which reaps recorded launches first).
+    /// The runtime over an opened store, on the system's clocks: restores
+    /// the records and the spool, and starts the core (which reaps
+    /// recorded launches first).
     ///
     /// # Errors
     /// [`RuntimeError`] when the store cannot be read back.
@@ -87,18 +142,34 @@ impl<S: Supervisor> Runtime<S> {
         supervisor: S,
         seed: u64,
     ) -> Result<Self, RuntimeError> {
+        Self::with_env(config, store, supervisor, SystemEnv::new(), seed)
+    }
+}
+
+impl<S: Supervisor, E: Env> Runtime<S, E> {
+    /// The runtime over an opened store in `env`.
+    ///
+    /// # Errors
+    /// [`RuntimeError`] when the store cannot be read back.
+    pub fn with_env(
+        config: ClientCoreConfig,
+        store: ClientStore,
+        supervisor: S,
+        env: E,
+        seed: u64,
+    ) -> Result<Self, RuntimeError> {
         let records = store.restore_records()?;
         let spool = store.restore_spool()?;
         let floor = store.last_generation()?;
         let policy = config.policy.clone();
-        let core = ClientCore::new(config, records, spool, floor, seed, 0)?;
+        let core = ClientCore::new(config, records, spool, floor, seed, env.now_ms())?;
         let mut rt = Self {
             core,
             store,
             supervisor,
+            env,
             policy,
             wire: VecDeque::new(),
-            start: Instant::now(),
             inputs: VecDeque::new(),
         };
         rt.refresh_health();
@@ -107,13 +178,27 @@ impl<S: Supervisor> Runtime<S> {
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+        self.env.now_ms()
     }
 
-    fn wall_ms() -> i64 {
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    fn wall_ms(&self) -> i64 {
+        self.env.wall_ms()
+    }
+
+    /// The environment.
+    #[must_use]
+    pub fn env(&self) -> &E {
+        &self.env
+    }
+
+    /// The environment, mutably.
+    pub fn env_mut(&mut self) -> &mut E {
+        &mut self.env
+    }
+
+    /// The supervisor, mutably.
+    pub fn supervisor_mut(&mut self) -> &mut S {
+        &mut self.supervisor
     }
 
     /// The core (for health and counters).
@@ -170,7 +255,7 @@ impl<S: Supervisor> Runtime<S> {
     pub fn tick(&mut self) {
         let now = self.now_ms();
         if self.core.poll_timeout().is_some_and(|t| t <= now) {
-            self.core.handle_timeout(now, Self::wall_ms());
+            self.core.handle_timeout(now, self.wall_ms());
             self.settle();
         }
     }
@@ -202,7 +287,8 @@ impl<S: Supervisor> Runtime<S> {
             let mut handled = false;
             while let Some(input) = self.inputs.pop_front() {
                 let now = self.now_ms();
-                self.core.handle(now, Self::wall_ms(), input);
+                let wall = self.wall_ms();
+                self.core.handle(now, wall, input);
                 handled = true;
             }
             let mut outs = Vec::new();
@@ -238,7 +324,8 @@ impl<S: Supervisor> Runtime<S> {
             return;
         }
         let ops: Vec<&SpoolOp> = group.iter().map(|(_, op)| op.as_ref()).collect();
-        let done = self.store.perform_spool_appends(&ops, Self::wall_ms());
+        let wall = self.wall_ms();
+        let done = self.store.perform_spool_appends(&ops, wall);
         for ((t, _), d) in group.drain(..).zip(done) {
             self.inputs
                 .push_back(Input::Completion(t, ClientCompletion::Spool(d)));
@@ -272,7 +359,14 @@ impl<S: Supervisor> Runtime<S> {
                 generation,
             } => self.send_events(&issue, first_seq, last_seq, &session_id, generation),
             Output::Store(token, op) => {
-                let done = self.store.perform(&self.policy, &op, Self::wall_ms());
+                let done = match self.env.intercept(&op) {
+                    Some(injected) => injected,
+                    None => {
+                        let wall = self.wall_ms();
+                        self.store.perform(&self.policy, &op, wall)
+                    }
+                };
+                self.env.completed(&op, &done);
                 self.inputs.push_back(Input::Completion(token, done));
             }
             Output::Supervise(op) => self.supervise(op),
