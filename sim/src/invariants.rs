@@ -22,7 +22,7 @@ use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::command_event::Body;
 use rvbox_store::Store;
 
-use crate::client::Ledger;
+use crate::host::Ledger;
 use crate::rng::uuid_text;
 
 /// Commands checked in depth per step besides the changed ones.

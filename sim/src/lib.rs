@@ -4,10 +4,12 @@
 //! "The simulator"; conventions rules 5-7).
 //!
 //! Owns: the seeded stream tree ([`rng`]), the simulated network and its
-//! fault model ([`net`]), simulated client daemons that speak the agent
-//! protocol adversarially (and as a model) ([`client`]), honest clients that
-//! are the real client cores over the real client store with a simulated
-//! supervisor ([`real`]), and the invariant checker ([`invariants`]).
+//! fault model ([`net`]), client hosts that run the real client runtime
+//! over the real client store ([`host`]) with simulated process trees
+//! behind the real supervisor trait ([`supervisor`]), the adversary layer
+//! on a real client's outgoing frames ([`adversary`]), and the invariant
+//! checker and oracles ([`invariants`]). It has no client implementation
+//! of its own.
 //!
 //! Must never: read the real clock, use OS randomness, spawn threads, or
 //! let a `HashMap` iteration order reach anything observable (a frame, a
@@ -17,9 +19,11 @@
 //! `BTreeSet` or `VecDeque`. Every queue and map has a named bound.
 #![warn(missing_docs)]
 
-pub mod client;
+pub mod adversary;
+pub mod host;
 pub mod invariants;
 pub mod net;
-pub mod real;
+pub mod oracles;
 pub mod rng;
+pub mod supervisor;
 pub mod world;

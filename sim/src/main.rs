@@ -34,9 +34,6 @@ struct Args {
     /// Run without injected faults.
     #[arg(long)]
     calm: bool,
-    /// Honest clients are the model client instead of the real client cores.
-    #[arg(long)]
-    model_clients: bool,
     /// Print the trace of a single run.
     #[arg(long)]
     trace: bool,
@@ -62,7 +59,6 @@ fn main() -> ExitCode {
         clients: args.clients,
         commands: args.commands,
         faults: !args.calm,
-        real_clients: !args.model_clients,
         ..SimConfig::default()
     };
     if let Some(path) = &args.replay {

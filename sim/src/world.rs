@@ -25,34 +25,41 @@ use rvbox_store::layout::Layout;
 use rvbox_store::{Store, StoreOptions};
 use rvbox_store_port::ops::PortError;
 
-use crate::client::{Adversary, ClientConfig, ClientEffect, ClientInput, SimClient};
+use crate::host::{Adversary, ClientConfig, ClientEffect, ClientInput, SimHost};
 use crate::invariants::Checker;
 use crate::net::{ClientSlot, ConnId, Delivery, Dir, Item, Net, NetConfig, NetEvent, Side};
-use crate::real::{AnyClient, RealClient};
+use crate::oracles::{OracleCounts, Requests};
 use crate::rng::{SeededEntropy, Seeds, SimRng};
+use crate::supervisor::{Programs, SharedLog};
 
 /// The store crash points a run arms: every step of the append path, and
 /// every metadata commit the server core's operations reach (each at its
 /// own site, so a trace names exactly which commit the crash followed).
-pub const CRASH_POINTS: [&str; 18] = [
+pub const CRASH_POINTS: [&str; 24] = [
     points::EVENT_BEFORE_FSYNC,
     points::EVENT_MID_RECORD,
     points::EVENT_AFTER_FSYNC,
     points::EVENT_AFTER_COMMIT,
     points::SEGMENT_CREATED,
+    points::BLOB_AFTER_SYNC,
     points::DISPATCH_AFTER_COMMIT,
     points::REQUEUE_AFTER_COMMIT,
     points::ACCEPT_AFTER_COMMIT,
     points::ACCEPT_LATE_AFTER_COMMIT,
+    points::ADVANCE_AFTER_COMMIT,
     points::EXPIRED_PENDING_AFTER_COMMIT,
+    points::REVISION_AFTER_COMMIT,
     points::FINISH_AFTER_COMMIT,
     points::RECONCILE_AFTER_COMMIT,
     points::INCIDENT_AFTER_COMMIT,
     points::REGISTER_AFTER_COMMIT,
     points::CLAIM_AFTER_COMMIT,
     points::SESSION_CLOSE_AFTER_COMMIT,
+    points::TAKEOVER_AFTER_COMMIT,
     points::SIGNAL_AFTER_COMMIT,
+    points::STDIN_AFTER_COMMIT,
     points::RUN_COMMAND_AFTER_COMMIT,
+    points::TRANSITION_AFTER_COMMIT,
 ];
 
 /// Simulated time after the workload (faults off, every client
@@ -90,9 +97,6 @@ pub struct SimConfig {
     pub workload_ms: u64,
     /// Inject faults (network, crashes, clock jumps, adversaries).
     pub faults: bool,
-    /// Honest clients are the real client cores over the real client
-    /// store (otherwise the model client of `crate::client`).
-    pub real_clients: bool,
 }
 
 impl Default for SimConfig {
@@ -102,7 +106,6 @@ impl Default for SimConfig {
             commands: 12,
             workload_ms: 60_000,
             faults: true,
-            real_clients: true,
         }
     }
 }
@@ -177,6 +180,7 @@ impl CrashHook for StopAt {
 /// adversary's first frame (the others close once a later frame or a
 /// store answer arrives).
 fn adversary_closes_at_once(kind: Adversary) -> bool {
+    // a stale or malformed frame is answered in the step that delivers it
     matches!(kind, Adversary::StaleGeneration | Adversary::MalformedBytes)
 }
 
@@ -238,6 +242,26 @@ struct Server {
     entropy: Arc<SeededEntropy>,
 }
 
+/// What the operator still writes to one command's stdin.
+#[derive(Debug, Clone)]
+struct StdinPlan {
+    id: [u8; 16],
+    at: u64,
+    appends_left: u32,
+    /// The call in flight whose answer a crash swallowed (sent again with
+    /// its request id, as rvc does).
+    pending: Option<StdinCall>,
+}
+
+#[derive(Debug, Clone)]
+enum StdinCall {
+    Append(wire::AppendStdinRequest),
+    Close(wire::CloseStdinRequest),
+}
+
+/// Most stdin plans a run keeps (one per command).
+const MAX_STDIN_PLANS: usize = 100_000;
+
 /// One run in progress.
 pub struct World {
     seed: u64,
@@ -246,7 +270,21 @@ pub struct World {
     wall_offset: i64,
     net: Net,
     server: Server,
-    clients: Vec<AnyClient>,
+    clients: Vec<SimHost>,
+    /// What every process tree really did (the oracles' side of truth).
+    process_log: SharedLog,
+    /// What the operator asked for and the server acknowledged (the other
+    /// side the oracles compare with).
+    requests: Requests,
+    /// Signal requests that may have been applied (answered, or never
+    /// answered), by request id: their command and kind.
+    signal_may_apply: BTreeMap<String, ([u8; 16], wire::SignalKind)>,
+    /// Each command's stdin plan: appends, then the close.
+    stdin_plans: Vec<StdinPlan>,
+    /// The stdin workload's choices.
+    stdin_rng: SimRng,
+    /// The oracles' choices (page sizes, cursors).
+    oracle_rng: SimRng,
     workload: SimRng,
     faults: SimRng,
     checker: Checker,
@@ -339,7 +377,10 @@ const TIGHT_INGRESS: (u64, u64) = (4 * 1024, 2 * 1024);
 /// adversary: a few of the largest events fit, so honest clients wait for
 /// acknowledgements and the adversary exceeds them with a bounded number of
 /// frames.
-const TIGHT_WINDOWS: (u64, u64) = (16 * 1024, 64 * 1024);
+const TIGHT_WINDOWS: (u64, u64) = (
+    rvbox_domain::limits::MIN_SEND_WINDOW_BYTES,
+    2 * rvbox_domain::limits::MIN_SEND_WINDOW_BYTES,
+);
 
 fn open_store(
     dir: &std::path::Path,
@@ -469,48 +510,48 @@ impl World {
                 .stream(crate::rng::Stream::Named("retention"))
                 .chance(250);
         let (store, _) = open_store(dir.path(), &fs, &entropy, WALL_EPOCH_MS, tight)?;
+        // one adversarial client per faulty run, of a seeded kind
+        let adversary = (config.faults && faults.chance(500))
+            .then(|| {
+                faults
+                    .pick(&[
+                        Adversary::ExactDuplicate,
+                        Adversary::StaleGeneration,
+                        Adversary::ConflictingDuplicate,
+                        Adversary::WindowOverrun,
+                        Adversary::MalformedBytes,
+                    ])
+                    .copied()
+            })
+            .flatten();
+        let small_windows = adversary == Some(Adversary::WindowOverrun);
+        let process_log = SharedLog::default();
         let mut clients = Vec::new();
         for i in 0..config.clients {
             let mut c = ClientConfig::new(format!("host-{i}"));
             c.max_running = 2;
             c.max_queued = 2;
-            c.max_output_chunks = 4;
-            c.max_chunk_raw_bytes = 2_000;
-            c.max_step_ms = 2_000;
+            c.programs = Programs::default();
             c.wall_epoch_ms = WALL_EPOCH_MS;
-            // one adversarial client per faulty run, of a seeded kind
-            if config.faults && i == 0 && faults.chance(500) {
-                let kinds = [
-                    Adversary::StaleGeneration,
-                    Adversary::ConflictingDuplicate,
-                    Adversary::WindowOverrun,
-                    Adversary::MalformedBytes,
-                ];
-                c.adversary = faults.pick(&kinds).copied();
+            if small_windows {
+                c.server_command_window_bytes = TIGHT_WINDOWS.0;
+            }
+            if i == 0 && adversary.is_some() {
+                c.adversary = adversary;
                 c.adversary_permille = 50;
             }
-            // honest clients are the real client; adversaries are the model
-            let client = if c.adversary.is_none() && config.real_clients {
-                if config.faults {
-                    // local storage failures before an acceptance commits
-                    c.transient_permille = 40;
-                }
-                AnyClient::Real(Box::new(RealClient::new(
-                    c,
-                    seeds.client(i),
-                    dir.path().join(format!("client-{i}")),
-                )?))
-            } else {
-                AnyClient::Model(Box::new(
-                    SimClient::new(c, seeds.client(i))
-                        .map_err(|e| format!("client config: {e}"))?,
-                ))
-            };
-            clients.push(client);
+            if config.faults {
+                // local storage failures before an acceptance commits
+                c.transient_permille = 40;
+            }
+            clients.push(SimHost::new(
+                i,
+                c,
+                seeds.client(i),
+                dir.path().join(format!("client-{i}")),
+                process_log.clone(),
+            )?);
         }
-        let small_windows = clients
-            .first()
-            .is_some_and(|c| c.config().adversary == Some(Adversary::WindowOverrun));
         let engine = engine_over(store, &entropy, tight, small_windows)?;
         Ok(Self {
             seed,
@@ -527,6 +568,12 @@ impl World {
                 entropy,
             },
             clients,
+            process_log,
+            requests: Requests::default(),
+            signal_may_apply: BTreeMap::new(),
+            stdin_plans: Vec::new(),
+            stdin_rng: seeds.stream(crate::rng::Stream::Named("stdin")),
+            oracle_rng: seeds.stream(crate::rng::Stream::Named("oracles")),
             workload: seeds.workload(),
             faults,
             checker: {
@@ -683,11 +730,11 @@ impl World {
                 reason,
                 R::ProtocolError | R::LivenessTimeout | R::SessionFenced | R::ServiceRestart
             ),
-            Adversary::SecondInstance => true,
+            Adversary::SecondInstance | Adversary::ExactDuplicate => true,
         };
         let exact = match kind {
             Adversary::StaleGeneration => reason == R::StaleSession,
-            Adversary::SecondInstance => true,
+            Adversary::SecondInstance | Adversary::ExactDuplicate => true,
             _ => reason == R::ProtocolError || reason == R::StaleSession,
         };
         if exact {
@@ -782,7 +829,9 @@ impl World {
         let honest = self
             .clients
             .get(usize::try_from(slot.0).unwrap_or(usize::MAX))
-            .is_some_and(|c| c.config().adversary.is_none());
+            .is_some_and(|c| {
+                matches!(c.config().adversary, None | Some(Adversary::ExactDuplicate))
+            });
         if honest && self.calm {
             let n = self.calm_closes.entry(slot.0).or_default();
             *n += 1;
@@ -1179,7 +1228,7 @@ impl World {
         for _ in 0..10_000 {
             let mut any = false;
             for i in 0..self.clients.len() {
-                while let Some(e) = self.clients.get_mut(i).and_then(AnyClient::poll_effect) {
+                while let Some(e) = self.clients.get_mut(i).and_then(SimHost::poll_effect) {
                     any = true;
                     match e {
                         ClientEffect::Connect => {
@@ -1199,8 +1248,7 @@ impl World {
                 }
             }
             for i in 0..self.clients.len() {
-                if let Some((conn, point)) =
-                    self.clients.get_mut(i).and_then(AnyClient::take_crashed)
+                if let Some((conn, point)) = self.clients.get_mut(i).and_then(SimHost::take_crashed)
                 {
                     any = true;
                     self.log(format!("CRASH client {i} at {point}"));
@@ -1212,12 +1260,13 @@ impl World {
                 }
             }
             for i in 0..self.clients.len() {
-                if let Some((conn, kind, bytes)) = self
-                    .clients
-                    .get_mut(i)
-                    .and_then(AnyClient::take_misbehaviour)
+                if let Some((conn, kind, bytes)) =
+                    self.clients.get_mut(i).and_then(SimHost::take_misbehaviour)
                 {
-                    self.adversary_sent.insert(conn.0, (kind, bytes));
+                    self.count(&format!("adversary sent {kind:?}"));
+                    if kind.expects_close() {
+                        self.adversary_sent.insert(conn.0, (kind, bytes));
+                    }
                 }
             }
             if !any {
@@ -1288,6 +1337,17 @@ impl World {
         if created {
             self.created += 1;
             self.created_ids.push(id);
+            self.requests.client.insert(id, format!("host-{i}"));
+            if self.stdin_plans.len() < MAX_STDIN_PLANS {
+                let appends_left = u32::try_from(self.stdin_rng.below(4)).unwrap_or(0);
+                let at = self.now.saturating_add(self.stdin_rng.below(20_000));
+                self.stdin_plans.push(StdinPlan {
+                    id,
+                    at,
+                    appends_left,
+                    pending: None,
+                });
+            }
             if script_bytes > 0 {
                 self.count("workload scripts");
                 self.log(format!(
@@ -1317,6 +1377,16 @@ impl World {
             self.signalled_now = None;
             match again {
                 None => self.unanswered.push(req),
+                Some(Err(e))
+                    if matches!(
+                        e.to_domain().code(),
+                        Code::NotFound | Code::FailedPrecondition
+                    ) =>
+                {
+                    // never committed: the retry would have answered it
+                    self.signal_may_apply.remove(&req.request_id);
+                    self.check_replay_refusal(&req, &e);
+                }
                 Some(Ok(resp)) => {
                     self.count("operator_signal_retried");
                     if self.signals.len() < MAX_KEPT_SIGNALS {
@@ -1393,6 +1463,10 @@ impl World {
         self.signalled_now = Some(req.issue_uuid.clone());
         self.with_engine(|e, now, wall| answer = Some(e.signal_command(now, wall, &req)));
         self.signalled_now = None;
+        if matches!(answer, None | Some(Ok(_))) {
+            self.signal_may_apply
+                .insert(req.request_id.clone(), (id, kind));
+        }
         match answer {
             Some(Ok(resp)) => {
                 self.count("operator_signal");
@@ -1511,9 +1585,8 @@ impl World {
                     .pick(rvbox_client_store::crash::ALL)
                     .copied()
                     .unwrap_or(rvbox_client_store::crash::ACCEPT_AFTER_COMMIT);
-                if let Some(c) = self.clients.get_mut(usize::try_from(i).unwrap_or(0))
-                    && c.arm_crash(point)
-                {
+                if let Some(c) = self.clients.get_mut(usize::try_from(i).unwrap_or(0)) {
+                    c.arm_crash(point);
                     self.log(format!("ARM client {i} at {point}"));
                     self.count("client_crash_point armed");
                 }
@@ -1577,7 +1650,12 @@ impl World {
             return;
         };
         let client_id = first.client_id().to_owned();
-        let Ok(twin) = first.second_instance(SimRng::new(self.faults.next_u64())) else {
+        self.twins = self.twins.wrapping_add(1);
+        let twin_root = self.server.dir.path().join(format!("twin-{}", self.twins));
+        let Ok((twin_instance, hello)) =
+            first.twin_hello(SimRng::new(self.faults.next_u64()), twin_root)
+        else {
+            self.failure = Some("a second instance could not start".into());
             return;
         };
         // operations in flight (a session's end, a registration) settle
@@ -1594,17 +1672,9 @@ impl World {
         };
         self.flush_engine();
         self.twin_outputs.clear();
-        self.twins = self.twins.wrapping_add(1);
         let conn = TWIN_CONN_BASE + self.twins;
-        let hello = wire::Envelope {
-            session_id: String::new(),
-            generation: 0,
-            payload: Some(wire::envelope::Payload::ClientHello(twin.hello())),
-        }
-        .encode_to_vec();
         self.log(format!(
-            "c{conn} second instance {} of {client_id} says hello",
-            twin.instance_id()
+            "c{conn} second instance {twin_instance} of {client_id} says hello"
         ));
         // a refused claim is a rare commit: a quarter of the attempts arm
         // its crash point (own stream), so a crash right after the claim's
@@ -1646,7 +1716,7 @@ impl World {
         let claim_recorded = record
             .as_ref()
             .and_then(|r| r.pending_claim)
-            .is_some_and(|(inst, _)| crate::rng::uuid_text(&inst) == twin.instance_id());
+            .is_some_and(|(inst, _)| crate::rng::uuid_text(&inst) == twin_instance);
         let still_live = record
             .as_ref()
             .and_then(|r| r.live)
@@ -1664,6 +1734,210 @@ impl World {
         self.twin_outputs.clear();
     }
 
+    /// The operator's stdin: every command gets some appends (now and
+    /// then several writes' worth) and then its close, each call retried
+    /// with its request id when a crash swallowed its answer. What the
+    /// server acknowledged is what the process must get.
+    fn stdin_turn(&mut self) {
+        let due: Vec<usize> = self
+            .stdin_plans
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.at <= self.now)
+            .map(|(i, _)| i)
+            .collect();
+        let mut done = Vec::new();
+        for i in due {
+            let Some(plan) = self.stdin_plans.get(i).cloned() else {
+                continue;
+            };
+            let call = match plan.pending.clone() {
+                Some(c) => c,
+                None => {
+                    let request_id = crate::rng::uuid_text(
+                        &self
+                            .stdin_rng
+                            .uuid_v7(u64::try_from(self.wall()).unwrap_or(0)),
+                    );
+                    let issue_uuid = crate::rng::uuid_text(&plan.id);
+                    if plan.appends_left > 0 {
+                        let len = if self.stdin_rng.chance(80) {
+                            self.stdin_rng.range_inclusive(200_000..=700_000)
+                        } else {
+                            self.stdin_rng.range_inclusive(0..=2_000)
+                        };
+                        let data = self.stdin_rng.bytes(usize::try_from(len).unwrap_or(0));
+                        let newline = if self.stdin_rng.chance(500) || data.is_empty() {
+                            wire::StdinNewline::Append
+                        } else {
+                            wire::StdinNewline::Raw
+                        };
+                        StdinCall::Append(wire::AppendStdinRequest {
+                            request_id,
+                            issue_uuid,
+                            data,
+                            newline: newline as i32,
+                        })
+                    } else {
+                        StdinCall::Close(wire::CloseStdinRequest {
+                            request_id,
+                            issue_uuid,
+                        })
+                    }
+                }
+            };
+            let mut answer: Option<Result<(u64, u64), PortError>> = None;
+            match &call {
+                StdinCall::Append(req) => self.with_engine(|e, now, wall| {
+                    answer = Some(
+                        e.append_stdin(now, wall, req)
+                            .map(|r| (r.first_write_seq, r.last_write_seq)),
+                    );
+                }),
+                StdinCall::Close(req) => self.with_engine(|e, now, wall| {
+                    answer = Some(
+                        e.close_stdin(now, wall, req)
+                            .map(|r| (r.write_seq, r.write_seq)),
+                    );
+                }),
+            }
+            let next = self
+                .now
+                .saturating_add(self.stdin_rng.range_inclusive(100..=10_000));
+            let Some(plan) = self.stdin_plans.get_mut(i) else {
+                continue;
+            };
+            plan.at = next;
+            match answer {
+                Some(Ok((first, last))) => {
+                    plan.pending = None;
+                    let entry = self.requests.stdin.entry(plan.id).or_default();
+                    match &call {
+                        StdinCall::Append(req) => {
+                            plan.appends_left = plan.appends_left.saturating_sub(1);
+                            // the server's writes: pieces of at most
+                            // 256 KiB, the newline on the last one
+                            let size = usize::try_from(rvbox_domain::limits::MAX_STDIN_WRITE_BYTES)
+                                .unwrap_or(usize::MAX);
+                            let mut pieces: Vec<Vec<u8>> =
+                                req.data.chunks(size).map(<[u8]>::to_vec).collect();
+                            if pieces.is_empty() {
+                                pieces.push(Vec::new());
+                            }
+                            if req.newline == wire::StdinNewline::Append as i32
+                                && let Some(l) = pieces.last_mut()
+                            {
+                                l.push(b'\n');
+                            }
+                            if last.saturating_sub(first) + 1 != pieces.len() as u64 {
+                                self.failure = Some(format!(
+                                    "AppendStdin {} of {} bytes got writes {first}..={last}",
+                                    req.request_id,
+                                    req.data.len()
+                                ));
+                            }
+                            if entry.last().is_none_or(|(s, _, _)| *s < first) {
+                                for (k, p) in pieces.into_iter().enumerate() {
+                                    entry.push((first + k as u64, p, false));
+                                }
+                            }
+                            self.count("stdin appended");
+                        }
+                        StdinCall::Close(_) => {
+                            if entry.last().is_none_or(|(s, _, _)| *s < first) {
+                                entry.push((first, Vec::new(), true));
+                            }
+                            self.count("stdin closed");
+                            done.push(i);
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    let code = e.to_domain().code();
+                    if matches!(code, Code::Unavailable | Code::CapacityExhausted) {
+                        // transient: the same request again later
+                        plan.pending = Some(call);
+                        self.count("stdin refused transiently");
+                    } else {
+                        // the command ended, or its stdin is closed: the
+                        // plan is over (a retried call that committed
+                        // would have been answered with its result)
+                        self.count("stdin refused");
+                        done.push(i);
+                    }
+                }
+                None => {
+                    // a crash swallowed the answer
+                    plan.pending = Some(call);
+                    self.count("stdin unanswered");
+                }
+            }
+        }
+        done.sort_unstable();
+        for i in done.into_iter().rev() {
+            if i < self.stdin_plans.len() {
+                self.stdin_plans.remove(i);
+            }
+        }
+    }
+
+    /// The oracles over every command, once all are terminal.
+    fn check_oracles(&mut self) {
+        let Some(engine) = self.server.engine.as_ref() else {
+            return;
+        };
+        self.requests.signals.clear();
+        for (id, kind) in self.signal_may_apply.values() {
+            self.requests.signals.entry(*id).or_default().push(*kind);
+        }
+        let hosts: Vec<String> = self
+            .clients
+            .iter()
+            .map(|c| c.client_id().to_owned())
+            .collect();
+        let log = self
+            .process_log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut counts = OracleCounts::default();
+        let mut problems = Vec::new();
+        if log.overflowed {
+            problems.push("the process log overflowed".to_owned());
+        }
+        for id in &self.created_ids {
+            problems.extend(crate::oracles::check_command(
+                engine.store(),
+                &log,
+                &self.requests,
+                &hosts,
+                id,
+                &mut self.oracle_rng,
+                &mut counts,
+            ));
+        }
+        drop(log);
+        for (k, v) in [
+            ("oracle output_commands", counts.output_commands),
+            ("oracle output_bytes", counts.output_bytes),
+            ("oracle gap_bytes", counts.gap_bytes),
+            ("oracle exits", counts.exits),
+            ("oracle stdin_writes", counts.stdin_writes),
+            ("oracle eofs", counts.eofs),
+            ("oracle signals", counts.signals),
+            ("oracle cursor_reads", counts.cursor_reads),
+        ] {
+            self.add(k, v);
+        }
+        if let Some(first) = problems.first()
+            && self.failure.is_none()
+        {
+            self.failure = Some(format!(
+                "oracle: {} problem(s), first: {first}",
+                problems.len()
+            ));
+        }
+    }
+
     fn check(&mut self) {
         let Some(engine) = self.server.engine.as_ref() else {
             return;
@@ -1676,7 +1950,7 @@ impl World {
         let pairs = names
             .iter()
             .map(String::as_str)
-            .zip(self.clients.iter_mut().map(AnyClient::ledger_mut));
+            .zip(self.clients.iter_mut().map(SimHost::ledger_mut));
         match self.checker.check(engine.store(), pairs) {
             Ok(v) if v.is_empty() => {}
             Ok(v) => {
@@ -1687,9 +1961,9 @@ impl World {
             Err(e) => self.failure = Some(format!("checker failed: {e:?}")),
         }
         for c in &self.clients {
-            if c.counters().server_violations > 0
-                && let Some(note) = c.violation_notes().first()
-            {
+            if let Some(msg) = c.panicked() {
+                self.failure = Some(format!("client {} panicked: {msg}", c.client_id()));
+            } else if let Some(note) = c.violation_notes().first() {
                 self.failure = Some(format!(
                     "client {} saw a server violation: {note}",
                     c.client_id()
@@ -1757,6 +2031,7 @@ impl World {
             }
             if self.all_done() {
                 self.check_agreement();
+                self.check_oracles();
                 break;
             }
             let tail = CALM_TAIL_MS.saturating_add(self.calm_extra);
@@ -1783,12 +2058,10 @@ impl World {
             }
             let next = [
                 self.net.next_due(),
-                self.clients
-                    .iter()
-                    .filter_map(AnyClient::poll_timeout)
-                    .min(),
+                self.clients.iter().filter_map(SimHost::poll_timeout).min(),
                 self.server.engine.as_ref().and_then(Engine::next_deadline),
                 self.exec_at,
+                self.stdin_plans.iter().map(|p| p.at).min(),
                 Some(self.next_workload_at),
                 Some(self.now.saturating_add(1_000)),
             ]
@@ -1812,6 +2085,8 @@ impl World {
                 }
             }
             self.drain_clients();
+            self.stdin_turn();
+            self.drain_clients();
             self.with_engine(|e, now, wall| e.tick(now, wall));
             self.executor_step();
             self.check();
@@ -1826,11 +2101,10 @@ impl World {
             replays = replays.saturating_add(k.script_chunk_replays);
             committed = committed.saturating_add(k.scripts_committed);
         }
-        let real = self.clients.iter().filter(|c| c.is_real()).count() as u64;
+        let real = self.clients.len() as u64;
         let store_faults: u64 = self
             .clients
             .iter()
-            .filter(|c| c.is_real())
             .map(|c| c.counters().transient_refusals)
             .sum();
         for (k, v) in [

@@ -1,6 +1,6 @@
-//! The invariant checker against a real temporary store fed by a real
-//! simulated client: a clean run passes; deliberately broken states fail
-//! with the right invariant.
+//! The invariant checker against a real temporary store fed by the real
+//! client (the simulator's host): a clean run passes; deliberately broken
+//! states fail with the right invariant.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -10,17 +10,17 @@
 
 mod common;
 
-use common::{Harness, temp_store};
+use common::{Harness, quiet_programs, temp_store};
 use rvbox_domain::ids::Uuid7;
-use rvbox_sim::client::{ClientConfig, SimClient};
+use rvbox_sim::host::ClientConfig;
 use rvbox_sim::invariants::{Checker, Invariant, Violation};
-use rvbox_sim::rng::Seeds;
 
 fn config() -> ClientConfig {
     let mut c = ClientConfig::new("build-01");
-    c.max_output_chunks = 4;
-    c.max_chunk_raw_bytes = 3_000;
-    c.max_step_ms = 100;
+    c.programs = quiet_programs();
+    c.programs.max_chunks = 4;
+    c.programs.max_chunk = 3_000;
+    c.programs.max_step_ms = 100;
     c
 }
 
@@ -60,10 +60,7 @@ fn clean_run(dir: &std::path::Path, checker: &mut Checker) -> (Harness, Vec<Stri
         let v = check(checker, &mut h);
         assert!(v.is_empty(), "{v:#?}");
     }
-    assert!(
-        h.client.durable().records().is_empty(),
-        "all commands finished"
-    );
+    assert_eq!(h.client.records(), 0, "all commands finished");
     assert!(checker.tracked_acked_events() > 6);
     let v = checker.full_check(h.store.as_ref().unwrap()).unwrap();
     assert!(v.is_empty(), "{v:#?}");
@@ -249,15 +246,16 @@ fn a_vanished_command_is_flagged_unless_reclaimed() {
 #[test]
 fn a_uuid_accepted_by_two_instances_is_flagged() {
     let mut cfg = config();
-    cfg.max_step_ms = 0;
+    cfg.programs.max_step_ms = 0;
     let mut checker = Checker::new();
     let mut a = Harness::new(cfg.clone(), 30);
     a.connect();
     a.reconcile();
     let (issue, _) = a.dispatch_new("deploy");
-    // a second installation of the same client id gets the same command
+    // a second installation of the same client id (its own store and
+    // instance id) gets the same command
     let mut b = Harness::new(cfg, 31);
-    b.client = a.client.second_instance(Seeds::new(31).client(1));
+    assert_ne!(a.client.instance_id(), b.client.instance_id());
     b.connect();
     b.reconcile();
     b.server = a.server.clone();
@@ -268,5 +266,4 @@ fn a_uuid_accepted_by_two_instances_is_flagged() {
     assert_eq!(kinds(&v), vec![Invariant::SingleExecution], "{v:#?}");
     assert!(v.iter().any(|x| x.detail.contains("accepted 2 times")));
     assert!(v.iter().any(|x| x.detail.contains("started 2 times")));
-    let _ = SimClient::new(config(), Seeds::new(1).client(0)).unwrap();
 }

@@ -16,15 +16,17 @@ use prost::Message as _;
 use rvbox_domain::hash::command_hash;
 use rvbox_domain::ids::ClientId;
 use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_domain::validate::check_execution_spec;
 use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::command_event::Body;
 use rvbox_proto::v1::envelope::Payload;
-use rvbox_sim::client::{ClientConfig, ClientEffect, ClientInput, SimClient};
+use rvbox_sim::host::{ClientConfig, ClientEffect, ClientInput, SimHost};
 use rvbox_sim::invariants::content_digest;
 use rvbox_sim::net::{
     ClientSlot, ConnId, Delivery, Dir, Item, Net, NetConfig, NetCounters, NetEvent, Side,
 };
 use rvbox_sim::rng::{Seeds, SimRng};
+use rvbox_sim::supervisor::{Ended, Programs, SharedLog};
 
 #[derive(Debug, Default)]
 struct Cmd {
@@ -269,7 +271,7 @@ impl Mini {
 struct World {
     net: Net,
     server: Mini,
-    clients: Vec<SimClient>,
+    clients: Vec<SimHost>,
     workload: SimRng,
     faults: SimRng,
     now: u64,
@@ -306,10 +308,7 @@ impl World {
     fn step(&mut self, until: u64) {
         let next = [
             self.net.next_due(),
-            self.clients
-                .iter()
-                .filter_map(SimClient::poll_timeout)
-                .min(),
+            self.clients.iter().filter_map(SimHost::poll_timeout).min(),
         ]
         .into_iter()
         .flatten()
@@ -352,7 +351,9 @@ impl World {
             id,
             Cmd {
                 client: i,
-                hash: command_hash(&client_id, &spec).0.to_vec(),
+                hash: command_hash(&client_id, &check_execution_spec(&spec).unwrap())
+                    .0
+                    .to_vec(),
                 spec,
                 ..Cmd::default()
             },
@@ -361,8 +362,10 @@ impl World {
     }
 }
 
-fn run(seed: u64) -> (NetCounters, Vec<SimClient>, Mini) {
+fn run(seed: u64) -> (NetCounters, Vec<SimHost>, Mini, SharedLog) {
     let seeds = Seeds::new(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let log = SharedLog::default();
     let cfg = NetConfig {
         base_latency_ms: 3,
         jitter_ms: 20,
@@ -378,10 +381,24 @@ fn run(seed: u64) -> (NetCounters, Vec<SimClient>, Mini) {
             let mut c = ClientConfig::new(format!("host-{i}"));
             c.max_running = 2;
             c.max_queued = 3;
-            c.max_output_chunks = 6;
-            c.max_chunk_raw_bytes = 8_000;
-            c.max_step_ms = 3_000;
-            SimClient::new(c, seeds.client(i)).unwrap()
+            c.programs = Programs {
+                max_chunks: 6,
+                max_chunk: 8_000,
+                max_step_ms: 3_000,
+                fail_permille: 100,
+                burst_permille: 0,
+                max_burst: 256 * 1024,
+                stdin_permille: 0,
+                ignore_term_permille: 0,
+            };
+            SimHost::new(
+                i,
+                c,
+                seeds.client(i),
+                dir.path().join(format!("host-{i}")),
+                log.clone(),
+            )
+            .unwrap()
         })
         .collect();
     let mut w = World {
@@ -420,12 +437,14 @@ fn run(seed: u64) -> (NetCounters, Vec<SimClient>, Mini) {
         let until = (5_000 * created).max(w.now + 1);
         w.step(until);
     }
-    (*w.net.counters(), w.clients, w.server)
+    let out = (*w.net.counters(), w.clients, w.server, log);
+    drop(dir);
+    out
 }
 
 #[test]
 fn every_command_finishes_once_through_network_faults_and_crashes() {
-    let (net, mut clients, server) = run(7);
+    let (net, mut clients, server, log) = run(7);
     assert_eq!(server.cmds.len(), 60);
     let unfinished: Vec<_> = server
         .cmds
@@ -463,24 +482,38 @@ fn every_command_finishes_once_through_network_faults_and_crashes() {
         }
     }
     assert!(starts.values().all(|n| *n <= 1), "{starts:?}");
-    let reconnects: u64 = clients.iter().map(|c| c.counters().welcomes).sum();
+    let reconnects: u64 = clients.iter().map(|c| c.counters().connects).sum();
     assert!(
         reconnects > 3,
         "faults should force reconnects: {reconnects}"
     );
-    let replayed: u64 = clients.iter().map(|c| c.counters().events_replayed).sum();
-    assert!(replayed > 0, "no event was replayed");
-    let interrupted: u64 = clients
-        .iter()
-        .map(|c| c.counters().interrupted_by_crash)
-        .sum();
-    assert!(interrupted > 0, "no crash hit a running command");
+    let sent: u64 = clients.iter().map(|c| c.counters().events_sent).sum();
+    let distinct: usize = server.cmds.values().map(|c| c.digests.len()).sum();
+    assert!(
+        sent > distinct as u64,
+        "no event was sent again ({sent} sent, {distinct} stored)"
+    );
+    let log = log.lock().unwrap();
+    let interrupted = log
+        .records()
+        .values()
+        .filter(|r| r.ended == Some(Ended::WithDaemon))
+        .count();
+    let ended: Vec<_> = log.records().values().map(|r| r.ended).collect();
+    assert!(
+        interrupted > 0,
+        "no crash hit a running command: {ended:?} crashes {:?}",
+        clients
+            .iter()
+            .map(|c| c.counters().crashes)
+            .collect::<Vec<_>>()
+    );
 }
 
 #[test]
 fn a_world_run_is_deterministic() {
-    let (a, ca, sa) = run(99);
-    let (b, cb, sb) = run(99);
+    let (a, ca, sa, _) = run(99);
+    let (b, cb, sb, _) = run(99);
     assert_eq!(a, b);
     for (x, y) in ca.iter().zip(&cb) {
         assert_eq!(x.counters(), y.counters());

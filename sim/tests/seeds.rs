@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use rvbox_sim::world::{SimConfig, run};
+use rvbox_sim::world::{CRASH_POINTS, SimConfig, run};
 
 /// Seeds of the fixed batch.
 const BATCH: std::ops::Range<u64> = 0..40;
@@ -25,21 +25,6 @@ const MUST_HAPPEN: &[&str] = &[
     "wall_clock_jump",
     "connection_cut",
     "unsynced_bytes_lost",
-    "crash_point store.event.before_fsync",
-    "crash_point store.event.mid_record",
-    "crash_point store.event.after_fsync",
-    "crash_point store.event.after_commit",
-    "crash_point store.segment.after_create",
-    "crash_point store.dispatch.after_commit",
-    "crash_point store.requeue.after_commit",
-    "crash_point store.accept.after_commit",
-    "crash_point store.finish.after_commit",
-    "crash_point store.reconcile.after_commit",
-    "crash_point store.register.after_commit",
-    "crash_point store.claim.after_commit",
-    "crash_point store.session_close.after_commit",
-    "crash_point store.signal.after_commit",
-    "crash_point store.run_command.after_commit",
     "net delayed",
     "net stalled",
     "net reordered",
@@ -77,7 +62,35 @@ const MUST_HAPPEN: &[&str] = &[
     "engine clients_pruned",
     "engine audits_flushed",
     "engine gate_changes",
+    "adversary answered ExactDuplicate",
+    "adversary answered SecondInstance",
+    "oracle output_commands",
+    "oracle output_bytes",
+    "oracle gap_bytes",
+    "oracle exits",
+    "oracle stdin_writes",
+    "oracle eofs",
+    "oracle signals",
+    "oracle cursor_reads",
+    "stdin appended",
+    "stdin closed",
 ];
+
+/// Every counter the batch requires: [`MUST_HAPPEN`], every named crash
+/// point of the server's store (`crash_point <name>`), and every named
+/// crash point of the client's store (`client_crash_point <name>`).
+fn required() -> Vec<String> {
+    MUST_HAPPEN
+        .iter()
+        .map(|k| (*k).to_owned())
+        .chain(CRASH_POINTS.iter().map(|p| format!("crash_point {p}")))
+        .chain(
+            rvbox_client_store::crash::ALL
+                .iter()
+                .map(|p| format!("client_crash_point {p}")),
+        )
+        .collect()
+}
 
 #[test]
 fn a_fixed_batch_of_seeds_runs_clean_and_exercises_every_fault() {
@@ -95,10 +108,9 @@ fn a_fixed_batch_of_seeds_runs_clean_and_exercises_every_fault() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    let missing: Vec<&str> = MUST_HAPPEN
-        .iter()
-        .copied()
-        .filter(|k| total.get(*k).copied().unwrap_or(0) == 0)
+    let missing: Vec<String> = required()
+        .into_iter()
+        .filter(|k| total.get(k).copied().unwrap_or(0) == 0)
         .collect();
     assert!(
         missing.is_empty(),

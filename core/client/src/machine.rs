@@ -484,6 +484,9 @@ impl ClientCore {
             if !core.spool_has(&r.issue) && phase != LaunchPhase::Ended {
                 core.spool.open_command(r.issue)?;
             }
+            if r.terminate_intent {
+                core.spool.mute(r.issue);
+            }
             if let (LaunchPhase::Reaping { .. }, Some(identity)) = (&phase, r.identity.clone()) {
                 core.push(Output::Supervise(SuperviseOp::Reap {
                     issue: r.issue,
@@ -701,6 +704,8 @@ impl ClientCore {
                 LinkEffect::SendPong => self.push(Output::SendPong),
                 LinkEffect::Close(c) => self.push(Output::Close(c)),
                 LinkEffect::Welcomed(s) => {
+                    self.spool
+                        .set_session_windows(s.command_window, s.session_window);
                     if s.generation > self.generation {
                         self.generation = s.generation;
                         self.store(ClientOp::Generation(s.generation), Pending::Generation);
@@ -1102,6 +1107,7 @@ impl ClientCore {
             return;
         };
         r.terminate = true;
+        self.spool.mute(issue);
         match r.phase.clone() {
             LaunchPhase::Running(_) | LaunchPhase::Released(_) => {
                 self.push(Output::Supervise(SuperviseOp::Signal {

@@ -494,6 +494,10 @@ struct CommandSpool {
     loss_recording: bool,
     /// Failed appends of entries still in place, by ordinal.
     append_failures: BTreeMap<u64, u32>,
+    /// Reconciliation ended the command here because the server holds no
+    /// live record of it: nothing of it is sent any more (the server
+    /// would refuse events of a command it does not know).
+    muted: bool,
     /// A rotation failed: none is tried again until an append succeeds.
     rotate_blocked: bool,
 }
@@ -519,6 +523,7 @@ impl CommandSpool {
             loss_recording: false,
             append_failures: BTreeMap::new(),
             rotate_blocked: false,
+            muted: false,
         }
     }
 
@@ -579,6 +584,9 @@ pub struct RestoredCommand {
 #[derive(Debug)]
 pub struct Spool {
     limits: SpoolLimits,
+    /// The send windows of the configuration; `limits` holds the live
+    /// session's (never larger).
+    configured_windows: (u64, u64),
     commands: BTreeMap<Uuid7, CommandSpool>,
     pending: BTreeMap<SpoolToken, (Uuid7, Pending)>,
     next_token: u64,
@@ -750,6 +758,7 @@ impl Spool {
     pub fn new(limits: SpoolLimits) -> Self {
         debug_assert!(limits.validate().is_ok(), "{:?}", limits.validate());
         Self {
+            configured_windows: (limits.command_window, limits.session_window),
             limits,
             commands: BTreeMap::new(),
             pending: BTreeMap::new(),
@@ -770,6 +779,22 @@ impl Spool {
     #[must_use]
     pub fn stats(&self) -> SpoolStats {
         self.stats
+    }
+
+    /// A session was welcomed with these windows (the smaller of ours and
+    /// the server's, plan §6.1): nothing more than they allow is admitted
+    /// while it lasts. A server whose window is below the configured one
+    /// would close the session as a protocol error otherwise.
+    pub fn set_session_windows(&mut self, command: u64, session: u64) {
+        let (c, s) = self.configured_windows;
+        self.limits.command_window = c.min(command.max(1));
+        self.limits.session_window = s.min(session.max(1));
+    }
+
+    /// The windows admission now uses (command, session).
+    #[must_use]
+    pub fn windows(&self) -> (u64, u64) {
+        (self.limits.command_window, self.limits.session_window)
     }
 
     /// The daemon's raw backlog.
@@ -1435,6 +1460,7 @@ impl Spool {
         }
         if let Some(last_seq) = last
             && active
+            && !c.muted
         {
             self.push(SpoolOutput::Send {
                 issue,
@@ -1502,7 +1528,7 @@ impl Spool {
                 // contradiction; everything pinned is sent again
                 debug_assert!(matches!(e, SpoolError::AckBeyondAssigned { .. }));
             }
-            let Some(c) = self.commands.get(&issue) else {
+            let Some(c) = self.commands.get(&issue).filter(|c| !c.muted) else {
                 continue;
             };
             let mut pinned = c
@@ -1599,6 +1625,14 @@ impl Spool {
         Ok(())
     }
 
+    /// Reconciliation ended `issue` here (the server holds no live record
+    /// of it): none of its entries is sent again, and none is admitted.
+    pub fn mute(&mut self, issue: Uuid7) {
+        if let Some(c) = self.commands.get_mut(&issue) {
+            c.muted = true;
+        }
+    }
+
     /// Reconciliation says the server holds this command's terminal state:
     /// the local terminal record is discarded as if acknowledged.
     pub fn discard(&mut self, issue: Uuid7) {
@@ -1651,7 +1685,7 @@ impl Spool {
             return false;
         };
         // one Assign in flight per command keeps sequences contiguous
-        if c.assign_blocked || c.entries.iter().any(|e| e.state == State::Assigning) {
+        if c.muted || c.assign_blocked || c.entries.iter().any(|e| e.state == State::Assigning) {
             return false;
         }
         let mut room = limits

@@ -1000,3 +1000,80 @@ fn a_terminal_event_whose_append_fails_once_is_appended_again_in_its_place() {
     w.ack_all();
     assert!(w.store.tombstones.contains_key(&id));
 }
+
+/// plan §6.1: the server announces its windows in the welcome, and the
+/// client sends within the smaller of its own and the server's; a server
+/// configured below the client's default never sees a window overrun.
+#[test]
+fn events_are_admitted_within_the_windows_the_server_announced() {
+    let mut w = World::new(vec![]);
+    w.input(Input::Opened);
+    w.frame(Payload::ServerWelcome(wire::ServerWelcome {
+        protocol_major: 1,
+        negotiated_minor: 0,
+        session_id: SID.into(),
+        generation: GEN,
+        server_id: "srv".into(),
+        limits: Some(wire::AgentLimits {
+            command_window_bytes: 128 * 1024,
+            session_window_bytes: 256 * 1024,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }));
+    w.frame(Payload::ReconcileRequest(wire::ReconcileRequest {
+        round: 1,
+        rows: vec![],
+    }));
+    let mut r = wire::ReconcileResult {
+        round: 1,
+        ..Default::default()
+    };
+    r.result_digest = rvbox_reconcile::result_digest(&r).to_vec();
+    w.frame(Payload::ReconcileResult(r));
+    let id = issue(1);
+    w.frame(Payload::Dispatch(dispatch(1, GEN)));
+    while let Some(op) = w.supervise.pop_front() {
+        match op {
+            SuperviseOp::Prepare(s) => w.process(s.issue, ready()),
+            SuperviseOp::Release(i) => w.process(i, ProcessEvent::Running),
+            _ => {}
+        }
+    }
+    // four 64 KiB reads that do not compress
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..4 {
+        let bytes: Vec<u8> = (0..64 * 1024)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 32) as u8
+            })
+            .collect();
+        w.process(
+            id,
+            ProcessEvent::Output {
+                stream: wire::OutputStream::Stdout,
+                observed_ms: 1,
+                bytes,
+            },
+        );
+    }
+    let in_flight: u64 = w
+        .events_of(id)
+        .iter()
+        .map(rvbox_session::event_window_cost)
+        .sum();
+    assert!(
+        in_flight <= 128 * 1024,
+        "{in_flight} unacknowledged bytes against the server's 128 KiB window"
+    );
+    let before = w.events_of(id).len();
+    assert!(before >= 2, "the running event and one output chunk fit");
+    w.ack_all();
+    assert!(
+        w.events_of(id).len() > before,
+        "an acknowledgement frees room for the next"
+    );
+}

@@ -380,11 +380,11 @@ pub static SERVER_KEYS: &[KeyDef] = &[
         "Lifetime of a one-shot live-conflict takeover grant."),
     // [flow]
     KeyDef::bytes("flow.command_send_window", l::DEFAULT_COMMAND_SEND_WINDOW_BYTES,
-        "Unacknowledged bytes the server sends per command (script upload)."
-    ).ceiling(l::DEFAULT_COMMAND_SEND_WINDOW_BYTES),
+        "Unacknowledged bytes per command in each direction: script chunks the server sends, and client events it accepts (announced in the welcome; a client sends within the smaller of its own window and this one)."
+    ).ceiling(l::DEFAULT_COMMAND_SEND_WINDOW_BYTES).min(l::MIN_SEND_WINDOW_BYTES),
     KeyDef::bytes("flow.session_send_window", l::DEFAULT_SESSION_SEND_WINDOW_BYTES,
-        "Unacknowledged bytes the server sends per session.")
-        .ceiling(l::DEFAULT_SESSION_SEND_WINDOW_BYTES),
+        "Unacknowledged bytes per session in each direction (announced in the welcome like the command window).")
+        .ceiling(l::DEFAULT_SESSION_SEND_WINDOW_BYTES).min(l::MIN_SEND_WINDOW_BYTES),
     KeyDef::bytes("flow.ingress_high_watermark", l::DEFAULT_SERVER_HIGH_WATERMARK_BYTES,
         "Server-wide ingress backlog at which the server stops reading agent output."),
     KeyDef::bytes("flow.ingress_low_watermark", l::DEFAULT_SERVER_LOW_WATERMARK_BYTES,
@@ -531,11 +531,11 @@ pub static CLIENT_KEYS: &[KeyDef] = &[
     KeyDef::bytes("flow.daemon_low_watermark", l::DEFAULT_CLIENT_LOW_WATERMARK_BYTES,
         "Raw-output backlog of the whole daemon at which loss mode ends."),
     KeyDef::bytes("flow.command_send_window", l::DEFAULT_COMMAND_SEND_WINDOW_BYTES,
-        "Unacknowledged event bytes sent per command.")
-        .ceiling(l::DEFAULT_COMMAND_SEND_WINDOW_BYTES),
+        "Unacknowledged event bytes sent per command (the smaller of this and the server's window from the welcome).")
+        .ceiling(l::DEFAULT_COMMAND_SEND_WINDOW_BYTES).min(l::MIN_SEND_WINDOW_BYTES),
     KeyDef::bytes("flow.session_send_window", l::DEFAULT_SESSION_SEND_WINDOW_BYTES,
-        "Unacknowledged event bytes sent per session.")
-        .ceiling(l::DEFAULT_SESSION_SEND_WINDOW_BYTES),
+        "Unacknowledged event bytes sent per session (the smaller of this and the server's window from the welcome).")
+        .ceiling(l::DEFAULT_SESSION_SEND_WINDOW_BYTES).min(l::MIN_SEND_WINDOW_BYTES),
     // [observability]
     KeyDef::text("observability.log_level", Kind::Choice(LOG_LEVELS), "info",
         "Log level: error, warn, info, debug or trace."),

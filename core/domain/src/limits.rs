@@ -146,6 +146,10 @@ pub const DEFAULT_SERVER_HIGH_WATERMARK_BYTES: u64 = 64 * MIB;
 pub const DEFAULT_SERVER_LOW_WATERMARK_BYTES: u64 = 32 * MIB;
 /// Ceiling and default: unacknowledged send window per command.
 pub const DEFAULT_COMMAND_SEND_WINDOW_BYTES: u64 = MIB;
+/// Floor of every send window: one whole event (a 64 KiB output chunk that
+/// does not compress, with its envelope) must fit in it, or the sender
+/// could never send that event.
+pub const MIN_SEND_WINDOW_BYTES: u64 = 128 * KIB;
 /// Ceiling and default: unacknowledged send window per session.
 pub const DEFAULT_SESSION_SEND_WINDOW_BYTES: u64 = 8 * MIB;
 

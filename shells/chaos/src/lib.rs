@@ -113,11 +113,21 @@ impl Chaos {
         stack.client_urls(&urls, nginx.as_ref().map(|n| n.ca.as_path()));
         stack.append_client_config(&opts.client_extra);
         stack.start_client();
-        Self {
+        let c = Self {
             stack,
             proxy,
             nginx,
-        }
+        };
+        // a command runs end to end before any fault: the session is
+        // reconciled and the client's capacity is known to the server
+        let out = c.rvc(&["run", "web-1", "true"]);
+        assert!(
+            out.status.success(),
+            "the warm-up command failed: {}\n{}",
+            text(&out.stderr),
+            c.stack.logs()
+        );
+        c
     }
 
     /// Applies a fault to route `route`.

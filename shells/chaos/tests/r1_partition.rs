@@ -24,8 +24,8 @@ const LIVENESS: Duration = Duration::from_secs(12);
 
 /// Longer than the liveness timeout of both ends, with room for a
 /// reconnect attempt to fail inside the hole too.
-fn hole() -> Duration {
-    LIVENESS * 2 + Duration::from_secs(2)
+fn hole(liveness: Duration) -> Duration {
+    liveness * 2 + Duration::from_secs(2)
 }
 
 /// Runs `body` (gated), opens a blackhole in both directions once it has
@@ -36,6 +36,7 @@ fn hole() -> Duration {
 /// events the client sent again.
 fn survives_a_blackhole(
     c: &mut Chaos,
+    liveness: Duration,
     body: &str,
     expected: &[u8],
     expected_err: &[u8],
@@ -45,7 +46,7 @@ fn survives_a_blackhole(
     c.wait_running(&uuid);
     c.fault("a", &Command::Blackhole(Dir::Both));
     c.go();
-    std::thread::sleep(hole());
+    std::thread::sleep(hole(liveness));
     c.fault("a", &Command::Pass);
     let cmd = c.wait_ended(&uuid, max);
     assert_eq!(cmd["lifecycle"], "LIFECYCLE_SUCCEEDED", "{cmd}");
@@ -71,8 +72,11 @@ fn survives_a_blackhole(
 
 #[test]
 fn r1_small_output_survives_a_blackhole_past_the_liveness_timeout() {
+    // one event per write, a fork and a sleep: the slowest producer, so
+    // the longest liveness timeout
+    let liveness = LIVENESS + LIVENESS;
     let mut c = Chaos::start(&Options {
-        timers: Some((HEARTBEAT, LIVENESS)),
+        timers: Some((HEARTBEAT, liveness)),
         ..Options::default()
     });
     // a few KB in some thousands of events, most of them sequenced into
@@ -83,10 +87,11 @@ fn r1_small_output_survives_a_blackhole_past_the_liveness_timeout() {
     // as CLIENT_OVERLOAD, as designed)
     let replayed = survives_a_blackhole(
         &mut c,
-        &lines_command(4000),
-        &lines(4000),
+        liveness,
+        &lines_command(6000),
+        &lines(6000),
         b"",
-        Duration::from_secs(120),
+        Duration::from_secs(150),
     );
     assert!(
         replayed > 1024,
@@ -121,6 +126,7 @@ fn r1_verbose_output_far_past_the_send_windows_survives_a_blackhole_past_the_liv
     }
     let replayed = survives_a_blackhole(
         &mut c,
+        LIVENESS,
         "i=0; while [ $i -lt 6000 ]; do i=$((i+1)); printf '%0400d\\n' $i; sleep 0.001; done; \
          j=0; while [ $j -lt 20 ]; do j=$((j+1)); seq $((j*1000000)) $((j*1000000+30000)); sleep 0.3; done",
         &want,
@@ -139,8 +145,11 @@ fn r1_verbose_output_far_past_the_send_windows_survives_a_blackhole_past_the_liv
 /// nothing is stored twice.
 #[test]
 fn r1_lost_event_acks_resume_from_the_durable_position_through_nginx() {
+    // the client hears nothing while the way back is dark: a liveness
+    // timeout long enough that the server stores hundreds of events first
     let mut c = Chaos::start(&Options {
         nginx: true,
+        timers: Some((HEARTBEAT, LIVENESS)),
         ..Options::default()
     });
     let uuid = c.run_bg(&gated(&lines_command(3000)));

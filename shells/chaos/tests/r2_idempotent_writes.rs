@@ -93,9 +93,10 @@ fn r2_run_and_kill_survive_a_server_killed_inside_the_call_and_act_once() {
     }
     let listed = c.rvc(&["-o", "json", "stat", "web-1", "--per-page", "100"]);
     let v: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    // the harness's warm-up command, and one per invocation
     assert_eq!(
         v["commands"].as_array().map(Vec::len),
-        Some(issues.len()),
+        Some(issues.len() + 1),
         "seed {seed}: one stored command per invocation"
     );
 
@@ -132,28 +133,75 @@ fn r2_run_and_kill_survive_a_server_killed_inside_the_call_and_act_once() {
     c.assert_clean();
 }
 
+/// The server is frozen (SIGSTOP) while `rvc run` connects and sends its
+/// request, then killed: the request went out and its answer never came.
+/// rvc gives up after its retry window, names the command's UUID and the
+/// `rvc stat` that shows it; and where it says nothing of the kind, the
+/// command was never stored.
 #[test]
 fn r2_a_run_that_never_gets_its_answer_says_how_to_find_the_command() {
     let mut c = Chaos::start(&Options::default());
+    let request_id = "01900000-0000-7000-8000-00000000abcd";
+    let pid = c.stack.server_pid().expect("the server runs");
+    signal(pid, "STOP");
     let out = c
         .stack
-        .rvc_cmd(&["run", "--background", "web-1", "true"])
+        .rvc_cmd(&[
+            "run",
+            "--background",
+            "--request-id",
+            request_id,
+            "web-1",
+            "true",
+        ])
         .env("RVC_RETRY_FOR", "2s")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(5));
+    // rvc connects (the kernel accepts on the frozen server's backlog)
+    // and writes its request
+    std::thread::sleep(Duration::from_millis(800));
     c.stack.kill_server();
     let out = out.wait_with_output().unwrap();
     let err = text(&out.stderr);
-    if out.status.success() {
-        // the answer came before the kill: nothing to find
-        return;
-    }
+    assert!(!out.status.success(), "a killed server answered: {err}");
+    eprintln!("rvc said: {err}");
     assert_eq!(out.status.code(), Some(69), "{err}");
-    assert!(err.contains("rvc stat web-1 "), "{err}");
-    assert!(err.contains("--request-id"), "{err}");
+    c.stack.start_server();
+    c.wait_connected(Duration::from_secs(30));
+    let stat = c.stack.rvc(&["stat", "web-1", request_id]);
+    if err.contains(&format!("rvc stat web-1 {request_id}")) {
+        assert!(err.contains("--request-id"), "{err}");
+    } else {
+        // rvc never sent it, so it must not say so, and nothing is stored
+        assert!(
+            !stat.status.success(),
+            "rvc said nothing of a stored command, but it was stored: {err}"
+        );
+    }
+    // the same run again is answered with the one command, run once
+    let again = c.stack.rvc(&[
+        "run",
+        "--background",
+        "--request-id",
+        request_id,
+        "web-1",
+        "true",
+    ]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let cmd = c.wait_ended(request_id, Duration::from_secs(60));
+    assert_eq!(cmd["lifecycle"], "LIFECYCLE_SUCCEEDED", "{cmd}");
+    c.assert_clean();
+}
+
+fn signal(pid: u32, name: &str) {
+    let st = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill -{name} {pid}");
 }
 
 /// The client accepts a dispatch and runs it, but its `CommandAccepted`

@@ -479,7 +479,19 @@ impl<S: Supervisor, E: Env> Runtime<S, E> {
     /// without a checkpoint; running trees are left to the next start's
     /// reaping.
     pub fn crash(self) -> S {
+        self.crash_into_parts().0
+    }
+
+    /// Ends the runtime the way a crash does, keeping the supervisor and
+    /// the environment (the simulator starts the next runtime with them).
+    pub fn crash_into_parts(self) -> (S, E) {
         self.store.close_as_crashed();
-        self.supervisor
+        (self.supervisor, self.env)
+    }
+
+    /// Ends the runtime in order (after a stop): its store (closed when
+    /// dropped), supervisor and environment.
+    pub fn into_parts(self) -> (ClientStore, S, E) {
+        (self.store, self.supervisor, self.env)
     }
 }

@@ -1211,3 +1211,28 @@ fn a_shell_that_changed_since_it_was_validated_or_was_never_validated_is_refused
     std::thread::sleep(Duration::from_millis(50));
     assert!(!marker.exists(), "a refused shell ran user code");
 }
+
+/// A daemon started under `nohup`, or as a background job of a shell,
+/// inherits HUP, INT or QUIT ignored; an ignored disposition survives
+/// `exec`, and a shell cannot trap a signal ignored at its start. The
+/// portable-set test runs again in a process that inherited every one of
+/// them ignored: each must still reach the command.
+#[test]
+fn signals_reach_a_command_of_a_daemon_that_inherited_them_ignored() {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(
+            "trap '' HUP INT QUIT TERM USR1 USR2; \
+             exec \"$0\" --exact signals_map_to_the_portable_set_only --test-threads 1",
+        )
+        .arg(&exe)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -223,6 +223,36 @@ fn watch(sock: UnixStream, cgroup_v2: Option<PathBuf>) -> ! {
     std::process::exit(EXIT_CHANNEL_LOST)
 }
 
+/// Signals a process may inherit as ignored (a daemon started under
+/// `nohup`, or as a background job of a shell, has HUP or INT and QUIT
+/// ignored) and that a command must be able to receive: an ignored
+/// disposition survives `exec`, and a POSIX shell cannot even trap a
+/// signal that was ignored when it started. A handled one is reset to the
+/// default by `exec`, so the launcher handles each (the handler only sets
+/// a flag nobody reads; the launcher is never sent these, and reaps with
+/// SIGCHLD handled, not ignored). Synchronous faults (BUS, ABRT, TRAP,
+/// SYS) and PIPE (which the standard library resets for the child) are
+/// left alone; the blocked-signal mask is inherited unchanged.
+const RESET_FOR_THE_TREE: [i32; 16] = {
+    use signal_hook::consts::signal::{
+        SIGALRM, SIGCHLD, SIGHUP, SIGINT, SIGIO, SIGPROF, SIGQUIT, SIGTERM, SIGTSTP, SIGTTIN,
+        SIGTTOU, SIGURG, SIGUSR1, SIGUSR2, SIGVTALRM, SIGWINCH,
+    };
+    [
+        SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGALRM, SIGCHLD, SIGTSTP, SIGTTIN,
+        SIGTTOU, SIGURG, SIGWINCH, SIGVTALRM, SIGPROF, SIGIO,
+    ]
+};
+
+fn catch_inherited_signals() {
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in RESET_FOR_THE_TREE {
+        if let Err(e) = signal_hook::flag::register(sig, seen.clone()) {
+            eprintln!("rvbox launcher: cannot reset signal {sig} for the tree: {e}");
+        }
+    }
+}
+
 /// The launcher's entry point: `args` are the arguments after
 /// [`LAUNCHER_MODE_ARG`]. Returns the process exit status (after a release
 /// it never returns: it exits from its watchdog).
@@ -235,6 +265,8 @@ pub fn launcher_main(args: Vec<OsString>) -> i32 {
             return EXIT_USAGE;
         }
     };
+    // 0. no signal the daemon's parent ignored stays ignored for the tree
+    catch_inherited_signals();
     // 1. leader of a new session and process group
     if let Err(e) = rustix::process::setsid() {
         eprintln!("rvbox launcher: setsid failed: {e}");

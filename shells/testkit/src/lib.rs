@@ -290,6 +290,11 @@ impl Stack {
         c.wait().unwrap();
     }
 
+    /// The running server's process id (None when it is not running).
+    pub fn server_pid(&self) -> Option<u32> {
+        self.server.as_ref().map(Child::id)
+    }
+
     /// Kills the server with SIGKILL.
     pub fn kill_server(&mut self) {
         let mut c = self.server.take().unwrap();

@@ -1,5 +1,7 @@
-//! A scripted fake server driving one `SimClient` directly (no network),
-//! optionally persisting events into a real temporary store.
+//! A scripted fake server driving one simulated host (the real client
+//! runtime over the real client store, with simulated process trees)
+//! directly, no network; optionally persisting events into a real
+//! temporary store.
 #![allow(
     dead_code,
     unreachable_pub,
@@ -17,13 +19,15 @@ use prost::Message as _;
 use rvbox_domain::hash::command_hash;
 use rvbox_domain::ids::ClientId;
 use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_domain::validate::check_execution_spec;
 use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::command_event::Body;
 use rvbox_proto::v1::envelope::Payload;
-use rvbox_sim::client::{ClientConfig, ClientEffect, ClientInput, SimClient};
+use rvbox_sim::host::{ClientConfig, ClientEffect, ClientInput, SimHost};
 use rvbox_sim::invariants::body_kind;
 use rvbox_sim::net::{ConnId, Item, NetEvent};
 use rvbox_sim::rng::{SeededEntropy, Seeds, SimRng};
+use rvbox_sim::supervisor::{Programs, SharedLog};
 use rvbox_store::events::{EventAppend, EventBody, EventOutcome};
 use rvbox_store::layout::Layout;
 use rvbox_store::{Store, StoreOptions};
@@ -100,8 +104,26 @@ pub struct ServerCmd {
     pub spec: Option<wire::ExecutionSpec>,
 }
 
+/// Short programs: a few small writes, quick steps, no bursts, no stdin
+/// waits, TERM honoured, exit 0.
+pub fn quiet_programs() -> Programs {
+    Programs {
+        max_chunks: 3,
+        max_chunk: 2_000,
+        max_step_ms: 200,
+        fail_permille: 0,
+        burst_permille: 0,
+        max_burst: 256 * 1024,
+        stdin_permille: 0,
+        ignore_term_permille: 0,
+    }
+}
+
 pub struct Harness {
-    pub client: SimClient,
+    pub client: SimHost,
+    /// What the host's process trees did.
+    pub process: SharedLog,
+    _dir: tempfile::TempDir,
     pub now: u64,
     pub conn: Option<ConnId>,
     next_conn: u64,
@@ -120,8 +142,20 @@ pub struct Harness {
 impl Harness {
     pub fn new(config: ClientConfig, seed: u64) -> Self {
         let seeds = Seeds::new(seed);
+        let dir = tempfile::tempdir().unwrap();
+        let process = SharedLog::default();
+        let client = SimHost::new(
+            0,
+            config,
+            seeds.client(0),
+            dir.path().join("host"),
+            process.clone(),
+        )
+        .unwrap();
         Self {
-            client: SimClient::new(config, seeds.client(0)).unwrap(),
+            client,
+            process,
+            _dir: dir,
             now: 0,
             conn: None,
             next_conn: 1,
@@ -348,7 +382,9 @@ impl Harness {
             .rng
             .uuid_v7_text(u64::try_from(WALL_EPOCH_MS).unwrap() + self.now);
         let spec = spec(text);
-        let hash = command_hash(&self.client_id(), &spec).0.to_vec();
+        let hash = command_hash(&self.client_id(), &check_execution_spec(&spec).unwrap())
+            .0
+            .to_vec();
         if let Some(store) = self.store.as_mut() {
             store
                 .run_command(
