@@ -18,7 +18,7 @@
 //! loses what was not synced (or tears the last write), the trees die, and
 //! a new runtime starts from what the store holds.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,6 +87,17 @@ pub struct ClientConfig {
     pub adversary: Option<Adversary>,
     /// Chance per opportunity that the misbehaviour fires.
     pub adversary_permille: u32,
+    /// Tombstone FIFO length of the client's store.
+    pub tombstone_cap: u64,
+    /// The first start crashes while it writes the new identity.
+    pub crash_at_birth: bool,
+    /// Durable compressed output one command and the daemon keep in the
+    /// spool before the oldest segment rotates into a `CLIENT_SPOOL`
+    /// record (None: the real defaults). A host with its own caps also
+    /// takes a per-command raw backlog up to the daemon's high watermark
+    /// before it drops output, so a burst reaches the spool whole and the
+    /// rolling cap, not loss mode, bounds it.
+    pub spool_output: Option<(u64, u64)>,
 }
 
 impl ClientConfig {
@@ -104,6 +115,9 @@ impl ClientConfig {
             session_window_bytes: DEFAULT_SESSION_SEND_WINDOW_BYTES,
             server_command_window_bytes: DEFAULT_COMMAND_SEND_WINDOW_BYTES,
             adversary: None,
+            tombstone_cap: 100_000,
+            crash_at_birth: false,
+            spool_output: None,
             adversary_permille: 0,
         }
     }
@@ -314,10 +328,14 @@ pub struct ClientCounters {
     pub scripts_committed: u64,
 }
 
-/// Crashes the client the next time its store passes the armed point.
+/// Crashes the client the next time its store passes one of the armed
+/// points (each fires once; several may be armed, so a rarely passed one
+/// stays armed while others come and go), and remembers every point the
+/// store passed, armed or not (the seed batch's coverage).
 #[derive(Debug, Default)]
 pub struct ClientCrashHook {
-    armed: std::sync::Mutex<Option<&'static str>>,
+    armed: std::sync::Mutex<Vec<&'static str>>,
+    passed: std::sync::Mutex<std::collections::BTreeSet<&'static str>>,
 }
 
 impl rvbox_storage::crash::CrashHook for ClientCrashHook {
@@ -325,16 +343,16 @@ impl rvbox_storage::crash::CrashHook for ClientCrashHook {
     // purpose; the host catches exactly this payload and restarts
     #[allow(clippy::panic)]
     fn at(&self, point: &'static str) {
+        if let Ok(mut p) = self.passed.lock() {
+            p.insert(point);
+        }
         let hit = self
             .armed
             .lock()
             .map(|mut a| {
-                if *a == Some(point) {
-                    *a = None;
-                    true
-                } else {
-                    false
-                }
+                let before = a.len();
+                a.retain(|p| *p != point);
+                a.len() != before
             })
             .unwrap_or(false);
         if hit {
@@ -346,7 +364,7 @@ impl rvbox_storage::crash::CrashHook for ClientCrashHook {
 /// The simulator's environment of one runtime: its clocks, the storage
 /// failures it injects before an acceptance commits, and what it observes
 /// of each store operation.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SimEnv {
     now: u64,
     wall_epoch_ms: i64,
@@ -360,6 +378,8 @@ pub struct SimEnv {
     script_chunks_accepted: u64,
     script_chunk_replays: u64,
     scripts_committed: u64,
+    /// Commands whose terminal event the spool made durable.
+    ended_durable: BTreeSet<Uuid7>,
 }
 
 impl Env for SimEnv {
@@ -388,6 +408,9 @@ impl Env for SimEnv {
         match (op, done) {
             (ClientOp::Accept(d), ClientCompletion::Accepted(AcceptOutcome::New)) => {
                 self.accepted.push(d.issue);
+            }
+            (ClientOp::Ended { issue, .. }, ClientCompletion::Done) => {
+                self.ended_durable.insert(*issue);
             }
             (ClientOp::ScriptChunk { issue, chunk }, ClientCompletion::Script(o)) => match o {
                 ScriptOutcome::Received { received } => {
@@ -459,7 +482,7 @@ pub struct SimHost {
     acked: BTreeMap<Uuid7, u64>,
     adversary: Option<AdversaryLayer>,
     misbehaviour: Option<(ConnId, Adversary, Vec<u8>)>,
-    crashed: Option<(Option<ConnId>, &'static str)>,
+    crashed: VecDeque<(Option<ConnId>, &'static str)>,
     /// Unexpected panic (not a crash point): the world fails the run.
     panicked: Option<String>,
     watched: Watched,
@@ -491,6 +514,17 @@ fn core_config(c: &ClientConfig, client_id: &ClientId, work: &Path) -> ClientCor
         spool: SpoolLimits {
             command_window: c.command_window_bytes,
             session_window: c.session_window_bytes,
+            output_window: c
+                .spool_output
+                .map_or(SpoolLimits::default().output_window, |o| o.0),
+            daemon_output: c
+                .spool_output
+                .map_or(SpoolLimits::default().daemon_output, |o| o.1),
+            command_high: c
+                .spool_output
+                .map_or(SpoolLimits::default().command_high, |_| {
+                    SpoolLimits::default().daemon_high
+                }),
             ..SpoolLimits::default()
         },
         shell_paths: BTreeMap::from([
@@ -543,6 +577,7 @@ fn open_store(
     fs: &Arc<FaultyFs>,
     seed: u64,
     hook: Arc<ClientCrashHook>,
+    tombstone_cap: u64,
 ) -> Result<ClientStore, String> {
     ClientStore::open_with_hook(
         ClientLayout::new(root.join("state")),
@@ -550,7 +585,7 @@ fn open_store(
         Arc::new(SeedEntropy(std::sync::Mutex::new(SimRng::new(seed)))),
         hook,
         ClientStoreOptions {
-            tombstone_cap: 100_000,
+            tombstone_cap,
             ..ClientStoreOptions::default()
         },
         0,
@@ -597,7 +632,43 @@ impl SimHost {
         std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
         let fs = Arc::new(FaultyFs::new());
         let hook = Arc::new(ClientCrashHook::default());
-        let store = open_store(&root, &fs, rng.next_u64(), hook.clone())?;
+        // the first start may die while it writes its new identity: the
+        // next start finds no identity and makes one
+        let mut born_crashed = VecDeque::new();
+        if config.crash_at_birth {
+            let point = rvbox_client_store::crash::IDENTITY_BEFORE_RENAME;
+            if let Ok(mut a) = hook.armed.lock() {
+                a.push(point);
+            }
+            let first = catch(|| {
+                open_store(
+                    &root,
+                    &fs,
+                    rng.next_u64(),
+                    hook.clone(),
+                    config.tombstone_cap,
+                )
+            });
+            if let Ok(mut a) = hook.armed.lock() {
+                a.clear();
+            }
+            match first {
+                Err(Unwound::Crash(p)) => {
+                    let keep = rng.range_inclusive(0..=512);
+                    let _ = fs.crash(CrashMode::Tear { keep });
+                    born_crashed.push_back((None, p));
+                }
+                Err(Unwound::Other(e)) => return Err(format!("client store: {e}")),
+                Ok(opened) => drop(opened?),
+            }
+        }
+        let store = open_store(
+            &root,
+            &fs,
+            rng.next_u64(),
+            hook.clone(),
+            config.tombstone_cap,
+        )?;
         let instance = store
             .instance_id()
             .map(|i| i.to_string())
@@ -622,6 +693,7 @@ impl SimHost {
             script_chunks_accepted: 0,
             script_chunk_replays: 0,
             scripts_committed: 0,
+            ended_durable: BTreeSet::new(),
         };
         let adversary = config
             .adversary
@@ -655,7 +727,7 @@ impl SimHost {
             acked: BTreeMap::new(),
             adversary,
             misbehaviour: None,
-            crashed: None,
+            crashed: born_crashed,
             panicked: None,
             watched: Watched::default(),
             injected_before: 0,
@@ -757,7 +829,7 @@ impl SimHost {
             Ok(()) => {}
             Err(Unwound::Crash(point)) => {
                 let conn = self.crash_restart(self.now);
-                self.crashed = Some((conn, point));
+                self.crashed.push_back((conn, point));
             }
             Err(Unwound::Other(msg)) => {
                 if self.panicked.is_none() {
@@ -856,7 +928,7 @@ impl SimHost {
         };
         // what the stop spooled is durable; the store closes cleanly
         let (store, mut sup, env) = rt.into_parts();
-        sup.daemon_died();
+        sup.daemon_died(&env.ended_durable);
         drop(store);
         if let Err(e) = self.start_again(sup, env) {
             self.note(format!("restart after a stop failed: {e}"));
@@ -865,9 +937,40 @@ impl SimHost {
     }
 
     fn start_again(&mut self, sup: SimSupervisor, env: SimEnv) -> Result<(), String> {
-        let store = open_store(&self.root, &self.fs, self.rng.next_u64(), self.hook.clone())?;
+        let store_seed = self.rng.next_u64();
+        // the store's recovery passes named points too
+        let opened = catch(|| {
+            open_store(
+                &self.root,
+                &self.fs,
+                store_seed,
+                self.hook.clone(),
+                self.config.tombstone_cap,
+            )
+        });
+        let store = match opened {
+            Ok(r) => r?,
+            Err(Unwound::Crash(point)) => {
+                self.crashed.push_back((None, point));
+                self.counters.crashes = self.counters.crashes.saturating_add(1);
+                let keep = self.rng.range_inclusive(0..=512);
+                let _ = self.fs.crash(CrashMode::Tear { keep });
+                return self.start_again(sup, env);
+            }
+            Err(Unwound::Other(msg)) => return Err(msg),
+        };
         let seed = self.rng.next_u64();
+        let (sup2, env2) = (sup.clone(), env.clone());
         let started = catch(|| Runtime::with_env(self.core_config.clone(), store, sup, env, seed));
+        if let Err(Unwound::Crash(point)) = &started {
+            // the daemon died while it started (recovery passes named
+            // points too): the next start recovers from that
+            self.crashed.push_back((None, *point));
+            self.counters.crashes = self.counters.crashes.saturating_add(1);
+            let keep = self.rng.range_inclusive(0..=512);
+            let _ = self.fs.crash(CrashMode::Tear { keep });
+            return self.start_again(sup2, env2);
+        }
         match started {
             Ok(Ok(rt)) => {
                 self.rt = Some(rt);
@@ -1071,22 +1174,48 @@ impl SimHost {
 
     /// Arms a crash at `point` (the next time the store passes it).
     pub fn arm_crash(&mut self, point: &'static str) {
-        if let Ok(mut a) = self.hook.armed.lock() {
-            *a = Some(point);
+        if let Ok(mut a) = self.hook.armed.lock()
+            && !a.contains(&point)
+        {
+            a.push(point);
+        }
+    }
+
+    /// Every named point this host's store passed so far.
+    #[must_use]
+    pub fn passed_points(&self) -> Vec<&'static str> {
+        self.hook
+            .passed
+            .lock()
+            .map(|p| p.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Ends any misbehaviour that closes sessions (the calm tail has no
+    /// faults: an adversary that broke every session would keep its
+    /// commands from ending).
+    pub fn behave(&mut self) {
+        // an exact repeat breaks nothing: it may go on
+        if self
+            .adversary
+            .as_ref()
+            .is_some_and(|a| a.kind().expects_close())
+        {
+            self.adversary = None;
         }
     }
 
     /// Disarms any armed crash point (the calm tail has no faults).
     pub fn disarm_crash(&mut self) {
         if let Ok(mut a) = self.hook.armed.lock() {
-            *a = None;
+            a.clear();
         }
     }
 
     /// A crash at an armed point since the last call, with the
     /// connection that was open.
     pub fn take_crashed(&mut self) -> Option<(Option<ConnId>, &'static str)> {
-        self.crashed.take()
+        self.crashed.pop_front()
     }
 
     /// The daemon crashes (and the host may lose power) at `now`: the
@@ -1110,7 +1239,7 @@ impl SimHost {
         // a crashed store closes without a checkpoint, as a power cut
         // leaves it
         let (mut sup, env) = rt.crash_into_parts();
-        sup.daemon_died();
+        sup.daemon_died(&env.ended_durable);
         let _ = self.fs.crash(mode);
         if let Err(e) = self.start_again(sup, env) {
             self.note(format!("restart after a crash failed: {e}"));

@@ -776,7 +776,10 @@ pub fn check_command(
         counts.exits += 1;
         let server = view.lifecycle;
         let reported = terminal_change.as_ref().and_then(|l| l.exit_result.clone());
-        let explained_by_server = server == Lifecycle::Interrupted && terminal_change.is_none();
+        // the server ended it (no terminal change from a client), or the
+        // client lost the end in a crash before it was durable
+        let explained_by_server = server == Lifecycle::Interrupted
+            && (terminal_change.is_none() || record.end_unrecorded);
         if !explained_by_server {
             if server != lifecycle {
                 problems.push(format!(

@@ -17,12 +17,12 @@
 //! Trees die with their daemon: after a crash nothing of them runs on,
 //! and reaping finds them gone.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rvbox_client_core::process::{
-    CommandProcessEvent, Exit, LaunchIdentity, LaunchSpec, ProcessEvent, Supervision,
+    CommandProcessEvent, Exit, LaunchFailure, LaunchIdentity, LaunchSpec, ProcessEvent, Supervision,
 };
 use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
@@ -57,6 +57,9 @@ pub struct Programs {
     pub stdin_permille: u32,
     /// Chance a tree ignores TERM.
     pub ignore_term_permille: u32,
+    /// Chance a launch fails transiently before it is ready (fork or
+    /// file limits): the client puts the command back and tries again.
+    pub transient_launch_permille: u32,
 }
 
 impl Default for Programs {
@@ -70,6 +73,7 @@ impl Default for Programs {
             max_burst: 3 << 20,
             stdin_permille: 250,
             ignore_term_permille: 250,
+            transient_launch_permille: 40,
         }
     }
 }
@@ -111,6 +115,9 @@ pub struct ProcessRecord {
     pub stop_signals: Vec<wire::SignalKind>,
     /// How it ended (`None` while it runs).
     pub ended: Option<Ended>,
+    /// It ended on its own while a daemon ran that died before the end
+    /// was durable in its spool (`INTERRUPTED` is the honest outcome).
+    pub end_unrecorded: bool,
 }
 
 /// Every tree's record, shared between the supervisor (which writes it)
@@ -172,13 +179,15 @@ struct Tree {
 }
 
 /// The simulated supervisor of one host.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SimSupervisor {
     host: u32,
     rng: SimRng,
     programs: Programs,
     prepared: BTreeMap<Uuid7, ()>,
     trees: BTreeMap<Uuid7, Tree>,
+    /// Trees that ended on their own since this daemon started.
+    ended_here: BTreeSet<Uuid7>,
     ready: VecDeque<CommandProcessEvent>,
     now: u64,
     wall_epoch_ms: i64,
@@ -205,6 +214,7 @@ impl SimSupervisor {
             programs,
             prepared: BTreeMap::new(),
             trees: BTreeMap::new(),
+            ended_here: BTreeSet::new(),
             ready: VecDeque::new(),
             now: 0,
             wall_epoch_ms,
@@ -246,13 +256,22 @@ impl SimSupervisor {
 
     /// The daemon died: every tree dies with it, every event not taken is
     /// lost (the pipes and their contents went with the process).
-    pub fn daemon_died(&mut self) {
+    pub fn daemon_died(&mut self, ended_durable: &BTreeSet<Uuid7>) {
         let mut l = log(&self.log);
         for issue in self.trees.keys() {
             if let Some(r) = l.entry(*issue, self.host)
                 && r.ended.is_none()
             {
                 r.ended = Some(Ended::WithDaemon);
+            }
+        }
+        for issue in std::mem::take(&mut self.ended_here) {
+            if !ended_durable.contains(&issue)
+                && let Some(r) = l.entry(issue, self.host)
+            {
+                // it ended while this daemon ran, and the daemon died
+                // before the end was durable: nobody can know how it ended
+                r.end_unrecorded = true;
             }
         }
         drop(l);
@@ -348,6 +367,7 @@ impl SimSupervisor {
             r.ended = Some(Ended::Exit(exit));
         }
         self.trees.remove(&issue);
+        self.ended_here.insert(issue);
         self.push(issue, ProcessEvent::Exited(exit));
         self.push(issue, ProcessEvent::Drained { incomplete: vec![] });
     }
@@ -423,6 +443,19 @@ impl Supervisor for SimSupervisor {
     }
 
     fn prepare(&mut self, spec: LaunchSpec) -> Result<(), SupervisorError> {
+        // no draw when disabled: a run without transient failures keeps
+        // the sequence it always had
+        if self.programs.transient_launch_permille > 0
+            && self.rng.chance(self.programs.transient_launch_permille)
+        {
+            self.push(
+                spec.issue,
+                ProcessEvent::Failed(LaunchFailure::Transient(
+                    "fork: resource temporarily unavailable (simulated)".into(),
+                )),
+            );
+            return Ok(());
+        }
         let birth = self.rng.next_u64();
         self.prepared.insert(spec.issue, ());
         self.push(

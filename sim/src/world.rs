@@ -35,7 +35,7 @@ use crate::supervisor::{Programs, SharedLog};
 /// The store crash points a run arms: every step of the append path, and
 /// every metadata commit the server core's operations reach (each at its
 /// own site, so a trace names exactly which commit the crash followed).
-pub const CRASH_POINTS: [&str; 24] = [
+pub const CRASH_POINTS: [&str; 29] = [
     points::EVENT_BEFORE_FSYNC,
     points::EVENT_MID_RECORD,
     points::EVENT_AFTER_FSYNC,
@@ -60,7 +60,36 @@ pub const CRASH_POINTS: [&str; 24] = [
     points::STDIN_AFTER_COMMIT,
     points::RUN_COMMAND_AFTER_COMMIT,
     points::TRANSITION_AFTER_COMMIT,
+    rvbox_store::retention::points::ROTATE_AFTER_MARK,
+    rvbox_store::retention::points::EVICT_AFTER_MARK,
+    rvbox_store::retention::points::EVICT_AFTER_MOVE,
+    rvbox_store::retention::points::EVICT_AFTER_DELETE,
+    rvbox_store::audit::points::AUDIT_AFTER_FSYNC,
 ];
+
+/// Server crash points few runs pass, armed at their first pass in every
+/// faulty run.
+const RARE_POINTS: &[&str] = &[
+    points::ACCEPT_LATE_AFTER_COMMIT,
+    points::EXPIRED_PENDING_AFTER_COMMIT,
+    points::CLAIM_AFTER_COMMIT,
+    rvbox_store::retention::points::ROTATE_AFTER_MARK,
+    rvbox_store::retention::points::EVICT_AFTER_MARK,
+    rvbox_store::retention::points::EVICT_AFTER_MOVE,
+    rvbox_store::retention::points::EVICT_AFTER_DELETE,
+];
+
+/// Client crash points few runs pass, armed on every host of a faulty run.
+const RARE_CLIENT_POINTS: &[&str] = &[
+    rvbox_client_store::crash::SPOOL_ROTATE_BEFORE_COMMIT,
+    rvbox_client_store::crash::SPOOL_ROTATE_AFTER_COMMIT,
+    rvbox_client_store::crash::SPOOL_LOSS_AFTER_COMMIT,
+    rvbox_client_store::crash::TOMBSTONE_ROTATE_BEFORE_COMMIT,
+];
+
+/// Client spool output kept per command and per daemon (compressed) in a
+/// run with tight quotas.
+pub const TIGHT_SPOOL: (u64, u64) = (2 << 20, 4 << 20);
 
 /// Simulated time after the workload (faults off, every client
 /// reachable) within which every command must be terminal.
@@ -148,6 +177,9 @@ const MAX_ARMED_POINTS: usize = CRASH_POINTS.len();
 #[derive(Debug)]
 struct StopAt {
     arms: Vec<(&'static str, u32, AtomicU32)>,
+    /// Every point the store passed this run, armed or not (shared by
+    /// every hook of the run: the seed batch's coverage).
+    passed: Arc<std::sync::Mutex<std::collections::BTreeSet<&'static str>>>,
 }
 
 impl StopAt {
@@ -168,6 +200,9 @@ impl CrashHook for StopAt {
     // world catches exactly this payload and restarts the server
     #[allow(clippy::panic)]
     fn at(&self, point: &'static str) {
+        if let Ok(mut p) = self.passed.lock() {
+            p.insert(point);
+        }
         for (p, after, hits) in &self.arms {
             if *p == point && hits.fetch_add(1, Ordering::SeqCst) + 1 == *after {
                 std::panic::panic_any(CrashedAt(point));
@@ -315,6 +350,19 @@ pub struct World {
     crash_points: SimRng,
     /// The crash hook of the running store (a restart disarms it).
     armed: Option<Arc<StopAt>>,
+    /// The operator's takeover grants.
+    takeover_rng: SimRng,
+    /// Holds that make an acceptance arrive after its queue expiry.
+    late_rng: SimRng,
+    /// Pending claims of refused second instances: client id, instance.
+    claims: Vec<(String, String)>,
+    /// Grants answered, kept for replays.
+    takeovers: Vec<(
+        wire::AuthorizeClientTakeoverRequest,
+        wire::AuthorizeClientTakeoverResponse,
+    )>,
+    /// Every store point the server passed this run.
+    points_passed: Arc<std::sync::Mutex<std::collections::BTreeSet<&'static str>>>,
     /// The command of the `SignalCommand` whose call is being flushed.
     signalled_now: Option<String>,
     /// The calm tail has begun (faults off).
@@ -366,10 +414,12 @@ fn store_options(tight: bool) -> StoreOptions {
     opts
 }
 
-/// A tight store's per-command output window (the workload's commands
-/// write up to about 8 KB).
-const TIGHT_OUTPUT_WINDOW: u64 = 4 * 1024;
-/// A tight store's tombstone FIFO.
+/// A tight store's per-command output window: its active segment (sealed
+/// at 2 KiB) and an incoming 64 KiB chunk that does not compress fit, as
+/// the configuration floor demands of the real sizes, so rotation can
+/// always make room; bursts rotate through it.
+const TIGHT_OUTPUT_WINDOW: u64 = 160 * 1024;
+/// A tight store's tombstone FIFO (the server's, and each client's).
 const TIGHT_TOMBSTONES: u64 = 3;
 /// A tight server's ingress watermarks.
 const TIGHT_INGRESS: (u64, u64) = (4 * 1024, 2 * 1024);
@@ -510,23 +560,26 @@ impl World {
                 .stream(crate::rng::Stream::Named("retention"))
                 .chance(250);
         let (store, _) = open_store(dir.path(), &fs, &entropy, WALL_EPOCH_MS, tight)?;
-        // one adversarial client per faulty run, of a seeded kind
-        let adversary = (config.faults && faults.chance(500))
+        // one adversarial client in every other faulty run, the kinds in
+        // turn (so any ten consecutive seeds hold each kind once)
+        const KINDS: [Adversary; 5] = [
+            Adversary::ExactDuplicate,
+            Adversary::StaleGeneration,
+            Adversary::ConflictingDuplicate,
+            Adversary::WindowOverrun,
+            Adversary::MalformedBytes,
+        ];
+        let adversary = (config.faults && seed.is_multiple_of(2))
             .then(|| {
-                faults
-                    .pick(&[
-                        Adversary::ExactDuplicate,
-                        Adversary::StaleGeneration,
-                        Adversary::ConflictingDuplicate,
-                        Adversary::WindowOverrun,
-                        Adversary::MalformedBytes,
-                    ])
+                KINDS
+                    .get(usize::try_from(seed / 2 % 5).unwrap_or(0))
                     .copied()
             })
             .flatten();
         let small_windows = adversary == Some(Adversary::WindowOverrun);
         let process_log = SharedLog::default();
         let mut clients = Vec::new();
+        let mut births = seeds.stream(crate::rng::Stream::Named("births"));
         for i in 0..config.clients {
             let mut c = ClientConfig::new(format!("host-{i}"));
             c.max_running = 2;
@@ -538,11 +591,26 @@ impl World {
             }
             if i == 0 && adversary.is_some() {
                 c.adversary = adversary;
-                c.adversary_permille = 50;
+                // once per session at most, at one of its first events
+                c.adversary_permille = 250;
             }
             if config.faults {
                 // local storage failures before an acceptance commits
                 c.transient_permille = 40;
+            }
+            // some hosts die in their very first start
+            c.crash_at_birth = config.faults && births.chance(150);
+            if tight {
+                // a short tombstone FIFO and a small spool: rotations of
+                // both happen within a run
+                c.tombstone_cap = TIGHT_TOMBSTONES;
+                c.spool_output = Some(TIGHT_SPOOL);
+                // and bursts often enough that one outgrows that window
+                c.programs.burst_permille = 150;
+                // and the smallest send windows: more of a backlog stays
+                // unsequenced, where the spool may rotate it
+                c.command_window_bytes = TIGHT_WINDOWS.0;
+                c.session_window_bytes = TIGHT_WINDOWS.1;
             }
             clients.push(SimHost::new(
                 i,
@@ -574,6 +642,10 @@ impl World {
             stdin_plans: Vec::new(),
             stdin_rng: seeds.stream(crate::rng::Stream::Named("stdin")),
             oracle_rng: seeds.stream(crate::rng::Stream::Named("oracles")),
+            takeover_rng: seeds.stream(crate::rng::Stream::Named("takeovers")),
+            late_rng: seeds.stream(crate::rng::Stream::Named("late_acceptances")),
+            takeovers: Vec::new(),
+            claims: Vec::new(),
             workload: seeds.workload(),
             faults,
             checker: {
@@ -596,6 +668,7 @@ impl World {
             exec: seeds.stream(crate::rng::Stream::Named("executor")),
             crash_points: seeds.stream(crate::rng::Stream::Named("crash_points")),
             armed: None,
+            points_passed: Arc::default(),
             signalled_now: None,
             calm: false,
             calm_from: 0,
@@ -730,11 +803,15 @@ impl World {
                 reason,
                 R::ProtocolError | R::LivenessTimeout | R::SessionFenced | R::ServiceRestart
             ),
-            Adversary::SecondInstance | Adversary::ExactDuplicate => true,
+            // an exact repeat is never a protocol error: a close in the
+            // step that delivered it has another cause (a restart, a fence)
+            Adversary::ExactDuplicate => !matches!(reason, R::ProtocolError | R::StaleSession),
+            Adversary::SecondInstance => true,
         };
         let exact = match kind {
             Adversary::StaleGeneration => reason == R::StaleSession,
-            Adversary::SecondInstance | Adversary::ExactDuplicate => true,
+            Adversary::ExactDuplicate => false,
+            Adversary::SecondInstance => true,
             _ => reason == R::ProtocolError || reason == R::StaleSession,
         };
         if exact {
@@ -857,6 +934,41 @@ impl World {
                 reason.as_str_name()
             ));
         }
+    }
+
+    /// Now and then the link of a host goes silent just as it takes a
+    /// `Dispatch` with a queue expiry still ahead, until a little past
+    /// that expiry: the host accepts in time by its clock, and the
+    /// acceptance reaches the server late (plan §6.4: accepted, an
+    /// incident, and a termination at a higher revision).
+    fn maybe_hold_acceptance(&mut self, client: ClientSlot, bytes: &[u8]) {
+        if self.calm || !self.config.faults {
+            return;
+        }
+        let Some(wire::envelope::Payload::Dispatch(d)) =
+            wire::Envelope::decode(bytes).ok().and_then(|e| e.payload)
+        else {
+            return;
+        };
+        let Some(expiry) = d
+            .queue_expiry_time
+            .map(|t| t.seconds.saturating_mul(1000) + i64::from(t.nanos / 1_000_000))
+        else {
+            return;
+        };
+        let left = u64::try_from(expiry.saturating_sub(self.wall())).unwrap_or(0);
+        // short of a liveness timeout, so the session survives the hold
+        if left == 0 || left > 20_000 || !self.late_rng.chance(600) {
+            return;
+        }
+        let hold = left + 500 + self.late_rng.below(2_000);
+        self.log(format!(
+            "HOLD client {} for {hold} ms past the dispatch of {}",
+            client.0, d.issue_uuid
+        ));
+        self.count("late_acceptance_provoked");
+        self.net
+            .partition(client, self.now.saturating_add(hold), self.now);
     }
 
     /// A `Dispatch` never carries work with a pending signal: such work
@@ -1176,6 +1288,14 @@ impl World {
                             self.adversary_awaiting.insert(conn, kind);
                         }
                         self.with_engine(|e, now, wall| e.frame(now, wall, conn, b));
+                        // an exact repeat is answered by not closing: it
+                        // was taken (and acknowledged) like the first copy
+                        if self.adversary_awaiting.get(&conn) == Some(&Adversary::ExactDuplicate)
+                            && self.server.engine.is_some()
+                        {
+                            self.adversary_awaiting.remove(&conn);
+                            self.count("adversary answered ExactDuplicate");
+                        }
                         if let Some(kind) = self.adversary_awaiting.get(&conn).copied()
                             && adversary_closes_at_once(kind)
                             && self.server.engine.is_some()
@@ -1210,6 +1330,9 @@ impl World {
                 let conn = d.conn.0;
                 if from_engine {
                     self.with_engine(|e, now, wall| e.written(now, wall, conn));
+                }
+                if let NetEvent::Item(Item::Binary(b)) = &d.event {
+                    self.maybe_hold_acceptance(d.client, b);
                 }
                 if let Some(c) = self.clients.get_mut(idx) {
                     c.handle(
@@ -1248,7 +1371,8 @@ impl World {
                 }
             }
             for i in 0..self.clients.len() {
-                if let Some((conn, point)) = self.clients.get_mut(i).and_then(SimHost::take_crashed)
+                while let Some((conn, point)) =
+                    self.clients.get_mut(i).and_then(SimHost::take_crashed)
                 {
                     any = true;
                     self.log(format!("CRASH client {i} at {point}"));
@@ -1264,7 +1388,7 @@ impl World {
                     self.clients.get_mut(i).and_then(SimHost::take_misbehaviour)
                 {
                     self.count(&format!("adversary sent {kind:?}"));
-                    if kind.expects_close() {
+                    if kind != Adversary::SecondInstance {
                         self.adversary_sent.insert(conn.0, (kind, bytes));
                     }
                 }
@@ -1283,10 +1407,17 @@ impl World {
             .workload
             .uuid_v7(u64::try_from(self.wall()).unwrap_or(0));
         let text = format!("job-{}", self.workload.next_u32());
-        let ttl = if self.workload.chance(200) {
-            // a short TTL now and then, so expiry paths run
+        let ttl = if self.workload.chance(250) {
+            // a short TTL now and then, so expiry paths run: half of them
+            // a second or two, which a stalled link or a partition between
+            // the dispatch and the acceptance outlasts (a late acceptance)
+            let seconds = if self.workload.chance(500) {
+                1 + self.workload.below(3)
+            } else {
+                5 + self.workload.below(60)
+            };
             Some(prost_types::Duration {
-                seconds: i64::try_from(5 + self.workload.below(60)).unwrap_or(5),
+                seconds: i64::try_from(seconds).unwrap_or(5),
                 nanos: 0,
             })
         } else {
@@ -1361,6 +1492,65 @@ impl World {
         }
         if signal {
             self.operator_signal();
+        }
+        if self.takeover_rng.chance(40) {
+            self.operator_takeover();
+        }
+    }
+
+    /// `AuthorizeClientTakeover` for a client, with an instance id no
+    /// host uses (the grant expires unused), or the replay of an earlier
+    /// grant, which must be answered exactly as the first time.
+    fn operator_takeover(&mut self) {
+        if self.takeover_rng.chance(300)
+            && let Some((req, first)) = self.takeover_rng.pick(&self.takeovers).cloned()
+        {
+            let mut again = None;
+            self.with_engine(|e, now, wall| again = Some(e.authorize_takeover(now, wall, &req)));
+            if let Some(Ok(resp)) = again {
+                self.count("operator_takeover_replayed");
+                if resp != first {
+                    self.failure = Some(format!(
+                        "AuthorizeClientTakeover {} replayed as {resp:?}, first answered {first:?}",
+                        req.request_id
+                    ));
+                }
+            }
+            return;
+        }
+        // mostly a refused second instance's pending claim (the grant
+        // waits for a connection that never comes), else an instance that
+        // never claimed (refused)
+        let wall = u64::try_from(self.wall()).unwrap_or(0);
+        let request_id = self.takeover_rng.uuid_v7(wall);
+        let (client_id, instance) = match self.takeover_rng.pick(&self.claims).cloned() {
+            Some(claim) if self.takeover_rng.chance(700) => claim,
+            _ => {
+                let i = self.takeover_rng.below(u64::from(self.config.clients));
+                let instance = self.takeover_rng.uuid_v4();
+                (format!("host-{i}"), crate::rng::uuid_text(&instance))
+            }
+        };
+        let req = wire::AuthorizeClientTakeoverRequest {
+            request_id: crate::rng::uuid_text(&request_id),
+            client_id,
+            client_instance_id: instance,
+        };
+        let mut answer = None;
+        self.with_engine(|e, now, wall| answer = Some(e.authorize_takeover(now, wall, &req)));
+        match answer {
+            Some(Ok(resp)) => {
+                self.count("operator_takeover");
+                self.log(format!("takeover of {} authorized", req.client_id));
+                if self.takeovers.len() < MAX_KEPT_SIGNALS {
+                    self.takeovers.push((req, resp));
+                }
+            }
+            Some(Err(e)) => {
+                self.log(format!("takeover of {} refused: {e:?}", req.client_id));
+                self.count("operator_takeover_refused");
+            }
+            None => {}
         }
     }
 
@@ -1519,17 +1709,88 @@ impl World {
     /// Arms a crash at the `after`-th next pass of a named store point,
     /// chosen by `rng`.
     fn arm_crash_point(&mut self, from_crash_stream: bool) {
+        // half the time a point this run passed and never crashed at, so
+        // that rarely passed points fire too
+        let passed: Vec<&'static str> = self
+            .points_passed
+            .lock()
+            .map(|p| {
+                CRASH_POINTS
+                    .iter()
+                    .copied()
+                    .filter(|c| p.contains(c))
+                    .filter(|c| !self.counters.contains_key(&format!("crash_point {c}")))
+                    .collect()
+            })
+            .unwrap_or_default();
         let rng = if from_crash_stream {
             &mut self.crash_points
         } else {
             &mut self.faults
         };
-        let point = rng
-            .pick(&CRASH_POINTS)
-            .copied()
-            .unwrap_or(points::EVENT_AFTER_FSYNC);
+        let from = if !passed.is_empty() && rng.chance(750) {
+            &passed[..]
+        } else {
+            &CRASH_POINTS[..]
+        };
+        let point = rng.pick(from).copied().unwrap_or(points::EVENT_AFTER_FSYNC);
         let after = u32::try_from(1 + rng.below(3)).unwrap_or(1);
         self.arm_at(point, after);
+    }
+
+    /// Arms the seed's focus points: of the server's store, armed at
+    /// their first pass, and of every client's store.
+    fn focus_crash_points(&mut self) {
+        // two of each side, half the list apart: a batch of as many seeds
+        // as points arms each point twice
+        let n = CRASH_POINTS.len() as u64;
+        for k in [self.seed % n, (self.seed + n / 2) % n] {
+            if let Some(point) = CRASH_POINTS.get(usize::try_from(k).unwrap_or(0)) {
+                self.arm_at(point, 1);
+            }
+        }
+        // one seed in four, one host crashes once at every named point of
+        // its store (at the first pass of each), and one in four the
+        // server does at every point of its own
+        if self.seed % 4 == 3 {
+            let i = usize::try_from(self.seed / 4).unwrap_or(0) % self.clients.len().max(1);
+            if let Some(c) = self.clients.get_mut(i) {
+                for point in rvbox_client_store::crash::ALL {
+                    c.arm_crash(point);
+                }
+            }
+            self.log(format!("ARM client {i} at every point"));
+        }
+        if self.seed % 4 == 1 {
+            for point in CRASH_POINTS {
+                self.arm_at(point, 1);
+            }
+        }
+        // points few runs pass at all (an expiry, a late acceptance, a
+        // retention pass, a rotation): armed in every run, so the one pass
+        // a run makes is a crash
+        for point in RARE_POINTS {
+            // a crash at the expiry mark ends the session whose acceptance
+            // would come late: one run in three
+            if *point != points::EXPIRED_PENDING_AFTER_COMMIT || self.seed.is_multiple_of(3) {
+                self.arm_at(point, 1);
+            }
+        }
+        for c in &mut self.clients {
+            for point in RARE_CLIENT_POINTS {
+                c.arm_crash(point);
+            }
+        }
+        let all = rvbox_client_store::crash::ALL;
+        let m = all.len() as u64;
+        for k in [self.seed % m, (self.seed + m / 2) % m] {
+            if let Some(point) = all.get(usize::try_from(k).unwrap_or(0)).copied() {
+                for c in &mut self.clients {
+                    c.arm_crash(point);
+                }
+                self.log(format!("ARM every client at {point}"));
+            }
+        }
     }
 
     /// Arms a crash at the `after`-th next pass of `point`, beside what is
@@ -1551,10 +1812,8 @@ impl World {
 
     /// Installs a crash hook armed at `arms` on the running store.
     fn rearm(&mut self, arms: Vec<(&'static str, u32)>) {
-        if arms.is_empty() {
-            return;
-        }
         let hook = Arc::new(StopAt {
+            passed: self.points_passed.clone(),
             arms: arms
                 .into_iter()
                 .map(|(p, a)| (p, a, AtomicU32::new(0)))
@@ -1571,6 +1830,37 @@ impl World {
         // other faults of a seed stay what they were)
         if self.crash_points.chance(600) {
             self.arm_crash_point(true);
+        }
+        // and a named point of one client's store, beside what it has
+        // armed already (each fires once, at its next pass)
+        if self.crash_points.chance(350) {
+            let i = self.crash_points.below(self.clients.len() as u64);
+            let passed: std::collections::BTreeSet<&'static str> = self
+                .clients
+                .iter()
+                .flat_map(SimHost::passed_points)
+                .filter(|p| {
+                    !self
+                        .counters
+                        .contains_key(&format!("client_crash_point {p}"))
+                })
+                .collect();
+            let passed: Vec<&'static str> = passed.into_iter().collect();
+            let from = if !passed.is_empty() && self.crash_points.chance(750) {
+                &passed[..]
+            } else {
+                rvbox_client_store::crash::ALL
+            };
+            let point = self
+                .crash_points
+                .pick(from)
+                .copied()
+                .unwrap_or(rvbox_client_store::crash::ACCEPT_AFTER_COMMIT);
+            if let Some(c) = self.clients.get_mut(usize::try_from(i).unwrap_or(0)) {
+                c.arm_crash(point);
+                self.log(format!("ARM client {i} at {point}"));
+                self.count("client_crash_point armed");
+            }
         }
         let roll = self.faults.below(100);
         match roll {
@@ -1728,6 +2018,13 @@ impl World {
             return;
         }
         self.count("second_instance_refused");
+        if self.claims.len() < MAX_KEPT_SIGNALS {
+            self.claims.push((client_id.clone(), twin_instance.clone()));
+        }
+        // the operator often answers a refused claim with a grant
+        if self.takeover_rng.chance(500) {
+            self.operator_takeover();
+        }
         if !outputs.iter().any(|o| matches!(o, Output::Close { .. })) {
             self.with_engine(|e, now, wall| e.disconnected(now, wall, conn));
         }
@@ -1854,6 +2151,20 @@ impl World {
                 }
                 Some(Err(e)) => {
                     let code = e.to_domain().code();
+                    let line = format!(
+                        "stdin of {} refused{}: {:?}",
+                        crate::rng::uuid_text(&plan.id),
+                        if plan.pending.is_some() {
+                            " (a retry)"
+                        } else {
+                            ""
+                        },
+                        e.to_domain()
+                    );
+                    self.log(line);
+                    let Some(plan) = self.stdin_plans.get_mut(i) else {
+                        continue;
+                    };
                     if matches!(code, Code::Unavailable | Code::CapacityExhausted) {
                         // transient: the same request again later
                         plan.pending = Some(call);
@@ -1879,6 +2190,19 @@ impl World {
                 self.stdin_plans.remove(i);
             }
         }
+    }
+
+    /// Every stdin call whose answer a crash swallowed is sent once more
+    /// with its request id, as the operator's retry would: a committed
+    /// write is answered with its result even after its command ended, so
+    /// the oracle knows every write the process may have got.
+    fn settle_stdin(&mut self) {
+        self.stdin_plans.retain(|p| p.pending.is_some());
+        let now = self.now;
+        for p in &mut self.stdin_plans {
+            p.at = now;
+        }
+        self.stdin_turn();
     }
 
     /// The oracles over every command, once all are terminal.
@@ -1927,6 +2251,23 @@ impl World {
             ("oracle cursor_reads", counts.cursor_reads),
         ] {
             self.add(k, v);
+        }
+        // coverage: every named point either store passed this run
+        let server: Vec<&'static str> = self
+            .points_passed
+            .lock()
+            .map(|p| p.iter().copied().collect())
+            .unwrap_or_default();
+        for p in server {
+            self.count(&format!("passed {p}"));
+        }
+        let client: std::collections::BTreeSet<&'static str> = self
+            .clients
+            .iter()
+            .flat_map(SimHost::passed_points)
+            .collect();
+        for p in client {
+            self.count(&format!("client_passed {p}"));
         }
         if let Some(first) = problems.first()
             && self.failure.is_none()
@@ -2017,6 +2358,7 @@ impl World {
                 self.log("CALM tail begins".into());
                 for c in &mut self.clients {
                     c.disarm_crash();
+                    c.behave();
                 }
                 // and the server's clock is put right (as time sync would):
                 // a queue expiry is decided on it
@@ -2031,6 +2373,7 @@ impl World {
             }
             if self.all_done() {
                 self.check_agreement();
+                self.settle_stdin();
                 self.check_oracles();
                 break;
             }
@@ -2153,5 +2496,14 @@ impl World {
 /// # Errors
 /// When the run cannot even start (temporary directory).
 pub fn run(seed: u64, config: &SimConfig) -> Result<Report, String> {
-    Ok(World::new(seed, config.clone())?.run())
+    let mut world = World::new(seed, config.clone())?;
+    // a hook from the start: every point passed counts; and each seed
+    // arms one point of each side from its start (the seed picks which),
+    // so that a batch of as many seeds as points reaches even those a run
+    // passes once
+    world.rearm(Vec::new());
+    if config.faults {
+        world.focus_crash_points();
+    }
+    Ok(world.run())
 }

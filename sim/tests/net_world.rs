@@ -390,6 +390,7 @@ fn run(seed: u64) -> (NetCounters, Vec<SimHost>, Mini, SharedLog) {
                 max_burst: 256 * 1024,
                 stdin_permille: 0,
                 ignore_term_permille: 0,
+                transient_launch_permille: 0,
             };
             SimHost::new(
                 i,

@@ -63,7 +63,6 @@ const MUST_HAPPEN: &[&str] = &[
     "engine audits_flushed",
     "engine gate_changes",
     "adversary answered ExactDuplicate",
-    "adversary answered SecondInstance",
     "oracle output_commands",
     "oracle output_bytes",
     "oracle gap_bytes",
@@ -74,16 +73,46 @@ const MUST_HAPPEN: &[&str] = &[
     "oracle cursor_reads",
     "stdin appended",
     "stdin closed",
+    "late_acceptance_provoked",
+    "engine late_acceptances",
+];
+
+/// Named crash points of the server's store that no path of the engine
+/// passes, with the reason; the batch asserts they stay unpassed, so the
+/// day one becomes reachable it must be taken off this list and crashed at.
+const UNREACHABLE: &[(&str, &str)] = &[
+    (
+        "store.advance.after_commit",
+        "advance_lifecycle is a store API the benches and repair tests use; the engine records lifecycle changes with the operation that causes them",
+    ),
+    (
+        "store.revision.after_commit",
+        "bump_revision is called by tests only; revisions change inside signal and takeover transactions",
+    ),
+    (
+        "store.transition.after_commit",
+        "record_transition is called by benches and repair tests only",
+    ),
+    (
+        "store.incident.after_commit",
+        "incidents are recorded during recovery (before the hook is installed), on a segment write failure (the simulated server disk fails only by power cut) and on a contradictory reconciliation snapshot (no simulated client sends one)",
+    ),
 ];
 
 /// Every counter the batch requires: [`MUST_HAPPEN`], every named crash
-/// point of the server's store (`crash_point <name>`), and every named
-/// crash point of the client's store (`client_crash_point <name>`).
+/// point of the server's store (`crash_point <name>`) but the
+/// [`UNREACHABLE`] ones, and every named crash point of the client's store
+/// (`client_crash_point <name>`).
 fn required() -> Vec<String> {
     MUST_HAPPEN
         .iter()
         .map(|k| (*k).to_owned())
-        .chain(CRASH_POINTS.iter().map(|p| format!("crash_point {p}")))
+        .chain(
+            CRASH_POINTS
+                .iter()
+                .filter(|p| !UNREACHABLE.iter().any(|(u, _)| u == *p))
+                .map(|p| format!("crash_point {p}")),
+        )
         .chain(
             rvbox_client_store::crash::ALL
                 .iter()
@@ -116,6 +145,17 @@ fn a_fixed_batch_of_seeds_runs_clean_and_exercises_every_fault() {
         missing.is_empty(),
         "never exercised in the batch: {missing:?}\ncounters: {total:#?}"
     );
+    for (point, why) in UNREACHABLE {
+        assert!(
+            CRASH_POINTS.contains(point),
+            "{point} is listed unreachable but is no crash point"
+        );
+        assert_eq!(
+            total.get(&format!("passed {point}")).copied().unwrap_or(0),
+            0,
+            "{point} was passed: it is reachable now ({why} no longer holds), so crash at it"
+        );
+    }
 }
 
 #[test]

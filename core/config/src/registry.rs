@@ -323,7 +323,8 @@ pub static SERVER_KEYS: &[KeyDef] = &[
     KeyDef::text("storage.sqlite_synchronous", Kind::Choice(SYNC_CHOICES), "full",
         "SQLite synchronous mode: full or extra (both are durable on power loss)."),
     KeyDef::bytes("storage.command_output_window", l::DEFAULT_COMMAND_OUTPUT_WINDOW_BYTES,
-        "Compressed rolling output window kept per command; older output is dropped with a truncation record."),
+        "Compressed rolling output window kept per command; older output is dropped with a truncation record. At least one sealed segment plus one incoming chunk.")
+        .min(l::MIN_COMMAND_OUTPUT_WINDOW_BYTES),
     KeyDef::bytes("storage.command_total", l::DEFAULT_COMMAND_TOTAL_BYTES,
         "Total stored bytes per command, all kinds together (the command quota)."),
     KeyDef::bytes("storage.per_client_total", l::DEFAULT_SERVER_PER_CLIENT_BYTES,

@@ -316,6 +316,12 @@ fn tier_inversions_are_refused() {
             "must not exceed",
         ),
         (
+            "output window below one segment and a chunk",
+            "[storage]\ncommand_output_window = \"64KiB\"\n",
+            "storage.command_output_window",
+            "must be at least 512KiB",
+        ),
+        (
             "command window = quota",
             "[storage]\ncommand_total = \"1MiB\"\ncloseout_reserve = \"4KiB\"\ncommand_output_window = \"1MiB\"\n",
             "storage.command_total",

@@ -92,6 +92,12 @@ pub const DEFAULT_DISPATCH_RETRY_MAX_MS: u64 = 60 * SECOND_MS;
 
 /// Default: compressed rolling output window per command.
 pub const DEFAULT_COMMAND_OUTPUT_WINDOW_BYTES: u64 = 10 * MIB;
+/// Floor of the server's per-command output window: a whole active
+/// segment (which never rotates; it seals at [`DEFAULT_SEGMENT_SEAL_BYTES`])
+/// and an incoming 64 KiB chunk that does not compress must fit in it, or
+/// rotation could never make room for the chunk and the command would be
+/// refused its output for ever.
+pub const MIN_COMMAND_OUTPUT_WINDOW_BYTES: u64 = 512 * KIB;
 /// Default: total stored bytes per command (all kinds).
 pub const DEFAULT_COMMAND_TOTAL_BYTES: u64 = 32 * MIB;
 /// Default: stored command bytes per client on the server.

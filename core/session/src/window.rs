@@ -229,10 +229,19 @@ pub(crate) struct Durable {
     pub(crate) released_bytes: u64,
 }
 
+/// Commands whose terminal event this session acknowledged that it still
+/// remembers, with that terminal sequence: an exact repeat of one of their
+/// events is a repeat (re-acknowledged once the store compared it), not a
+/// new command starting past 1. Oldest forgotten first.
+pub(crate) const MAX_FINISHED_REMEMBERED: usize = 1024;
+
 /// Per-session ingest state over all commands (BTreeMap: deterministic).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Windows {
     commands: BTreeMap<Uuid7, CommandWindow>,
+    /// Finished commands and their terminal sequence (bounded FIFO).
+    finished: BTreeMap<Uuid7, u64>,
+    finished_order: VecDeque<Uuid7>,
     bytes: u64,
     events: usize,
     command_limit: u64,
@@ -243,6 +252,8 @@ impl Windows {
     pub(crate) fn new(command_limit: u64, session_limit: u64) -> Self {
         Self {
             commands: BTreeMap::new(),
+            finished: BTreeMap::new(),
+            finished_order: VecDeque::new(),
             bytes: 0,
             events: 0,
             command_limit,
@@ -290,8 +301,13 @@ impl Windows {
             None if self.commands.len() >= MAX_TRACKED_COMMANDS_PER_SESSION => {
                 return Err(AdmitError::TooManyCommands);
             }
-            // plan §4.2: a command first seen in this session starts at 1.
-            None => (0, 0),
+            // finished in this session: its events up to the terminal one
+            // are repeats
+            None => match self.finished.get(&issue) {
+                Some(last) => (*last, 0),
+                // plan §4.2: a command first seen in this session starts at 1.
+                None => (0, 0),
+            },
         };
         let repeat = if event_seq != 0 && event_seq <= received {
             true
@@ -321,7 +337,19 @@ impl Windows {
         if self.events >= MAX_UNACKED_EVENTS_PER_SESSION {
             return Err(AdmitError::TooManyEvents);
         }
-        let entry = self.commands.entry(issue).or_default();
+        let entry = self
+            .commands
+            .entry(issue)
+            .or_insert_with(|| match self.finished.get(&issue) {
+                // tracked again until the repeat is answered
+                Some(last) => CommandWindow {
+                    received: *last,
+                    acked: *last,
+                    terminal_seq: Some(*last),
+                    ..CommandWindow::default()
+                },
+                None => CommandWindow::default(),
+            });
         entry.in_flight.push_back((event_seq, cost));
         entry.bytes = entry.bytes.saturating_add(cost);
         if !repeat {
@@ -333,6 +361,17 @@ impl Windows {
         self.bytes = self.bytes.saturating_add(cost);
         self.events = self.events.saturating_add(1);
         Ok(repeat)
+    }
+
+    fn remember_finished(&mut self, issue: Uuid7, last: u64) {
+        if self.finished.insert(issue, last).is_none() {
+            self.finished_order.push_back(issue);
+            if self.finished_order.len() > MAX_FINISHED_REMEMBERED
+                && let Some(oldest) = self.finished_order.pop_front()
+            {
+                self.finished.remove(&oldest);
+            }
+        }
     }
 
     /// Counts one held event of `issue` (ordering: later events of a command
@@ -385,7 +424,9 @@ impl Windows {
         }
         let ack = (advanced || released_events > 0).then_some(c.acked);
         if c.finished() {
+            let last = c.acked;
             self.commands.remove(&issue);
+            self.remember_finished(issue, last);
         }
         Durable {
             ack,
@@ -432,6 +473,40 @@ mod tests {
         assert_eq!(d.released_bytes, 20);
         assert!(w.commands.is_empty());
         assert_eq!(w.in_flight_bytes(), 0);
+    }
+
+    #[test]
+    fn a_repeat_after_the_terminal_ack_is_a_repeat() {
+        let issue = Uuid7::parse("x", ISSUE).unwrap();
+        let mut w = Windows::new(1000, 8000);
+        assert_eq!(w.admit(issue, 1, 10, false), Ok(false));
+        assert_eq!(w.admit(issue, 2, 10, true), Ok(false));
+        assert_eq!(w.durable(issue, 2).ack, Some(2));
+        assert!(w.commands.is_empty());
+        // an exact copy of event 1 or 2 arrives after the terminal ack
+        assert_eq!(w.admit(issue, 1, 10, false), Ok(true));
+        assert_eq!(w.in_flight_bytes(), 10);
+        // answered by re-acknowledging the terminal sequence
+        assert_eq!(w.durable(issue, 1).ack, Some(2));
+        assert!(w.commands.is_empty());
+        assert_eq!(w.in_flight_bytes(), 0);
+        // past the terminal event nothing may follow
+        assert!(matches!(
+            w.admit(issue, 4, 10, false),
+            Err(AdmitError::Sequence(SeqError::Gap { .. }))
+        ));
+    }
+
+    #[test]
+    fn finished_commands_are_remembered_within_a_bound() {
+        let mut w = Windows::new(1000, 8000);
+        for i in 0..(MAX_FINISHED_REMEMBERED as u64 + 10) {
+            let issue = Uuid7::parse("x", &format!("01890a5d-ac96-774b-bcce-{i:012x}")).unwrap();
+            assert_eq!(w.admit(issue, 1, 10, true), Ok(false));
+            assert_eq!(w.durable(issue, 1).ack, Some(1));
+        }
+        assert_eq!(w.finished.len(), MAX_FINISHED_REMEMBERED);
+        assert_eq!(w.finished_order.len(), MAX_FINISHED_REMEMBERED);
     }
 
     #[test]

@@ -257,6 +257,29 @@ impl Engine {
         }
     }
 
+    /// `AuthorizeClientTakeover` through the core (plan §6.2), idempotent
+    /// by `request_id`.
+    ///
+    /// # Errors
+    /// The refusal or store failure.
+    pub fn authorize_takeover(
+        &mut self,
+        now_ms: u64,
+        wall_ms: i64,
+        req: &wire::AuthorizeClientTakeoverRequest,
+    ) -> Result<wire::AuthorizeClientTakeoverResponse, PortError> {
+        match self.call(
+            now_ms,
+            wall_ms,
+            ControlCall::AuthorizeClientTakeover(req.clone()),
+        ) {
+            Some(ControlAnswer::AuthorizeClientTakeover(r)) => r,
+            _ => Err(PortError::Unavailable(
+                "AuthorizeClientTakeover got no answer".into(),
+            )),
+        }
+    }
+
     /// `AppendStdin` through the core, answered when its store operation
     /// completes (the executor runs deferred operations until then).
     ///

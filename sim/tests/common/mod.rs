@@ -116,6 +116,7 @@ pub fn quiet_programs() -> Programs {
         max_burst: 256 * 1024,
         stdin_permille: 0,
         ignore_term_permille: 0,
+        transient_launch_permille: 0,
     }
 }
 
