@@ -67,6 +67,12 @@ pub const CRASH_POINTS: [&str; 29] = [
     rvbox_store::audit::points::AUDIT_AFTER_FSYNC,
 ];
 
+/// Chance a host's positive acceptance is followed by the same
+/// `Dispatch` again.
+const REPEAT_DISPATCH_PERMILLE: u32 = 150;
+/// `Dispatch` frames kept for repeating.
+const MAX_KEPT_DISPATCHES: usize = 256;
+
 /// Server crash points few runs pass, armed at their first pass in every
 /// faulty run.
 const RARE_POINTS: &[&str] = &[
@@ -354,6 +360,10 @@ pub struct World {
     takeover_rng: SimRng,
     /// Holds that make an acceptance arrive after its queue expiry.
     late_rng: SimRng,
+    /// Dispatches sent to a host again.
+    repeat_rng: SimRng,
+    /// The last `Dispatch` frame per (connection, command), bounded.
+    dispatches: BTreeMap<(u64, String), Vec<u8>>,
     /// Pending claims of refused second instances: client id, instance.
     claims: Vec<(String, String)>,
     /// Grants answered, kept for replays.
@@ -644,6 +654,8 @@ impl World {
             oracle_rng: seeds.stream(crate::rng::Stream::Named("oracles")),
             takeover_rng: seeds.stream(crate::rng::Stream::Named("takeovers")),
             late_rng: seeds.stream(crate::rng::Stream::Named("late_acceptances")),
+            repeat_rng: seeds.stream(crate::rng::Stream::Named("repeated_dispatches")),
+            dispatches: BTreeMap::new(),
             takeovers: Vec::new(),
             claims: Vec::new(),
             workload: seeds.workload(),
@@ -748,6 +760,7 @@ impl World {
             match o {
                 Output::Frame { conn, bytes, .. } => {
                     self.check_dispatch(&bytes);
+                    self.keep_dispatch(conn, &bytes);
                     let name = payload_name(&bytes);
                     self.log(format!("s>c{conn} {name} {}B", bytes.len()));
                     let _ =
@@ -936,6 +949,52 @@ impl World {
                 reason.as_str_name()
             ));
         }
+    }
+
+    /// Keeps the last `Dispatch` frame sent on each connection per
+    /// command (bounded), for [`Self::maybe_repeat_dispatch`].
+    fn keep_dispatch(&mut self, conn: u64, bytes: &[u8]) {
+        if self.calm || !self.config.faults {
+            return;
+        }
+        if let Some(wire::envelope::Payload::Dispatch(d)) =
+            wire::Envelope::decode(bytes).ok().and_then(|e| e.payload)
+        {
+            if self.dispatches.len() >= MAX_KEPT_DISPATCHES {
+                self.dispatches.pop_first();
+            }
+            self.dispatches.insert((conn, d.issue_uuid), bytes.to_vec());
+        }
+    }
+
+    /// Now and then, once a host accepted a command, the server's
+    /// `Dispatch` of it reaches the host again on the same connection (a
+    /// replica taking over, a retried send): the host finds the command in
+    /// its store, answers with the same acceptance and does nothing else;
+    /// the server takes the repeated answer as a repeat.
+    fn maybe_repeat_dispatch(&mut self, conn: u64, bytes: &[u8]) {
+        if self.calm || !self.config.faults {
+            return;
+        }
+        let Some(wire::envelope::Payload::CommandAccepted(a)) =
+            wire::Envelope::decode(bytes).ok().and_then(|e| e.payload)
+        else {
+            return;
+        };
+        if a.outcome != wire::AcceptOutcome::Positive as i32 {
+            return;
+        }
+        let Some(frame) = self.dispatches.remove(&(conn, a.issue_uuid.clone())) else {
+            return;
+        };
+        if !self.repeat_rng.chance(REPEAT_DISPATCH_PERMILLE) {
+            return;
+        }
+        self.log(format!("REPEAT dispatch of {} on c{conn}", a.issue_uuid));
+        self.count("dispatch_repeated");
+        let _ = self
+            .net
+            .send(ConnId(conn), Dir::ToClient, Item::Binary(frame), self.now);
     }
 
     /// Now and then the link of a host goes silent just as it takes a
@@ -1289,6 +1348,7 @@ impl World {
                         {
                             self.adversary_awaiting.insert(conn, kind);
                         }
+                        self.maybe_repeat_dispatch(conn, &b);
                         self.with_engine(|e, now, wall| e.frame(now, wall, conn, b));
                         // an exact repeat is answered by not closing: it
                         // was taken (and acknowledged) like the first copy
