@@ -1162,6 +1162,10 @@ impl World {
         };
         let tombstones = count("SELECT COUNT(*) FROM command_tombstones");
         let truncations = count("SELECT COUNT(*) FROM output_truncations");
+        // output dropped on arrival under quota pressure nothing relieved
+        let dropped = count(
+            "SELECT COUNT(*) FROM output_truncations WHERE reason LIKE '%dropped on arrival%'",
+        );
         // the client registry's bounds: kept sessions per client, and its
         // counters equal to a recount
         let most_sessions = count(
@@ -1190,6 +1194,7 @@ impl World {
             }
         }
         self.add("retention output_truncations", truncations);
+        self.add("retention output_dropped", dropped);
         if tombstones > cap && self.failure.is_none() {
             self.failure = Some(format!(
                 "{tombstones} tombstones kept, above the FIFO cap {cap}"

@@ -18,6 +18,7 @@ use rvbox_segment::{Compression, Kind, RecordMeta, encode, sha256};
 
 use crate::crash::points;
 use crate::error::StoreError;
+use crate::retention::{RotationCause, truncation_row_charge};
 use crate::store::{OpenSegment, Store, record_limits, to_i64, to_u64};
 
 pub use rvbox_store_port::events::body_kind;
@@ -59,6 +60,17 @@ struct PendingEvent {
     lifecycle: Option<(Lifecycle, Option<i32>, Option<i32>)>,
     /// A `StdinAck` that settles a pending write: (write_seq, delivery).
     stdin_ack: Option<(u64, i32)>,
+    /// Output dropped on arrival: no row, a truncation row in its place
+    /// (a new one, or the one that ends just before it extended).
+    dropped: Option<Dropped>,
+}
+
+/// An output event dropped on arrival under quota pressure that nothing
+/// can relieve (plan §5.4 item 3).
+#[derive(Debug, Clone, Copy)]
+struct Dropped {
+    cause: RotationCause,
+    new_row: bool,
 }
 
 #[derive(Debug, Default)]
@@ -258,6 +270,9 @@ impl Store {
         let mut current: BTreeMap<[u8; 16], (u32, u64)> = BTreeMap::new();
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut global;
+        // output dropped on arrival in this batch: per command, the last
+        // dropped sequence and why (a run extends one truncation row)
+        let mut drops: BTreeMap<[u8; 16], (u64, RotationCause)> = BTreeMap::new();
 
         // ---- 1. validate and plan (a read transaction) --------------------
         {
@@ -341,6 +356,16 @@ impl Store {
                 } else {
                     None
                 };
+                // an event dropped on arrival keeps no row to compare a
+                // repeat with: its truncation row answers for it
+                if stored.is_none()
+                    && ev.event_seq != 0
+                    && ev.event_seq <= view.last_seq
+                    && dropped_at(&tx, &issue, ev.event_seq)?
+                {
+                    outcomes.push(EventOutcome::Duplicate);
+                    continue;
+                }
                 match check_event_seq(view.last_seq, ev.event_seq, stored.as_ref(), &digest) {
                     Ok(SeqVerdict::Duplicate) => {
                         outcomes.push(EventOutcome::Duplicate);
@@ -443,6 +468,97 @@ impl Store {
                 };
                 let r = match reserve(&tiers, &usage, charge_kind, class, charged, true) {
                     Ok(r) => r,
+                    Err(refusal)
+                        if let EventBody::Output {
+                            stream,
+                            raw_len,
+                            stored,
+                            ..
+                        } = &ev.body
+                            && let Some(cause) =
+                                drop_cause(&tx, refusal.tier, &view.client_id)? =>
+                    {
+                        // plan §5.4 item 3: active data alone holds the
+                        // quota and nothing can be rotated or evicted to
+                        // make room: the output is dropped with a marker
+                        // (charged as essential, so the command's closeout
+                        // headroom pays for it), never refused for ever
+                        let reason = cause.drop_reason();
+                        let extends = drops
+                            .get(&issue)
+                            .is_some_and(|(last, c)| *last + 1 == ev.event_seq && *c == cause)
+                            || drop_row_ends_at(&tx, &issue, ev.event_seq - 1, cause)?;
+                        let marker = if extends {
+                            0
+                        } else {
+                            truncation_row_charge(reason)?
+                        };
+                        match reserve(
+                            &tiers,
+                            &usage,
+                            ChargeKind::TruncationRow,
+                            Class::Essential,
+                            marker,
+                            true,
+                        ) {
+                            Ok(m) => {
+                                view.charged = m.command_after;
+                                view.held_closeout = m.held_closeout_after;
+                                owners.insert(view.client_id.clone(), m.owner_after);
+                                global = m.global_after;
+                                view.last_seq = ev.event_seq;
+                                batch_digests.insert((issue, ev.event_seq), digest);
+                                drops.insert(issue, (ev.event_seq, cause));
+                                tracing::warn!(
+                                    issue_uuid = %uuid::Uuid::from_bytes(issue),
+                                    event_seq = ev.event_seq,
+                                    raw_len = *raw_len,
+                                    tier = refusal.tier.name(),
+                                    "output dropped on arrival: its quota is held by data that cannot rotate"
+                                );
+                                self.metrics
+                                    .output_dropped
+                                    .get_or_create(&crate::metrics::CauseLabel {
+                                        cause: cause.source().as_str_name(),
+                                    })
+                                    .inc();
+                                pending.push(PendingEvent {
+                                    issue,
+                                    seq: ev.event_seq,
+                                    observed_ms: ev.observed_ms,
+                                    kind,
+                                    stream: stream.as_u8(),
+                                    raw_len: u64::from(*raw_len),
+                                    stored_len: stored.len() as u64,
+                                    digest,
+                                    segment: None,
+                                    inline: None,
+                                    lifecycle: None,
+                                    stdin_ack: None,
+                                    dropped: Some(Dropped {
+                                        cause,
+                                        new_row: !extends,
+                                    }),
+                                });
+                                outcomes.push(EventOutcome::Appended);
+                                continue;
+                            }
+                            Err(refusal) => {
+                                tracing::warn!(
+                                    tier = refusal.tier.name(),
+                                    "event refused by quota, even as a marker"
+                                );
+                                self.metrics
+                                    .quota_refusals
+                                    .get_or_create(&crate::metrics::TierLabel {
+                                        tier: refusal.tier.name(),
+                                    })
+                                    .inc();
+                                outcomes.push(refuse(Code::QuotaExceeded, refusal.to_string()));
+                                continue;
+                            }
+                        }
+                    }
                     Err(refusal) => {
                         tracing::warn!(tier = refusal.tier.name(), "event refused by quota");
                         self.metrics
@@ -495,6 +611,7 @@ impl Store {
                     inline: None,
                     lifecycle,
                     stdin_ack: stdin_ack.map(|(seq, delivery, _)| (seq, delivery)),
+                    dropped: None,
                 };
                 match &ev.body {
                     EventBody::Output {
@@ -1146,6 +1263,10 @@ impl Store {
             .map_err(|e| StoreError::sqlite("advance committed_end", e))?;
         }
         for p in pending {
+            if let Some(d) = p.dropped {
+                record_dropped(&tx, p, d, now_ms)?;
+                continue;
+            }
             tx.prepare_cached("INSERT INTO command_events (issue_uuid, event_seq, observed_ms, receipt_ms, body_kind,
                      stream, raw_len, stored_len, content_sha256, segment_ordinal, segment_offset, inline_body)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)").and_then(|mut st| st.execute(params![
@@ -1244,6 +1365,133 @@ impl Store {
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit events", e))
     }
+}
+
+/// Why an output event refused at `tier` is dropped with a marker
+/// instead, or `None` when it stays refused: the command's own total is
+/// held by data that cannot rotate (the append path already rotated what
+/// it could), or the client's (the server's) quota is, with no terminal
+/// command to evict and no sealed output of an active command to rotate
+/// (what maintenance would do).
+fn drop_cause(
+    tx: &Transaction<'_>,
+    tier: rvbox_retention::Tier,
+    client: &str,
+) -> Result<Option<RotationCause>, StoreError> {
+    use rvbox_retention::Tier;
+    let relievable = |scope: Option<&str>| -> Result<bool, StoreError> {
+        cached_row(
+            tx,
+            "SELECT EXISTS (SELECT 1 FROM commands c
+                 WHERE (?1 IS NULL OR c.client_id = ?1) AND c.retention = 'retained'
+                   AND NOT EXISTS (SELECT 1 FROM storage_incidents i
+                                   WHERE i.state = 1 AND i.issue_uuid = c.issue_uuid)
+                   AND (c.terminal_time_ms IS NOT NULL
+                        OR EXISTS (SELECT 1 FROM command_segments s
+                                   WHERE s.issue_uuid = c.issue_uuid AND s.state = 'sealed')))",
+            params![scope],
+            |r| r.get::<_, bool>(0),
+        )
+        .map_err(|e| StoreError::sqlite("look for relief under quota", e))
+    };
+    Ok(match tier {
+        Tier::CommandTotal | Tier::CloseoutReserve => Some(RotationCause::CommandTotal),
+        Tier::OwnerTotal if !relievable(Some(client))? => Some(RotationCause::ClientQuota),
+        Tier::GlobalTotal if !relievable(None)? => Some(RotationCause::GlobalQuota),
+        _ => None,
+    })
+}
+
+/// Whether a truncation row of output dropped on arrival for `cause` ends
+/// at `seq`.
+fn drop_row_ends_at(
+    tx: &Transaction<'_>,
+    issue: &[u8; 16],
+    seq: u64,
+    cause: RotationCause,
+) -> Result<bool, StoreError> {
+    cached_row(
+        tx,
+        "SELECT EXISTS (SELECT 1 FROM output_truncations
+             WHERE issue_uuid = ?1 AND last_seq = ?2 AND source = ?3 AND reason = ?4)",
+        params![
+            issue.as_slice(),
+            to_i64(seq),
+            cause.source() as i32,
+            cause.drop_reason()
+        ],
+        |r| r.get::<_, bool>(0),
+    )
+    .map_err(|e| StoreError::sqlite("find a dropped range", e))
+}
+
+/// Whether `seq` is output dropped on arrival (no row; a truncation row
+/// covers it).
+fn dropped_at(tx: &Transaction<'_>, issue: &[u8; 16], seq: u64) -> Result<bool, StoreError> {
+    cached_row(
+        tx,
+        "SELECT EXISTS (SELECT 1 FROM output_truncations
+             WHERE issue_uuid = ?1 AND first_seq <= ?2 AND last_seq >= ?2)",
+        params![issue.as_slice(), to_i64(seq)],
+        |r| r.get::<_, bool>(0),
+    )
+    .map_err(|e| StoreError::sqlite("find a dropped event", e))
+}
+
+/// Writes the truncation row of an output event dropped on arrival: a new
+/// one, or the one of the same cause ending just before it, extended.
+fn record_dropped(
+    tx: &Transaction<'_>,
+    p: &PendingEvent,
+    d: Dropped,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let reason = d.cause.drop_reason();
+    let changed = if d.new_row {
+        tx.prepare_cached(
+            "INSERT INTO output_truncations (issue_uuid, first_seq, last_seq, raw_bytes, stored_bytes,
+                 source, reason, recorded_ms, stream_mask)
+             VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                p.issue.as_slice(),
+                to_i64(p.seq),
+                to_i64(p.raw_len),
+                to_i64(p.stored_len),
+                d.cause.source() as i32,
+                reason,
+                now_ms,
+                i64::from(p.stream)
+            ])
+        })
+    } else {
+        tx.prepare_cached(
+            "UPDATE output_truncations SET last_seq = ?2, raw_bytes = raw_bytes + ?3,
+                 stored_bytes = stored_bytes + ?4, stream_mask = COALESCE(stream_mask, 0) | ?5
+             WHERE issue_uuid = ?1 AND last_seq = ?6 AND source = ?7 AND reason = ?8",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                p.issue.as_slice(),
+                to_i64(p.seq),
+                to_i64(p.raw_len),
+                to_i64(p.stored_len),
+                i64::from(p.stream),
+                to_i64(p.seq.saturating_sub(1)),
+                d.cause.source() as i32,
+                reason
+            ])
+        })
+    }
+    .map_err(|e| StoreError::sqlite("record dropped output", e))?;
+    if changed != 1 {
+        return Err(StoreError::Integrity(format!(
+            "dropped output at event_seq {}: {changed} truncation rows written",
+            p.seq
+        )));
+    }
+    Ok(())
 }
 
 /// The command's active segment, if any: (ordinal, committed_end).

@@ -116,6 +116,9 @@ pub struct StoreMetrics {
     pub scrub: Family<StepLabel, Counter>,
     /// Output rotations, by truncation source.
     pub rotations: Family<CauseLabel, Counter>,
+    /// Output events dropped at arrival (a truncation record in their
+    /// place) because active data alone filled a quota, by source.
+    pub output_dropped: Family<CauseLabel, Counter>,
     /// Whole commands evicted, by cause.
     pub evictions: Family<CauseLabel, Counter>,
     /// Evictions that failed (recorded as incidents, rolled forward later).
@@ -159,6 +162,7 @@ impl Default for StoreMetrics {
             recovery: Family::default(),
             scrub: Family::default(),
             rotations: Family::default(),
+            output_dropped: Family::default(),
             evictions: Family::default(),
             eviction_failures: Counter::default(),
             audit_records: Counter::default(),
@@ -320,6 +324,11 @@ impl StoreMetrics {
             "rotations",
             "Output rotations, by truncation source",
             self.rotations.clone(),
+        );
+        r.register(
+            "output_dropped",
+            "Output events dropped at arrival under quota pressure from active data alone, by truncation source",
+            self.output_dropped.clone(),
         );
         r.register(
             "evictions",

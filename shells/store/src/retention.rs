@@ -66,6 +66,10 @@ const REASON_CLIENT_QUOTA: &str =
 const REASON_GLOBAL_QUOTA: &str =
     "server retention: active output rotated under the server-wide storage quota";
 
+const DROP_TOTAL: &str = "server retention: output dropped on arrival: the command's total is held by data that cannot rotate";
+const DROP_CLIENT_QUOTA: &str = "server retention: output dropped on arrival: the per-client quota is held by active data that cannot rotate";
+const DROP_GLOBAL_QUOTA: &str = "server retention: output dropped on arrival: the server-wide quota is held by active data that cannot rotate";
+
 /// Why output is rotated: decides the recorded `TruncationSource`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RotationCause {
@@ -99,6 +103,27 @@ impl RotationCause {
             Self::GlobalQuota => REASON_GLOBAL_QUOTA,
         }
     }
+
+    /// The reason of a truncation row that stands for output dropped on
+    /// arrival (plan §5.4 item 3: "if active data alone creates pressure,
+    /// rotate/drop output with markers").
+    pub(crate) fn drop_reason(self) -> &'static str {
+        match self {
+            Self::CommandWindow | Self::CommandTotal => DROP_TOTAL,
+            Self::ClientQuota => DROP_CLIENT_QUOTA,
+            Self::GlobalQuota => DROP_GLOBAL_QUOTA,
+        }
+    }
+}
+
+/// The charge of a truncation row with `reason`.
+pub(crate) fn truncation_row_charge(reason: &str) -> Result<u64, StoreError> {
+    charge(
+        CHARGE_VERSION,
+        ChargeKind::TruncationRow,
+        reason.len() as u64,
+    )
+    .map_err(|e| StoreError::Integrity(e.to_string()))
 }
 
 /// Why a whole command is deleted (logged; the tombstone stays either way).
@@ -663,8 +688,38 @@ impl Store {
             events = events.saturating_add(to_u64(n));
             mask |= u8::try_from(m & 3).unwrap_or(0);
         }
+        // output dropped on arrival between the rotated segments has a
+        // truncation row of its own inside this range: it becomes part of
+        // this row (ranges never overlap), its row's charge is released
+        let mut absorbed_ids = Vec::new();
+        let mut absorbed_charge = 0u64;
+        if first <= last {
+            let rows: Vec<(i64, i64, i64, Option<i64>, String)> = {
+                let mut st = tx
+                    .prepare_cached(
+                        "SELECT id, COALESCE(raw_bytes, 0), COALESCE(stored_bytes, 0), stream_mask, reason
+                         FROM output_truncations
+                         WHERE issue_uuid = ?1 AND first_seq > ?2 AND last_seq < ?3",
+                    )
+                    .map_err(|e| StoreError::sqlite("find dropped ranges", e))?;
+                st.query_map(
+                    params![issue.as_slice(), to_i64(first), to_i64(last)],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                )
+                .map_err(|e| StoreError::sqlite("find dropped ranges", e))?
+                .collect::<Result<_, _>>()
+                .map_err(|e| StoreError::sqlite("find dropped ranges", e))?
+            };
+            for (id, r, s, m, reason) in rows {
+                raw = raw.saturating_add(to_u64(r));
+                stored = stored.saturating_add(to_u64(s));
+                mask |= m.and_then(|m| u8::try_from(m & 3).ok()).unwrap_or(0);
+                absorbed_charge = absorbed_charge.saturating_add(truncation_row_charge(&reason)?);
+                absorbed_ids.push(id);
+            }
+        }
         let keep = events.saturating_mul(kept).saturating_add(marker);
-        if events == 0 || seg_charged <= keep {
+        if events == 0 || seg_charged.saturating_add(absorbed_charge) <= keep {
             tracing::warn!(
                 issue_uuid = %uuid_text(issue),
                 segments = ordinals.len(),
@@ -672,7 +727,11 @@ impl Store {
             );
             return Ok(None);
         }
-        let released = seg_charged - keep;
+        let released = seg_charged.saturating_add(absorbed_charge) - keep;
+        for id in &absorbed_ids {
+            tx.execute_cached("DELETE FROM output_truncations WHERE id = ?1", params![id])
+                .map_err(|e| StoreError::sqlite("absorb a dropped range", e))?;
+        }
         let owner = crate::store::client_charged(&tx, &c.client_id)?;
         let global = crate::store::global_charged(&tx)?;
         let after = release(

@@ -264,21 +264,63 @@ fn queue_and_quota_limits_refuse_commands() {
     };
     let mut s = open_with(dir.path(), Arc::new(rvbox_store::fs::RealFs), opts);
     let id = running_command(&mut s, "web-1");
-    let mut refused = None;
-    for seq in 2..200 {
+    // the client's quota fills with the active segment of its only
+    // command: nothing can be evicted or rotated, so output past the
+    // quota is dropped on arrival with one exact marker (plan §5.4 item
+    // 3), never refused for ever (which would hold the terminal event
+    // back behind it)
+    for seq in 2..60 {
         let r = s
             .append_events(&[output(&id, seq, &chunk(seq, 8 * 1024))], NOW)
             .unwrap();
-        if let EventOutcome::Refused(e) = &r.outcomes[0] {
-            refused = Some((seq, e.code()));
-            break;
-        }
+        assert_eq!(r.outcomes, vec![EventOutcome::Appended], "seq {seq}");
     }
-    let (seq, code) = refused.expect("the owner tier refuses eventually");
-    assert_eq!(code, Code::QuotaExceeded);
+    let (first, last, raw, source): (i64, i64, i64, i32) = s
+        .db()
+        .query_row(
+            "SELECT first_seq, last_seq, raw_bytes, source FROM output_truncations
+             WHERE issue_uuid = ?1",
+            [id.as_slice()],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .unwrap();
+    assert!(first > 2, "output fitted first");
+    assert_eq!(last, 59);
+    assert_eq!(
+        raw,
+        (last - first + 1) * 8 * 1024,
+        "the marker counts exactly"
+    );
+    assert_eq!(
+        source,
+        rvbox_proto::v1::TruncationSource::ServerClientQuota as i32
+    );
+    let rows: i64 = s
+        .db()
+        .query_row(
+            "SELECT COUNT(*) FROM command_events WHERE issue_uuid = ?1 AND event_seq >= ?2",
+            rusqlite::params![id.as_slice(), first],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(rows, 0, "a dropped event keeps no row");
+    let charged: i64 = s
+        .db()
+        .query_row(
+            "SELECT charged_bytes FROM clients WHERE client_id = 'web-1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(charged <= 200 * 1024, "{charged}");
+    // a repeat of a dropped event is a harmless duplicate
+    let r = s
+        .append_events(&[output(&id, 40, &chunk(40, 8 * 1024))], NOW)
+        .unwrap();
+    assert_eq!(r.outcomes, vec![EventOutcome::Duplicate]);
     // the closeout headroom still takes the terminal event
     let r = s
-        .append_events(&[lifecycle(&id, seq, Lifecycle::Failed)], NOW)
+        .append_events(&[lifecycle(&id, 60, Lifecycle::Failed)], NOW)
         .unwrap();
     assert_eq!(r.outcomes, vec![EventOutcome::Appended]);
     assert_counters(&s);
