@@ -380,6 +380,9 @@ pub struct SimEnv {
     scripts_committed: u64,
     /// Commands whose terminal event the spool made durable.
     ended_durable: BTreeSet<Uuid7>,
+    /// Signal results the spool made durable since this daemon started,
+    /// per command.
+    results_durable: BTreeMap<Uuid7, u32>,
 }
 
 impl Env for SimEnv {
@@ -411,6 +414,21 @@ impl Env for SimEnv {
             }
             (ClientOp::Ended { issue, .. }, ClientCompletion::Done) => {
                 self.ended_durable.insert(*issue);
+            }
+            (ClientOp::Spool(op), ClientCompletion::Spool(done))
+                if !matches!(done, rvbox_client_core::spool::SpoolCompletion::Failed) =>
+            {
+                if let rvbox_client_core::spool::SpoolOp::Append {
+                    issue,
+                    item:
+                        rvbox_client_core::spool::AppendItem::Event(
+                            wire::command_event::Body::SignalResult(_),
+                        ),
+                    ..
+                } = op.as_ref()
+                {
+                    *self.results_durable.entry(*issue).or_default() += 1;
+                }
             }
             (ClientOp::ScriptChunk { issue, chunk }, ClientCompletion::Script(o)) => match o {
                 ScriptOutcome::Received { received } => {
@@ -694,6 +712,7 @@ impl SimHost {
             script_chunk_replays: 0,
             scripts_committed: 0,
             ended_durable: BTreeSet::new(),
+            results_durable: BTreeMap::new(),
         };
         let adversary = config
             .adversary
@@ -927,8 +946,9 @@ impl SimHost {
             return conn;
         };
         // what the stop spooled is durable; the store closes cleanly
-        let (store, mut sup, env) = rt.into_parts();
-        sup.daemon_died(&env.ended_durable);
+        let (store, mut sup, mut env) = rt.into_parts();
+        sup.daemon_died(&env.ended_durable, &env.results_durable);
+        env.results_durable.clear();
         drop(store);
         if let Err(e) = self.start_again(sup, env) {
             self.note(format!("restart after a stop failed: {e}"));
@@ -1238,8 +1258,9 @@ impl SimHost {
         };
         // a crashed store closes without a checkpoint, as a power cut
         // leaves it
-        let (mut sup, env) = rt.crash_into_parts();
-        sup.daemon_died(&env.ended_durable);
+        let (mut sup, mut env) = rt.crash_into_parts();
+        sup.daemon_died(&env.ended_durable, &env.results_durable);
+        env.results_durable.clear();
         let _ = self.fs.crash(mode);
         if let Err(e) = self.start_again(sup, env) {
             self.note(format!("restart after a crash failed: {e}"));

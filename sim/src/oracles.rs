@@ -763,7 +763,9 @@ pub fn check_command(
                 kind.as_str_name()
             ));
         }
-        if by_operator != stored_delivered {
+        // results lost with a daemon that died before they were durable
+        let lost = u64::from(record.signals_unrecorded);
+        if stored_delivered > by_operator || stored_delivered.saturating_add(lost) < by_operator {
             problems.push(format!(
                 "{issue}: {} reached the process {by_operator} times, the stored results say delivered {stored_delivered} times",
                 kind.as_str_name()
@@ -796,6 +798,21 @@ pub fn check_command(
                     "{issue}: the process {:?} but the stored exit result is {reported:?}",
                     record.ended
                 ));
+            } else if lifecycle != Lifecycle::Interrupted {
+                // and what GetCommand serves (`rvc stat`), from the
+                // command's row
+                let served = rvbox_store::records::command_record(store.db(), &store.health(), id)
+                    .ok()
+                    .and_then(|r| r.exit_result);
+                if served
+                    .as_ref()
+                    .is_none_or(|x| x.exit_code != code || x.signal_number != signal)
+                {
+                    problems.push(format!(
+                        "{issue}: the process {:?} but GetCommand serves the exit result {served:?}",
+                        record.ended
+                    ));
+                }
             }
         }
     }

@@ -115,6 +115,9 @@ pub struct ProcessRecord {
     pub stop_signals: Vec<wire::SignalKind>,
     /// How it ended (`None` while it runs).
     pub ended: Option<Ended>,
+    /// Signals delivered to it whose result its daemon had not made
+    /// durable when it died (the stored results may miss them).
+    pub signals_unrecorded: u32,
     /// It ended on its own while a daemon ran that died before the end
     /// was durable in its spool (`INTERRUPTED` is the honest outcome).
     pub end_unrecorded: bool,
@@ -188,6 +191,8 @@ pub struct SimSupervisor {
     trees: BTreeMap<Uuid7, Tree>,
     /// Trees that ended on their own since this daemon started.
     ended_here: BTreeSet<Uuid7>,
+    /// Signals delivered since this daemon started, per tree.
+    signalled_here: BTreeMap<Uuid7, u32>,
     ready: VecDeque<CommandProcessEvent>,
     now: u64,
     wall_epoch_ms: i64,
@@ -215,6 +220,7 @@ impl SimSupervisor {
             prepared: BTreeMap::new(),
             trees: BTreeMap::new(),
             ended_here: BTreeSet::new(),
+            signalled_here: BTreeMap::new(),
             ready: VecDeque::new(),
             now: 0,
             wall_epoch_ms,
@@ -256,13 +262,27 @@ impl SimSupervisor {
 
     /// The daemon died: every tree dies with it, every event not taken is
     /// lost (the pipes and their contents went with the process).
-    pub fn daemon_died(&mut self, ended_durable: &BTreeSet<Uuid7>) {
+    pub fn daemon_died(
+        &mut self,
+        ended_durable: &BTreeSet<Uuid7>,
+        results_durable: &BTreeMap<Uuid7, u32>,
+    ) {
         let mut l = log(&self.log);
         for issue in self.trees.keys() {
             if let Some(r) = l.entry(*issue, self.host)
                 && r.ended.is_none()
             {
                 r.ended = Some(Ended::WithDaemon);
+            }
+        }
+        for (issue, n) in std::mem::take(&mut self.signalled_here) {
+            let recorded = results_durable.get(&issue).copied().unwrap_or(0);
+            if n > recorded
+                && let Some(r) = l.entry(issue, self.host)
+            {
+                // delivered, and the daemon died before the result was
+                // durable: the result is lost with it
+                r.signals_unrecorded = r.signals_unrecorded.saturating_add(n - recorded);
             }
         }
         for issue in std::mem::take(&mut self.ended_here) {
@@ -543,6 +563,7 @@ impl Supervisor for SimSupervisor {
         if let Some(r) = log(&self.log).entry(*issue, self.host) {
             r.signals.push(kind);
         }
+        *self.signalled_here.entry(*issue).or_default() += 1;
         // the default action of every portable signal ends the tree; this
         // program may ignore TERM
         if !(kind == wire::SignalKind::Term && t.ignore_term) {
