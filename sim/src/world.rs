@@ -225,6 +225,11 @@ fn adversary_closes_at_once(kind: Adversary) -> bool {
     matches!(kind, Adversary::StaleGeneration | Adversary::MalformedBytes)
 }
 
+/// The payload of an envelope, if `bytes` decode as one.
+fn payload_of(bytes: &[u8]) -> Option<wire::envelope::Payload> {
+    wire::Envelope::decode(bytes).ok().and_then(|e| e.payload)
+}
+
 /// Whether an incident names the command.
 fn has_incident(store: &Store, issue: &[u8; 16]) -> bool {
     use rvbox_store::db::Cached as _;
@@ -501,7 +506,7 @@ fn engine_over(
 
 fn payload_name(bytes: &[u8]) -> String {
     use rvbox_proto::v1::envelope::Payload;
-    match wire::Envelope::decode(bytes).ok().and_then(|e| e.payload) {
+    match payload_of(bytes) {
         None => "malformed".into(),
         Some(Payload::ControlError(e)) => format!(
             "control_error [{}]",
@@ -957,9 +962,7 @@ impl World {
         if self.calm || !self.config.faults {
             return;
         }
-        if let Some(wire::envelope::Payload::Dispatch(d)) =
-            wire::Envelope::decode(bytes).ok().and_then(|e| e.payload)
-        {
+        if let Some(wire::envelope::Payload::Dispatch(d)) = payload_of(bytes) {
             if self.dispatches.len() >= MAX_KEPT_DISPATCHES {
                 self.dispatches.pop_first();
             }
@@ -976,9 +979,7 @@ impl World {
         if self.calm || !self.config.faults {
             return;
         }
-        let Some(wire::envelope::Payload::CommandAccepted(a)) =
-            wire::Envelope::decode(bytes).ok().and_then(|e| e.payload)
-        else {
+        let Some(wire::envelope::Payload::CommandAccepted(a)) = payload_of(bytes) else {
             return;
         };
         if a.outcome != wire::AcceptOutcome::Positive as i32 {
@@ -1006,9 +1007,7 @@ impl World {
         if self.calm || !self.config.faults {
             return;
         }
-        let Some(wire::envelope::Payload::Dispatch(d)) =
-            wire::Envelope::decode(bytes).ok().and_then(|e| e.payload)
-        else {
+        let Some(wire::envelope::Payload::Dispatch(d)) = payload_of(bytes) else {
             return;
         };
         let Some(expiry) = d
@@ -1037,9 +1036,7 @@ impl World {
     /// (plan §6.4, R-6.4-37), so sending it again would let a killed
     /// command start.
     fn check_dispatch(&mut self, bytes: &[u8]) {
-        let Some(wire::envelope::Payload::Dispatch(d)) =
-            wire::Envelope::decode(bytes).ok().and_then(|e| e.payload)
-        else {
+        let Some(wire::envelope::Payload::Dispatch(d)) = payload_of(bytes) else {
             return;
         };
         // A Dispatch committed before the signal of the same call (both
@@ -2058,7 +2055,7 @@ impl World {
         let outputs = std::mem::take(&mut self.twin_outputs);
         let welcomed = outputs.iter().any(|o| {
             matches!(o, Output::Frame { bytes, .. } if matches!(
-                wire::Envelope::decode(bytes.as_slice()).ok().and_then(|e| e.payload),
+                payload_of(bytes),
                 Some(wire::envelope::Payload::ServerWelcome(_))
             ))
         });
@@ -2217,7 +2214,6 @@ impl World {
                     }
                 }
                 Some(Err(e)) => {
-                    let code = e.to_domain().code();
                     let line = format!(
                         "stdin of {} refused{}: {:?}",
                         crate::rng::uuid_text(&plan.id),
@@ -2232,8 +2228,12 @@ impl World {
                     let Some(plan) = self.stdin_plans.get_mut(i) else {
                         continue;
                     };
-                    if matches!(code, Code::Unavailable | Code::CapacityExhausted) {
-                        // transient: the same request again later
+                    if e.to_domain().retry_class() == rvbox_domain::error::RetryClass::Transient {
+                        // transient (unavailable, capacity, a quota that
+                        // may free up): the same request again later, as
+                        // an operator's retry would (a close refused for
+                        // a full quota left a process waiting for its end
+                        // of file for ever: seed 60012)
                         plan.pending = Some(call);
                         self.count("stdin refused transiently");
                     } else {

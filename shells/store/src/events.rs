@@ -544,30 +544,17 @@ impl Store {
                                 continue;
                             }
                             Err(refusal) => {
-                                tracing::warn!(
-                                    tier = refusal.tier.name(),
-                                    "event refused by quota, even as a marker"
-                                );
-                                self.metrics
-                                    .quota_refusals
-                                    .get_or_create(&crate::metrics::TierLabel {
-                                        tier: refusal.tier.name(),
-                                    })
-                                    .inc();
-                                outcomes.push(refuse(Code::QuotaExceeded, refusal.to_string()));
+                                outcomes.push(quota_refused(
+                                    &self.metrics,
+                                    &refusal,
+                                    "even as a marker",
+                                ));
                                 continue;
                             }
                         }
                     }
                     Err(refusal) => {
-                        tracing::warn!(tier = refusal.tier.name(), "event refused by quota");
-                        self.metrics
-                            .quota_refusals
-                            .get_or_create(&crate::metrics::TierLabel {
-                                tier: refusal.tier.name(),
-                            })
-                            .inc();
-                        outcomes.push(refuse(Code::QuotaExceeded, refusal.to_string()));
+                        outcomes.push(quota_refused(&self.metrics, &refusal, "as it came"));
                         continue;
                     }
                 };
@@ -1365,6 +1352,23 @@ impl Store {
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit events", e))
     }
+}
+
+/// An event Reserve refused: logged, counted by tier, answered
+/// `QUOTA_EXCEEDED` (transient).
+fn quota_refused(
+    metrics: &crate::metrics::StoreMetrics,
+    refusal: &rvbox_retention::Refusal,
+    how: &str,
+) -> EventOutcome {
+    tracing::warn!(tier = refusal.tier.name(), how, "event refused by quota");
+    metrics
+        .quota_refusals
+        .get_or_create(&crate::metrics::TierLabel {
+            tier: refusal.tier.name(),
+        })
+        .inc();
+    refuse(Code::QuotaExceeded, refusal.to_string())
 }
 
 /// Why an output event refused at `tier` is dropped with a marker
