@@ -263,13 +263,19 @@ pub fn read_history(store: &Store, issue: &Uuid7, after: u64) -> Result<HistoryR
 /// may be missing at the end. Returns the gaps' raw bytes.
 ///
 /// Each stream's served bytes must be what the process wrote, in order,
-/// each at the position where it follows: the runs skipped between them
+/// each at a position where it follows: the runs skipped between them
 /// (and at the end) are the missing runs. Every missing run must be
 /// covered by records between its neighbours in the event order whose
 /// streams include its stream, and every record must cover exactly its
 /// raw byte count; a record of both streams may cover runs of both. The
-/// runs are matched to the records earliest-deadline first, which finds a
+/// runs are matched to the records by a maximum flow, which finds a
 /// covering whenever one exists.
+///
+/// A short served chunk may occur at several positions of what was
+/// written (a line prefix, a byte that recurs): the oracle accepts when
+/// some choice of positions is covered, trying the earliest first and
+/// backtracking (a bounded search; past the bound the first choice's
+/// verdict stands).
 ///
 /// # Errors
 /// Where the served streams depart from what was written.
@@ -278,67 +284,6 @@ pub fn check_output(
     wrote: &[Vec<u8>; 2],
     tail_may_miss: bool,
 ) -> Result<u64, String> {
-    struct Run {
-        stream: usize,
-        left: u64,
-        after: Option<usize>,
-        before: usize,
-        tail: bool,
-    }
-    let name = |s: usize| if s == 0 { "stdout" } else { "stderr" };
-    let mut runs: Vec<Run> = Vec::new();
-    let mut at = [0usize; 2];
-    let mut last_data: [Option<usize>; 2] = [None, None];
-    for (i, item) in served.iter().enumerate() {
-        let Served::Data { stream, bytes } = item else {
-            continue;
-        };
-        let s = *stream;
-        let w = wrote.get(s).map(Vec::as_slice).unwrap_or_default();
-        let here = at.get(s).copied().unwrap_or(0);
-        let rest = w.get(here..).unwrap_or_default();
-        let skip = if rest.starts_with(bytes) {
-            Some(0)
-        } else {
-            rest.windows(bytes.len().max(1))
-                .position(|win| win == bytes.as_slice())
-        };
-        let Some(skip) = skip else {
-            return Err(format!(
-                "item {i}: {} bytes of {} served after offset {here} are not anywhere in what the process wrote after it (invented, duplicated or reordered)",
-                bytes.len(),
-                name(s)
-            ));
-        };
-        if skip > 0 {
-            runs.push(Run {
-                stream: s,
-                left: skip as u64,
-                after: last_data.get(s).copied().flatten(),
-                before: i,
-                tail: false,
-            });
-        }
-        if let Some(a) = at.get_mut(s) {
-            *a = here + skip + bytes.len();
-        }
-        if let Some(l) = last_data.get_mut(s) {
-            *l = Some(i);
-        }
-    }
-    for s in 0..2 {
-        let w = wrote.get(s).map_or(0, Vec::len);
-        let here = at.get(s).copied().unwrap_or(0);
-        if w > here {
-            runs.push(Run {
-                stream: s,
-                left: (w - here) as u64,
-                after: last_data.get(s).copied().flatten(),
-                before: usize::MAX,
-                tail: true,
-            });
-        }
-    }
     let mut gaps: Vec<(usize, u8, u64)> = Vec::new();
     let mut gap_bytes = 0u64;
     for (i, item) in served.iter().enumerate() {
@@ -355,65 +300,233 @@ pub fn check_output(
             gaps.push((i, *mask, *raw));
         }
     }
-    // which record may cover which run: one of its streams, between the
-    // run's neighbours in the event order
-    let fits = |g: &(usize, u8, u64), r: &Run| {
-        g.1 & (1 << r.stream) != 0 && r.after.is_none_or(|a| a < g.0) && g.0 < r.before
+    let data: Vec<(usize, usize, &[u8])> = served
+        .iter()
+        .enumerate()
+        .filter_map(|(i, item)| match item {
+            Served::Data { stream, bytes } => Some((i, *stream, bytes.as_slice())),
+            Served::Gap { .. } | Served::Incomplete => None,
+        })
+        .collect();
+    let check = Coverage {
+        wrote,
+        gaps: &gaps,
+        tail_may_miss,
     };
-    let mut flow = Flow::new(gaps.len(), runs.len());
-    for (gi, g) in gaps.iter().enumerate() {
-        flow.source_edge(gi, g.2);
-        for (ri, r) in runs.iter().enumerate() {
-            if fits(g, r) {
-                flow.link(gi, ri);
+    // depth-first over the positions of the data items: `starts[k]` is
+    // where item k begins in its stream; `at` per stream after each item
+    let mut starts: Vec<usize> = Vec::with_capacity(data.len());
+    let mut at_after: Vec<[usize; 2]> = Vec::with_capacity(data.len());
+    let mut first_error: Option<String> = None;
+    let mut budget: u32 = 20_000;
+    // the next position to try for item `starts.len()`, from `from`
+    let mut from: Option<usize> = None;
+    loop {
+        let k = starts.len();
+        if k == data.len() {
+            match check.verdict(&data, &starts, true) {
+                Ok(()) => return Ok(gap_bytes),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        } else if let Some(&(i, s, bytes)) = data.get(k) {
+            let at = at_after.last().copied().unwrap_or([0, 0]);
+            let here = at.get(s).copied().unwrap_or(0);
+            let w = wrote.get(s).map(Vec::as_slice).unwrap_or_default();
+            let lo = from.unwrap_or(here);
+            from = None;
+            // an empty chunk has one place only
+            let found = if bytes.is_empty() && lo != here {
+                None
+            } else {
+                find_at_or_after(w, bytes, lo)
+            };
+            match found {
+                Some(p) => {
+                    starts.push(p);
+                    let mut next = at;
+                    if let Some(a) = next.get_mut(s) {
+                        *a = p + bytes.len();
+                    }
+                    at_after.push(next);
+                    // a new missing run before this item: the runs so far
+                    // must still be coverable
+                    if p == here {
+                        continue;
+                    }
+                    match check.verdict(&data, &starts, false) {
+                        Ok(()) => continue,
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                }
+                None if lo == here => {
+                    first_error.get_or_insert(format!(
+                        "item {i}: {} bytes of {} served after offset {here} are not anywhere in what the process wrote after it (invented, duplicated or reordered)",
+                        bytes.len(),
+                        stream_name(s)
+                    ));
+                }
+                None => {}
             }
         }
-    }
-    // the runs between served bytes first: each must be covered whole
-    for (ri, r) in runs.iter().enumerate() {
-        if !r.tail {
-            flow.sink_edge(ri, r.left);
+        // backtrack: the deepest item to its next position
+        budget = budget.saturating_sub(1);
+        if budget == 0 {
+            break;
         }
+        let Some(p) = starts.pop() else {
+            break;
+        };
+        at_after.pop();
+        from = Some(p + 1);
     }
-    flow.run();
-    for (ri, r) in runs.iter().enumerate() {
-        if !r.tail && flow.flow_into_sink(ri) < r.left {
-            return Err(format!(
-                "a run of {} bytes of {} before item {} is covered by no record",
-                r.left - flow.flow_into_sink(ri),
-                name(r.stream),
-                r.before
-            ));
+    Err(first_error.unwrap_or_else(|| "no placement of the served output found".to_string()))
+}
+
+fn stream_name(s: usize) -> &'static str {
+    if s == 0 { "stdout" } else { "stderr" }
+}
+
+/// The first position at or after `lo` where `bytes` occurs in `w`.
+fn find_at_or_after(w: &[u8], bytes: &[u8], lo: usize) -> Option<usize> {
+    let rest = w.get(lo..)?;
+    if rest.starts_with(bytes) {
+        return Some(lo);
+    }
+    if bytes.is_empty() {
+        return None;
+    }
+    rest.windows(bytes.len())
+        .position(|win| win == bytes)
+        .map(|p| lo + p)
+}
+
+/// The covering check of one placement of the served data items.
+struct Coverage<'a> {
+    wrote: &'a [Vec<u8>; 2],
+    gaps: &'a [(usize, u8, u64)],
+    tail_may_miss: bool,
+}
+
+impl Coverage<'_> {
+    /// Whether the missing runs of the placement `starts` (of the first
+    /// `starts.len()` data items) are covered. `complete`: every item is
+    /// placed, so the tails and the records' exact counts are checked too.
+    fn verdict(
+        &self,
+        data: &[(usize, usize, &[u8])],
+        starts: &[usize],
+        complete: bool,
+    ) -> Result<(), String> {
+        struct Run {
+            stream: usize,
+            left: u64,
+            after: Option<usize>,
+            before: usize,
+            tail: bool,
         }
-    }
-    // then the tails: covered whole unless the process died under them
-    for (ri, r) in runs.iter().enumerate() {
-        if r.tail {
-            flow.sink_edge(ri, r.left);
+        let mut runs: Vec<Run> = Vec::new();
+        let mut at = [0usize; 2];
+        let mut last_data: [Option<usize>; 2] = [None, None];
+        for (&(i, s, bytes), &p) in data.iter().zip(starts) {
+            let here = at.get(s).copied().unwrap_or(0);
+            if p > here {
+                runs.push(Run {
+                    stream: s,
+                    left: (p - here) as u64,
+                    after: last_data.get(s).copied().flatten(),
+                    before: i,
+                    tail: false,
+                });
+            }
+            if let Some(a) = at.get_mut(s) {
+                *a = p + bytes.len();
+            }
+            if let Some(l) = last_data.get_mut(s) {
+                *l = Some(i);
+            }
         }
-    }
-    flow.run();
-    for (ri, r) in runs.iter().enumerate() {
-        if r.tail && !tail_may_miss && flow.flow_into_sink(ri) < r.left {
-            return Err(format!(
-                "the last {} bytes the process wrote on {} vanished without a record",
-                r.left - flow.flow_into_sink(ri),
-                name(r.stream)
-            ));
+        if complete {
+            for s in 0..2 {
+                let w = self.wrote.get(s).map_or(0, Vec::len);
+                let here = at.get(s).copied().unwrap_or(0);
+                if w > here {
+                    runs.push(Run {
+                        stream: s,
+                        left: (w - here) as u64,
+                        after: last_data.get(s).copied().flatten(),
+                        before: usize::MAX,
+                        tail: true,
+                    });
+                }
+            }
         }
-    }
-    for (gi, g) in gaps.iter().enumerate() {
-        let used = flow.out_of_source(gi);
-        if used < g.2 {
-            return Err(format!(
-                "item {}: a record (streams {}) counts {} more bytes than went missing around it",
-                g.0,
-                g.1,
-                g.2 - used
-            ));
+        // which record may cover which run: one of its streams, between
+        // the run's neighbours in the event order
+        let fits = |g: &(usize, u8, u64), r: &Run| {
+            g.1 & (1 << r.stream) != 0 && r.after.is_none_or(|a| a < g.0) && g.0 < r.before
+        };
+        let mut flow = Flow::new(self.gaps.len(), runs.len());
+        for (gi, g) in self.gaps.iter().enumerate() {
+            flow.source_edge(gi, g.2);
+            for (ri, r) in runs.iter().enumerate() {
+                if fits(g, r) {
+                    flow.link(gi, ri);
+                }
+            }
         }
+        // the runs between served bytes first: each must be covered whole
+        for (ri, r) in runs.iter().enumerate() {
+            if !r.tail {
+                flow.sink_edge(ri, r.left);
+            }
+        }
+        flow.run();
+        for (ri, r) in runs.iter().enumerate() {
+            if !r.tail && flow.flow_into_sink(ri) < r.left {
+                return Err(format!(
+                    "a run of {} bytes of {} before item {} is covered by no record",
+                    r.left - flow.flow_into_sink(ri),
+                    stream_name(r.stream),
+                    r.before
+                ));
+            }
+        }
+        if !complete {
+            return Ok(());
+        }
+        // then the tails: covered whole unless the process died under them
+        for (ri, r) in runs.iter().enumerate() {
+            if r.tail {
+                flow.sink_edge(ri, r.left);
+            }
+        }
+        flow.run();
+        for (ri, r) in runs.iter().enumerate() {
+            if r.tail && !self.tail_may_miss && flow.flow_into_sink(ri) < r.left {
+                return Err(format!(
+                    "the last {} bytes the process wrote on {} vanished without a record",
+                    r.left - flow.flow_into_sink(ri),
+                    stream_name(r.stream)
+                ));
+            }
+        }
+        for (gi, g) in self.gaps.iter().enumerate() {
+            let used = flow.out_of_source(gi);
+            if used < g.2 {
+                return Err(format!(
+                    "item {}: a record (streams {}) counts {} more bytes than went missing around it",
+                    g.0,
+                    g.1,
+                    g.2 - used
+                ));
+            }
+        }
+        Ok(())
     }
-    Ok(gap_bytes)
 }
 
 /// A small maximum flow from the gap records (their raw bytes) to the

@@ -203,3 +203,21 @@ fn a_record_without_a_count_is_refused() {
     ];
     assert!(check_output(&served, &w, false).is_err());
 }
+
+#[test]
+fn a_short_chunk_that_recurs_is_placed_where_a_record_explains_it() {
+    // "sim output line " occurs at 0 and at 18: after a record of the
+    // first line only the second place is honest
+    let out = b"sim output line 1\nsim output line 2\n".to_vec();
+    let w = [out.clone(), Vec::new()];
+    let served = vec![gap(1, 18), data(0, &out[18..34]), data(0, &out[34..])];
+    assert_eq!(check_output(&served, &w, false), Ok(18));
+    // the same chunks without the record: the first line is missing
+    // wherever they are placed
+    let bare = vec![data(0, &out[18..34]), data(0, &out[34..])];
+    let e = check_output(&bare, &w, false).unwrap_err();
+    assert!(e.contains("18 bytes of stdout"), "{e}");
+    // and a record of the wrong size explains no placement
+    let wrong = vec![gap(1, 17), data(0, &out[18..34]), data(0, &out[34..])];
+    assert!(check_output(&wrong, &w, false).is_err());
+}

@@ -47,6 +47,9 @@ struct Flow {
     reading: bool,
     /// The store may hold pending writes not yet sent.
     more: bool,
+    /// A pump came while a read was in flight (an acknowledgement or a
+    /// freed data lane may have widened the window the read was given).
+    again: bool,
 }
 
 impl Flow {
@@ -111,7 +114,11 @@ impl StdinFlows {
     /// is in flight, nothing may be pending, or a window is full.
     pub fn next_read(&mut self, issue: &Uuid7, session_room: u64) -> Option<(u64, u64, u64)> {
         let f = self.map.get_mut(issue)?;
-        if f.reading || !f.more {
+        if f.reading {
+            f.again = true;
+            return None;
+        }
+        if !f.more {
             return None;
         }
         let bytes = STDIN_WINDOW_BYTES
@@ -123,7 +130,19 @@ impl StdinFlows {
         }
         f.reading = true;
         f.more = false;
+        f.again = false;
         Some((f.sent_through, bytes, writes))
+    }
+
+    /// After a read that returned nothing to send: whether the window
+    /// may have widened while it ran and writes still wait, so that one
+    /// more read is due (without it, acknowledgements that all came
+    /// during the read would leave the remaining writes unsent until a
+    /// reconnect).
+    pub fn take_again(&mut self, issue: &Uuid7) -> bool {
+        self.map
+            .get_mut(issue)
+            .is_some_and(|f| std::mem::take(&mut f.again) && f.more)
     }
 
     /// A read of `issue` finished: the writes it returned that are not
@@ -341,9 +360,14 @@ impl ServerCore {
                     return;
                 };
                 let fresh = c.stdin.read_done(&issue, writes, more);
-                // nothing fitted the window: the next acknowledgement (or
-                // a freed data lane) reads again, never a read in a loop
+                // nothing fitted the window the read was given: the next
+                // acknowledgement (or a freed data lane) reads again, and
+                // so does one that came while this read ran; never a
+                // read in a loop
                 if fresh.is_empty() {
+                    if c.stdin.take_again(&issue) {
+                        self.pump_stdin(conn, issue);
+                    }
                     return;
                 }
                 for w in fresh {
@@ -476,6 +500,37 @@ mod tests {
         );
         assert!(f.acked(&id(1), 64));
         assert!(f.next_read(&id(1), u64::MAX).is_some());
+    }
+
+    #[test]
+    fn acknowledgements_during_a_read_that_found_no_room_read_again() {
+        let mut f = StdinFlows::default();
+        f.wake(id(1));
+        let (_, max, _) = f.next_read(&id(1), u64::MAX).unwrap();
+        assert_eq!(max, STDIN_WINDOW_BYTES);
+        // four writes nearly fill the window; a fifth waits
+        let sent = f.read_done(&id(1), (1..=4).map(|s| write(s, 250 * KIB)).collect(), true);
+        for w in &sent {
+            f.sent(&id(1), w);
+        }
+        // a read with the little room left is in flight ...
+        assert_eq!(
+            f.next_read(&id(1), u64::MAX),
+            Some((4, 24 * KIB as u64, STDIN_WINDOW_WRITES - 4))
+        );
+        // ... when every acknowledgement arrives
+        assert!(f.acked(&id(1), 4));
+        assert_eq!(f.next_read(&id(1), u64::MAX), None, "one read at a time");
+        // it found nothing that fitted its window; the window has moved
+        assert!(f.read_done(&id(1), Vec::new(), true).is_empty());
+        assert!(f.take_again(&id(1)), "the waiting write is read again");
+        assert_eq!(
+            f.next_read(&id(1), u64::MAX),
+            Some((4, STDIN_WINDOW_BYTES, STDIN_WINDOW_WRITES))
+        );
+        // without a pump during the read, no second read
+        assert!(f.read_done(&id(1), Vec::new(), true).is_empty());
+        assert!(!f.take_again(&id(1)));
     }
 
     #[test]

@@ -319,6 +319,16 @@ fn quick_check_tables(
     opts: db::DbOptions,
     conn: &rusqlite::Connection,
 ) -> Result<(), StoreError> {
+    quick_check_tables_from(db_file, opts, conn, PARALLEL_TABLE_CHECK_BYTES)
+}
+
+/// [`quick_check_tables`] with the size from which the workers check.
+fn quick_check_tables_from(
+    db_file: &std::path::Path,
+    opts: db::DbOptions,
+    conn: &rusqlite::Connection,
+    parallel_from: u64,
+) -> Result<(), StoreError> {
     let bad = |e| StoreError::sqlite("quick_check", e);
     let mut tables: Vec<String> = {
         let mut stmt = conn
@@ -340,6 +350,36 @@ fn quick_check_tables(
         "command_tombstones",
     ];
     tables.sort_by_key(|t| LARGEST.iter().position(|l| l == t).unwrap_or(LARGEST.len()));
+    let size = std::fs::metadata(db_file).map_or(u64::MAX, |m| m.len());
+    if size < parallel_from {
+        // a small database: checked on this connection, one table after
+        // the other (the workers' connections and threads would cost more
+        // than they save); CHECK constraints are left out here too, and
+        // put back for the whole-file check that follows
+        conn.execute_batch("PRAGMA ignore_check_constraints = ON")
+            .map_err(bad)?;
+        let mut findings = Vec::new();
+        let mut failed = None;
+        for table in &tables {
+            match check_table(conn, table) {
+                Ok(rows) => findings.extend(rows),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        conn.execute_batch("PRAGMA ignore_check_constraints = OFF")
+            .map_err(bad)?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        return if findings.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Integrity(findings.join("; ")))
+        };
+    }
     tables.reverse(); // popped from the end
     let queue = std::sync::Mutex::new(tables);
     let findings = std::sync::Mutex::new(Vec::<String>::new());
@@ -370,19 +410,10 @@ fn quick_check_tables(
                 loop {
                     let next = queue.lock().ok().and_then(|mut q| q.pop());
                     let Some(table) = next else { break };
-                    let sql = format!("PRAGMA quick_check(\"{}\")", table.replace('"', "\"\""));
-                    let rows: Result<Vec<String>, StoreError> = worker
-                        .prepare(&sql)
-                        .and_then(|mut st| {
-                            st.query_map([], |r| r.get::<_, String>(0))?
-                                .collect::<Result<Vec<_>, _>>()
-                        })
-                        .map_err(|e| StoreError::sqlite("quick_check", e));
-                    match rows {
-                        Ok(rows) if rows.len() == 1 && rows.first().is_some_and(|r| r == "ok") => {}
+                    match check_table(&worker, &table) {
                         Ok(rows) => {
                             if let Ok(mut f) = findings.lock() {
-                                f.extend(rows.into_iter().map(|r| format!("{table}: {r}")));
+                                f.extend(rows);
                             }
                         }
                         Err(e) => {
@@ -405,6 +436,28 @@ fn quick_check_tables(
     } else {
         Err(StoreError::Integrity(findings.join("; ")))
     }
+}
+
+/// Database files from this size on have their tables checked on
+/// [`RECOVERY_WORKERS`] connections at once; smaller ones on the check's
+/// own connection.
+pub const PARALLEL_TABLE_CHECK_BYTES: u64 = 64 * 1024 * 1024;
+
+/// `PRAGMA quick_check(TABLE)` of one table: its findings, each named
+/// after the table (none when it is sound).
+fn check_table(conn: &rusqlite::Connection, table: &str) -> Result<Vec<String>, StoreError> {
+    let sql = format!("PRAGMA quick_check(\"{}\")", table.replace('"', "\"\""));
+    let rows = conn
+        .prepare(&sql)
+        .and_then(|mut st| {
+            st.query_map([], |r| r.get::<_, String>(0))?
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(|e| StoreError::sqlite("quick_check", e))?;
+    if rows.len() == 1 && rows.first().is_some_and(|r| r == "ok") {
+        return Ok(Vec::new());
+    }
+    Ok(rows.into_iter().map(|r| format!("{table}: {r}")).collect())
 }
 
 /// Records what the integrity check found: the store unavailable, a
@@ -1156,6 +1209,69 @@ pub(crate) fn scan_all(
 #[cfg(test)]
 mod integrity_tests {
     use super::*;
+
+    /// A database of two tables, the second's root page scribbled over
+    /// when `damage`.
+    fn database(dir: &std::path::Path, damage: bool) -> std::path::PathBuf {
+        let file = dir.join("t.sqlite3");
+        {
+            let c = db::open(&file, db::DbOptions::default()).unwrap();
+            c.execute_batch(
+                "CREATE TABLE a (x INTEGER NOT NULL CHECK (x >= 0));
+                 CREATE TABLE b (y TEXT NOT NULL);
+                 CREATE INDEX b_y ON b (y);",
+            )
+            .unwrap();
+            for i in 0..400 {
+                c.execute("INSERT INTO a VALUES (?1)", [i]).unwrap();
+                c.execute("INSERT INTO b VALUES (?1)", [format!("row {i:>60}")])
+                    .unwrap();
+            }
+        } // closed: the WAL is checkpointed into the file
+        if damage {
+            let root: i64 = rusqlite::Connection::open(&file)
+                .unwrap()
+                .query_row(
+                    "SELECT rootpage FROM sqlite_schema WHERE name = 'b'",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            let mut bytes = std::fs::read(&file).unwrap();
+            let at = (usize::try_from(root).unwrap() - 1) * 4096;
+            for x in &mut bytes[at..at + 4096] {
+                *x = 0x5a;
+            }
+            std::fs::write(&file, &bytes).unwrap();
+        }
+        file
+    }
+
+    #[test]
+    fn tables_are_checked_alike_on_the_workers_and_on_one_connection() {
+        let mut verdicts = Vec::new();
+        for parallel_from in [0, u64::MAX] {
+            let dir = tempfile::tempdir().unwrap();
+            let sound = database(dir.path(), false);
+            let c = db::open(&sound, db::DbOptions::default()).unwrap();
+            quick_check_tables_from(&sound, db::DbOptions::default(), &c, parallel_from).unwrap();
+            // CHECK constraints are enforced again on the connection
+            let ignored: i64 = c
+                .query_row("PRAGMA ignore_check_constraints", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(ignored, 0, "parallel_from {parallel_from}");
+            drop(c);
+
+            let dir = tempfile::tempdir().unwrap();
+            let damaged = database(dir.path(), true);
+            let c = db::open(&damaged, db::DbOptions::default()).unwrap();
+            let e = quick_check_tables_from(&damaged, db::DbOptions::default(), &c, parallel_from)
+                .expect_err("the damaged table is found");
+            verdicts.push(e.to_string());
+        }
+        assert_eq!(verdicts[0], verdicts[1]);
+        assert!(verdicts[0].contains("malformed"), "{verdicts:?}");
+    }
 
     fn io_error() -> StoreError {
         StoreError::sqlite(
