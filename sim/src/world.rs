@@ -1564,8 +1564,25 @@ impl World {
             script,
             queue_ttl: ttl,
         };
+        // a crash that swallows the answer is answered by rvc's retry with
+        // the same request id: the stored result if the first call
+        // committed (else the command would run untracked by the oracles
+        // and its stdin never closed: seed 101294), a new command if not
         let mut created = false;
-        self.with_engine(|e, _, wall| created = e.run_command(&req, wall).is_ok());
+        for attempt in 0..8 {
+            let mut answer = None;
+            self.with_engine(|e, _, wall| answer = Some(e.run_command(&req, wall).is_ok()));
+            match answer {
+                Some(ok) => {
+                    created = ok;
+                    if attempt > 0 {
+                        self.count("run_command retried");
+                    }
+                    break;
+                }
+                None => self.count("run_command unanswered"),
+            }
+        }
         if created {
             self.created += 1;
             self.created_ids.push(id);
