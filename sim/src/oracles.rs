@@ -832,9 +832,61 @@ pub fn check_command(
             problems.push(format!("{issue} output: {e}"))
         }
     }
+    let asked = requests.signals.get(id).cloned().unwrap_or_default();
+    let operator_delivered = check_signals(
+        &issue,
+        &history.events,
+        record,
+        &asked,
+        late_after_expiry(store, id),
+        counts,
+        &mut problems,
+    );
+    check_exit(
+        &issue,
+        record,
+        operator_delivered,
+        view.lifecycle,
+        terminal_change.as_ref(),
+        || {
+            rvbox_store::records::command_record(store.db(), &store.health(), id)
+                .ok()
+                .and_then(|r| r.exit_result)
+        },
+        counts,
+        &mut problems,
+    );
+    let truth = requests.stdin.get(id).cloned().unwrap_or_default();
+    check_stdin(
+        &issue,
+        &truth,
+        &history.events,
+        record,
+        counts,
+        &mut problems,
+    );
+    problems
+}
+
+/// The signal oracle: each kind reached the process at most as often as
+/// the operator's requests (and the server's own TERM after a late
+/// acceptance, `late_after_expiry`) asked for it, beyond the daemon's
+/// orderly stop; the stored results count no more than the requests, and
+/// say delivered exactly as often as it reached the process (less the
+/// results a dying daemon had not made durable). Returns whether an
+/// operator's signal reached the process.
+pub fn check_signals(
+    issue: &Uuid7,
+    events: &[(u64, Body)],
+    record: &ProcessRecord,
+    asked: &[wire::SignalKind],
+    late_after_expiry: bool,
+    counts: &mut OracleCounts,
+    problems: &mut Vec<String>,
+) -> bool {
     // signals: what was delivered, against the stored results
     let mut results: BTreeMap<i32, (u64, u64)> = BTreeMap::new();
-    for (_, b) in &history.events {
+    for (_, b) in events {
         if let Body::SignalResult(s) = b {
             let e = results.entry(s.signal).or_default();
             e.0 += 1;
@@ -843,10 +895,10 @@ pub fn check_command(
             }
         }
     }
-    let mut asked = requests.signals.get(id).cloned().unwrap_or_default();
+    let mut asked = asked.to_vec();
     // plan §6.4: a late acceptance after the queue expiry is answered by
     // the server itself with a best-effort TERM (its incident says so)
-    if late_after_expiry(store, id) {
+    if late_after_expiry {
         asked.push(wire::SignalKind::Term);
     }
     let mut operator_delivered = false;
@@ -886,10 +938,28 @@ pub fn check_command(
         }
         operator_delivered |= by_operator > 0;
     }
+    operator_delivered
+}
+
+/// The exit oracle: the terminal outcome, exit code or signal the server
+/// stores (in the terminal event, and in what `GetCommand` serves:
+/// `get_command_exit`) is what the process did, unless the server ended
+/// the command itself (`INTERRUPTED` with no terminal change from a
+/// client, or a client that lost the end in a crash).
+#[allow(clippy::too_many_arguments)]
+pub fn check_exit(
+    issue: &Uuid7,
+    record: &ProcessRecord,
+    operator_delivered: bool,
+    server: Lifecycle,
+    terminal_change: Option<&wire::LifecycleChange>,
+    get_command_exit: impl FnOnce() -> Option<wire::ExitResult>,
+    counts: &mut OracleCounts,
+    problems: &mut Vec<String>,
+) {
     // exit
     if let Some((lifecycle, code, signal)) = expected_outcome(record, operator_delivered) {
         counts.exits += 1;
-        let server = view.lifecycle;
         let reported = terminal_change.as_ref().and_then(|l| l.exit_result.clone());
         // the server ended it (no terminal change from a client), or the
         // client lost the end in a crash before it was durable
@@ -914,9 +984,7 @@ pub fn check_command(
             } else if lifecycle != Lifecycle::Interrupted {
                 // and what GetCommand serves (`rvc stat`), from the
                 // command's row
-                let served = rvbox_store::records::command_record(store.db(), &store.health(), id)
-                    .ok()
-                    .and_then(|r| r.exit_result);
+                let served = get_command_exit();
                 if served
                     .as_ref()
                     .is_none_or(|x| x.exit_code != code || x.signal_number != signal)
@@ -929,10 +997,24 @@ pub fn check_command(
             }
         }
     }
+}
+
+/// The stdin oracle: the process got the acknowledged writes (`truth`),
+/// contiguous from 1, once each, in order, with exactly their bytes; a
+/// write acknowledged written reached it, and one it got is acknowledged
+/// written (a daemon that died may leave a suffix unconfirmed); it read
+/// end of file once, exactly when the close was acknowledged.
+pub fn check_stdin(
+    issue: &Uuid7,
+    truth: &[AckedWrite],
+    events: &[(u64, Body)],
+    record: &ProcessRecord,
+    counts: &mut OracleCounts,
+    problems: &mut Vec<String>,
+) {
     // stdin
-    let truth = requests.stdin.get(id).cloned().unwrap_or_default();
     let mut acks: BTreeMap<u64, (i32, bool)> = BTreeMap::new();
-    for (_, b) in &history.events {
+    for (_, b) in events {
         if let Body::StdinAck(a) = b
             && acks.insert(a.write_seq, (a.delivery, a.closed)).is_some()
         {
@@ -969,7 +1051,7 @@ pub fn check_command(
     // got may be unconfirmed, and only then
     let died = matches!(record.ended, Some(Ended::WithDaemon));
     let mut unconfirmed_from: Option<u64> = None;
-    for (seq, data, close) in &truth {
+    for (seq, data, close) in truth {
         let written = acks
             .get(seq)
             .is_some_and(|(d, _)| *d == wire::StdinDelivery::Written as i32);
@@ -1013,5 +1095,4 @@ pub fn check_command(
             record.eofs
         ));
     }
-    problems
 }

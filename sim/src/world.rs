@@ -1571,12 +1571,39 @@ impl World {
         let mut created = false;
         for attempt in 0..8 {
             let mut answer = None;
-            self.with_engine(|e, _, wall| answer = Some(e.run_command(&req, wall).is_ok()));
+            self.with_engine(|e, _, wall| answer = Some(e.run_command(&req, wall)));
             match answer {
-                Some(ok) => {
-                    created = ok;
+                Some(Ok(r)) => {
+                    created = true;
                     if attempt > 0 {
                         self.count("run_command retried");
+                    }
+                    if r.issue_uuid != req.request_id {
+                        self.failure = Some(format!(
+                            "RunCommand {} answered with command {}",
+                            req.request_id, r.issue_uuid
+                        ));
+                    }
+                    break;
+                }
+                Some(Err(e)) => {
+                    // a retry of a call that may have committed is
+                    // answered with its stored result, never refused as
+                    // a conflict with itself (the first call either
+                    // committed, or did nothing)
+                    let code = e.to_domain().code();
+                    if attempt > 0
+                        && matches!(
+                            code,
+                            rvbox_domain::error::Code::Conflict
+                                | rvbox_domain::error::Code::AlreadyExecuted
+                        )
+                    {
+                        self.failure = Some(format!(
+                            "RunCommand {} retried with its request id after a lost answer was refused: {:?}",
+                            req.request_id,
+                            e.to_domain()
+                        ));
                     }
                     break;
                 }
