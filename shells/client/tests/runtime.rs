@@ -919,21 +919,42 @@ fn a_continuously_verbose_child_is_never_blocked_by_the_daemon() {
 #[test]
 fn every_pinned_event_is_sent_again_after_a_reconnect_past_one_read_back_batch() {
     let dir = tempfile::TempDir::new().unwrap();
-    let (mut host, _) = host_in(dir.path());
+    let (mut host, cwd) = host_in(dir.path());
     let issue = "01890000-0000-7000-8000-0000000000a4";
-    // one write per line, slower than the pipe reader, so each is an event
+    // one write per line, slower than the pipe reader, so most are events
+    // of their own; the child writes until the test has seen more events
+    // than one read-back batch (a loaded machine joins lines into fewer)
+    let stop = Path::new(&cwd).join("stop");
     host.frame(dispatch(
         issue,
-        "i=0; while [ $i -lt 1600 ]; do i=$((i+1)); echo \"line $i\"; sleep 0.001; done\n",
+        &format!(
+            "i=0; while [ ! -e '{}' ]; do i=$((i+1)); echo \"line $i\"; sleep 0.001; done\n",
+            stop.display()
+        ),
     ));
     // nothing is acknowledged: every event stays pinned
+    let until = Instant::now() + Duration::from_secs(120);
+    while host
+        .events(issue)
+        .iter()
+        .map(|e| e.event_seq)
+        .max()
+        .unwrap_or(0)
+        <= 1100
+    {
+        assert!(
+            Instant::now() < until,
+            "the test needs more pinned events than one read-back batch"
+        );
+        host.rt.pump_processes(Duration::from_millis(20));
+        host.rt.tick();
+        host.collect();
+    }
+    std::fs::write(&stop, b"").unwrap();
     host.run_until_terminal(issue, Duration::from_secs(60));
     let sent = host.events(issue);
     let last = sent.iter().map(|e| e.event_seq).max().unwrap();
-    assert!(
-        last > 1100,
-        "the test needs more pinned events than one read-back batch; got {last}"
-    );
+    assert!(last > 1100, "{last} events");
     // the server held the first 10 durably when the path went dark
     host.reconnect("fedcba9876543210fedc", 2, &[(issue, 10)]);
     let again = host.events_in("fedcba9876543210fedc", issue);
@@ -946,13 +967,21 @@ fn every_pinned_event_is_sent_again_after_a_reconnect_past_one_read_back_batch()
         seqs.last(),
         last - 10
     );
-    let want: Vec<u8> = (1..=1600)
-        .flat_map(|i| format!("line {i}\n").into_bytes())
-        .collect();
     let first: Vec<wire::CommandEvent> =
         sent.iter().filter(|e| e.event_seq <= 10).cloned().collect();
     let mut all = first;
     all.extend(again);
-    assert_eq!(output_of(&all, wire::OutputStream::Stdout), want);
+    let got = output_of(&all, wire::OutputStream::Stdout);
+    let lines = got.iter().filter(|b| **b == b'\n').count();
+    assert!(lines > 1100, "{lines} lines");
+    let want: Vec<u8> = (1..=lines)
+        .flat_map(|i| format!("line {i}\n").into_bytes())
+        .collect();
+    assert_eq!(got, want, "the output sent again is every line, in order");
+    assert_eq!(
+        output_of(&sent, wire::OutputStream::Stdout),
+        want,
+        "and the same as sent the first time"
+    );
     assert!(host.closes.is_empty(), "closed: {:?}", host.closes);
 }
