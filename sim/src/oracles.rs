@@ -313,14 +313,38 @@ pub fn check_output(
         gaps: &gaps,
         tail_may_miss,
     };
+    // the skip the records explain before each item: the raw bytes of the
+    // records of its stream between it and the previous item of its
+    // stream (a placement that far ahead is tried first: a short chunk
+    // that recurs every few bytes would otherwise take tens of thousands
+    // of tries to reach it: seed 464922)
+    let mut prefer: Vec<u64> = Vec::with_capacity(data.len());
+    let mut prev: [Option<usize>; 2] = [None, None];
+    for &(i, s, _) in &data {
+        let after = prev.get(s).copied().flatten();
+        let explained: u64 = gaps
+            .iter()
+            .filter(|g| g.1 & (1 << s) != 0 && after.is_none_or(|a| a < g.0) && g.0 < i)
+            .map(|g| g.2)
+            .sum();
+        prefer.push(explained);
+        if let Some(x) = prev.get_mut(s) {
+            *x = Some(i);
+        }
+    }
     // depth-first over the positions of the data items: `starts[k]` is
-    // where item k begins in its stream; `at` per stream after each item
+    // where item k begins in its stream (`ascending[k]`: found by the scan
+    // from the stream's position, not as the preferred place); `at` per
+    // stream after each item
     let mut starts: Vec<usize> = Vec::with_capacity(data.len());
+    let mut ascending: Vec<bool> = Vec::with_capacity(data.len());
     let mut at_after: Vec<[usize; 2]> = Vec::with_capacity(data.len());
     let mut first_error: Option<String> = None;
     let mut budget: u32 = 20_000;
-    // the next position to try for item `starts.len()`, from `from`
-    let mut from: Option<usize> = None;
+    // where the next try for item `starts.len()` resumes: `None` first
+    // (the preferred place, then the scan), `Some(None)` the scan from the
+    // stream's position, `Some(Some(p))` the scan from `p`
+    let mut resume: Option<Option<usize>> = None;
     loop {
         let k = starts.len();
         if k == data.len() {
@@ -334,17 +358,33 @@ pub fn check_output(
             let at = at_after.last().copied().unwrap_or([0, 0]);
             let here = at.get(s).copied().unwrap_or(0);
             let w = wrote.get(s).map(Vec::as_slice).unwrap_or_default();
-            let lo = from.unwrap_or(here);
-            from = None;
-            // an empty chunk has one place only
-            let found = if bytes.is_empty() && lo != here {
+            let skip = prefer.get(k).copied().unwrap_or(0);
+            let preferred = usize::try_from(skip)
+                .ok()
+                .filter(|x| *x > 0)
+                .and_then(|x| here.checked_add(x))
+                .filter(|p| w.get(*p..).is_some_and(|r| r.starts_with(bytes)));
+            let (scan, lo) = match resume.take() {
+                None if preferred.is_some() => (false, here),
+                None | Some(None) => (true, here),
+                Some(Some(lo)) => (true, lo),
+            };
+            let found = if !scan {
+                preferred
+            } else if bytes.is_empty() && lo != here {
+                // an empty chunk has one place only
                 None
             } else {
-                find_at_or_after(w, bytes, lo)
+                match find_at_or_after(w, bytes, lo) {
+                    // the preferred place was tried already
+                    Some(p) if Some(p) == preferred => find_at_or_after(w, bytes, p + 1),
+                    f => f,
+                }
             };
             match found {
                 Some(p) => {
                     starts.push(p);
+                    ascending.push(scan);
                     let mut next = at;
                     if let Some(a) = next.get_mut(s) {
                         *a = p + bytes.len();
@@ -362,7 +402,7 @@ pub fn check_output(
                         }
                     }
                 }
-                None if lo == here => {
+                None if scan && lo == here && preferred.is_none() => {
                     first_error.get_or_insert(format!(
                         "item {i}: {} bytes of {} served after offset {here} are not anywhere in what the process wrote after it (invented, duplicated or reordered)",
                         bytes.len(),
@@ -381,7 +421,11 @@ pub fn check_output(
             break;
         };
         at_after.pop();
-        from = Some(p + 1);
+        resume = Some(if ascending.pop().unwrap_or(true) {
+            Some(p + 1)
+        } else {
+            None
+        });
     }
     Err(first_error.unwrap_or_else(|| "no placement of the served output found".to_string()))
 }

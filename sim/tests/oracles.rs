@@ -564,3 +564,36 @@ fn stdin_is_got_once_each_in_order_with_one_end_of_file() {
     );
     assert!(p.iter().any(|x| x.contains("acknowledged twice")), "{p:?}");
 }
+
+#[test]
+fn a_short_chunk_after_a_long_record_is_placed_where_the_record_ends() {
+    // text lines recur every few dozen bytes; a record of 1.7 MB then a
+    // 16-byte line prefix: tens of thousands of earlier places fit the
+    // chunk, the record explains only the last one
+    let mut out = Vec::new();
+    let mut n = 0u64;
+    while out.len() < 2_000_000 {
+        n += 1;
+        out.extend_from_slice(format!("sim output line {n} of host 1\n").as_bytes());
+    }
+    // end the stream on a line's prefix
+    let cut = out.len() - out.iter().rev().position(|b| *b == b'\n').unwrap_or(0);
+    out.truncate(cut);
+    out.extend_from_slice(b"sim output line ");
+    let w = [out.clone(), Vec::new()];
+    let head = 100_000;
+    let gap_len = (out.len() - head - 16) as u64;
+    let served = vec![
+        data(0, &out[..head]),
+        gap(1, gap_len),
+        data(0, &out[out.len() - 16..]),
+    ];
+    assert_eq!(check_output(&served, &w, false), Ok(gap_len));
+    // a record one byte short explains no placement
+    let short = vec![
+        data(0, &out[..head]),
+        gap(1, gap_len - 1),
+        data(0, &out[out.len() - 16..]),
+    ];
+    assert!(check_output(&short, &w, false).is_err());
+}
