@@ -299,6 +299,10 @@ struct StdinPlan {
     pending: Option<StdinCall>,
     /// When the call in flight was first sent.
     since: u64,
+    /// A crash swallowed an answer to the call in flight, so it may have
+    /// committed: it is never given up (a refusal before the store looks
+    /// the request up, say an unavailable scope, proves nothing).
+    maybe_committed: bool,
 }
 
 /// How long the operator's rvc retries a stdin call refused with a
@@ -1610,6 +1614,19 @@ impl World {
                 None => self.count("run_command unanswered"),
             }
         }
+        if !created
+            && self
+                .server
+                .engine
+                .as_ref()
+                .is_some_and(|e| e.command(&id).is_ok())
+        {
+            // a retry refused before the store looked the request up (an
+            // unavailable scope after the restart): the first call had
+            // committed, and the operator finds the command by its id
+            self.count("run_command found after a refusal");
+            created = true;
+        }
         if created {
             self.created += 1;
             self.created_ids.push(id);
@@ -1623,6 +1640,7 @@ impl World {
                     appends_left,
                     pending: None,
                     since: at,
+                    maybe_committed: false,
                 });
             }
             if script_bytes > 0 {
@@ -2276,6 +2294,7 @@ impl World {
             match answer {
                 Some(Ok((first, last))) => {
                     plan.pending = None;
+                    plan.maybe_committed = false;
                     let entry = self.requests.stdin.entry(plan.id).or_default();
                     match &call {
                         StdinCall::Append(req) => {
@@ -2339,6 +2358,7 @@ impl World {
                         e.to_domain().retry_class() == rvbox_domain::error::RetryClass::Transient;
                     if transient
                         && matches!(call, StdinCall::Append(_))
+                        && !plan.maybe_committed
                         && self.now.saturating_sub(plan.since) >= STDIN_RETRY_BUDGET_MS
                     {
                         // rvc's retries are spent: the append failed (it
@@ -2370,6 +2390,7 @@ impl World {
                     if plan.pending.is_none() {
                         plan.since = self.now;
                     }
+                    plan.maybe_committed = true;
                     plan.pending = Some(call);
                     self.count("stdin unanswered");
                 }
