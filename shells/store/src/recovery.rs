@@ -369,11 +369,13 @@ fn quick_check_tables_from(
                 }
             }
         }
-        conn.execute_batch("PRAGMA ignore_check_constraints = OFF")
-            .map_err(bad)?;
+        // put back before anything else uses the connection; a table's
+        // own error is the one reported
+        let restored = conn.execute_batch("PRAGMA ignore_check_constraints = OFF");
         if let Some(e) = failed {
             return Err(e);
         }
+        restored.map_err(bad)?;
         return if findings.is_empty() {
             Ok(())
         } else {
