@@ -326,6 +326,8 @@ pub struct ClientCounters {
     pub script_chunk_replays: u64,
     /// Scripts whose whole length and SHA-256 were verified (committed).
     pub scripts_committed: u64,
+    /// Replays of pinned events longer than one read-back of the spool.
+    pub long_replays: u64,
 }
 
 /// Crashes the client the next time its store passes one of the armed
@@ -825,6 +827,17 @@ impl SimHost {
         [core, sup, events].into_iter().flatten().min()
     }
 
+    /// The earliest of the host's timers strictly after `now`: a timer
+    /// already due (the core's, after it fired and stayed due) must not
+    /// hide the trees' next write.
+    #[must_use]
+    pub fn next_wake_after(&self, now: u64) -> Option<u64> {
+        let rt = self.rt.as_ref()?;
+        let core = rt.core().poll_timeout();
+        let sup = rt.supervisor().next_due();
+        [core, sup].into_iter().flatten().filter(|t| *t > now).min()
+    }
+
     fn wall(&self) -> i64 {
         self.config
             .wall_epoch_ms
@@ -1022,6 +1035,10 @@ impl SimHost {
         let Some(rt) = self.rt.as_mut() else {
             return;
         };
+        self.counters.long_replays = self
+            .counters
+            .long_replays
+            .saturating_add(rt.take_long_replays());
         for issue in rt.supervisor_mut().take_started() {
             self.ledger.note_start(issue);
             self.counters.started = self.counters.started.saturating_add(1);

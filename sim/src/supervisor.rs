@@ -60,7 +60,21 @@ pub struct Programs {
     /// Chance a launch fails transiently before it is ready (fork or
     /// file limits): the client puts the command back and tries again.
     pub transient_launch_permille: u32,
+    /// Chance a tree is chatty first: many short lines, each its own
+    /// read, more of them than one spool read-back returns (a verbose
+    /// program that a long partition leaves with thousands of pinned
+    /// events). Drawn from a stream of its own, so a run with no chatty
+    /// tree draws exactly what it did without them.
+    pub chatty_permille: u32,
+    /// Most lines of a chatty tree (at least [`CHATTY_MIN_LINES`]).
+    pub max_chatty_lines: u32,
+    /// Longest pause between two lines of a chatty tree (ms).
+    pub max_chatty_step_ms: u64,
 }
+
+/// Fewest lines of a chatty tree: past one spool read-back
+/// (`rvbox_client_store::spool::MAX_READ_EVENTS`, 1,024 events).
+pub const CHATTY_MIN_LINES: u32 = 1_100;
 
 impl Default for Programs {
     fn default() -> Self {
@@ -74,6 +88,9 @@ impl Default for Programs {
             stdin_permille: 250,
             ignore_term_permille: 250,
             transient_launch_permille: 40,
+            chatty_permille: 50,
+            max_chatty_lines: 4_000,
+            max_chatty_step_ms: 8,
         }
     }
 }
@@ -96,6 +113,8 @@ pub enum Ended {
 pub struct ProcessRecord {
     /// The host (client index) that ran it.
     pub host: u32,
+    /// Chatty lines its program began with (0: not chatty).
+    pub chatty_lines: u32,
     /// Times it was released (user code ran); must be at most 1.
     pub starts: u32,
     /// Bytes it wrote on stdout (index 0) and stderr (index 1), whether or
@@ -172,6 +191,8 @@ fn stream_index(s: wire::OutputStream) -> usize {
 #[derive(Debug, Clone)]
 struct Tree {
     next_at: u64,
+    /// Short lines still to write before the ordinary writes.
+    chatty_left: u32,
     writes_left: u32,
     burst: Option<u64>,
     exit: Exit,
@@ -201,6 +222,11 @@ pub struct SimSupervisor {
     started: Vec<Uuid7>,
     /// Lines of text written so far (they are numbered).
     lines: u64,
+    /// The chatty trees' own stream: whether a tree is chatty, and all of
+    /// its chatty lines.
+    chatty: SimRng,
+    /// Chatty lines written so far (numbered apart from `lines`).
+    chatty_lines: u64,
 }
 
 impl SimSupervisor {
@@ -213,8 +239,12 @@ impl SimSupervisor {
         wall_epoch_ms: i64,
         log: SharedLog,
     ) -> Self {
+        // a stream of its own that leaves `rng` where it is
+        let chatty = SimRng::new(rng.clone().next_u64() ^ 0x6368_6174_7479_5f31);
         Self {
             host,
+            chatty,
+            chatty_lines: 0,
             rng,
             programs,
             prepared: BTreeMap::new(),
@@ -319,18 +349,58 @@ impl SimSupervisor {
         } else {
             self.rng.bytes(len)
         };
-        let observed_ms = self.wall();
         let mut reads = Vec::new();
         for part in bytes.chunks(READ_CHUNK) {
             let dropped = self.rng.chance(15);
             reads.push((part.to_vec(), dropped));
         }
+        self.deliver(issue, stream, &bytes, reads);
+        // now and then the diagnostics sampler reports a change of the
+        // tree's progress state
+        if self.rng.chance(20) {
+            let suspected_hung = self.rng.chance(500);
+            self.push(
+                issue,
+                ProcessEvent::Diagnostics(wire::Diagnostics {
+                    snapshot: None,
+                    suspected_hung,
+                    no_progress_since: None,
+                }),
+            );
+        }
+    }
+
+    /// One short numbered line of a chatty tree, its own read (drawn from
+    /// the chatty stream only).
+    fn chatty_line(&mut self, issue: Uuid7) {
+        self.chatty_lines = self.chatty_lines.wrapping_add(1);
+        let stream = if self.chatty.chance(900) {
+            wire::OutputStream::Stdout
+        } else {
+            wire::OutputStream::Stderr
+        };
+        let line =
+            format!("chatty line {} of host {}\n", self.chatty_lines, self.host).into_bytes();
+        let dropped = self.chatty.chance(3);
+        self.deliver(issue, stream, &line, vec![(line.clone(), dropped)]);
+    }
+
+    /// Records `bytes` as written by the tree and hands `reads` (their
+    /// split into reads, each handed over or discarded) to the runtime.
+    fn deliver(
+        &mut self,
+        issue: Uuid7,
+        stream: wire::OutputStream,
+        bytes: &[u8],
+        reads: Vec<(Vec<u8>, bool)>,
+    ) {
+        let observed_ms = self.wall();
         {
             let mut l = log(&self.log);
             if let Some(r) = l.entry(issue, self.host) {
                 let i = stream_index(stream);
                 if let Some(w) = r.wrote.get_mut(i) {
-                    w.extend_from_slice(&bytes);
+                    w.extend_from_slice(bytes);
                 }
                 for (part, dropped) in &reads {
                     if *dropped && let Some(d) = r.dropped.get_mut(i) {
@@ -360,19 +430,6 @@ impl SimSupervisor {
                     },
                 );
             }
-        }
-        // now and then the diagnostics sampler reports a change of the
-        // tree's progress state
-        if self.rng.chance(20) {
-            let suspected_hung = self.rng.chance(500);
-            self.push(
-                issue,
-                ProcessEvent::Diagnostics(wire::Diagnostics {
-                    snapshot: None,
-                    suspected_hung,
-                    no_progress_since: None,
-                }),
-            );
         }
     }
 
@@ -411,6 +468,19 @@ impl SimSupervisor {
             let Some(t) = self.trees.get(&issue).cloned() else {
                 continue;
             };
+            if t.chatty_left > 0 {
+                self.chatty_line(issue);
+                // at least a millisecond: the world wakes a host for what
+                // is due after the present
+                let step = self
+                    .chatty
+                    .range_inclusive(1..=self.programs.max_chatty_step_ms.max(1));
+                if let Some(t) = self.trees.get_mut(&issue) {
+                    t.chatty_left -= 1;
+                    t.next_at = now.saturating_add(step);
+                }
+                continue;
+            }
             if let Some(len) = t.burst {
                 // a burst: one write far past the watermarks, handed over
                 // in 64 KiB reads at once
@@ -521,14 +591,24 @@ impl Supervisor for SimSupervisor {
         let ignore_term = self.rng.chance(p.ignore_term_permille);
         let waits_for_eof = self.rng.chance(p.stdin_permille);
         let step = self.rng.range_inclusive(0..=p.max_step_ms);
+        let chatty_left = if p.chatty_permille > 0 && self.chatty.chance(p.chatty_permille) {
+            u32::try_from(self.chatty.range_inclusive(
+                u64::from(CHATTY_MIN_LINES)..=u64::from(p.max_chatty_lines.max(CHATTY_MIN_LINES)),
+            ))
+            .unwrap_or(CHATTY_MIN_LINES)
+        } else {
+            0
+        };
         self.started.push(*issue);
         if let Some(r) = log(&self.log).entry(*issue, self.host) {
             r.starts = r.starts.saturating_add(1);
+            r.chatty_lines = chatty_left;
         }
         self.trees.insert(
             *issue,
             Tree {
                 next_at: self.now.saturating_add(step),
+                chatty_left,
                 writes_left: writes,
                 burst,
                 exit,

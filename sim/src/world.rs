@@ -7,7 +7,7 @@
 //! One `u64` seed decides everything ([`crate::rng::Seeds`]); the same seed
 //! gives a byte-identical [`Report::trace`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -378,6 +378,14 @@ pub struct World {
     late_rng: SimRng,
     /// Dispatches sent to a host again.
     repeat_rng: SimRng,
+    /// Partitions of a host while a chatty tree writes there.
+    chatty_rng: SimRng,
+    /// Chatty trees already considered for such a partition.
+    chatty_seen: BTreeSet<Uuid7>,
+    /// Hosts spared from crashes until the given time: a chatty tree on a
+    /// partitioned host that crashed would die with its daemon before the
+    /// long replay this scenario is for.
+    spared: BTreeMap<u32, u64>,
     /// The last `Dispatch` frame per (connection, command), bounded.
     dispatches: BTreeMap<(u64, String), Vec<u8>>,
     /// Pending claims of refused second instances: client id, instance.
@@ -460,6 +468,10 @@ const TIGHT_INGRESS: (u64, u64) = (4 * 1024, 2 * 1024);
 /// adversary: a few of the largest events fit, so honest clients wait for
 /// acknowledgements and the adversary exceeds them with a bounded number of
 /// frames.
+/// How long past its partition a host running a chatty tree is spared
+/// from crashes (the reconnect's backoff and the replay).
+const SPARE_AFTER_MS: u64 = 20_000;
+
 const TIGHT_WINDOWS: (u64, u64) = (
     rvbox_domain::limits::MIN_SEND_WINDOW_BYTES,
     2 * rvbox_domain::limits::MIN_SEND_WINDOW_BYTES,
@@ -698,6 +710,9 @@ impl World {
             takeover_rng: seeds.stream(crate::rng::Stream::Named("takeovers")),
             late_rng: seeds.stream(crate::rng::Stream::Named("late_acceptances")),
             repeat_rng: seeds.stream(crate::rng::Stream::Named("repeated_dispatches")),
+            chatty_rng: seeds.stream(crate::rng::Stream::Named("chatty_partitions")),
+            chatty_seen: BTreeSet::new(),
+            spared: BTreeMap::new(),
             dispatches: BTreeMap::new(),
             takeovers: Vec::new(),
             claims: Vec::new(),
@@ -1989,6 +2004,56 @@ impl World {
         }
     }
 
+    /// A host running a chatty tree loses its link, silently, for longer
+    /// than the liveness timeout: what it writes meanwhile is sequenced
+    /// and sent into the hole, and after the reconnect the whole run of
+    /// pinned events (more than one read-back of the spool) is replayed.
+    fn maybe_partition_chatty(&mut self) {
+        let fresh: Vec<(Uuid7, u32)> = {
+            let log = self
+                .process_log
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            log.records()
+                .iter()
+                .filter(|(id, r)| {
+                    r.chatty_lines > 0 && r.ended.is_none() && !self.chatty_seen.contains(id)
+                })
+                .map(|(id, r)| (*id, r.host))
+                .collect()
+        };
+        for (id, host) in fresh {
+            self.chatty_seen.insert(id);
+            if !self.chatty_rng.chance(850) {
+                continue;
+            }
+            let ms = 32_000 + self.chatty_rng.below(13_000);
+            self.log(format!(
+                "PARTITION client {host} for {ms} ms while {id} is chatty"
+            ));
+            self.count("chatty_partition");
+            self.net
+                .partition(ClientSlot(host), self.now.saturating_add(ms), self.now);
+            // no crash of that host until the replay after the partition
+            // has had its time
+            self.spared.insert(
+                host,
+                self.now.saturating_add(ms).saturating_add(SPARE_AFTER_MS),
+            );
+            if let Some(c) = self.clients.get_mut(usize::try_from(host).unwrap_or(0)) {
+                c.disarm_crash();
+            }
+        }
+    }
+
+    /// Whether host `i` is spared from crashes now.
+    fn is_spared(&self, i: u64) -> bool {
+        u32::try_from(i)
+            .ok()
+            .and_then(|i| self.spared.get(&i))
+            .is_some_and(|until| *until > self.now)
+    }
+
     fn inject_fault(&mut self) {
         // most fault turns also arm a crash point (its own stream: the
         // other faults of a seed stay what they were)
@@ -2020,7 +2085,9 @@ impl World {
                 .pick(from)
                 .copied()
                 .unwrap_or(rvbox_client_store::crash::ACCEPT_AFTER_COMMIT);
-            if let Some(c) = self.clients.get_mut(usize::try_from(i).unwrap_or(0)) {
+            if self.is_spared(i) {
+                self.log(format!("client {i} spared (a long replay ahead)"));
+            } else if let Some(c) = self.clients.get_mut(usize::try_from(i).unwrap_or(0)) {
                 c.arm_crash(point);
                 self.log(format!("ARM client {i} at {point}"));
                 self.count("client_crash_point armed");
@@ -2039,7 +2106,9 @@ impl World {
                     .pick(rvbox_client_store::crash::ALL)
                     .copied()
                     .unwrap_or(rvbox_client_store::crash::ACCEPT_AFTER_COMMIT);
-                if let Some(c) = self.clients.get_mut(usize::try_from(i).unwrap_or(0)) {
+                if self.is_spared(i) {
+                    self.log(format!("client {i} spared (a long replay ahead)"));
+                } else if let Some(c) = self.clients.get_mut(usize::try_from(i).unwrap_or(0)) {
                     c.arm_crash(point);
                     self.log(format!("ARM client {i} at {point}"));
                     self.count("client_crash_point armed");
@@ -2047,15 +2116,19 @@ impl World {
             }
             32..=39 => {
                 let i = self.faults.below(self.clients.len() as u64);
-                self.log(format!("CRASH client {i}"));
-                self.count("client_crash");
-                let now = self.now;
-                let conn = self
-                    .clients
-                    .get_mut(usize::try_from(i).unwrap_or(0))
-                    .and_then(|c| c.crash_restart(now));
-                if let Some(conn) = conn {
-                    self.net.crash(conn, Side::Client, self.now);
+                if self.is_spared(i) {
+                    self.log(format!("client {i} spared (a long replay ahead)"));
+                } else {
+                    self.log(format!("CRASH client {i}"));
+                    self.count("client_crash");
+                    let now = self.now;
+                    let conn = self
+                        .clients
+                        .get_mut(usize::try_from(i).unwrap_or(0))
+                        .and_then(|c| c.crash_restart(now));
+                    if let Some(conn) = conn {
+                        self.net.crash(conn, Side::Client, self.now);
+                    }
                 }
             }
             40..=49 => {
@@ -2079,6 +2152,29 @@ impl World {
                 self.count("wall_clock_jump");
             }
             66..=71 => self.second_instance(),
+            72..=74 => {
+                // an orderly stop and start of a client daemon (SIGTERM, as
+                // an upgrade does): its session closes with 1012, every tree
+                // gets TERM, then KILL if it ignores TERM
+                let i = self.faults.below(self.clients.len() as u64);
+                if self.is_spared(i) {
+                    self.log(format!("client {i} spared (a long replay ahead)"));
+                } else {
+                    self.log(format!("STOP client {i} (orderly) and start it again"));
+                    self.count("client_orderly_restart");
+                    let now = self.now;
+                    let conn = self
+                        .clients
+                        .get_mut(usize::try_from(i).unwrap_or(0))
+                        .and_then(|c| c.stop_restart(now));
+                    // what it sent before it exited (the close) goes out,
+                    // then the socket closes with the process
+                    self.drain_clients();
+                    if let Some(conn) = conn {
+                        self.net.crash(conn, Side::Client, self.now);
+                    }
+                }
+            }
             58..=65 => {
                 let conns = self.net.connections();
                 if let Some((conn, _)) = self.faults.pick(&conns).copied() {
@@ -2440,6 +2536,16 @@ impl World {
         if log.overflowed {
             problems.push("the process log overflowed".to_owned());
         }
+        let chatty = log
+            .records()
+            .values()
+            .filter(|r| r.chatty_lines > 0)
+            .count() as u64;
+        let escalations = log
+            .records()
+            .values()
+            .filter(|r| r.stop_signals.contains(&wire::SignalKind::Kill))
+            .count() as u64;
         for id in &self.created_ids {
             problems.extend(crate::oracles::check_command(
                 engine.store(),
@@ -2461,6 +2567,8 @@ impl World {
             ("oracle eofs", counts.eofs),
             ("oracle signals", counts.signals),
             ("oracle cursor_reads", counts.cursor_reads),
+            ("workload chatty_trees", chatty),
+            ("workload kill_escalations", escalations),
         ] {
             self.add(k, v);
         }
@@ -2564,6 +2672,9 @@ impl World {
                 self.create_command();
                 self.next_workload_at = self.now.saturating_add(spacing.max(1));
             }
+            if self.config.faults && !self.calm {
+                self.maybe_partition_chatty();
+            }
             if self.config.faults
                 && self.now >= self.next_fault_at
                 && self.created < self.config.commands
@@ -2622,7 +2733,10 @@ impl World {
             }
             let next = [
                 self.net.next_due(),
-                self.clients.iter().filter_map(SimHost::poll_timeout).min(),
+                self.clients
+                    .iter()
+                    .filter_map(|c| c.next_wake_after(self.now))
+                    .min(),
                 self.server.engine.as_ref().and_then(Engine::next_deadline),
                 self.exec_at,
                 self.stdin_plans.iter().map(|p| p.at).min(),
@@ -2659,8 +2773,10 @@ impl World {
             self.failure = Some(format!("no end after {MAX_STEPS} steps"));
         }
         let (mut chunks, mut replays, mut committed) = (0u64, 0u64, 0u64);
+        let mut long_replays = 0u64;
         for c in &self.clients {
             let k = c.counters();
+            long_replays = long_replays.saturating_add(k.long_replays);
             chunks = chunks.saturating_add(k.script_chunks_accepted);
             replays = replays.saturating_add(k.script_chunk_replays);
             committed = committed.saturating_add(k.scripts_committed);
@@ -2677,6 +2793,7 @@ impl World {
             ("client script_chunks", chunks),
             ("client script_chunk_replays", replays),
             ("client scripts_committed", committed),
+            ("client long_replays", long_replays),
         ] {
             self.add(k, v);
         }

@@ -391,6 +391,9 @@ fn run(seed: u64) -> (NetCounters, Vec<SimHost>, Mini, SharedLog) {
                 stdin_permille: 0,
                 ignore_term_permille: 0,
                 transient_launch_permille: 0,
+                chatty_permille: 0,
+                max_chatty_lines: 0,
+                max_chatty_step_ms: 0,
             };
             SimHost::new(
                 i,

@@ -27,8 +27,14 @@ pub const MAX_UNACKED_EVENTS_PER_SESSION: usize = 65_536;
 /// compliant client.
 pub const MAX_TRACKED_COMMANDS_PER_SESSION: usize = 16_384;
 /// Capacity of a session's descriptor queue of events held back while the
-/// ingress gate is closed (plan §6.1 "bounded descriptor queue").
-pub const HELD_EVENTS_CAPACITY: usize = 1_024;
+/// ingress gate is closed (plan §6.1 "bounded descriptor queue"): as many
+/// as the session may have unacknowledged, so that an honest client,
+/// which stops at its send windows when nothing is acknowledged, waits
+/// for the gate instead of being closed. (A smaller queue closed a client
+/// replaying thousands of short events after a partition again and again,
+/// each session storing only what came before the gate closed.) The
+/// windows bound the held bytes.
+pub const HELD_EVENTS_CAPACITY: usize = MAX_UNACKED_EVENTS_PER_SESSION;
 
 /// Window cost of one event: its encoded `CommandEvent` length.
 #[must_use]

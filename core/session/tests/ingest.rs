@@ -268,12 +268,22 @@ fn closed_gate_holds_output_and_keeps_the_lifecycle_reserve() {
 fn full_held_queue_closes_without_acknowledging() {
     let mut h = Harness::ready(1);
     h.input(Input::IngressGate { open: false });
-    for seq in 1..=u64::try_from(HELD_EVENTS_CAPACITY).unwrap() {
-        let fx = h.event(output_event(ISSUE_1, seq, 1));
-        assert!(closes(&fx).is_empty());
+    // an honest client replaying thousands of short events after a long
+    // partition: everything its windows let it have unacknowledged (here
+    // over several commands, each within its 1 MiB window) is held while
+    // the gate is closed, and none of it closes the session
+    let per_command = 8_192u64;
+    let commands = u64::try_from(HELD_EVENTS_CAPACITY).unwrap() / per_command;
+    let issue = |c: u64| format!("01890a5d-ac96-774b-bcce-b302099a{:04x}", 0x9000 + c);
+    for c in 0..commands {
+        for seq in 1..=per_command {
+            let fx = h.event(output_event(&issue(c), seq, 1));
+            assert!(closes(&fx).is_empty(), "command {c} event {seq}: {fx:?}");
+        }
     }
-    let next = u64::try_from(HELD_EVENTS_CAPACITY).unwrap() + 1;
-    let fx = h.event(output_event(ISSUE_1, next, 1));
+    assert_eq!(h.s.held_events(), HELD_EVENTS_CAPACITY);
+    // one more than that is an overload: closed, nothing acknowledged
+    let fx = h.event(output_event(&issue(commands), 1, 1));
     assert_eq!(closes(&fx), vec![CloseReason::IngressOverload]);
     assert!(acks(&fx).is_empty());
     assert!(delivered_events(&fx).is_empty());

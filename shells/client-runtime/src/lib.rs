@@ -127,6 +127,9 @@ pub struct Runtime<S: Supervisor, E: Env = SystemEnv> {
     policy: AcceptPolicy,
     wire: VecDeque<Wire>,
     inputs: VecDeque<Input>,
+    /// Replays that took more than one read-back of the spool (a run of
+    /// pinned events longer than one read returns).
+    long_replays: u64,
 }
 
 impl<S: Supervisor> Runtime<S> {
@@ -171,6 +174,7 @@ impl<S: Supervisor, E: Env> Runtime<S, E> {
             policy,
             wire: VecDeque::new(),
             inputs: VecDeque::new(),
+            long_replays: 0,
         };
         rt.refresh_health();
         rt.settle();
@@ -217,6 +221,12 @@ impl<S: Supervisor, E: Env> Runtime<S, E> {
     #[must_use]
     pub fn supervisor(&self) -> &S {
         &self.supervisor
+    }
+
+    /// Replays that needed more than one read-back of the spool since the
+    /// last call (the simulator's coverage of long replays).
+    pub fn take_long_replays(&mut self) -> u64 {
+        std::mem::take(&mut self.long_replays)
     }
 
     /// The frames released for the transport, in order.
@@ -405,6 +415,14 @@ impl<S: Supervisor, E: Env> Runtime<S, E> {
                     return;
                 }
             };
+            if next == first_seq
+                && events.len()
+                    < usize::try_from(last_seq.saturating_sub(first_seq).saturating_add(1))
+                        .unwrap_or(usize::MAX)
+            {
+                self.long_replays = self.long_replays.saturating_add(1);
+                tracing::debug!(%issue, first_seq, last_seq, read = events.len(), "a replay longer than one read-back of the spool");
+            }
             next = next.saturating_add(u64::try_from(events.len()).unwrap_or(u64::MAX));
             for e in events {
                 let env = wire::Envelope {

@@ -117,6 +117,9 @@ pub fn quiet_programs() -> Programs {
         stdin_permille: 0,
         ignore_term_permille: 0,
         transient_launch_permille: 0,
+        chatty_permille: 0,
+        max_chatty_lines: 0,
+        max_chatty_step_ms: 0,
     }
 }
 
