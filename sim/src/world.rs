@@ -412,6 +412,9 @@ pub struct World {
     calm_from: u64,
     /// Server closes of each client during the calm tail.
     calm_closes: BTreeMap<u32, u64>,
+    /// Connections the server acknowledged events on (a session that
+    /// stored something).
+    acked_conns: BTreeSet<u64>,
     /// How much longer the calm tail runs: a backward correction of the
     /// server's wall clock that retries scheduled on it wait out.
     calm_extra: u64,
@@ -745,6 +748,7 @@ impl World {
             store_checked: None,
             calm_from: 0,
             calm_closes: BTreeMap::new(),
+            acked_conns: BTreeSet::new(),
             calm_extra: 0,
             adversary_sent: BTreeMap::new(),
             adversary_awaiting: BTreeMap::new(),
@@ -819,6 +823,12 @@ impl World {
             }
             match o {
                 Output::Frame { conn, bytes, .. } => {
+                    if matches!(
+                        payload_of(&bytes),
+                        Some(wire::envelope::Payload::EventAck(_))
+                    ) {
+                        self.acked_conns.insert(conn);
+                    }
                     self.check_dispatch(&bytes);
                     self.keep_dispatch(conn, &bytes);
                     let name = payload_name(&bytes);
@@ -984,7 +994,13 @@ impl World {
             // its next events may overrun the window (the repeat itself
             // must never close: see check_adversary_answer)
             .is_some_and(|c| c.config().adversary.is_none());
-        if honest && self.calm {
+        // an overload close (a full quota tier, a closed ingress gate) is
+        // transient by design: one that ends a session which stored
+        // something is progress, not a loop (the tail's time bound still
+        // holds); one that stored nothing counts
+        let progressed = self.acked_conns.remove(&conn);
+        let transient = reason == wire::CloseReason::IngressOverload && progressed;
+        if honest && self.calm && !transient {
             let n = self.calm_closes.entry(slot.0).or_default();
             *n += 1;
             if *n > CALM_TAIL_CLOSES && self.failure.is_none() {
