@@ -413,11 +413,20 @@ else p=$(grep '^0::' /proc/self/cgroup | cut -d: -f3); cat "/sys/fs/cgroup$p/mem
 /// The CPU controls of the cgroup the command runs in, as the command
 /// reads them, after it has spun for 0.6 s: `quota period shares` (v1) or
 /// `quota period weight` (v2), then the throttled-period count.
-const PRINT_CPU_CONTROLS: &str = r#"timeout 0.6 sh -c 'while :; do :; done'
-p=$(grep -E '^[0-9]+:([^:]*,)?cpu(,[^:]*)?:' /proc/self/cgroup | cut -d: -f3)
-if [ -n "$p" ]; then d="/sys/fs/cgroup/cpu$p"; echo "$(cat "$d/cpu.cfs_quota_us") $(cat "$d/cpu.cfs_period_us") $(cat "$d/cpu.shares")"
-else p=$(grep '^0::' /proc/self/cgroup | cut -d: -f3); d="/sys/fs/cgroup$p"; echo "$(cat "$d/cpu.max") $(cat "$d/cpu.weight")"; fi
-grep nr_throttled "$d/cpu.stat" | cut -d' ' -f2
+/// Prints the tree's cpu controls, then whether it was throttled: three
+/// spinners (more than the quota of half a CPU, also on a machine busy
+/// with other work at a lower priority) run until the cgroup counts a
+/// throttled period, or for 8 s at most.
+const PRINT_CPU_CONTROLS: &str = r#"p=$(grep -E '^[0-9]+:([^:]*,)?cpu(,[^:]*)?:' /proc/self/cgroup | cut -d: -f3)
+if [ -n "$p" ]; then d="/sys/fs/cgroup/cpu$p"; c="$(cat "$d/cpu.cfs_quota_us") $(cat "$d/cpu.cfs_period_us") $(cat "$d/cpu.shares")"
+else p=$(grep '^0::' /proc/self/cgroup | cut -d: -f3); d="/sys/fs/cgroup$p"; c="$(cat "$d/cpu.max") $(cat "$d/cpu.weight")"; fi
+pids=""
+for i in 1 2 3; do timeout 8 sh -c 'while :; do :; done' & pids="$pids $!"; done
+n=0; t=0
+while [ "$t" -lt 80 ]; do n=$(grep nr_throttled "$d/cpu.stat" | cut -d' ' -f2); [ "$n" -gt 0 ] && break; sleep 0.1; t=$((t+1)); done
+kill $pids 2>/dev/null; wait 2>/dev/null
+echo "$c"
+echo "$n"
 "#;
 
 #[test]
