@@ -1316,6 +1316,7 @@ impl World {
             ("engine ingest_queue_full", stats.ingest_queue_full),
             ("engine gate_changes", stats.gate_changes),
             ("engine maintenance_passes", stats.maintenance_passes),
+            ("engine maintenance_hastened", stats.maintenance_hastened),
             ("engine scrub_slices", stats.scrub_slices),
             (
                 "engine scrub_segments_verified",

@@ -508,6 +508,10 @@ impl ServerCore {
                     }
                     Some(EventOutcome::Refused(e)) => {
                         self.stats.events_refused += 1;
+                        if e.code() == Code::QuotaExceeded {
+                            // the next pass's pressure rotation makes room
+                            self.maintenance_asked = true;
+                        }
                         SessionInput::EventRefused {
                             issue: q.issue,
                             event_seq: q.event_seq,
