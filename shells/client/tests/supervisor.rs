@@ -207,6 +207,27 @@ fn gone_within(pid: u32, within: Duration) -> bool {
     !alive(pid)
 }
 
+/// The session of `pid` (field 6 of /proc/PID/stat), if it is alive.
+fn session_of(pid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
+}
+
+/// Waits until `pid` leads a session of its own: a background `setsid`
+/// may not have run yet when its parent has printed its pid and exited.
+fn until_own_session(pid: u32) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while session_of(pid) != Some(pid) {
+        assert!(Instant::now() < until, "{pid} never left its session");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn first_pid(stdout: &[u8]) -> u32 {
     String::from_utf8_lossy(stdout)
         .lines()
@@ -445,6 +466,7 @@ fn a_setsid_escapee_is_contained_only_by_the_cgroup() {
             evs.iter().any(|e| matches!(e, ProcessEvent::Exited(_))) && out.ends_with(b"\n")
         });
         let escapee = first_pid(&stdout);
+        until_own_session(escapee);
         if force_pg {
             // the group is empty while the escapee holds the pipes
             assert_eq!(
