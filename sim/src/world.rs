@@ -2063,12 +2063,16 @@ impl World {
         }
     }
 
-    /// Whether host `i` is spared from crashes now.
-    fn is_spared(&self, i: u64) -> bool {
-        u32::try_from(i)
+    /// Whether host `i` is spared from crashes now (logged when it is).
+    fn spared(&mut self, i: u64) -> bool {
+        let spared = u32::try_from(i)
             .ok()
             .and_then(|i| self.spared.get(&i))
-            .is_some_and(|until| *until > self.now)
+            .is_some_and(|until| *until > self.now);
+        if spared {
+            self.log(format!("client {i} spared (a long replay ahead)"));
+        }
+        spared
     }
 
     fn inject_fault(&mut self) {
@@ -2102,9 +2106,9 @@ impl World {
                 .pick(from)
                 .copied()
                 .unwrap_or(rvbox_client_store::crash::ACCEPT_AFTER_COMMIT);
-            if self.is_spared(i) {
-                self.log(format!("client {i} spared (a long replay ahead)"));
-            } else if let Some(c) = self.clients.get_mut(usize::try_from(i).unwrap_or(0)) {
+            if !self.spared(i)
+                && let Some(c) = self.clients.get_mut(usize::try_from(i).unwrap_or(0))
+            {
                 c.arm_crash(point);
                 self.log(format!("ARM client {i} at {point}"));
                 self.count("client_crash_point armed");
@@ -2123,9 +2127,9 @@ impl World {
                     .pick(rvbox_client_store::crash::ALL)
                     .copied()
                     .unwrap_or(rvbox_client_store::crash::ACCEPT_AFTER_COMMIT);
-                if self.is_spared(i) {
-                    self.log(format!("client {i} spared (a long replay ahead)"));
-                } else if let Some(c) = self.clients.get_mut(usize::try_from(i).unwrap_or(0)) {
+                if !self.spared(i)
+                    && let Some(c) = self.clients.get_mut(usize::try_from(i).unwrap_or(0))
+                {
                     c.arm_crash(point);
                     self.log(format!("ARM client {i} at {point}"));
                     self.count("client_crash_point armed");
@@ -2133,9 +2137,7 @@ impl World {
             }
             32..=39 => {
                 let i = self.faults.below(self.clients.len() as u64);
-                if self.is_spared(i) {
-                    self.log(format!("client {i} spared (a long replay ahead)"));
-                } else {
+                if !self.spared(i) {
                     self.log(format!("CRASH client {i}"));
                     self.count("client_crash");
                     let now = self.now;
@@ -2174,9 +2176,7 @@ impl World {
                 // an upgrade does): its session closes with 1012, every tree
                 // gets TERM, then KILL if it ignores TERM
                 let i = self.faults.below(self.clients.len() as u64);
-                if self.is_spared(i) {
-                    self.log(format!("client {i} spared (a long replay ahead)"));
-                } else {
+                if !self.spared(i) {
                     self.log(format!("STOP client {i} (orderly) and start it again"));
                     self.count("client_orderly_restart");
                     let now = self.now;
