@@ -60,12 +60,13 @@ struct PendingEvent {
     lifecycle: Option<(Lifecycle, Option<i32>, Option<i32>)>,
     /// A `StdinAck` that settles a pending write: (write_seq, delivery).
     stdin_ack: Option<(u64, i32)>,
-    /// Output dropped on arrival: no row, a truncation row in its place
+    /// Output or diagnostics dropped on arrival: no row, a truncation row
+    /// in its place
     /// (a new one, or the one that ends just before it extended).
     dropped: Option<Dropped>,
 }
 
-/// An output event dropped on arrival under quota pressure that nothing
+/// An output (or diagnostics) event dropped on arrival under quota pressure that nothing
 /// can relieve (plan §5.4 item 3).
 #[derive(Debug, Clone, Copy)]
 struct Dropped {
@@ -466,21 +467,31 @@ impl Store {
                     global,
                     free_space: free,
                 };
+                // what a truncation row records for this event if it is
+                // dropped on arrival: output, and the other events that are
+                // not essential (diagnostics, the profile result). Refusing
+                // one of those for ever would hold back every later event
+                // of the command, its terminal one too.
+                let droppable = match &ev.body {
+                    EventBody::Output {
+                        stream,
+                        raw_len,
+                        stored,
+                        ..
+                    } => Some((stream.as_u8(), u64::from(*raw_len), stored.len() as u64)),
+                    EventBody::Other { .. } if class == Class::Ordinary => Some((0, 0, 0)),
+                    _ => None,
+                };
                 let r = match reserve(&tiers, &usage, charge_kind, class, charged, true) {
                     Ok(r) => r,
                     Err(refusal)
-                        if let EventBody::Output {
-                            stream,
-                            raw_len,
-                            stored,
-                            ..
-                        } = &ev.body
+                        if let Some((stream, raw_len, stored_len)) = droppable
                             && let Some(cause) =
                                 drop_cause(&tx, refusal.tier, &view.client_id)? =>
                     {
                         // plan §5.4 item 3: active data alone holds the
                         // quota and nothing can be rotated or evicted to
-                        // make room: the output is dropped with a marker
+                        // make room: the event is dropped with a marker
                         // (charged as essential, so the command's closeout
                         // headroom pays for it), never refused for ever
                         let reason = cause.drop_reason();
@@ -512,9 +523,10 @@ impl Store {
                                 tracing::warn!(
                                     issue_uuid = %uuid::Uuid::from_bytes(issue),
                                     event_seq = ev.event_seq,
-                                    raw_len = *raw_len,
+                                    body_kind = kind,
+                                    raw_len,
                                     tier = refusal.tier.name(),
-                                    "output dropped on arrival: its quota is held by data that cannot rotate"
+                                    "event dropped on arrival: its quota is held by data that cannot rotate"
                                 );
                                 self.metrics
                                     .output_dropped
@@ -527,9 +539,9 @@ impl Store {
                                     seq: ev.event_seq,
                                     observed_ms: ev.observed_ms,
                                     kind,
-                                    stream: stream.as_u8(),
-                                    raw_len: u64::from(*raw_len),
-                                    stored_len: stored.len() as u64,
+                                    stream,
+                                    raw_len,
+                                    stored_len,
                                     digest,
                                     segment: None,
                                     inline: None,
@@ -1455,7 +1467,7 @@ fn record_dropped(
         tx.prepare_cached(
             "INSERT INTO output_truncations (issue_uuid, first_seq, last_seq, raw_bytes, stored_bytes,
                  source, reason, recorded_ms, stream_mask)
-             VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+             VALUES (?1, ?2, ?2, ?3, ?4, ?5, ?6, ?7, NULLIF(?8, 0))",
         )
         .and_then(|mut st| {
             st.execute(params![
@@ -1472,7 +1484,8 @@ fn record_dropped(
     } else {
         tx.prepare_cached(
             "UPDATE output_truncations SET last_seq = ?2, raw_bytes = raw_bytes + ?3,
-                 stored_bytes = stored_bytes + ?4, stream_mask = COALESCE(stream_mask, 0) | ?5
+                 stored_bytes = stored_bytes + ?4,
+                 stream_mask = NULLIF(COALESCE(stream_mask, 0) | ?5, 0)
              WHERE issue_uuid = ?1 AND last_seq = ?6 AND source = ?7 AND reason = ?8",
         )
         .and_then(|mut st| {

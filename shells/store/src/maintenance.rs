@@ -318,17 +318,11 @@ impl Store {
             256,
         )
         .map_err(|e| StoreError::Integrity(e.to_string()))?;
-        let kept = rvbox_retention::charge(
-            rvbox_retention::CHARGE_VERSION,
-            rvbox_retention::ChargeKind::EventRow,
-            0,
-        )
-        .map_err(|e| StoreError::Integrity(e.to_string()))?;
         for c in candidates(&self.conn, client, false)? {
             if missing == 0 {
                 break;
             }
-            let segs = self.segment_usage(&c.issue_uuid, kept)?;
+            let segs = self.segment_usage(&c.issue_uuid)?;
             let plan = plan_pressure_rotation(&segs, missing, marker);
             if plan.rotate.is_empty() {
                 continue;
@@ -343,28 +337,22 @@ impl Store {
     }
 
     /// A command's live output segments for a pressure plan, each charged
-    /// at what rotating it actually releases (its charge minus the event
-    /// rows that stay).
-    fn segment_usage(&self, issue: &[u8; 16], kept: u64) -> Result<Vec<SegmentUsage>, StoreError> {
+    /// at what rotating it releases (its records and their event rows).
+    fn segment_usage(&self, issue: &[u8; 16]) -> Result<Vec<SegmentUsage>, StoreError> {
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT s.ordinal, s.state, COALESCE(s.first_seq, 0), COALESCE(s.last_seq, 0),
-                        s.charged_bytes,
-                        (SELECT COUNT(*) FROM command_events e
-                          WHERE e.issue_uuid = s.issue_uuid AND e.segment_ordinal = s.ordinal)
-                 FROM command_segments s WHERE s.issue_uuid = ?1 AND s.state IN ('active', 'sealed')
-                 ORDER BY s.ordinal",
+                "SELECT ordinal, state, COALESCE(first_seq, 0), COALESCE(last_seq, 0), charged_bytes
+                 FROM command_segments WHERE issue_uuid = ?1 AND state IN ('active', 'sealed')
+                 ORDER BY ordinal",
             )
             .map_err(|e| StoreError::sqlite("list output segments", e))?;
         let rows = stmt
             .query_map(params![issue.as_slice()], |r| {
                 let state: String = r.get(1)?;
-                let charged = to_u64(r.get(4)?);
-                let events = to_u64(r.get(5)?);
                 Ok(SegmentUsage {
                     ordinal: r.get(0)?,
-                    charged: charged.saturating_sub(events.saturating_mul(kept)),
+                    charged: to_u64(r.get(4)?),
                     sealed: state == "sealed",
                     first_seq: to_u64(r.get(2)?),
                     last_seq: to_u64(r.get(3)?),

@@ -693,6 +693,11 @@ impl<'c> RemovedWalk<'c> {
         Ok(out)
     }
 
+    /// Where the next range not passed yet starts.
+    fn next_start(&self) -> Option<u64> {
+        self.next.as_ref().map(|r| r.first_seq)
+    }
+
     /// Whether `seq` (already advanced to) lies in a removed range.
     fn covers(&self, seq: u64) -> bool {
         self.current.as_ref().is_some_and(|r| r.covers(seq))
@@ -1163,6 +1168,25 @@ impl ReadSide<'_> {
             }
         }
         drop(rows);
+        if page.resume.is_none() {
+            // ranges after the last row read, up to the pass's boundary: no
+            // row follows them to bring them up (rotated and dropped events
+            // keep no row), so they are reported here, as many as the page
+            // holds; the next page starts at the first one left
+            while let Some(first) = removed.next_start().filter(|f| *f <= start.snapshot) {
+                if page.items.len() >= MAX_PAGE_ITEMS {
+                    page.resume = Some((first, 0));
+                    break;
+                }
+                for range in removed.advance_to(first)? {
+                    if range.stream_mask & sel != 0 {
+                        page.items.push(wire::OutputItem {
+                            item: Some(Item::Retention(range.to_wire())),
+                        });
+                    }
+                }
+            }
+        }
         // never resume inside a removed range this page already reported
         // (that would report it again): skip its removed output events
         page.resume = match page.resume {

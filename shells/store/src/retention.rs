@@ -66,9 +66,9 @@ const REASON_CLIENT_QUOTA: &str =
 const REASON_GLOBAL_QUOTA: &str =
     "server retention: active output rotated under the server-wide storage quota";
 
-const DROP_TOTAL: &str = "server retention: output dropped on arrival: the command's total is held by data that cannot rotate";
-const DROP_CLIENT_QUOTA: &str = "server retention: output dropped on arrival: the per-client quota is held by active data that cannot rotate";
-const DROP_GLOBAL_QUOTA: &str = "server retention: output dropped on arrival: the server-wide quota is held by active data that cannot rotate";
+const DROP_TOTAL: &str = "server retention: output and diagnostics dropped on arrival: the command's total is held by data that cannot rotate";
+const DROP_CLIENT_QUOTA: &str = "server retention: output and diagnostics dropped on arrival: the per-client quota is held by active data that cannot rotate";
+const DROP_GLOBAL_QUOTA: &str = "server retention: output and diagnostics dropped on arrival: the server-wide quota is held by active data that cannot rotate";
 
 /// Why output is rotated: decides the recorded `TruncationSource`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,8 +167,8 @@ pub struct Rotation {
     pub raw_bytes: u64,
     /// Exact stored bytes removed.
     pub stored_bytes: u64,
-    /// Net charged bytes released from every counter (segment charges minus
-    /// the kept event rows and the truncation row).
+    /// Net charged bytes released from every counter (segment charges, with
+    /// the rotated events' rows, minus the truncation row).
     pub released: u64,
     /// The recorded source.
     pub source: wire::TruncationSource,
@@ -368,25 +368,6 @@ fn live_output_segments(conn: &Connection, issue: &[u8; 16]) -> Result<Vec<SegRo
         .map_err(|e| StoreError::sqlite("list output segments", e))
 }
 
-fn events_in(conn: &Connection, issue: &[u8; 16], ordinal: u32) -> Result<u64, StoreError> {
-    let n: i64 = conn
-        .query_row_cached(
-            "SELECT COUNT(*) FROM command_events WHERE issue_uuid = ?1 AND segment_ordinal = ?2",
-            params![issue.as_slice(), ordinal],
-            |r| r.get(0),
-        )
-        .map_err(|e| StoreError::sqlite("count segment events", e))?;
-    Ok(to_u64(n))
-}
-
-/// Charge an output event row keeps after its record is rotated: the row
-/// stays (it is the duplicate checksum of an acknowledged sequence), so it
-/// stays charged as an event row.
-fn kept_row_charge() -> Result<u64, StoreError> {
-    charge(CHARGE_VERSION, ChargeKind::EventRow, 0)
-        .map_err(|e| StoreError::Integrity(e.to_string()))
-}
-
 fn marker_charge(cause: RotationCause) -> Result<u64, StoreError> {
     charge(
         CHARGE_VERSION,
@@ -460,14 +441,6 @@ impl Store {
         } else {
             return Ok(None);
         };
-        // the kept event rows stay charged: count them (for the whole
-        // rotatable prefix, an upper bound) with the marker
-        let kept = kept_row_charge()?;
-        let mut kept_bound = 0u64;
-        for s in segs.iter().take_while(|s| s.sealed) {
-            kept_bound = kept_bound
-                .saturating_add(events_in(&self.conn, issue, s.ordinal)?.saturating_mul(kept));
-        }
         let usages: Vec<SegmentUsage> = segs
             .iter()
             .map(|s| SegmentUsage {
@@ -490,7 +463,7 @@ impl Store {
             global: 0,
             free_space: 0,
         };
-        let marker = marker_charge(cause)?.saturating_add(kept_bound);
+        let marker = marker_charge(cause)?;
         let plan = plan_output_rotation(tiers, &usage, &usages, incoming, marker);
         if plan.rotate.is_empty() {
             if !plan.fits {
@@ -629,7 +602,6 @@ impl Store {
         if ordinals.is_empty() {
             return Ok(None);
         }
-        let kept = kept_row_charge()?;
         let marker = marker_charge(cause)?;
         let entropy = std::sync::Arc::clone(&self.entropy);
         let tx = self
@@ -718,8 +690,7 @@ impl Store {
                 absorbed_ids.push(id);
             }
         }
-        let keep = events.saturating_mul(kept).saturating_add(marker);
-        if events == 0 || seg_charged.saturating_add(absorbed_charge) <= keep {
+        if events == 0 || seg_charged.saturating_add(absorbed_charge) <= marker {
             tracing::warn!(
                 issue_uuid = %uuid_text(issue),
                 segments = ordinals.len(),
@@ -727,7 +698,7 @@ impl Store {
             );
             return Ok(None);
         }
-        let released = seg_charged.saturating_add(absorbed_charge) - keep;
+        let released = seg_charged.saturating_add(absorbed_charge) - marker;
         for id in &absorbed_ids {
             tx.execute_cached("DELETE FROM output_truncations WHERE id = ?1", params![id])
                 .map_err(|e| StoreError::sqlite("absorb a dropped range", e))?;
@@ -768,6 +739,15 @@ impl Store {
         )
         .map_err(|e| StoreError::sqlite("record retention truncation", e))?;
         for ordinal in ordinals {
+            // the truncation row stands for the rotated events: their rows
+            // go with their records, so the command's total holds only the
+            // output still retained (a repeat of a rotated sequence is a
+            // duplicate because the range covers it)
+            tx.execute_cached(
+                "DELETE FROM command_events WHERE issue_uuid = ?1 AND segment_ordinal = ?2",
+                params![issue.as_slice(), ordinal],
+            )
+            .map_err(|e| StoreError::sqlite("delete rotated event rows", e))?;
             tx.execute_cached(
                 "UPDATE command_segments SET state = 'rotated' WHERE issue_uuid = ?1 AND ordinal = ?2",
                 params![issue.as_slice(), ordinal],

@@ -368,7 +368,16 @@ impl Store {
         let mut items = Vec::with_capacity(m.pieces.len() + 1);
         for p in &m.pieces {
             let (compression, stored) = encode_piece(p.data)?;
-            items.push((ChargeKind::StdinWrite, Class::Ordinary, stored.len() as u64));
+            // closing stdin carries no data and happens once: it is part of
+            // the command's closeout (a process that reads to end of file
+            // ends only with it), so the closeout headroom pays for it when
+            // the command's total is full
+            let class = if p.close && p.data.is_empty() {
+                Class::Essential
+            } else {
+                Class::Ordinary
+            };
+            items.push((ChargeKind::StdinWrite, class, stored.len() as u64));
             encoded.push((compression, stored));
         }
         items.push((ChargeKind::MutationRow, Class::Essential, 0));

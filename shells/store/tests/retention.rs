@@ -218,21 +218,33 @@ fn truncations(s: &Store, id: &[u8; 16]) -> Vec<Trunc> {
     .unwrap()
 }
 
-/// Exact totals of events `first..=last` from their metadata rows.
-fn event_totals(s: &Store, id: &[u8; 16], first: u64, last: u64) -> (u64, u64) {
-    s.db()
+/// Exact raw and stored totals of the output events `first..=last`, each
+/// written as `output(id, seq, &chunk(seq, len))` (a rotation deletes the
+/// rows of the events it removes, so the totals come from what was sent).
+fn event_totals(first: u64, last: u64, len: usize) -> (u64, u64) {
+    (first..=last).fold((0, 0), |(raw, stored), q| {
+        let ev = output(&[0; 16], q, &chunk(q, len));
+        let rvbox_store::events::EventBody::Output {
+            raw_len, stored: s, ..
+        } = ev.body
+        else {
+            unreachable!()
+        };
+        (raw + u64::from(raw_len), stored + s.len() as u64)
+    })
+}
+
+/// Event rows a command still has in `first..=last`.
+fn rows_in(s: &Store, id: &[u8; 16], first: u64, last: u64) -> u64 {
+    let v: i64 = s
+        .db()
         .query_row(
-            "SELECT SUM(raw_len), SUM(stored_len) FROM command_events
-             WHERE issue_uuid = ?1 AND event_seq BETWEEN ?2 AND ?3 AND body_kind = 4",
+            "SELECT COUNT(*) FROM command_events WHERE issue_uuid = ?1 AND event_seq BETWEEN ?2 AND ?3",
             rusqlite::params![id.as_slice(), first as i64, last as i64],
-            |r| {
-                Ok((
-                    u64::try_from(r.get::<_, i64>(0)?).unwrap(),
-                    u64::try_from(r.get::<_, i64>(1)?).unwrap(),
-                ))
-            },
+            |r| r.get(0),
         )
-        .unwrap()
+        .unwrap();
+    u64::try_from(v).unwrap()
 }
 
 #[test]
@@ -253,9 +265,11 @@ fn command_window_rotation_records_exact_truncations() {
             tr.source,
             wire::TruncationSource::ServerCommandWindow as i32
         );
+        assert_eq!((tr.raw, tr.stored), event_totals(tr.first, tr.last, 4096));
         assert_eq!(
-            (tr.raw, tr.stored),
-            event_totals(&s, &id, tr.first, tr.last)
+            rows_in(&s, &id, tr.first, tr.last),
+            0,
+            "rows go with records"
         );
         assert_eq!(tr.mask, Some(3), "both streams lost bytes");
         expect_first = tr.last + 1;
@@ -272,7 +286,7 @@ fn command_window_rotation_records_exact_truncations() {
     assert!(out_charged <= 64 * KIB, "{out_charged}");
     assert_output_recount(&s, &id);
     // rotated files are gone, nothing is left pending, and an old event's
-    // duplicate is still recognised (its row is kept)
+    // duplicate is still recognised (the truncation covers its sequence)
     let rotated = q_u64(
         &s,
         "SELECT COUNT(*) FROM command_segments WHERE issue_uuid = ?1 AND state = 'rotated'",
@@ -353,10 +367,8 @@ fn command_total_rotation_records_the_total_source() {
     assert!(!t.is_empty());
     for tr in &t {
         assert_eq!(tr.source, wire::TruncationSource::ServerCommandTotal as i32);
-        assert_eq!(
-            (tr.raw, tr.stored),
-            event_totals(&s, &id, tr.first, tr.last)
-        );
+        assert_eq!((tr.raw, tr.stored), event_totals(tr.first, tr.last, 4096));
+        assert_eq!(rows_in(&s, &id, tr.first, tr.last), 0);
     }
     assert!(command_charged(&s, &id) <= 256 * KIB);
     let kept = verify_output(&s, &id);
@@ -550,8 +562,9 @@ fn active_commands_are_never_evicted_and_new_data_is_refused_instead() {
     assert_eq!(t[0].first, 2);
     assert_eq!(
         (t[0].raw, t[0].stored),
-        event_totals(&s, &a, t[0].first, t[0].last)
+        event_totals(t[0].first, t[0].last, 8192)
     );
+    assert_eq!(rows_in(&s, &a, t[0].first, t[0].last), 0);
     assert_eq!(
         verify_output(&s, &a),
         (t[0].last + 1..a_next).collect::<Vec<_>>()
@@ -833,5 +846,140 @@ fn tombstone_fifo_cap_holds_through_terminal_events_and_eviction() {
     assert_eq!(count(&s), 3);
     assert!(tombstoned(&s, &ids[0]));
     assert!(!tombstoned(&s, &ids[2]));
+    assert_counters(&s);
+}
+
+/// Truncation rows of events dropped on arrival.
+fn drop_rows(s: &Store, id: &[u8; 16]) -> Vec<(u64, u64)> {
+    let mut st = s
+        .db()
+        .prepare(
+            "SELECT first_seq, last_seq FROM output_truncations
+             WHERE issue_uuid = ?1 AND reason LIKE '%dropped on arrival%' ORDER BY first_seq",
+        )
+        .unwrap();
+    st.query_map([id.as_slice()], |r| {
+        Ok((
+            u64::try_from(r.get::<_, i64>(0)?).unwrap(),
+            u64::try_from(r.get::<_, i64>(1)?).unwrap(),
+        ))
+    })
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
+}
+
+#[test]
+fn many_small_output_events_rotate_within_the_command_total_for_ever() {
+    // a long-running command writing short lines: each line is an event,
+    // and the rows of rotated events would fill the total (1,500 rows of
+    // 256 charged bytes are more than it holds) unless they go with their
+    // records, after which every later line would be dropped on arrival
+    let dir = tempfile::tempdir().unwrap();
+    let o = opts(tiers(64 * KIB, 192 * KIB, 4096 * KIB, 8192 * KIB), 2 * KIB);
+    let mut s = reopen(dir.path(), o);
+    let id = command_at(&mut s, "web-1", 0);
+    let mut seq = 2u64;
+    while seq < 1502 {
+        let batch: Vec<_> = (seq..seq + 25)
+            .map(|q| output(&id, q, format!("line {q} of a long log\n").as_bytes()))
+            .collect();
+        let r = s.append_events(&batch, NOW + 100).unwrap();
+        assert!(
+            r.outcomes.iter().all(|o| *o == EventOutcome::Appended),
+            "at {seq}: {:?}",
+            r.outcomes
+        );
+        seq += 25;
+    }
+    assert_eq!(drop_rows(&s, &id), vec![], "nothing was dropped on arrival");
+    let t = truncations(&s, &id);
+    assert!(!t.is_empty(), "the window rotated");
+    let mut expect_first = 2;
+    for tr in &t {
+        assert_eq!(tr.first, expect_first, "{t:?}");
+        assert_eq!(rows_in(&s, &id, tr.first, tr.last), 0);
+        expect_first = tr.last + 1;
+    }
+    assert_eq!(
+        verify_output(&s, &id),
+        (expect_first..seq).collect::<Vec<_>>()
+    );
+    assert!(command_charged(&s, &id) <= 192 * KIB);
+    let rows = q_u64(
+        &s,
+        "SELECT COUNT(*) FROM command_events WHERE issue_uuid = ?1",
+        &id,
+    );
+    assert!(rows < 200, "{rows} event rows are left");
+    finish(&mut s, &id, seq);
+    assert_counters(&s);
+}
+
+#[test]
+fn a_full_command_total_drops_diagnostics_and_still_takes_the_stdin_close_and_the_end() {
+    use prost::Message as _;
+    let dir = tempfile::tempdir().unwrap();
+    let o = opts(tiers(64 * KIB, 192 * KIB, 4096 * KIB, 8192 * KIB), 2 * KIB);
+    let mut s = reopen(dir.path(), o);
+    let id = command_at(&mut s, "web-1", 0);
+    // stdin the client has not taken yet fills the total: it cannot rotate
+    let caller = rvbox_store::operator::Caller::local();
+    let mut writes = 0;
+    let refusal = loop {
+        let req = wire::AppendStdinRequest {
+            request_id: text(&new_id()),
+            issue_uuid: text(&id),
+            data: chunk(writes + 7, 8 * 1024),
+            newline: wire::StdinNewline::Raw as i32,
+        };
+        match s.append_stdin_as(&req, &caller, NOW + 10) {
+            Ok(_) => writes += 1,
+            Err(e) => break e.to_domain(),
+        }
+        assert!(writes < 100);
+    };
+    assert_eq!(refusal.code(), Code::QuotaExceeded, "{refusal:?}");
+    assert!(writes > 0);
+
+    // diagnostics fill what is left, until one cannot be stored: it is
+    // dropped with a marker, never refused (that would hold back every
+    // later event), and output after it extends the same marker
+    let diag = |seq: u64| rvbox_store::events::EventAppend {
+        issue_uuid: id,
+        event_seq: seq,
+        observed_ms: NOW + 20,
+        body: rvbox_store::events::EventBody::Other {
+            kind: rvbox_store_port::events::body_kind::DIAGNOSTICS,
+            encoded: wire::Diagnostics::default().encode_to_vec(),
+        },
+    };
+    let mut seq = 2;
+    while drop_rows(&s, &id).is_empty() {
+        let r = s.append_events(&[diag(seq)], NOW + 20).unwrap();
+        assert_eq!(r.outcomes, vec![EventOutcome::Appended], "at {seq}");
+        seq += 1;
+        assert!(seq < 100);
+    }
+    let dropped = seq - 1;
+    assert_eq!(drop_rows(&s, &id), vec![(dropped, dropped)]);
+    let r = s
+        .append_events(&[output(&id, seq, &chunk(seq, 100))], NOW + 20)
+        .unwrap();
+    assert_eq!(r.outcomes, vec![EventOutcome::Appended]);
+    assert_eq!(drop_rows(&s, &id), vec![(dropped, seq)]);
+    assert_eq!(rows_in(&s, &id, dropped, seq), 0);
+    // a repeat of the dropped diagnostics is a duplicate
+    let r = s.append_events(&[diag(dropped)], NOW + 30).unwrap();
+    assert_eq!(r.outcomes, vec![EventOutcome::Duplicate]);
+
+    // closing stdin is part of the command's closeout: the reserve pays
+    let req = wire::CloseStdinRequest {
+        request_id: text(&new_id()),
+        issue_uuid: text(&id),
+    };
+    s.close_stdin_as(&req, &caller, NOW + 40).unwrap();
+    finish(&mut s, &id, seq + 1);
+    assert_eq!(last_seq(&s, &id), seq + 1);
     assert_counters(&s);
 }
