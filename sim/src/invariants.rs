@@ -286,6 +286,10 @@ pub struct Checker {
     /// command may have lost its tombstone too (plan §5.4: the FIFO is
     /// bounded), and its disappearance is retention, not loss.
     tombstone_cap: Option<u64>,
+    /// Most commands it tracks ([`MAX_TRACKED_COMMANDS`]).
+    max_commands: usize,
+    /// Most acknowledged events it tracks ([`MAX_TRACKED_ACKED_EVENTS`]).
+    max_acked_events: usize,
 }
 
 impl Default for Checker {
@@ -315,6 +319,20 @@ impl Checker {
             bounds_reported: false,
             checks: 0,
             tombstone_cap: None,
+            max_commands: MAX_TRACKED_COMMANDS,
+            max_acked_events: MAX_TRACKED_ACKED_EVENTS,
+        }
+    }
+
+    /// A checker with smaller bounds than [`MAX_TRACKED_COMMANDS`] and
+    /// [`MAX_TRACKED_ACKED_EVENTS`] (never larger), for the tests that
+    /// watch it stop recording and say so.
+    #[must_use]
+    pub fn with_bounds(commands: usize, acked_events: usize) -> Self {
+        Self {
+            max_commands: commands.min(MAX_TRACKED_COMMANDS),
+            max_acked_events: acked_events.min(MAX_TRACKED_ACKED_EVENTS),
+            ..Self::new()
         }
     }
 
@@ -368,9 +386,7 @@ impl Checker {
             .map(|i| (*i, false))
             .chain(delta.starts.iter().map(|i| (*i, true)))
         {
-            if !self.executions.contains_key(&issue)
-                && self.executions.len() >= MAX_TRACKED_COMMANDS
-            {
+            if !self.executions.contains_key(&issue) && self.executions.len() >= self.max_commands {
                 self.bounds(&mut out, "too many commands to track executions".into());
                 continue;
             }
@@ -395,7 +411,7 @@ impl Checker {
         }
         for ack in delta.acks {
             let key = *ack.issue.as_bytes();
-            if !self.acked.contains_key(&key) && self.acked.len() >= MAX_TRACKED_COMMANDS {
+            if !self.acked.contains_key(&key) && self.acked.len() >= self.max_commands {
                 self.bounds(
                     &mut out,
                     "too many commands with acknowledged events".into(),
@@ -415,7 +431,7 @@ impl Checker {
                 }),
                 Some(_) => {}
                 None => {
-                    if self.acked_count >= MAX_TRACKED_ACKED_EVENTS {
+                    if self.acked_count >= self.max_acked_events {
                         self.bounds(&mut out, "too many acknowledged events to track".into());
                         continue;
                     }
@@ -625,7 +641,7 @@ impl Checker {
                     }
                 }
             }
-            if !self.last.contains_key(&issue) && self.last.len() >= MAX_TRACKED_COMMANDS {
+            if !self.last.contains_key(&issue) && self.last.len() >= self.max_commands {
                 self.bounds(out, "too many commands to track lifecycles".into());
                 continue;
             }
@@ -893,8 +909,7 @@ impl Checker {
                     detail: format!("generation went from {prev} to {generation}"),
                 });
             }
-            if self.generations.contains_key(&client)
-                || self.generations.len() < MAX_TRACKED_COMMANDS
+            if self.generations.contains_key(&client) || self.generations.len() < self.max_commands
             {
                 self.generations.insert(client, generation);
             }

@@ -132,6 +132,25 @@ pub struct SimConfig {
     pub workload_ms: u64,
     /// Inject faults (network, crashes, clock jumps, adversaries).
     pub faults: bool,
+    /// A deliberate break of the world, for the tests that watch a check
+    /// of the run fire; `None` in every real run.
+    pub breach: Option<Breach>,
+}
+
+/// A deliberate break of the simulated world (see [`SimConfig::breach`]):
+/// each one is what a real bug would leave behind, made at the one moment
+/// its check must see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Breach {
+    /// From the calm tail on, the network carries nothing: the commands
+    /// still running never end (the calm tail's bound).
+    DeadNetwork,
+    /// Once every command ended, one that succeeded is stored as failed
+    /// (agreement, and the exit oracle).
+    FlippedOutcome,
+    /// Once every command ended, one whose process ran is stored as
+    /// addressed to another client (the exit oracle's which-client check).
+    Readdressed,
 }
 
 impl Default for SimConfig {
@@ -141,6 +160,7 @@ impl Default for SimConfig {
             commands: 12,
             workload_ms: 60_000,
             faults: true,
+            breach: None,
         }
     }
 }
@@ -907,6 +927,43 @@ impl World {
                 "the adversary's {kind:?} on c{conn} was answered with {}",
                 reason.as_str_name()
             ));
+        }
+    }
+
+    /// Makes the [`Breach`] due once every command ended, if any: on the
+    /// first command that fits it, straight in the server's store.
+    fn breach_at_the_end(&mut self) {
+        let (Some(breach), Some(engine)) = (self.config.breach, self.server.engine.as_ref()) else {
+            return;
+        };
+        let hosts: Vec<String> = self
+            .clients
+            .iter()
+            .map(|c| c.client_id().to_owned())
+            .collect();
+        for id in &self.created_ids {
+            let Ok(view) = engine.command(id) else {
+                continue;
+            };
+            let sql = match breach {
+                Breach::FlippedOutcome if view.lifecycle == Lifecycle::Succeeded => format!(
+                    "UPDATE commands SET lifecycle = {}, exit_code = 1 WHERE issue_uuid = ?1",
+                    Lifecycle::Failed.to_wire() as i32
+                ),
+                Breach::Readdressed => match hosts.iter().find(|h| **h != view.client_id) {
+                    Some(other) if view.lifecycle == Lifecycle::Succeeded => {
+                        format!("UPDATE commands SET client_id = '{other}' WHERE issue_uuid = ?1")
+                    }
+                    _ => continue,
+                },
+                _ => continue,
+            };
+            let done = engine.store().db().execute(&sql, [id.as_slice()]);
+            self.log(format!(
+                "BREACH {breach:?} of {}: {done:?}",
+                crate::rng::uuid_text(id)
+            ));
+            return;
         }
     }
 
@@ -2720,7 +2777,14 @@ impl World {
                     self.wall_offset = 0;
                 }
             }
+            if self.calm && self.config.breach == Some(Breach::DeadNetwork) {
+                for i in 0..self.clients.len() {
+                    let slot = ClientSlot(u32::try_from(i).unwrap_or(u32::MAX));
+                    self.net.partition(slot, u64::MAX, self.now);
+                }
+            }
             if self.all_done() {
+                self.breach_at_the_end();
                 self.check_agreement();
                 self.settle_stdin();
                 self.check_oracles();

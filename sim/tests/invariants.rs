@@ -40,30 +40,36 @@ fn kinds(v: &[Violation]) -> Vec<Invariant> {
 }
 
 /// Runs three commands to completion against the store, checking after
-/// every step; returns the harness and the command ids.
-fn clean_run(dir: &std::path::Path, checker: &mut Checker) -> (Harness, Vec<String>) {
+/// every step; returns the harness, the command ids and every violation.
+fn drive(dir: &std::path::Path, checker: &mut Checker) -> (Harness, Vec<String>, Vec<Violation>) {
     let mut h = Harness::new(config(), 21);
     h.store = Some(temp_store(dir, 21));
     h.connect();
     h.reconcile();
     let mut issues = Vec::new();
     let mut seen = Vec::new();
+    let mut violations = Vec::new();
     for i in 0..3 {
         let (issue, s) = h.dispatch_new(&format!("make test-{i}"));
         issues.push(issue);
         seen.extend(s);
-        assert_eq!(check(checker, &mut h), vec![]);
+        violations.extend(check(checker, &mut h));
     }
     for _ in 0..200 {
         seen.extend(h.advance(h.now + 50));
         seen = h.ack_all(&seen);
-        let v = check(checker, &mut h);
-        assert!(v.is_empty(), "{v:#?}");
+        violations.extend(check(checker, &mut h));
     }
     assert_eq!(h.client.records(), 0, "all commands finished");
-    assert!(checker.tracked_acked_events() > 6);
-    let v = checker.full_check(h.store.as_ref().unwrap()).unwrap();
+    violations.extend(checker.full_check(h.store.as_ref().unwrap()).unwrap());
+    (h, issues, violations)
+}
+
+/// [`drive`] with a checker that must see nothing wrong.
+fn clean_run(dir: &std::path::Path, checker: &mut Checker) -> (Harness, Vec<String>) {
+    let (h, issues, v) = drive(dir, checker);
     assert!(v.is_empty(), "{v:#?}");
+    assert!(checker.tracked_acked_events() > 6);
     (h, issues)
 }
 
@@ -266,4 +272,21 @@ fn a_uuid_accepted_by_two_instances_is_flagged() {
     assert_eq!(kinds(&v), vec![Invariant::SingleExecution], "{v:#?}");
     assert!(v.iter().any(|x| x.detail.contains("accepted 2 times")));
     assert!(v.iter().any(|x| x.detail.contains("started 2 times")));
+}
+
+#[test]
+fn a_checker_past_its_bounds_says_so_once_and_stops_recording() {
+    // three commands, room for two
+    let dir = tempfile::tempdir().unwrap();
+    let mut checker = Checker::with_bounds(2, 1_000_000);
+    let (_, _, v) = drive(dir.path(), &mut checker);
+    assert_eq!(kinds(&v), vec![Invariant::CheckerBounds], "{v:#?}");
+    assert_eq!(v.len(), 1, "reported once: {v:#?}");
+    // room for three acknowledged events, of many more
+    let dir = tempfile::tempdir().unwrap();
+    let mut checker = Checker::with_bounds(1_000, 3);
+    let (_, _, v) = drive(dir.path(), &mut checker);
+    assert_eq!(kinds(&v), vec![Invariant::CheckerBounds], "{v:#?}");
+    assert_eq!(v.len(), 1, "{v:#?}");
+    assert_eq!(checker.tracked_acked_events(), 3);
 }
