@@ -16,6 +16,8 @@ use crate::rng::SimRng;
 pub const MAX_OVERRUN_FRAMES: u64 = 320;
 /// Longest garbage frame.
 pub const MAX_MALFORMED_BYTES: u64 = 512;
+/// The time in the UUIDv7 of a command no server issued (2023-11-14).
+const GHOST_MS: u64 = 1_700_000_000_000;
 
 /// A misbehaviour a client can be configured with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -37,6 +39,11 @@ pub enum Adversary {
     /// A second installation claiming a live client id with its own
     /// instance id (expect `LIVE_CONFLICT`); the world makes it.
     SecondInstance,
+    /// Replaces a chunk of its reconciliation snapshot with one that also
+    /// holds a tombstone the server never asked about (expect
+    /// `PROTOCOL_ERROR`, nothing applied, and a reconciliation
+    /// contradiction incident recorded for the operator).
+    ContradictorySnapshot,
 }
 
 impl Adversary {
@@ -141,6 +148,24 @@ impl AdversaryLayer {
         Some(ev)
     }
 
+    /// The snapshot chunk with a tombstone of a command the server never
+    /// listed (in `issue_uuid` order, as the chunk's tombstones are).
+    fn contradicting(
+        &mut self,
+        mut snap: wire::ClientSnapshot,
+        generation: u64,
+    ) -> Option<Vec<u8>> {
+        let ghost = crate::rng::uuid_text(&self.rng.uuid_v7(GHOST_MS));
+        let request_hash = self.rng.bytes(32);
+        snap.tombstones.push(wire::SnapshotTombstone {
+            issue_uuid: ghost,
+            request_hash,
+        });
+        snap.tombstones
+            .sort_by(|a, b| a.issue_uuid.cmp(&b.issue_uuid));
+        self.envelope(Payload::ClientSnapshot(snap), generation)
+    }
+
     /// One frame the real client sends; returns what goes on the wire.
     pub fn outgoing(&mut self, frame: Vec<u8>) -> Mutated {
         let mut out = Mutated::default();
@@ -160,6 +185,19 @@ impl AdversaryLayer {
                 self.last_event = None;
                 self.largest = None;
             }
+        }
+        if self.kind == Adversary::ContradictorySnapshot {
+            if let Some(Payload::ClientSnapshot(snap)) = env.payload
+                && !self.misbehaved
+                && self.session.is_some()
+                && self.rng.chance(self.permille)
+                && let Some(bytes) = self.contradicting(snap, env.generation)
+            {
+                self.misbehaved = true;
+                out.frames = vec![bytes.clone()];
+                out.misbehaviour = Some(bytes);
+            }
+            return out;
         }
         let Some(Payload::CommandEvent(ev)) = env.payload else {
             return out;
@@ -210,7 +248,7 @@ impl AdversaryLayer {
                     usize::try_from(self.rng.range_inclusive(1..=MAX_MALFORMED_BYTES)).unwrap_or(1);
                 vec![self.rng.bytes(n)]
             }
-            Adversary::SecondInstance => Vec::new(),
+            Adversary::SecondInstance | Adversary::ContradictorySnapshot => Vec::new(),
         };
         if let Some(first) = added.first() {
             self.misbehaved = true;

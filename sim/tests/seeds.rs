@@ -58,6 +58,8 @@ const MUST_HAPPEN: &[&str] = &[
     "adversary answered MalformedBytes",
     "adversary answered ConflictingDuplicate",
     "adversary answered WindowOverrun",
+    "adversary answered ContradictorySnapshot",
+    "adversary contradiction_incidents",
     "retention tight_quotas",
     "retention tombstone_fifo_full",
     "retention output_truncations",
@@ -96,10 +98,6 @@ const UNREACHABLE: &[(&str, &str)] = &[
     (
         "store.transition.after_commit",
         "record_transition is called by benches and repair tests only",
-    ),
-    (
-        "store.incident.after_commit",
-        "incidents are recorded during recovery (before the hook is installed), on a segment write failure (the simulated server disk fails only by power cut) and on a contradictory reconciliation snapshot (no simulated client sends one)",
     ),
 ];
 
