@@ -1383,7 +1383,7 @@ fn quota_refused(
     refuse(Code::QuotaExceeded, refusal.to_string())
 }
 
-/// Why an output event refused at `tier` is dropped with a marker
+/// Why an output (or diagnostics) event refused at `tier` is dropped with a marker
 /// instead, or `None` when it stays refused: the command's own total is
 /// held by data that cannot rotate (the append path already rotated what
 /// it could), or the client's (the server's) quota is, with no terminal
@@ -1454,7 +1454,7 @@ fn dropped_at(tx: &Transaction<'_>, issue: &[u8; 16], seq: u64) -> Result<bool, 
     .map_err(|e| StoreError::sqlite("find a dropped event", e))
 }
 
-/// Writes the truncation row of an output event dropped on arrival: a new
+/// Writes the truncation row of an event dropped on arrival: a new
 /// one, or the one of the same cause ending just before it, extended.
 fn record_dropped(
     tx: &Transaction<'_>,
