@@ -589,6 +589,7 @@ fn hello(client_id: &ClientId, instance: &str, c: &ClientConfig, work: &Path) ->
             default_cwd: cwd.clone(),
             allowed_roots: vec![cwd],
         }),
+        labels: vec![],
     }
 }
 

@@ -287,6 +287,7 @@ impl Script {
                 default_cwd: "/srv".into(),
                 allowed_roots: vec!["/srv".into()],
             }),
+            labels: vec![],
         };
         self.send_as(conn, "", 0, Payload::ClientHello(h));
     }

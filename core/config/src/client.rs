@@ -26,6 +26,8 @@ pub struct ClientIdentityConfig {
     pub ca_file: Option<PathBuf>,
     /// The private state directory.
     pub state_dir: PathBuf,
+    /// Labels advertised in the hello.
+    pub labels: rvbox_domain::labels::Labels,
 }
 
 /// `[exec]`.
@@ -227,6 +229,13 @@ pub fn load_client(
             e.push(r.error("client.server_urls", format!("{url:?} is listed twice")));
         }
     }
+    let label_items = r.list("client.labels");
+    let labels =
+        rvbox_domain::labels::Labels::from_assignments(label_items.iter().map(String::as_str))
+            .unwrap_or_else(|err| {
+                e.push(r.error("client.labels", err.0));
+                rvbox_domain::labels::Labels::default()
+            });
     let ca_text = r.text("client.ca_file");
     let ca_file = if ca_text.is_empty() {
         None
@@ -402,6 +411,7 @@ pub fn load_client(
             server_urls,
             ca_file,
             state_dir,
+            labels,
         },
         shells: ShellsConfig::new(resolved, default, foreign),
         exec: ExecConfig {

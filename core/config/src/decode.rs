@@ -395,6 +395,32 @@ pub(crate) fn decode_value(def: &KeyDef, value: &DeValue<'_>) -> Result<Value, S
             DeValue::String(s) => Ok(Value::Text(s.to_string())),
             other => Err(format!("expected a string, found {}", other.type_str())),
         },
+        Kind::Labels => match value {
+            DeValue::Table(table) => {
+                let mut items = BTreeMap::new();
+                for (k, v) in table.iter() {
+                    match v.get_ref() {
+                        DeValue::String(s) => {
+                            items.insert(k.get_ref().to_string(), s.to_string());
+                        }
+                        other => {
+                            return Err(format!(
+                                "label {:?} must be a string, found {}",
+                                k.get_ref(),
+                                other.type_str()
+                            ));
+                        }
+                    }
+                }
+                Ok(Value::List(
+                    items.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                ))
+            }
+            other => Err(format!(
+                "expected a table of labels such as {{ role = \"web\" }}, found {}",
+                other.type_str()
+            )),
+        },
         Kind::PathList | Kind::UrlList | Kind::TextList => match value {
             DeValue::Array(items) => string_list(items),
             other => Err(format!("expected an array of strings, found {}", other.type_str())),

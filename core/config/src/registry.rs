@@ -72,6 +72,9 @@ pub enum Kind {
     OptionalSocketAddr,
     /// A path on another platform (Windows): syntax-checked only, `""` unset.
     ForeignPath,
+    /// A table of `key = "value"` labels (held as sorted `key=value`
+    /// items; a flag gives one `key=value` per occurrence).
+    Labels,
 }
 
 impl Kind {
@@ -92,12 +95,16 @@ impl Kind {
             Kind::SocketAddr => "socket address",
             Kind::OptionalSocketAddr => "socket address or \"\"",
             Kind::ForeignPath => "Windows path or \"\"",
+            Kind::Labels => "table of labels",
         }
     }
 
     /// True for kinds that hold a list (flags may repeat).
     pub fn is_list(self) -> bool {
-        matches!(self, Kind::PathList | Kind::UrlList | Kind::TextList)
+        matches!(
+            self,
+            Kind::PathList | Kind::UrlList | Kind::TextList | Kind::Labels
+        )
     }
 
     /// True for the numeric kinds (duration, bytes, count).
@@ -467,6 +474,8 @@ pub static CLIENT_KEYS: &[KeyDef] = &[
         "PEM file of CA certificates trusted for wss:// URLs; \"\" uses the system roots. Its contents are never logged."),
     KeyDef::text("client.state_dir", Kind::Path, defaults::CLIENT_STATE_DIR,
         "Private directory holding the client identity, acceptance records and the output spool."),
+    KeyDef::list("client.labels", Kind::Labels, &[],
+        "Labels operators select this client by, a table of strings such as {role=\"web\", zone=\"eu-west\"}: at most 32; keys 1-63 ASCII letters, digits, '.', '_', '-', '/'; values 0-128 ASCII letters, digits and . _ - / : @ +. The flag takes key=value and may repeat."),
     // [shells]
     KeyDef::text("shells.sh", Kind::OptionalPath, "/bin/sh",
         "Absolute path of the POSIX sh executable; \"\" disables sh."),

@@ -26,6 +26,20 @@ pub(crate) fn quote(text: &str) -> String {
 
 fn render_value(kind: Kind, value: &Value) -> String {
     match value {
+        Value::List(items) if kind == Kind::Labels => {
+            let parts: Vec<String> = items
+                .iter()
+                .map(|item| {
+                    let (k, v) = item.split_once('=').unwrap_or((item.as_str(), ""));
+                    format!("{} = {}", quote(k), quote(v))
+                })
+                .collect();
+            if parts.is_empty() {
+                "{}".to_owned()
+            } else {
+                format!("{{ {} }}", parts.join(", "))
+            }
+        }
         Value::Num(n) => match kind {
             Kind::Duration => quote(&format_duration(*n)),
             Kind::Bytes => format_bytes(*n),

@@ -125,6 +125,7 @@ fn default_text(def: &KeyDef) -> String {
         },
         DefaultValue::Bool(b) => b.to_string(),
         DefaultValue::Text(t) => format!("\"{t}\""),
+        DefaultValue::List(_) if def.kind == Kind::Labels => "{}".to_owned(),
         DefaultValue::List(items) => {
             let parts: Vec<String> = items.iter().map(|s| format!("\"{s}\"")).collect();
             format!("[{}]", parts.join(", "))

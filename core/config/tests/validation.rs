@@ -1254,3 +1254,56 @@ fn summary_round_trips_through_the_decoder() {
     assert_eq!(c.summary(), again.summary());
     assert_eq!(c.profiles, again.profiles);
 }
+
+#[test]
+fn client_labels_are_a_validated_table() {
+    let c = client("[client]\nlabels = { zone = \"eu-west\", role = \"web\" }\n").unwrap();
+    assert_eq!(c.client.labels.to_string(), "role=web,zone=eu-west");
+    // the summary renders them back as a table that decodes to the same
+    assert!(
+        c.summary()
+            .contains("labels = { \"role\" = \"web\", \"zone\" = \"eu-west\" }"),
+        "{}",
+        c.summary()
+    );
+    let again = client(c.summary()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.client.labels, c.client.labels);
+    // flags give key=value, one per occurrence, and replace the table
+    let host = FakeHost::standard();
+    let flags = [FlagValue {
+        key: "client.labels".into(),
+        values: vec!["role=db".into(), "rack=r1".into()],
+    }];
+    let c = load_client(
+        "t",
+        "[client]\nlabels = { role = \"web\" }\n",
+        &flags,
+        &host,
+    )
+    .unwrap();
+    assert_eq!(c.client.labels.to_string(), "rack=r1,role=db");
+    for (text, needle) in [
+        (
+            "[client]\nlabels = [\"role=web\"]\n",
+            "expected a table of labels",
+        ),
+        ("[client]\nlabels = { role = 1 }\n", "must be a string"),
+        ("[client]\nlabels = { \"-x\" = \"a\" }\n", "must start with"),
+        ("[client]\nlabels = { role = \"a b\" }\n", "values use"),
+        ("[client]\nlabels = { role = \"a,b\" }\n", "values use"),
+    ] {
+        let errors = client_err(text);
+        assert_error(&errors, "client.labels", needle, text);
+    }
+    let many: Vec<String> = (0..33).map(|i| format!("k{i} = \"v\"")).collect();
+    let errors = client_err(&format!("[client]\nlabels = {{ {} }}\n", many.join(", ")));
+    assert_error(&errors, "client.labels", "more than 32 labels", "33 labels");
+    let errors = load_client(
+        "t",
+        "",
+        &[FlagValue::new("client.labels", "novalue")],
+        &host,
+    )
+    .unwrap_err();
+    assert_error(&errors, "client.labels", "is not key=value", "flag");
+}

@@ -13,6 +13,7 @@ pub mod error;
 pub mod events;
 pub mod hash;
 pub mod ids;
+pub mod labels;
 pub mod lifecycle;
 pub mod limits;
 pub mod token;

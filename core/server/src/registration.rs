@@ -186,6 +186,7 @@ impl ServerCore {
                     consume_grant: grant_id,
                     capabilities: hello.capabilities.clone(),
                     cwd_policy: Some(hello.cwd_policy.clone()),
+                    labels: hello.labels.to_string(),
                 };
                 self.store(
                     StoreOp::Register(reg),

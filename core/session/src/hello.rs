@@ -120,6 +120,8 @@ pub struct ValidHello {
     pub capabilities: wire::Capabilities,
     /// Validated working-directory policy.
     pub cwd_policy: wire::CwdPolicy,
+    /// Validated labels.
+    pub labels: rvbox_domain::labels::Labels,
 }
 
 /// The highest minor present in both lists, if any (plan §6.2: "choose the
@@ -164,12 +166,22 @@ pub fn validate_hello(
         .cwd_policy
         .ok_or_else(|| invalid("client_hello.cwd_policy", "is required"))?;
     check_cwd_policy(&cwd_policy)?;
+    let labels = rvbox_domain::labels::Labels::from_wire(&hello.labels)
+        .map_err(|e| invalid("client_hello.labels", e.0))?;
+    if hello
+        .labels
+        .windows(2)
+        .any(|w| matches!(w, [a, b] if a.key >= b.key))
+    {
+        return Err(invalid("client_hello.labels", "must be sorted by key"));
+    }
     Ok(ValidHello {
         client_id,
         instance,
         negotiated_minor,
         capabilities,
         cwd_policy,
+        labels,
     })
 }
 

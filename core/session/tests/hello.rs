@@ -236,6 +236,27 @@ fn hello_field_bounds_name_the_field() {
                 h.cwd_policy.as_mut().unwrap().allowed_roots = vec!["relative".into()];
             }),
         ),
+        // labels: unsorted, a bad key, a bad value, too many
+        ("client_hello.labels", Box::new(|h| h.labels.reverse())),
+        (
+            "client_hello.labels",
+            Box::new(|h| h.labels[0].key = "-role".into()),
+        ),
+        (
+            "client_hello.labels",
+            Box::new(|h| h.labels[0].value = "a,b".into()),
+        ),
+        (
+            "client_hello.labels",
+            Box::new(|h| {
+                h.labels = (0..33)
+                    .map(|i| wire::Label {
+                        key: format!("k{i:02}"),
+                        value: "v".into(),
+                    })
+                    .collect();
+            }),
+        ),
     ];
     for (i, (want, f)) in cases.into_iter().enumerate() {
         assert_eq!(field_of(f), want, "case {i}");
@@ -265,7 +286,14 @@ fn hello_bounds_accept_the_edges() {
     .collect();
     h.supported_minors = (0..16).collect();
     h.cwd_policy.as_mut().unwrap().allowed_roots = vec!["/r".into(); 64];
+    h.labels = (0..32)
+        .map(|i| wire::Label {
+            key: format!("k{i:02}{}", "k".repeat(60)),
+            value: "v".repeat(128),
+        })
+        .collect();
     let v = validate_hello(h, &minors()).unwrap();
+    assert_eq!(v.labels.len(), 32);
     assert_eq!(v.negotiated_minor, 2);
     assert_eq!(v.client_id.as_str(), "web-01");
 

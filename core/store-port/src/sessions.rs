@@ -68,4 +68,6 @@ pub struct Registration {
     pub capabilities: wire::Capabilities,
     /// Its working-directory policy, as sent.
     pub cwd_policy: Option<wire::CwdPolicy>,
+    /// Its validated labels, normalized (`key=value,...`, sorted by key).
+    pub labels: String,
 }

@@ -121,6 +121,7 @@ pub fn client_core_config(
             default_cwd: default_cwd.clone(),
             allowed_roots: cwd_roots.clone(),
         }),
+        labels: cfg.client.labels.to_wire(),
     };
     Ok(ClientCoreConfig {
         policy: AcceptPolicy {

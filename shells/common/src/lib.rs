@@ -104,6 +104,7 @@ fn value_name(kind: Kind) -> &'static str {
         Kind::UrlList => "URL",
         Kind::SocketAddr | Kind::OptionalSocketAddr => "ADDR",
         Kind::Text | Kind::TextList => "TEXT",
+        Kind::Labels => "KEY=VALUE",
     }
 }
 

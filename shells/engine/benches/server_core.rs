@@ -86,6 +86,7 @@ fn hello(client: &str) -> Vec<u8> {
                 default_cwd: "/srv".into(),
                 allowed_roots: vec!["/srv".into()],
             }),
+            labels: vec![],
         })),
     }
     .encode_to_vec()

@@ -74,6 +74,7 @@ fn hello(instance: &str) -> Vec<u8> {
                 default_cwd: "/srv".into(),
                 allowed_roots: vec!["/srv".into()],
             }),
+            labels: vec![],
         })),
     }
     .encode_to_vec()

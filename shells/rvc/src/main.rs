@@ -95,6 +95,14 @@ enum Cmd {
         /// Every client's commands, newest first.
         #[arg(long, conflicts_with_all = ["client_id", "issue_uuid"])]
         all: bool,
+        /// Only clients (or commands of clients) whose labels match this
+        /// selector: `role=web`, `zone=eu-*`, `role!=db`, `canary`,
+        /// `!canary`; repeat it or join terms with commas (all must hold).
+        #[arg(long = "label", value_name = "SELECTOR", conflicts_with = "issue_uuid")]
+        labels: Vec<String>,
+        /// Only clients whose id matches this glob (`web-*`, `?`).
+        #[arg(long, value_name = "GLOB", conflicts_with_all = ["client_id", "issue_uuid", "all"])]
+        target: Option<String>,
         /// Continue a listing from the token the previous page printed.
         #[arg(long, value_name = "TOKEN")]
         page: Option<String>,
@@ -130,6 +138,10 @@ enum Cmd {
     List {
         /// A client id; absent: every client.
         client_id: Option<String>,
+        /// Only commands of clients whose labels match this selector
+        /// (as for `rvc stat --label`).
+        #[arg(long = "label", value_name = "SELECTOR")]
+        labels: Vec<String>,
         /// Continue from the token the previous page printed.
         #[arg(long, value_name = "TOKEN")]
         page: Option<String>,
@@ -476,10 +488,13 @@ async fn dispatch(
             client_id,
             issue_uuid,
             all,
+            labels,
+            target,
             page,
             per_page,
         } => {
             let mut control = Control::new(socket);
+            let selector = labels.join(",");
             match (client_id, issue_uuid, all) {
                 (client, Some(issue), _) => {
                     let r = command_of(&mut control, &issue, client.as_deref()).await?;
@@ -499,14 +514,30 @@ async fn dispatch(
                         print!("{}", render::client(&c));
                         println!();
                     }
-                    list(&mut control, Some(client), page, per_page, fmt).await
+                    let q = Listing {
+                        client_id: Some(client),
+                        selector,
+                        page,
+                        per_page,
+                    };
+                    list(&mut control, q, fmt).await
                 }
-                (None, None, true) => list(&mut control, None, page, per_page, fmt).await,
+                (None, None, true) => {
+                    let q = Listing {
+                        client_id: None,
+                        selector,
+                        page,
+                        per_page,
+                    };
+                    list(&mut control, q, fmt).await
+                }
                 (None, None, false) => {
                     let req = wire::ListClientsRequest {
                         request_id: String::new(),
                         page_size: per_page.unwrap_or(0),
                         page_token: page.unwrap_or_default(),
+                        selector: selector.clone(),
+                        client_glob: target.clone().unwrap_or_default(),
                     };
                     let resp = control
                         .retrying(|mut c| {
@@ -518,7 +549,12 @@ async fn dispatch(
                         let mut t = render::clients(&resp.clients);
                         if !resp.next_page_token.is_empty() {
                             t.push_str(&format!(
-                                "more: rvc stat --page {}\n",
+                                "more: rvc stat{}{} --page {}\n",
+                                filter_flags(&selector),
+                                target
+                                    .as_ref()
+                                    .map(|g| format!(" --target '{g}'"))
+                                    .unwrap_or_default(),
                                 resp.next_page_token
                             ));
                         }
@@ -530,11 +566,18 @@ async fn dispatch(
         }
         Cmd::List {
             client_id,
+            labels,
             page,
             per_page,
         } => {
             let mut control = Control::new(socket);
-            list(&mut control, client_id, page, per_page, fmt).await
+            let q = Listing {
+                client_id,
+                selector: labels.join(","),
+                page,
+                per_page,
+            };
+            list(&mut control, q, fmt).await
         }
         Cmd::Output {
             client_id,
@@ -797,18 +840,36 @@ async fn storage(
     }
 }
 
-async fn list(
-    control: &mut Control,
+/// What `rvc list` (and `rvc stat CLIENT` / `--all`) asks for.
+struct Listing {
     client_id: Option<String>,
+    selector: String,
     page: Option<String>,
     per_page: Option<u32>,
-    fmt: Format,
-) -> Result<u8, Failure> {
+}
+
+/// The `--label` flag that repeats a selector in a "more:" hint.
+fn filter_flags(selector: &str) -> String {
+    if selector.is_empty() {
+        String::new()
+    } else {
+        format!(" --label '{selector}'")
+    }
+}
+
+async fn list(control: &mut Control, q: Listing, fmt: Format) -> Result<u8, Failure> {
+    let Listing {
+        client_id,
+        selector,
+        page,
+        per_page,
+    } = q;
     let req = wire::ListCommandsRequest {
         request_id: String::new(),
         client_id: client_id.clone(),
         page_size: per_page.unwrap_or(0),
         page_token: page.unwrap_or_default(),
+        selector: selector.clone(),
     };
     let resp = control
         .retrying(|mut c| {
@@ -819,12 +880,16 @@ async fn list(
     emit(fmt, "ListCommandsResponse", &resp, || {
         let mut t = render::commands(&resp.commands);
         if !resp.next_page_token.is_empty() {
+            let flags = filter_flags(&selector);
             match &client_id {
                 Some(c) => t.push_str(&format!(
-                    "more: rvc list {c} --page {}\n",
+                    "more: rvc list {c}{flags} --page {}\n",
                     resp.next_page_token
                 )),
-                None => t.push_str(&format!("more: rvc list --page {}\n", resp.next_page_token)),
+                None => t.push_str(&format!(
+                    "more: rvc list{flags} --page {}\n",
+                    resp.next_page_token
+                )),
             }
         }
         t

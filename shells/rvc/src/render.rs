@@ -104,13 +104,14 @@ fn finish(t: &comfy_table::Table) -> String {
 
 /// `rvc stat`: the clients.
 pub(crate) fn clients(list: &[wire::ClientSummary]) -> String {
-    let mut t = table(&["CLIENT", "STATE", "GEN", "LAST SEEN"]);
+    let mut t = table(&["CLIENT", "STATE", "GEN", "LAST SEEN", "LABELS"]);
     for c in list {
         t.add_row(vec![
             c.client_id.clone(),
             if c.connected { "connected" } else { "offline" }.to_owned(),
             c.generation.to_string(),
             time(c.last_seen_time.as_ref()),
+            shorten(&labels_text(&c.labels), 60),
         ]);
     }
     finish(&t)
@@ -136,6 +137,16 @@ pub(crate) fn commands(list: &[wire::CommandRecord]) -> String {
     finish(&t)
 }
 
+/// Labels as `key=value,key=value` (sorted by key, as the server keeps
+/// them); empty without labels.
+pub(crate) fn labels_text(labels: &[wire::Label]) -> String {
+    labels
+        .iter()
+        .map(|l| format!("{}={}", l.key, l.value))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A time as the tables show it (whole seconds, UTC).
 pub(crate) fn time_text(t: Option<&prost_types::Timestamp>) -> String {
     time(t)
@@ -153,6 +164,9 @@ pub(crate) fn client(r: &wire::GetClientResponse) -> String {
         );
         let _ = writeln!(out, "generation  {}", c.generation);
         let _ = writeln!(out, "last seen   {}", time(c.last_seen_time.as_ref()));
+        if !c.labels.is_empty() {
+            let _ = writeln!(out, "labels      {}", labels_text(&c.labels));
+        }
     }
     match &r.pending_claim {
         Some(p) => {

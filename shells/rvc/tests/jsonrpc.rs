@@ -221,6 +221,7 @@ fn every_unary_method_answers_the_same_through_grpc_and_json_rpc() {
                 client_id: Some("web-1".into()),
                 page_size: 10,
                 page_token: String::new(),
+                selector: "role=web".into(),
             }
         );
         let _ = parity!(
@@ -229,7 +230,11 @@ fn every_unary_method_answers_the_same_through_grpc_and_json_rpc() {
             list_clients,
             "listClients",
             "ListClientsResponse",
-            wire::ListClientsRequest::default()
+            wire::ListClientsRequest {
+                selector: "role=web,zone=eu-*".into(),
+                client_glob: "web-*".into(),
+                ..Default::default()
+            }
         );
         let _ = parity!(
             c,

@@ -33,6 +33,21 @@ fn rvc_output_of_every_command() {
     snap!(s, "follow", follow);
 
     snap!(s, "stat_clients", s.rvc(&["stat"]));
+    snap!(
+        s,
+        "stat_clients_label",
+        s.rvc(&["stat", "--label", "zone=eu-*", "--target", "web-?"])
+    );
+    snap!(
+        s,
+        "stat_clients_label_none",
+        s.rvc(&["stat", "--label", "role=db"])
+    );
+    snap!(
+        s,
+        "error_bad_selector",
+        s.rvc(&["stat", "--label", "role=a b"])
+    );
     let stat = s.rvc(&["stat", "web-1", &uuid]);
     snap!(s, "stat_command", stat);
 

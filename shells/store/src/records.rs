@@ -13,6 +13,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 use rvbox_domain::error::{Code, DomainError};
+use rvbox_domain::labels::{Labels, Selector, check_client_glob, glob_match};
 use rvbox_domain::limits;
 use rvbox_domain::token::{PagePosition, TokenCodec, TokenKey, TokenKind, encode_filters};
 use rvbox_proto::v1 as wire;
@@ -249,11 +250,36 @@ fn token_error(e: &rvbox_domain::token::TokenError) -> OpError {
     OpError::Refused(DomainError::new(Code::InvalidArgument, e.to_string()))
 }
 
+/// Most rows one filtered page examines (a selector or a glob is matched
+/// here, not in SQL): a page may come back short, or empty, with a token
+/// to go on from.
+pub const MAX_FILTER_SCAN: usize = 10_000;
+
+/// The selector of a list request; `None` for the empty text.
+fn selector_of(text: &str) -> Result<Option<Selector>, OpError> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    Selector::parse(text).map(Some).map_err(|e| {
+        OpError::Refused(DomainError::new(Code::InvalidArgument, e.0).with_field("selector"))
+    })
+}
+
+/// The labels a `clients` row keeps. A row that does not parse (never
+/// written so) matches no selector term that needs a label.
+pub(crate) fn stored_labels(text: &str) -> Labels {
+    Labels::parse_stored(text).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "stored client labels do not parse");
+        Labels::default()
+    })
+}
+
 /// `ListCommands`: a page of commands, newest first, of one client or of
-/// all.
+/// all, optionally only of clients whose labels match a selector.
 ///
 /// # Errors
-/// `INVALID_ARGUMENT` for a bad page size or token, or a store failure.
+/// `INVALID_ARGUMENT` for a bad page size, selector or token, or a store
+/// failure.
 pub fn list_commands(
     conn: &Connection,
     health: &Health,
@@ -262,7 +288,13 @@ pub fn list_commands(
 ) -> Result<wire::ListCommandsResponse, OpError> {
     let limit = page_size(req.page_size).map_err(OpError::Refused)?;
     let client = req.client_id.as_deref();
-    let filters = encode_filters(&[("client_id", client.unwrap_or("\u{0}all").as_bytes())]);
+    let selector = selector_of(&req.selector)?;
+    let mut filter_items: Vec<(&str, &[u8])> =
+        vec![("client_id", client.unwrap_or("\u{0}all").as_bytes())];
+    if selector.is_some() {
+        filter_items.push(("selector", req.selector.as_bytes()));
+    }
+    let filters = encode_filters(&filter_items);
     let codec = TokenCodec::new(TokenKey::new(key));
     let after = if req.page_token.is_empty() {
         None
@@ -273,38 +305,111 @@ pub fn list_commands(
         Some(PagePosition::decode(&pos).map_err(|e| token_error(&e))?)
     };
     let (after_ms, after_id) = after.map_or((i64::MAX, [0xffu8; 16]), |p| (p.sort_key, p.id));
-    let sql = if client.is_some() {
-        format!(
-            "SELECT {RECORD_COLUMNS} FROM commands c
-             WHERE c.client_id = ?1
-               AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
-             ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
-        )
-    } else {
-        format!(
-            "SELECT {RECORD_COLUMNS} FROM commands c
-             WHERE ?1 IS NULL
-               AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
-             ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
-        )
+    // the rows of the page, whether another follows, and where it starts
+    type Page = (Vec<Raw>, bool, Option<(i64, Vec<u8>)>);
+    let (rows, more, last): Page = match &selector {
+        None => {
+            let sql = if client.is_some() {
+                format!(
+                    "SELECT {RECORD_COLUMNS} FROM commands c
+                     WHERE c.client_id = ?1
+                       AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
+                     ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
+                )
+            } else {
+                format!(
+                    "SELECT {RECORD_COLUMNS} FROM commands c
+                     WHERE ?1 IS NULL
+                       AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
+                     ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
+                )
+            };
+            // one more row than the page says whether another page follows
+            let mut rows: Vec<Raw> = {
+                let mut st = conn.prepare_cached(&sql).map_err(sqlite("list commands"))?;
+                let it = st
+                    .query_map(
+                        params![client, after_ms, after_id.as_slice(), i64::from(limit) + 1],
+                        raw_of,
+                    )
+                    .map_err(sqlite("list commands"))?;
+                it.collect::<Result<_, _>>()
+                    .map_err(sqlite("list commands"))?
+            };
+            let more = rows.len() > limit as usize;
+            rows.truncate(limit as usize);
+            let last = rows.last().map(|r| (r.issue_ms, r.issue.clone()));
+            (rows, more, last)
+        }
+        Some(sel) => {
+            let sql = if client.is_some() {
+                "SELECT c.issue_time_ms, c.issue_uuid, COALESCE(cl.labels, '') FROM commands c
+                 LEFT JOIN clients cl ON cl.client_id = c.client_id
+                 WHERE c.client_id = ?1
+                   AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
+                 ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
+            } else {
+                "SELECT c.issue_time_ms, c.issue_uuid, COALESCE(cl.labels, '') FROM commands c
+                 LEFT JOIN clients cl ON cl.client_id = c.client_id
+                 WHERE ?1 IS NULL
+                   AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
+                 ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
+            };
+            let scanned: Vec<(i64, Vec<u8>, String)> = {
+                let mut st = conn.prepare_cached(sql).map_err(sqlite("scan commands"))?;
+                let it = st
+                    .query_map(
+                        params![
+                            client,
+                            after_ms,
+                            after_id.as_slice(),
+                            i64::try_from(MAX_FILTER_SCAN).unwrap_or(i64::MAX)
+                        ],
+                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                    )
+                    .map_err(sqlite("scan commands"))?;
+                it.collect::<Result<_, _>>()
+                    .map_err(sqlite("scan commands"))?
+            };
+            let exhausted = scanned.len() < MAX_FILTER_SCAN;
+            let mut picked: Vec<(i64, Vec<u8>)> = Vec::new();
+            let mut last = None;
+            let mut more = false;
+            for (ms, id, labels) in scanned {
+                if !sel.matches(&stored_labels(&labels)) {
+                    last = Some((ms, id));
+                    continue;
+                }
+                if picked.len() == limit as usize {
+                    more = true;
+                    break;
+                }
+                last = Some((ms, id.clone()));
+                picked.push((ms, id));
+            }
+            if !more && !exhausted {
+                // the scan bound ended the page: go on after the last row seen
+                more = true;
+            }
+            let mut rows = Vec::with_capacity(picked.len());
+            {
+                let mut st = conn
+                    .prepare_cached(&format!(
+                        "SELECT {RECORD_COLUMNS} FROM commands c WHERE c.issue_uuid = ?1"
+                    ))
+                    .map_err(sqlite("read command"))?;
+                for (_, id) in &picked {
+                    rows.push(
+                        st.query_row(params![id], raw_of)
+                            .map_err(sqlite("read command"))?,
+                    );
+                }
+            }
+            (rows, more, last)
+        }
     };
-    // one more row than the page says whether another page follows
-    let rows: Vec<Raw> = {
-        let mut st = conn.prepare_cached(&sql).map_err(sqlite("list commands"))?;
-        let it = st
-            .query_map(
-                params![client, after_ms, after_id.as_slice(), i64::from(limit) + 1],
-                raw_of,
-            )
-            .map_err(sqlite("list commands"))?;
-        it.collect::<Result<_, _>>()
-            .map_err(sqlite("list commands"))?
-    };
-    let more = rows.len() > limit as usize;
-    let mut commands = Vec::with_capacity(rows.len().min(limit as usize));
-    let mut last = None;
-    for raw in rows.into_iter().take(limit as usize) {
-        last = Some((raw.issue_ms, raw.issue.clone()));
+    let mut commands = Vec::with_capacity(rows.len());
+    for raw in rows {
         commands.push(finish(conn, health, raw)?);
     }
     let next_page_token = match (more, last) {
@@ -328,7 +433,7 @@ pub fn list_commands(
 
 const CLIENT_COLUMNS: &str = "c.client_id, c.instance_id, c.generation, c.capabilities, \
      c.cwd_policy, c.connected_ms, c.last_seen_ms, c.pending_instance_id, c.pending_seen_ms, \
-     EXISTS (SELECT 1 FROM sessions s WHERE s.client_id = c.client_id AND s.live = 1)";
+     EXISTS (SELECT 1 FROM sessions s WHERE s.client_id = c.client_id AND s.live = 1), c.labels";
 
 struct ClientRaw {
     summary: wire::ClientSummary,
@@ -355,6 +460,7 @@ fn client_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClientRaw> {
             cwd_policy: cwd
                 .as_deref()
                 .and_then(|b| <wire::CwdPolicy as prost::Message>::decode(b).ok()),
+            labels: stored_labels(&r.get::<_, String>(10)?).to_wire(),
         },
         pending: pending.map(|p| wire::PendingClaim {
             client_instance_id: uuid_text(&p),
@@ -363,18 +469,33 @@ fn client_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClientRaw> {
     })
 }
 
-/// `ListClients`: a page of clients by id.
+/// `ListClients`: a page of clients by id, optionally only those whose
+/// labels match a selector and whose id matches a glob.
 ///
 /// # Errors
-/// `INVALID_ARGUMENT` for a bad page size or token, or a store failure.
+/// `INVALID_ARGUMENT` for a bad page size, selector, glob or token, or a
+/// store failure.
 pub fn list_clients(
     conn: &Connection,
     key: [u8; 32],
     req: &wire::ListClientsRequest,
 ) -> Result<wire::ListClientsResponse, OpError> {
     let limit = page_size(req.page_size).map_err(OpError::Refused)?;
+    let selector = selector_of(&req.selector)?;
+    if !req.client_glob.is_empty() {
+        check_client_glob(&req.client_glob).map_err(|e| {
+            OpError::Refused(DomainError::new(Code::InvalidArgument, e.0).with_field("client_glob"))
+        })?;
+    }
     let codec = TokenCodec::new(TokenKey::new(key));
-    let filters = encode_filters(&[]);
+    let mut filter_items: Vec<(&str, &[u8])> = Vec::new();
+    if selector.is_some() {
+        filter_items.push(("selector", req.selector.as_bytes()));
+    }
+    if !req.client_glob.is_empty() {
+        filter_items.push(("client_glob", req.client_glob.as_bytes()));
+    }
+    let filters = encode_filters(&filter_items);
     let after = if req.page_token.is_empty() {
         String::new()
     } else {
@@ -388,28 +509,85 @@ pub fn list_clients(
             ))
         })?
     };
-    let rows: Vec<ClientRaw> = {
-        let mut st = conn
-            .prepare_cached(&format!(
-                "SELECT {CLIENT_COLUMNS} FROM clients c WHERE c.client_id > ?1
-                 ORDER BY c.client_id LIMIT ?2"
-            ))
-            .map_err(sqlite("list clients"))?;
-        let it = st
-            .query_map(params![after, i64::from(limit) + 1], client_of)
-            .map_err(sqlite("list clients"))?;
-        it.collect::<Result<_, _>>()
-            .map_err(sqlite("list clients"))?
-    };
-    let more = rows.len() > limit as usize;
-    let clients: Vec<wire::ClientSummary> = rows
-        .into_iter()
-        .take(limit as usize)
-        .map(|c| c.summary)
-        .collect();
-    let next_page_token = match (more, clients.last()) {
+    let (clients, more, last): (Vec<wire::ClientSummary>, bool, Option<String>) =
+        if selector.is_none() && req.client_glob.is_empty() {
+            let rows: Vec<ClientRaw> = {
+                let mut st = conn
+                    .prepare_cached(&format!(
+                        "SELECT {CLIENT_COLUMNS} FROM clients c WHERE c.client_id > ?1
+                         ORDER BY c.client_id LIMIT ?2"
+                    ))
+                    .map_err(sqlite("list clients"))?;
+                let it = st
+                    .query_map(params![after, i64::from(limit) + 1], client_of)
+                    .map_err(sqlite("list clients"))?;
+                it.collect::<Result<_, _>>()
+                    .map_err(sqlite("list clients"))?
+            };
+            let more = rows.len() > limit as usize;
+            let clients: Vec<wire::ClientSummary> = rows
+                .into_iter()
+                .take(limit as usize)
+                .map(|c| c.summary)
+                .collect();
+            let last = clients.last().map(|c| c.client_id.clone());
+            (clients, more, last)
+        } else {
+            let scanned: Vec<(String, String)> = {
+                let mut st = conn
+                    .prepare_cached(
+                        "SELECT client_id, labels FROM clients WHERE client_id > ?1
+                         ORDER BY client_id LIMIT ?2",
+                    )
+                    .map_err(sqlite("scan clients"))?;
+                let it = st
+                    .query_map(
+                        params![after, i64::try_from(MAX_FILTER_SCAN).unwrap_or(i64::MAX)],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .map_err(sqlite("scan clients"))?;
+                it.collect::<Result<_, _>>()
+                    .map_err(sqlite("scan clients"))?
+            };
+            let exhausted = scanned.len() < MAX_FILTER_SCAN;
+            let mut picked = Vec::new();
+            let mut last = None;
+            let mut more = false;
+            for (id, labels) in scanned {
+                let hit = (req.client_glob.is_empty() || glob_match(&req.client_glob, &id))
+                    && selector
+                        .as_ref()
+                        .is_none_or(|s| s.matches(&stored_labels(&labels)));
+                if hit && picked.len() == limit as usize {
+                    more = true;
+                    break;
+                }
+                if hit {
+                    picked.push(id.clone());
+                }
+                last = Some(id);
+            }
+            if !more && !exhausted {
+                more = true;
+            }
+            let mut clients = Vec::with_capacity(picked.len());
+            let mut st = conn
+                .prepare_cached(&format!(
+                    "SELECT {CLIENT_COLUMNS} FROM clients c WHERE c.client_id = ?1"
+                ))
+                .map_err(sqlite("read client"))?;
+            for id in &picked {
+                clients.push(
+                    st.query_row(params![id], client_of)
+                        .map_err(sqlite("read client"))?
+                        .summary,
+                );
+            }
+            (clients, more, last)
+        };
+    let next_page_token = match (more, last) {
         (true, Some(last)) => codec
-            .seal(TokenKind::ClientPage, &filters, last.client_id.as_bytes())
+            .seal(TokenKind::ClientPage, &filters, last.as_bytes())
             .map_err(|e| token_error(&e))?,
         _ => String::new(),
     };

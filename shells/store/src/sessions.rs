@@ -207,7 +207,7 @@ impl Store {
         tx.execute_cached(
             "UPDATE clients SET instance_id = ?2, generation = ?3, platform = ?4,
                  software_version = ?5, capabilities = ?6, cwd_policy = ?7,
-                 connected_ms = ?8, last_seen_ms = ?8,
+                 connected_ms = ?8, last_seen_ms = ?8, labels = ?9,
                  pending_instance_id = CASE WHEN pending_instance_id = ?2 THEN NULL ELSE pending_instance_id END,
                  pending_seen_ms = CASE WHEN pending_instance_id = ?2 THEN NULL ELSE pending_seen_ms END
              WHERE client_id = ?1",
@@ -219,7 +219,8 @@ impl Store {
                 reg.capabilities.software_version,
                 caps,
                 cwd,
-                now_ms
+                now_ms,
+                reg.labels
             ],
         )
         .map_err(|e| StoreError::sqlite("update client registration", e))?;

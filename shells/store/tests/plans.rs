@@ -271,6 +271,25 @@ fn no_per_operation_statement_scans_a_growing_table() {
     r.events_after(&a, 1, 100).unwrap();
     r.list_clients(&wire::ListClientsRequest::default())
         .unwrap();
+    // the filtered scans: a selector and a glob over clients, a selector
+    // over every client's commands and over one client's
+    r.list_clients(&wire::ListClientsRequest {
+        selector: "role=web".into(),
+        client_glob: "web-*".into(),
+        ..Default::default()
+    })
+    .unwrap();
+    r.list_commands(&wire::ListCommandsRequest {
+        selector: "role=web".into(),
+        ..Default::default()
+    })
+    .unwrap();
+    r.list_commands(&wire::ListCommandsRequest {
+        client_id: Some("old".into()),
+        selector: "role=web".into(),
+        ..Default::default()
+    })
+    .unwrap();
     r.get_client("web-1", NOW).unwrap();
     r.incident_page(&wire::ListStorageIncidentsRequest::default())
         .unwrap();

@@ -45,6 +45,7 @@ fn reg(
         consume_grant: grant,
         capabilities: caps(),
         cwd_policy: None,
+        labels: String::new(),
     }
 }
 

@@ -141,7 +141,7 @@ impl Stack {
         std::fs::write(
             d.join("client.toml"),
             format!(
-                "[client]\nclient_id = \"web-1\"\nserver_urls = [\"ws://127.0.0.1:{}/rvbox/agent\"]\nstate_dir = \"{}\"\n[exec]\nallowed_cwd_roots = [\"{}\"]\ndefault_cwd = \"{}\"\ndrain_grace = \"1s\"\nkill_grace = \"2s\"\n[reconnect]\ninitial = \"1s\"\nmax = \"2s\"\n[observability]\nmetrics_listen = \"127.0.0.1:{}\"\n",
+                "[client]\nclient_id = \"web-1\"\nserver_urls = [\"ws://127.0.0.1:{}/rvbox/agent\"]\nstate_dir = \"{}\"\nlabels = {{ role = \"web\", zone = \"eu-west\" }}\n[exec]\nallowed_cwd_roots = [\"{}\"]\ndefault_cwd = \"{}\"\ndrain_grace = \"1s\"\nkill_grace = \"2s\"\n[reconnect]\ninitial = \"1s\"\nmax = \"2s\"\n[observability]\nmetrics_listen = \"127.0.0.1:{}\"\n",
                 self.port,
                 d.join("cstate").display(),
                 d.join("work").display(),

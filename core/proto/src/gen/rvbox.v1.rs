@@ -434,6 +434,19 @@ pub struct Capabilities {
     #[prost(enumeration = "SupervisionMode", tag = "7")]
     pub supervision_mode: i32,
 }
+/// One client label (`key = "value"` in the client's configuration). A key
+/// is 1..=63 ASCII letters, digits, '.', '*', '-' or '/', starting with a
+/// letter or digit; a value is 0..=128 ASCII letters, digits, '.', '*', '-',
+/// '/', ':', '@' or '+'.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Label {
+    /// Label key.
+    #[prost(string, tag = "1")]
+    pub key: ::prost::alloc::string::String,
+    /// Label value.
+    #[prost(string, tag = "2")]
+    pub value: ::prost::alloc::string::String,
+}
 /// Working-directory policy of a client.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct CwdPolicy {
@@ -1556,6 +1569,11 @@ pub struct ClientHello {
     /// Default and allowed working directories.
     #[prost(message, optional, tag = "6")]
     pub cwd_policy: ::core::option::Option<CwdPolicy>,
+    /// Labels operators select this client by; \<= 32 entries, sorted by key,
+    /// each key once. Added in minor 1 as an additive field: a hello without
+    /// it registers a client with no labels.
+    #[prost(message, repeated, tag = "7")]
+    pub labels: ::prost::alloc::vec::Vec<Label>,
 }
 /// Limits the server enforces on this session, all in bytes unless noted.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
@@ -2258,6 +2276,9 @@ pub struct ClientSummary {
     /// CWD policy from the latest hello.
     #[prost(message, optional, tag = "8")]
     pub cwd_policy: ::core::option::Option<CwdPolicy>,
+    /// Labels from the latest hello, sorted by key; \<= 32 entries.
+    #[prost(message, repeated, tag = "9")]
+    pub labels: ::prost::alloc::vec::Vec<Label>,
 }
 /// A rejected live-conflict claim by another instance of the same client id.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -2281,6 +2302,14 @@ pub struct ListClientsRequest {
     /// Opaque token from a previous response; empty for the first page.
     #[prost(string, tag = "3")]
     pub page_token: ::prost::alloc::string::String,
+    /// Label selector (`role=web,zone=eu-*,!canary`); empty = every client.
+    /// \<= 1024 bytes, \<= 32 terms.
+    #[prost(string, tag = "4")]
+    pub selector: ::prost::alloc::string::String,
+    /// Client-id glob (`web-*`, `*` and `?`); empty = every client.
+    /// \<= 1024 bytes.
+    #[prost(string, tag = "5")]
+    pub client_glob: ::prost::alloc::string::String,
 }
 /// Response of ListClients.
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -2288,7 +2317,9 @@ pub struct ListClientsResponse {
     /// Clients ordered by client_id.
     #[prost(message, repeated, tag = "1")]
     pub clients: ::prost::alloc::vec::Vec<ClientSummary>,
-    /// Token for the next page; empty on the last page.
+    /// Token for the next page; empty on the last page. With a selector or a
+    /// glob the server examines at most 10000 clients per page, so a page may
+    /// hold fewer than page_size entries, or none, and still have a token.
     #[prost(string, tag = "2")]
     pub next_page_token: ::prost::alloc::string::String,
 }
@@ -2334,6 +2365,10 @@ pub struct ListCommandsRequest {
     /// Opaque token from a previous response; empty for the first page.
     #[prost(string, tag = "4")]
     pub page_token: ::prost::alloc::string::String,
+    /// Only commands of clients whose current labels match this selector;
+    /// empty = no label filter. \<= 1024 bytes, \<= 32 terms.
+    #[prost(string, tag = "5")]
+    pub selector: ::prost::alloc::string::String,
 }
 /// Response of ListCommands.
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -2341,7 +2376,9 @@ pub struct ListCommandsResponse {
     /// Commands ordered by issue_time descending, then issue_uuid descending.
     #[prost(message, repeated, tag = "1")]
     pub commands: ::prost::alloc::vec::Vec<CommandRecord>,
-    /// Token for the next page; empty on the last page.
+    /// Token for the next page; empty on the last page. With a selector the
+    /// server examines at most 10000 commands per page, so a page may hold
+    /// fewer than page_size entries, or none, and still have a token.
     #[prost(string, tag = "2")]
     pub next_page_token: ::prost::alloc::string::String,
 }

@@ -87,6 +87,16 @@ pub fn hello() -> wire::ClientHello {
             default_cwd: "/srv".into(),
             allowed_roots: vec!["/srv".into(), "/tmp".into()],
         }),
+        labels: vec![
+            wire::Label {
+                key: "role".into(),
+                value: "web".into(),
+            },
+            wire::Label {
+                key: "zone".into(),
+                value: "eu-west".into(),
+            },
+        ],
     }
 }
 

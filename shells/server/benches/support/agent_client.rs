@@ -59,6 +59,7 @@ pub fn hello(i: usize) -> wire::ClientHello {
             default_cwd: "/tmp".into(),
             allowed_roots: vec!["/tmp".into()],
         }),
+        labels: vec![],
     }
 }
 

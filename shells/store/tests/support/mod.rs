@@ -263,5 +263,6 @@ pub fn registration(
             ..Default::default()
         },
         cwd_policy: None,
+        labels: String::new(),
     }
 }
