@@ -52,7 +52,11 @@ pub fn check_key(key: &str) -> Result<(), LabelError> {
             key.len()
         )));
     }
-    if !key.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric) {
+    if !key
+        .as_bytes()
+        .first()
+        .is_some_and(u8::is_ascii_alphanumeric)
+    {
         return Err(err(format!(
             "label key {key:?} must start with an ASCII letter or digit"
         )));

@@ -11,6 +11,7 @@
 
 pub mod error;
 pub mod events;
+pub mod fleet;
 pub mod hash;
 pub mod ids;
 pub mod labels;

@@ -38,6 +38,10 @@ pub enum TokenKind {
     IncidentPage = 3,
     /// `GetOutput`.
     Output = 4,
+    /// `ListFleetRuns`.
+    FleetRunPage = 5,
+    /// `ListFleetTargets`.
+    FleetTargetPage = 6,
 }
 
 /// A refused token.

@@ -36,6 +36,7 @@ pub mod audit;
 mod connections;
 mod convert;
 mod dispatch;
+pub mod fleet;
 pub mod ingest;
 pub use ingest::GroupPolicy;
 mod reconcile;
@@ -125,6 +126,11 @@ pub enum ControlCall {
     AppendStdin(wire::AppendStdinRequest),
     /// `CloseStdin` (plan §9.1), idempotent by `request_id`.
     CloseStdin(wire::CloseStdinRequest),
+    /// `RunFleet`, idempotent by `request_id`.
+    RunFleet(wire::RunFleetRequest),
+    /// `SignalFleetRun`, `CancelFleetRun`, `PauseFleetRun` or
+    /// `ResumeFleetRun`, idempotent by `request_id`.
+    FleetAction(rvbox_store_port::fleet::FleetAction),
 }
 
 /// The answer to a [`ControlCall`].
@@ -144,6 +150,8 @@ pub enum ControlAnswer {
     AppendStdin(Result<wire::AppendStdinResponse, PortError>),
     /// `CloseStdin`: the close write assigned, durable.
     CloseStdin(Result<wire::CloseStdinResponse, PortError>),
+    /// A fleet mutation: its answer, durable.
+    Fleet(Result<Box<rvbox_store_port::fleet::FleetAnswer>, PortError>),
 }
 
 /// Something that happened, for the core to handle.
@@ -384,6 +392,10 @@ pub struct EngineStats {
     pub data_lane_full: u64,
     /// Data messages that waited for room on a full data lane.
     pub data_lane_waits: u64,
+    /// Fleet release passes completed.
+    pub fleet_passes: u64,
+    /// Fleet targets released (their commands created).
+    pub fleet_released: u64,
 }
 
 /// What the core waits for, by token.
@@ -397,6 +409,7 @@ enum Pending {
     Signal(signals::Pending),
     Upload(upload::Pending),
     Stdin(stdin::Pending),
+    Fleet(fleet::Pending),
     /// An operator's takeover grant.
     Takeover {
         request: RequestId,
@@ -466,6 +479,8 @@ pub struct ServerCore {
     next_scrub_ms: u64,
     /// A scrub slice is in flight.
     scrub_running: bool,
+    /// The fleet runs as the core sees them (the release pump).
+    fleet: fleet::FleetState,
     now_ms: u64,
     wall_ms: i64,
 }
@@ -502,6 +517,7 @@ impl ServerCore {
             last_scrub_ms: None,
             next_scrub_ms: 0,
             scrub_running: false,
+            fleet: fleet::FleetState::default(),
             now_ms: 0,
             wall_ms: 0,
         }
@@ -583,7 +599,8 @@ impl ServerCore {
         };
         let group = self.group_due_at();
         let scrub = (!self.scrub_running).then(|| self.scrub_due_at());
-        [sessions, expiry, wake, maintenance, group, scrub]
+        let fleet = self.fleet.due_at(self.now_ms);
+        [sessions, expiry, wake, maintenance, group, scrub, fleet]
             .into_iter()
             .flatten()
             .min()
@@ -730,6 +747,7 @@ impl ServerCore {
             self.last_scrub_ms = Some(now);
             self.scrub_running = self.store(StoreOp::Scrub, Pending::Scrub);
         }
+        self.fleet_timeout();
         self.wake_backoffs();
     }
 
@@ -807,6 +825,21 @@ impl ServerCore {
                         request,
                         close: true,
                     }),
+                );
+            }
+            ControlCall::RunFleet(req) => {
+                self.store(
+                    StoreOp::RunFleet {
+                        request: req,
+                        caller,
+                    },
+                    Pending::Fleet(fleet::Pending::Mutation { request }),
+                );
+            }
+            ControlCall::FleetAction(action) => {
+                self.store(
+                    StoreOp::FleetAction { action, caller },
+                    Pending::Fleet(fleet::Pending::Mutation { request }),
                 );
             }
             ControlCall::AcknowledgeStorageIncident(req) => {
@@ -952,6 +985,7 @@ impl ServerCore {
             Pending::Signal(p) => self.signal_done(p, result),
             Pending::Upload(p) => self.upload_done(p, result),
             Pending::Stdin(p) => self.stdin_done(p, result),
+            Pending::Fleet(p) => self.fleet_done(p, result),
             Pending::Scrub => {
                 self.scrub_running = false;
                 match result {

@@ -15,6 +15,7 @@ pub mod audit;
 pub mod commands;
 pub mod entropy;
 pub mod events;
+pub mod fleet;
 pub mod incidents;
 pub mod maintenance;
 pub mod ops;

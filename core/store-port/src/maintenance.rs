@@ -32,6 +32,8 @@ pub struct MaintenanceReport {
     pub audit_flushed: u64,
     /// Idle clients deleted.
     pub clients_pruned: u64,
+    /// Done fleet runs deleted (their commands gone, or past retention).
+    pub fleet_runs_pruned: u64,
 }
 
 /// What one slice of the background scrub did (counters only).

@@ -192,6 +192,29 @@ pub enum StoreOp {
         /// Most bytes.
         len: u64,
     },
+    /// `RunFleet`, idempotent by `request_id`: the run, its targets and the
+    /// first released commands in one transaction. -> [`Completion::Fleet`]
+    RunFleet {
+        /// The request.
+        request: wire::RunFleetRequest,
+        /// Who asked.
+        caller: Caller,
+    },
+    /// A fleet mutation other than `RunFleet`, idempotent by `request_id`.
+    /// -> [`Completion::Fleet`]
+    FleetAction {
+        /// The mutation.
+        action: crate::fleet::FleetAction,
+        /// Who asked.
+        caller: Caller,
+    },
+    /// One release pass over the live fleet runs: releases what their rate
+    /// allows (at most `limit` targets), stops runs at `max_errors`, ends
+    /// done runs. -> [`Completion::Fleet`]
+    FleetPump {
+        /// Most targets released.
+        limit: usize,
+    },
     /// `RunCommand`, idempotent by `request_id`. -> [`Completion::RunCommand`]
     RunCommand {
         /// The request.
@@ -300,6 +323,9 @@ impl StoreOp {
             Self::ScriptInfo { .. } => "script_info",
             Self::ScriptRange { .. } => "script_range",
             Self::RunCommand { .. } => "run_command",
+            Self::RunFleet { .. } => "run_fleet",
+            Self::FleetAction { .. } => "fleet_action",
+            Self::FleetPump { .. } => "fleet_pump",
             Self::RepairIncident { .. } => "repair_incident",
             Self::AuthorizeTakeover { .. } => "authorize_takeover",
             Self::AcknowledgeIncident { .. } => "acknowledge_incident",
@@ -370,6 +396,8 @@ pub enum Completion {
     ScriptBytes(Vec<u8>),
     /// [`StoreOp::RunCommand`].
     RunCommand(wire::RunCommandResponse),
+    /// A fleet operation's outcome.
+    Fleet(Box<crate::fleet::FleetOutcome>),
     /// [`StoreOp::RepairIncident`], [`StoreOp::AcknowledgeIncident`]: the
     /// incident as it now is.
     Incident(Box<wire::StorageIncident>),

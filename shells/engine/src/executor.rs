@@ -382,6 +382,18 @@ impl Executor {
                     None => Ok(Completion::ScriptBytes(Vec::new())),
                 }
             }
+            StoreOp::RunFleet { request, caller } => s
+                .run_fleet_as(&request, &caller, wall_ms)
+                .map(|o| Completion::Fleet(Box::new(o)))
+                .map_err(port),
+            StoreOp::FleetAction { action, caller } => s
+                .fleet_action_as(&action, &caller, rvbox_server_core::signal_plan, wall_ms)
+                .map(|o| Completion::Fleet(Box::new(o)))
+                .map_err(port),
+            StoreOp::FleetPump { limit } => s
+                .fleet_pump(limit, wall_ms)
+                .map(|o| Completion::Fleet(Box::new(o)))
+                .map_err(port),
             StoreOp::RunCommand { request, caller } => s
                 .run_command_as(&request, &caller, wall_ms)
                 .map(Completion::RunCommand)

@@ -198,6 +198,135 @@ fn every_unary_method_answers_the_same_through_grpc_and_json_rpc() {
             String::from_utf8_lossy(&s.rvc(&["stat", "web-1", &issue]).stdout).contains("succeeded")
         });
 
+        // a fleet run and its reads and actions
+        let fleet = wire::RunFleetRequest {
+            request_id: uuid7(),
+            selection: Some(wire::FleetSelection {
+                selector: "role=web".into(),
+                ..Default::default()
+            }),
+            spec: Some(wire::ExecutionSpec {
+                source: Some(wire::execution_spec::Source::CommandText(
+                    "echo fleet".into(),
+                )),
+                ..Default::default()
+            }),
+            max_parallel: Some(wire::FleetLimit {
+                limit: Some(wire::fleet_limit::Limit::Percent(50)),
+            }),
+            ..Default::default()
+        };
+        let (g, _) = parity!(c, port, run_fleet, "runFleet", "RunFleetResponse", fleet);
+        let run_id = g.unwrap().into_inner().fleet_run_id;
+        let get = wire::GetFleetRunRequest {
+            request_id: String::new(),
+            fleet_run_id: run_id.clone(),
+        };
+        let mut done = false;
+        for _ in 0..300 {
+            let r = c.get_fleet_run(get.clone()).await.unwrap().into_inner();
+            if r.run.unwrap().state == wire::FleetRunState::Done as i32 {
+                done = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert!(done, "the fleet run ends");
+        let _ = parity!(c, port, get_fleet_run, "getFleetRun", "GetFleetRunResponse", get.clone());
+        let _ = parity!(
+            c,
+            port,
+            list_fleet_runs,
+            "listFleetRuns",
+            "ListFleetRunsResponse",
+            wire::ListFleetRunsRequest::default()
+        );
+        let (g, _) = parity!(
+            c,
+            port,
+            list_fleet_targets,
+            "listFleetTargets",
+            "ListFleetTargetsResponse",
+            wire::ListFleetTargetsRequest {
+                fleet_run_id: run_id.clone(),
+                state: wire::FleetTargetState::Succeeded as i32,
+                ..Default::default()
+            }
+        );
+        assert_eq!(g.unwrap().into_inner().targets.len(), 1);
+        let _ = parity!(
+            c,
+            port,
+            signal_fleet_run,
+            "signalFleetRun",
+            "SignalFleetRunResponse",
+            wire::SignalFleetRunRequest {
+                request_id: uuid7(),
+                fleet_run_id: run_id.clone(),
+                signal: wire::SignalKind::Hup as i32,
+            }
+        );
+        let _ = parity!(
+            c,
+            port,
+            pause_fleet_run,
+            "pauseFleetRun",
+            "PauseFleetRunResponse",
+            wire::PauseFleetRunRequest {
+                request_id: uuid7(),
+                fleet_run_id: run_id.clone(),
+            }
+        );
+        let _ = parity!(
+            c,
+            port,
+            resume_fleet_run,
+            "resumeFleetRun",
+            "ResumeFleetRunResponse",
+            wire::ResumeFleetRunRequest {
+                request_id: uuid7(),
+                fleet_run_id: run_id.clone(),
+            }
+        );
+        let _ = parity!(
+            c,
+            port,
+            cancel_fleet_run,
+            "cancelFleetRun",
+            "CancelFleetRunResponse",
+            wire::CancelFleetRunRequest {
+                request_id: uuid7(),
+                fleet_run_id: run_id.clone(),
+            }
+        );
+        // fleet errors
+        let _ = parity!(
+            c,
+            port,
+            get_fleet_run,
+            "getFleetRun",
+            "GetFleetRunResponse",
+            wire::GetFleetRunRequest {
+                request_id: String::new(),
+                fleet_run_id: uuid7(),
+            }
+        );
+        let _ = parity!(
+            c,
+            port,
+            run_fleet,
+            "runFleet",
+            "RunFleetResponse",
+            wire::RunFleetRequest {
+                request_id: uuid7(),
+                selection: Some(wire::FleetSelection {
+                    selector: "role=a b".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        );
+
         // reads
         let _ = parity!(
             c,

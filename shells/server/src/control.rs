@@ -27,6 +27,7 @@ use rvbox_server_core::{Caller, ControlAnswer, ControlCall};
 use rvbox_store::mutations::OpError;
 use rvbox_store::output::HistoryItem;
 use rvbox_store::reader::{ReadHandle, StoreReader};
+use rvbox_store_port::fleet::{FleetAction, FleetAnswer};
 use rvbox_store_port::ops::PortError;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
@@ -97,7 +98,7 @@ impl Readers {
     }
 
     /// Runs one read on a pooled connection, off the async threads.
-    async fn read<T: Send + 'static>(
+    pub(crate) async fn read<T: Send + 'static>(
         self: &Arc<Self>,
         f: impl FnOnce(&StoreReader) -> Result<T, OpError> + Send + 'static,
     ) -> Result<T, Status> {
@@ -200,6 +201,8 @@ fn not_served(method: &str) -> Status {
 
 type FollowStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<wire::FollowCommandResponse, Status>> + Send>>;
+type FleetFollowStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<wire::FollowFleetRunResponse, Status>> + Send>>;
 type PtyStream = Pin<
     Box<dyn tokio_stream::Stream<Item = Result<wire::AttachPtySessionResponse, Status>> + Send>,
 >;
@@ -408,6 +411,144 @@ impl Control for ControlService {
         {
             ControlAnswer::AcknowledgeStorageIncident(Ok(r)) => Ok(Response::new(r)),
             ControlAnswer::AcknowledgeStorageIncident(Err(e)) => Err(port_status(&e)),
+            _ => Err(unavailable("mismatched answer")),
+        }
+    }
+
+    async fn run_fleet(
+        &self,
+        request: Request<wire::RunFleetRequest>,
+    ) -> Result<Response<wire::RunFleetResponse>, Status> {
+        let who = caller(&request);
+        match self
+            .call(who, ControlCall::RunFleet(request.into_inner()))
+            .await?
+        {
+            ControlAnswer::Fleet(Ok(a)) => match *a {
+                FleetAnswer::Run(r) => Ok(Response::new(r)),
+                _ => Err(unavailable("mismatched answer")),
+            },
+            ControlAnswer::Fleet(Err(e)) => Err(port_status(&e)),
+            _ => Err(unavailable("mismatched answer")),
+        }
+    }
+
+    async fn get_fleet_run(
+        &self,
+        request: Request<wire::GetFleetRunRequest>,
+    ) -> Result<Response<wire::GetFleetRunResponse>, Status> {
+        let req = request.into_inner();
+        let out = self.readers.read(move |r| r.get_fleet_run(&req)).await?;
+        Ok(Response::new(out))
+    }
+
+    async fn list_fleet_runs(
+        &self,
+        request: Request<wire::ListFleetRunsRequest>,
+    ) -> Result<Response<wire::ListFleetRunsResponse>, Status> {
+        let req = request.into_inner();
+        let out = self.readers.read(move |r| r.list_fleet_runs(&req)).await?;
+        Ok(Response::new(out))
+    }
+
+    async fn list_fleet_targets(
+        &self,
+        request: Request<wire::ListFleetTargetsRequest>,
+    ) -> Result<Response<wire::ListFleetTargetsResponse>, Status> {
+        let req = request.into_inner();
+        let out = self
+            .readers
+            .read(move |r| r.list_fleet_targets(&req))
+            .await?;
+        Ok(Response::new(out))
+    }
+
+    type FollowFleetRunStream = FleetFollowStream;
+
+    async fn follow_fleet_run(
+        &self,
+        request: Request<wire::FollowFleetRunRequest>,
+    ) -> Result<Response<Self::FollowFleetRunStream>, Status> {
+        let req = request.into_inner();
+        // an unknown run is an error of the call, not of the stream
+        let run = req.fleet_run_id.clone();
+        let (first, _) = self
+            .readers
+            .read(move |r| r.fleet_changes(&run, u64::MAX, 0))
+            .await?;
+        let (tx, rx) = mpsc::channel(FOLLOW_BUFFER);
+        let follower = crate::fleet_follow::FleetFollower {
+            readers: Arc::clone(&self.readers),
+            changes: self.changes.clone(),
+            stop: self.stop.clone(),
+            run: req.fleet_run_id,
+            cursor: req.after_change_seq,
+            tx,
+        };
+        tokio::spawn(follower.run(first));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn signal_fleet_run(
+        &self,
+        request: Request<wire::SignalFleetRunRequest>,
+    ) -> Result<Response<wire::SignalFleetRunResponse>, Status> {
+        let who = caller(&request);
+        let action = FleetAction::Signal(request.into_inner());
+        match self.call(who, ControlCall::FleetAction(action)).await? {
+            ControlAnswer::Fleet(Ok(a)) => match *a {
+                FleetAnswer::Signal(r) => Ok(Response::new(r)),
+                _ => Err(unavailable("mismatched answer")),
+            },
+            ControlAnswer::Fleet(Err(e)) => Err(port_status(&e)),
+            _ => Err(unavailable("mismatched answer")),
+        }
+    }
+
+    async fn cancel_fleet_run(
+        &self,
+        request: Request<wire::CancelFleetRunRequest>,
+    ) -> Result<Response<wire::CancelFleetRunResponse>, Status> {
+        let who = caller(&request);
+        let action = FleetAction::Cancel(request.into_inner());
+        match self.call(who, ControlCall::FleetAction(action)).await? {
+            ControlAnswer::Fleet(Ok(a)) => match *a {
+                FleetAnswer::Cancel(r) => Ok(Response::new(r)),
+                _ => Err(unavailable("mismatched answer")),
+            },
+            ControlAnswer::Fleet(Err(e)) => Err(port_status(&e)),
+            _ => Err(unavailable("mismatched answer")),
+        }
+    }
+
+    async fn pause_fleet_run(
+        &self,
+        request: Request<wire::PauseFleetRunRequest>,
+    ) -> Result<Response<wire::PauseFleetRunResponse>, Status> {
+        let who = caller(&request);
+        let action = FleetAction::Pause(request.into_inner());
+        match self.call(who, ControlCall::FleetAction(action)).await? {
+            ControlAnswer::Fleet(Ok(a)) => match *a {
+                FleetAnswer::Pause(r) => Ok(Response::new(r)),
+                _ => Err(unavailable("mismatched answer")),
+            },
+            ControlAnswer::Fleet(Err(e)) => Err(port_status(&e)),
+            _ => Err(unavailable("mismatched answer")),
+        }
+    }
+
+    async fn resume_fleet_run(
+        &self,
+        request: Request<wire::ResumeFleetRunRequest>,
+    ) -> Result<Response<wire::ResumeFleetRunResponse>, Status> {
+        let who = caller(&request);
+        let action = FleetAction::Resume(request.into_inner());
+        match self.call(who, ControlCall::FleetAction(action)).await? {
+            ControlAnswer::Fleet(Ok(a)) => match *a {
+                FleetAnswer::Resume(r) => Ok(Response::new(r)),
+                _ => Err(unavailable("mismatched answer")),
+            },
+            ControlAnswer::Fleet(Err(e)) => Err(port_status(&e)),
             _ => Err(unavailable("mismatched answer")),
         }
     }

@@ -82,7 +82,7 @@ impl JsonRpcMetrics {
 
 /// The methods, lower camel case, and whether each is a mutation (which
 /// gets a server-made `requestId` when the caller sends none).
-const METHODS: [(&str, bool); 13] = [
+const METHODS: [(&str, bool); 21] = [
     ("listClients", false),
     ("getClient", false),
     ("listCommands", false),
@@ -96,6 +96,14 @@ const METHODS: [(&str, bool); 13] = [
     ("listStorageIncidents", false),
     ("repairStorageIncident", true),
     ("acknowledgeStorageIncident", true),
+    ("runFleet", true),
+    ("getFleetRun", false),
+    ("listFleetRuns", false),
+    ("listFleetTargets", false),
+    ("signalFleetRun", true),
+    ("cancelFleetRun", true),
+    ("pauseFleetRun", true),
+    ("resumeFleetRun", true),
 ];
 
 /// A JSON-RPC error object.
@@ -586,6 +594,78 @@ async fn call(
             acknowledge_storage_incident,
             AcknowledgeStorageIncidentRequest,
             AcknowledgeStorageIncidentResponse
+        ),
+        "runFleet" => unary!(
+            service,
+            params,
+            caller,
+            max,
+            run_fleet,
+            RunFleetRequest,
+            RunFleetResponse
+        ),
+        "getFleetRun" => unary!(
+            service,
+            params,
+            caller,
+            max,
+            get_fleet_run,
+            GetFleetRunRequest,
+            GetFleetRunResponse
+        ),
+        "listFleetRuns" => unary!(
+            service,
+            params,
+            caller,
+            max,
+            list_fleet_runs,
+            ListFleetRunsRequest,
+            ListFleetRunsResponse
+        ),
+        "listFleetTargets" => unary!(
+            service,
+            params,
+            caller,
+            max,
+            list_fleet_targets,
+            ListFleetTargetsRequest,
+            ListFleetTargetsResponse
+        ),
+        "signalFleetRun" => unary!(
+            service,
+            params,
+            caller,
+            max,
+            signal_fleet_run,
+            SignalFleetRunRequest,
+            SignalFleetRunResponse
+        ),
+        "cancelFleetRun" => unary!(
+            service,
+            params,
+            caller,
+            max,
+            cancel_fleet_run,
+            CancelFleetRunRequest,
+            CancelFleetRunResponse
+        ),
+        "pauseFleetRun" => unary!(
+            service,
+            params,
+            caller,
+            max,
+            pause_fleet_run,
+            PauseFleetRunRequest,
+            PauseFleetRunResponse
+        ),
+        "resumeFleetRun" => unary!(
+            service,
+            params,
+            caller,
+            max,
+            resume_fleet_run,
+            ResumeFleetRunRequest,
+            ResumeFleetRunResponse
         ),
         other => Err(RpcError::new(
             METHOD_NOT_FOUND,

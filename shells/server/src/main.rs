@@ -9,6 +9,7 @@ mod agent;
 mod control;
 mod core_loop;
 mod daemon;
+mod fleet_follow;
 mod jsonrpc;
 mod metrics;
 mod repair;

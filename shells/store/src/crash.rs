@@ -56,6 +56,15 @@ pub mod points {
     pub const RUN_COMMAND_AFTER_COMMIT: &str = "store.run_command.after_commit";
     /// A server-side lifecycle transition committed.
     pub const TRANSITION_AFTER_COMMIT: &str = "store.transition.after_commit";
+    /// A `RunFleet` committed (run, targets, first releases); no answer
+    /// yet, and the released clients not yet looked at for dispatch.
+    pub const RUN_FLEET_AFTER_COMMIT: &str = "store.run_fleet.after_commit";
+    /// A fleet release pass committed; its released clients not yet looked
+    /// at for dispatch.
+    pub const FLEET_PASS_AFTER_COMMIT: &str = "store.fleet_pass.after_commit";
+    /// A fleet action (signal, cancel, pause, resume) committed; no answer
+    /// and no `Signal` frame yet.
+    pub const FLEET_ACTION_AFTER_COMMIT: &str = "store.fleet_action.after_commit";
     /// Every point after a metadata commit, each at its own site: the
     /// simulator crashes at each to show that no decision depends on a
     /// second transaction that might never run, and that the frame or

@@ -46,6 +46,10 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 8,
         sql: include_str!("migrations/0008_client_labels.sql"),
     },
+    Migration {
+        version: 9,
+        sql: include_str!("migrations/0009_fleet_runs.sql"),
+    },
 ];
 
 /// Applies every missing server-store migration and validates the
@@ -67,7 +71,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.sqlite3");
         let mut c = open(&path, DbOptions::default()).unwrap();
-        assert_eq!(migrate(&mut c, 1).unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(migrate(&mut c, 1).unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
         assert_eq!(migrate(&mut c, 2).unwrap(), Vec::<i64>::new());
         quick_check(&c).unwrap();
         // a tampered record refuses to open
@@ -90,7 +94,7 @@ mod tests {
             migrate(&mut c, 3),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 8
+                known: 9
             })
         ));
     }

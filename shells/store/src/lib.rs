@@ -29,6 +29,7 @@ pub mod blobs;
 pub mod checkpoint;
 pub mod commands;
 pub mod events;
+pub mod fleet;
 pub mod group;
 pub mod health;
 pub mod journal;

@@ -227,6 +227,11 @@ impl Store {
             Ok(n) => report.clients_pruned = n,
             Err(e) => tracing::warn!(error = %e, "idle clients not pruned"),
         }
+        // done fleet runs go with their commands, or after the retention
+        match crate::fleet::prune_done_runs(&self.conn, now_ms, self.opts.terminal_retention_ms) {
+            Ok(n) => report.fleet_runs_pruned = n,
+            Err(e) => tracing::warn!(error = %e, "done fleet runs not pruned"),
+        }
         // the audit outbox goes to its segments; what cannot move now stays
         // durable for the next pass
         match self.flush_audit(now_ms) {

@@ -11,6 +11,13 @@ use prometheus_client::registry::Registry;
 
 /// A stable RVBox error code name (`QUOTA_EXCEEDED`, ...).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabel {
+    /// Event name.
+    pub event: &'static str,
+}
+
+/// Label of an error code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabel {
     /// Error code name.
     pub code: &'static str,
@@ -133,6 +140,10 @@ pub struct StoreMetrics {
     pub sessions_pruned: Counter,
     /// Idle clients deleted by maintenance.
     pub clients_pruned: Counter,
+    /// Fleet run events by kind.
+    pub fleet_runs: Family<EventLabel, Counter>,
+    /// Fleet targets released (commands created for them).
+    pub fleet_targets_released: Counter,
 }
 
 impl Default for StoreMetrics {
@@ -170,11 +181,24 @@ impl Default for StoreMetrics {
             audit_dropped: Counter::default(),
             sessions_pruned: Counter::default(),
             clients_pruned: Counter::default(),
+            fleet_runs: Family::default(),
+            fleet_targets_released: Counter::default(),
         }
     }
 }
 
 impl StoreMetrics {
+    /// Counts a fleet run event (`created`, `refused`, `signalled`,
+    /// `cancelled`, `paused`, `resumed`).
+    pub fn fleet_event(&self, event: &'static str) {
+        self.fleet_runs.get_or_create(&EventLabel { event }).inc();
+    }
+
+    /// Counts fleet targets released (their commands created).
+    pub fn fleet_released(&self, n: usize) {
+        self.fleet_targets_released.inc_by(n as u64);
+    }
+
     /// Counts a server-side command transition.
     pub fn command_transition(&self, to: &'static str) {
         self.command_transitions
@@ -364,6 +388,16 @@ impl StoreMetrics {
             "clients_pruned",
             "Idle clients (no command, no live session) deleted by maintenance",
             self.clients_pruned.clone(),
+        );
+        r.register(
+            "fleet_runs",
+            "Fleet run events: created, refused, signalled, cancelled, paused, resumed",
+            self.fleet_runs.clone(),
+        );
+        r.register(
+            "fleet_targets_released",
+            "Fleet targets released (their commands created)",
+            self.fleet_targets_released.clone(),
         );
     }
 

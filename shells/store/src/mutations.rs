@@ -27,6 +27,8 @@ pub enum Owner<'a> {
     Incident(&'a [u8; 16]),
     /// A client (takeover grants).
     Client(&'a str),
+    /// A fleet run (`RunFleet` and the run's other mutations).
+    FleetRun(&'a [u8; 16]),
 }
 
 /// A control operation's failure: either a refusal that is part of the
@@ -81,11 +83,20 @@ impl OpError {
 /// A stored outcome: the encoded response, or the refusal's detail.
 pub type Stored = Result<Vec<u8>, wire::ErrorDetail>;
 
-fn owner_columns<'a>(owner: Owner<'a>) -> (Option<&'a [u8]>, Option<&'a [u8]>, Option<&'a str>) {
+/// The owner columns: command, incident, client, fleet run.
+type OwnerColumns<'a> = (
+    Option<&'a [u8]>,
+    Option<&'a [u8]>,
+    Option<&'a str>,
+    Option<&'a [u8]>,
+);
+
+fn owner_columns<'a>(owner: Owner<'a>) -> OwnerColumns<'a> {
     match owner {
-        Owner::Command(u) => (Some(u.as_slice()), None, None),
-        Owner::Incident(i) => (None, Some(i.as_slice()), None),
-        Owner::Client(c) => (None, None, Some(c)),
+        Owner::Command(u) => (Some(u.as_slice()), None, None, None),
+        Owner::Incident(i) => (None, Some(i.as_slice()), None, None),
+        Owner::Client(c) => (None, None, Some(c), None),
+        Owner::FleetRun(r) => (None, None, None, Some(r.as_slice())),
     }
 }
 
@@ -110,25 +121,39 @@ pub fn lookup(
         Option<String>,
         Vec<u8>,
         bool,
+        Option<Vec<u8>>,
     );
     let row: Option<Row> = tx
         .query_row_cached(
-            "SELECT method, request_hash, command_uuid, incident_id, client_id, result, result_is_error
+            "SELECT method, request_hash, command_uuid, incident_id, client_id, result, result_is_error,
+                    fleet_run_id
              FROM control_mutations WHERE request_id = ?1",
             params![request_id.as_bytes().as_slice()],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                    r.get(7)?,
+                ))
+            },
         )
         .optional()
         .map_err(|e| StoreError::sqlite("look up request_id", e))?;
-    let Some((m, h, cmd, inc, client, result, is_error)) = row else {
+    let Some((m, h, cmd, inc, client, result, is_error, run)) = row else {
         return Ok(None);
     };
-    let (want_cmd, want_inc, want_client) = owner_columns(owner);
+    let (want_cmd, want_inc, want_client, want_run) = owner_columns(owner);
     let same = m == method
         && h.as_slice() == hash.as_bytes().as_slice()
         && cmd.as_deref() == want_cmd
         && inc.as_deref() == want_inc
-        && client.as_deref() == want_client;
+        && client.as_deref() == want_client
+        && run.as_deref() == want_run;
     if !same {
         return Err(OpError::Refused(
             DomainError::new(
@@ -171,7 +196,7 @@ pub fn record(
     assigned: Assigned,
     now_ms: i64,
 ) -> Result<(), StoreError> {
-    let (cmd, inc, client) = owner_columns(owner);
+    let (cmd, inc, client, run) = owner_columns(owner);
     let (bytes, is_error) = match outcome {
         Ok(b) => (b.clone(), false),
         Err(detail) => (detail.encode_to_vec(), true),
@@ -179,8 +204,8 @@ pub fn record(
     let as_i64 = |v: Option<u64>| v.and_then(|n| i64::try_from(n).ok());
     tx.execute_cached(
         "INSERT INTO control_mutations (request_id, method, request_hash, command_uuid, incident_id,
-             client_id, write_seq, revision, result, result_is_error, created_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+             client_id, write_seq, revision, result, result_is_error, created_ms, fleet_run_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         params![
             request_id.as_bytes().as_slice(),
             method,
@@ -192,7 +217,8 @@ pub fn record(
             as_i64(assigned.revision),
             bytes,
             is_error,
-            now_ms
+            now_ms,
+            run
         ],
     )
     .map_err(|e| StoreError::sqlite("record mutation", e))?;

@@ -30,7 +30,17 @@ pub fn rebuild_counters(tx: &Transaction<'_>) -> Result<(), StoreError> {
              tombstones = (SELECT COUNT(*) FROM command_tombstones) WHERE id = 1;
          DELETE FROM queued_by_client;
          INSERT INTO queued_by_client (client_id, queued)
-             SELECT client_id, COUNT(*) FROM commands WHERE lifecycle IN (1, 2) GROUP BY client_id;",
+             SELECT client_id, COUNT(*) FROM commands WHERE lifecycle IN (1, 2) GROUP BY client_id;
+         UPDATE fleet_runs SET
+             targets = (SELECT COUNT(*) FROM fleet_targets t WHERE t.run_id = fleet_runs.run_id),
+             n_pending = (SELECT COUNT(*) FROM fleet_targets t WHERE t.run_id = fleet_runs.run_id AND t.state = 1),
+             n_queued = (SELECT COUNT(*) FROM fleet_targets t WHERE t.run_id = fleet_runs.run_id AND t.state = 2),
+             n_running = (SELECT COUNT(*) FROM fleet_targets t WHERE t.run_id = fleet_runs.run_id AND t.state = 3),
+             n_succeeded = (SELECT COUNT(*) FROM fleet_targets t WHERE t.run_id = fleet_runs.run_id AND t.state = 4),
+             n_failed = (SELECT COUNT(*) FROM fleet_targets t WHERE t.run_id = fleet_runs.run_id AND t.state = 5),
+             n_unreachable = (SELECT COUNT(*) FROM fleet_targets t WHERE t.run_id = fleet_runs.run_id AND t.state = 6),
+             n_cancelled = (SELECT COUNT(*) FROM fleet_targets t WHERE t.run_id = fleet_runs.run_id AND t.state = 7),
+             n_skipped = (SELECT COUNT(*) FROM fleet_targets t WHERE t.run_id = fleet_runs.run_id AND t.state = 8);",
     )
     .map_err(|e| StoreError::sqlite("rebuild counters", e))
 }

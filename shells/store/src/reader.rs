@@ -256,6 +256,53 @@ impl StoreReader {
         self.snapshot(|c| crate::records::get_client(c, &self.health, client_id, now_ms))
     }
 
+    /// `GetFleetRun`.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT`, `NOT_FOUND`, or a store failure.
+    pub fn get_fleet_run(
+        &self,
+        req: &wire::GetFleetRunRequest,
+    ) -> Result<wire::GetFleetRunResponse, OpError> {
+        self.snapshot(|c| crate::fleet::get_fleet_run(c, req))
+    }
+
+    /// `ListFleetRuns`: one page, newest first.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT`, or a store failure.
+    pub fn list_fleet_runs(
+        &self,
+        req: &wire::ListFleetRunsRequest,
+    ) -> Result<wire::ListFleetRunsResponse, OpError> {
+        self.snapshot(|c| crate::fleet::list_fleet_runs(c, self.token_key, req))
+    }
+
+    /// `ListFleetTargets`: one page by client id.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT`, `NOT_FOUND`, or a store failure.
+    pub fn list_fleet_targets(
+        &self,
+        req: &wire::ListFleetTargetsRequest,
+    ) -> Result<wire::ListFleetTargetsResponse, OpError> {
+        self.snapshot(|c| crate::fleet::list_fleet_targets(c, self.token_key, req))
+    }
+
+    /// A fleet run's record and its targets changed after `after_seq`, in
+    /// change order, at most `limit`, from one snapshot.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT`, `NOT_FOUND`, or a store failure.
+    pub fn fleet_changes(
+        &self,
+        run: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<(wire::FleetRunRecord, Vec<wire::FleetTarget>), OpError> {
+        self.snapshot(|c| crate::fleet::fleet_changes(c, run, after_seq, limit))
+    }
+
     /// The store's scoped health (shared with the writer).
     #[must_use]
     pub fn health(&self) -> &Health {

@@ -237,6 +237,8 @@ impl Store {
         )
         .map_err(|e| StoreError::sqlite("install session", e))?;
         let pruned = crate::registry::prune_sessions(&tx, &reg.client_id)?;
+        // a fleet run waiting for late clients takes this one if it matches
+        crate::fleet::add_late_targets_in(&tx, &reg.client_id, &reg.labels, now_ms)?;
         // plan §5.2: the session's audit records commit with it
         let mut fenced_intent = reg.fence.map(|_| {
             AuditIntent::session(AuditRecord::session(

@@ -40,7 +40,7 @@ fn uuid_text(b: &[u8; 16]) -> String {
 
 /// Raises the revision from `view.revision` by one and, for a delivered
 /// signal, keeps it pending; inside the caller's transaction.
-fn raise_revision(
+pub(crate) fn raise_revision(
     tx: &Transaction<'_>,
     view: &CommandView,
     signal: Option<wire::SignalKind>,

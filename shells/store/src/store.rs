@@ -438,9 +438,6 @@ impl Store {
             .with_field("request_id")
             .into());
         }
-        check_queue_limits(&tx, valid.client_id.as_str(), &opts)?;
-        crate::registry::ensure_client(&tx, valid.client_id.as_str(), opts.registry_limit())?;
-
         let spec_raw = valid.spec.encode_to_vec();
         let spec_zstd = zstd::bulk::compress(&spec_raw, 3)
             .map_err(|e| StoreError::io("compress execution spec", "", e))?;
@@ -464,61 +461,18 @@ impl Store {
                 (None, Some(blob))
             }
         };
-        let script_stored = script
-            .as_ref()
-            .map(|z| z.len() as u64)
-            .or_else(|| blob.as_ref().map(|b| b.stored_total));
-        let usage = Usage {
-            command: 0,
-            held_closeout: 0,
-            owner: client_charged(&tx, valid.client_id.as_str())?,
-            global: global_charged(&tx)?,
-            free_space: free,
+        let row = CommandRow {
+            issue: &issue,
+            client_id: valid.client_id.as_str(),
+            spec: &valid.spec,
+            spec_zstd: &spec_zstd,
+            spec_raw_len: spec_raw.len(),
+            request_hash: &hash,
+            script_inline: script.as_deref(),
+            script_stored: blob.as_ref().map(|b| b.stored_total),
+            queue_ttl_ms: valid.queue_ttl_ms.unwrap_or(opts.queue_ttl_ms),
         };
-        let r = reserve_creation(&opts.tiers, usage, &spec_zstd, script_stored)?;
-        let ttl_ms = valid.queue_ttl_ms.unwrap_or(opts.queue_ttl_ms);
-        let expiry_ms = if ttl_ms == 0 {
-            None
-        } else {
-            Some(now_ms.saturating_add(i64::try_from(ttl_ms).unwrap_or(i64::MAX)))
-        };
-        tx.execute_cached(
-            "INSERT INTO commands (issue_uuid, client_id, issue_time_ms, queue_expiry_ms, lifecycle,
-                 revision, request_hash, spec_zstd, spec_raw_len, charged_bytes, closeout_held,
-                 charge_version)
-             VALUES (?1, ?2, ?3, ?4, 1, 1, ?5, ?6, ?7, ?8, ?9, ?10)",
-            params![
-                issue.as_slice(),
-                valid.client_id.as_str(),
-                now_ms,
-                expiry_ms,
-                hash.as_bytes().as_slice(),
-                spec_zstd,
-                spec_raw.len() as i64,
-                to_i64(r.command_after),
-                to_i64(r.held_closeout_after),
-                CHARGE_VERSION
-            ],
-        )
-        .map_err(|e| StoreError::sqlite("insert command", e))?;
-        if let (Some(z), Some(wire::execution_spec::Source::Script(d))) =
-            (&script, &valid.spec.source)
-        {
-            tx.execute_cached(
-                "INSERT INTO command_payloads (issue_uuid, kind, ordinal, compression, raw_len,
-                     stored_len, sha256, inline_bytes)
-                 VALUES (?1, ?2, 0, 1, ?3, ?4, ?5, ?6)",
-                params![
-                    issue.as_slice(),
-                    rvbox_segment::Kind::Script.as_u8(),
-                    to_i64(d.size_bytes),
-                    z.len() as i64,
-                    d.sha256.as_slice(),
-                    z
-                ],
-            )
-            .map_err(|e| StoreError::sqlite("store script", e))?;
-        }
+        let (r, expiry_ms) = insert_command_in(&tx, &opts, free, &row, now_ms)?;
         if let Some(b) = &blob {
             let verified = crate::blobs::write_blob(self.fs.as_ref(), &self.layout, &issue, b)?;
             self.hook.at(crate::crash::points::BLOB_AFTER_SYNC);
@@ -557,6 +511,103 @@ impl Store {
         );
         Ok(response)
     }
+}
+
+/// A new command's row as [`insert_command_in`] writes it.
+pub(crate) struct CommandRow<'a> {
+    /// The command id.
+    pub(crate) issue: &'a [u8; 16],
+    /// Its client.
+    pub(crate) client_id: &'a str,
+    /// The validated, normalized spec.
+    pub(crate) spec: &'a wire::ExecutionSpec,
+    /// The spec, encoded and compressed.
+    pub(crate) spec_zstd: &'a [u8],
+    /// Length of the encoded spec.
+    pub(crate) spec_raw_len: usize,
+    /// The command's request hash (client id and spec).
+    pub(crate) request_hash: &'a rvbox_domain::hash::RequestHash,
+    /// A compressed script kept inline in its payload row.
+    pub(crate) script_inline: Option<&'a [u8]>,
+    /// The stored size of a script the caller writes to a blob segment.
+    pub(crate) script_stored: Option<u64>,
+    /// Queue TTL (0: indefinite).
+    pub(crate) queue_ttl_ms: u64,
+}
+
+/// Creates a queued command inside the caller's transaction: the queue
+/// limits, the client's registry row, the reservation of every quota tier
+/// (row, closeout headroom, mutation row, spec, script), the row and an
+/// inline script. Returns the reservation (the caller applies its owner
+/// and global totals once any blob is recorded) and the queue expiry.
+///
+/// # Errors
+/// [`OpError::Refused`] for full queues or quota refusals, or a store
+/// failure.
+pub(crate) fn insert_command_in(
+    tx: &Transaction<'_>,
+    opts: &StoreOptions,
+    free: u64,
+    row: &CommandRow<'_>,
+    now_ms: i64,
+) -> Result<(rvbox_retention::Reservation, Option<i64>), OpError> {
+    check_queue_limits(tx, row.client_id, opts)?;
+    crate::registry::ensure_client(tx, row.client_id, opts.registry_limit())?;
+    let script_stored = row
+        .script_inline
+        .map(|z| z.len() as u64)
+        .or(row.script_stored);
+    let usage = Usage {
+        command: 0,
+        held_closeout: 0,
+        owner: client_charged(tx, row.client_id)?,
+        global: global_charged(tx)?,
+        free_space: free,
+    };
+    let r = reserve_creation(&opts.tiers, usage, row.spec_zstd, script_stored)?;
+    let expiry_ms = if row.queue_ttl_ms == 0 {
+        None
+    } else {
+        Some(now_ms.saturating_add(i64::try_from(row.queue_ttl_ms).unwrap_or(i64::MAX)))
+    };
+    tx.execute_cached(
+        "INSERT INTO commands (issue_uuid, client_id, issue_time_ms, queue_expiry_ms, lifecycle,
+             revision, request_hash, spec_zstd, spec_raw_len, charged_bytes, closeout_held,
+             charge_version)
+         VALUES (?1, ?2, ?3, ?4, 1, 1, ?5, ?6, ?7, ?8, ?9, ?10)",
+        params![
+            row.issue.as_slice(),
+            row.client_id,
+            now_ms,
+            expiry_ms,
+            row.request_hash.as_bytes().as_slice(),
+            row.spec_zstd,
+            row.spec_raw_len as i64,
+            to_i64(r.command_after),
+            to_i64(r.held_closeout_after),
+            CHARGE_VERSION
+        ],
+    )
+    .map_err(|e| StoreError::sqlite("insert command", e))?;
+    if let (Some(z), Some(wire::execution_spec::Source::Script(d))) =
+        (row.script_inline, &row.spec.source)
+    {
+        tx.execute_cached(
+            "INSERT INTO command_payloads (issue_uuid, kind, ordinal, compression, raw_len,
+                 stored_len, sha256, inline_bytes)
+             VALUES (?1, ?2, 0, 1, ?3, ?4, ?5, ?6)",
+            params![
+                row.issue.as_slice(),
+                rvbox_segment::Kind::Script.as_u8(),
+                to_i64(d.size_bytes),
+                z.len() as i64,
+                d.sha256.as_slice(),
+                z
+            ],
+        )
+        .map_err(|e| StoreError::sqlite("store script", e))?;
+    }
+    Ok((r, expiry_ms))
 }
 
 fn decode_stored(stored: Stored) -> Result<wire::RunCommandResponse, OpError> {
@@ -646,7 +697,7 @@ fn reserve_creation(
     Ok(r)
 }
 
-fn tombstoned(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError> {
+pub(crate) fn tombstoned(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError> {
     tx.query_row_cached(
         "SELECT EXISTS (SELECT 1 FROM command_tombstones WHERE issue_uuid = ?1)",
         params![issue.as_slice()],
@@ -655,7 +706,7 @@ fn tombstoned(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError
     .map_err(|e| StoreError::sqlite("check tombstone", e))
 }
 
-fn command_exists(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError> {
+pub(crate) fn command_exists(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<bool, StoreError> {
     tx.query_row_cached(
         "SELECT EXISTS (SELECT 1 FROM commands WHERE issue_uuid = ?1)",
         params![issue.as_slice()],
@@ -757,6 +808,7 @@ pub(crate) fn operation_counts_on(conn: &Connection) -> Result<OperationCounts, 
             queued: (to_u64(queued), to_u64(queued_now)),
             tombstones: (to_u64(tombstones), to_u64(tombstones_now)),
             queued_clients,
+            fleet_runs: crate::fleet::fleet_count_mismatches(conn)?,
         })
     }
 }
@@ -858,6 +910,13 @@ pub struct OperationCounts {
     pub tombstones: (u64, u64),
     /// Clients whose queued counter differs: (client, counter, recount).
     pub queued_clients: Vec<(String, u64, u64)>,
+    /// Fleet runs whose target counters differ from a recount of their
+    /// targets: (run, counters, recount).
+    pub fleet_runs: Vec<(
+        String,
+        rvbox_domain::fleet::Counts,
+        rvbox_domain::fleet::Counts,
+    )>,
 }
 
 impl OperationCounts {
@@ -867,6 +926,7 @@ impl OperationCounts {
         self.queued.0 == self.queued.1
             && self.tombstones.0 == self.tombstones.1
             && self.queued_clients.is_empty()
+            && self.fleet_runs.is_empty()
     }
 }
 

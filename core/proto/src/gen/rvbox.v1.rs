@@ -3149,6 +3149,387 @@ pub struct ListPtySessionsResponse {
     #[prost(string, tag = "2")]
     pub next_page_token: ::prost::alloc::string::String,
 }
+/// Which clients a fleet run targets. Every criterion given must hold; at
+/// least one is given, or `all`.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct FleetSelection {
+    /// Explicit client ids (each 1..=128 ASCII bytes, distinct); unknown ids
+    /// are targets too. Empty = no list.
+    #[prost(string, repeated, tag = "1")]
+    pub client_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Glob over client ids (`web-*`; `*` and `?`); empty = any. \<= 1024
+    /// bytes.
+    #[prost(string, tag = "2")]
+    pub client_glob: ::prost::alloc::string::String,
+    /// Label selector (`role=web,zone=eu-*`); empty = any. \<= 1024 bytes,
+    /// \<= 32 terms.
+    #[prost(string, tag = "3")]
+    pub selector: ::prost::alloc::string::String,
+    /// Every known client; only with no other criterion.
+    #[prost(bool, tag = "4")]
+    pub all: bool,
+}
+/// A rate limit: a count, or a percentage of the run's targets (rounded up,
+/// at least 1).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct FleetLimit {
+    /// Exactly one member is set.
+    #[prost(oneof = "fleet_limit::Limit", tags = "1, 2")]
+    pub limit: ::core::option::Option<fleet_limit::Limit>,
+}
+/// Nested message and enum types in `FleetLimit`.
+pub mod fleet_limit {
+    /// Exactly one member is set.
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Oneof)]
+    pub enum Limit {
+        /// At most this many; >= 1.
+        #[prost(uint32, tag = "1")]
+        Count(u32),
+        /// At most this percentage of the targets; 1..=100.
+        #[prost(uint32, tag = "2")]
+        Percent(u32),
+    }
+}
+/// Request of RunFleet (mutation).
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct RunFleetRequest {
+    /// Idempotency key; canonical UUIDv7; becomes the fleet_run_id. Each
+    /// target's command id is derived from it and the client id, so a retry
+    /// creates nothing twice.
+    #[prost(string, tag = "1")]
+    pub request_id: ::prost::alloc::string::String,
+    /// Which clients.
+    #[prost(message, optional, tag = "2")]
+    pub selection: ::core::option::Option<FleetSelection>,
+    /// What to run on each; serialized \<= 786432 bytes (768 KiB).
+    #[prost(message, optional, tag = "3")]
+    pub spec: ::core::option::Option<ExecutionSpec>,
+    /// Script bytes when spec.source is a script; \<= 262144 bytes (256 KiB)
+    /// for a fleet run (each target keeps its own copy).
+    #[prost(bytes = "vec", tag = "4")]
+    pub script: ::prost::alloc::vec::Vec<u8>,
+    /// Queue TTL of each target's command, as RunCommand's: absent = the
+    /// configured default; zero = indefinite; \<= 365 days.
+    #[prost(message, optional, tag = "5")]
+    pub queue_ttl: ::core::option::Option<::prost_types::Duration>,
+    /// How many targets may be queued or running at once; absent = all.
+    #[prost(message, optional, tag = "6")]
+    pub max_parallel: ::core::option::Option<FleetLimit>,
+    /// Stop releasing targets once this many failed or were unreachable;
+    /// absent = never stop.
+    #[prost(message, optional, tag = "7")]
+    pub max_errors: ::core::option::Option<FleetLimit>,
+    /// Also target clients that register and match the selection within this
+    /// long after submission; absent or zero = none; \<= 7 days.
+    #[prost(message, optional, tag = "8")]
+    pub include_late: ::core::option::Option<::prost_types::Duration>,
+}
+/// Response of RunFleet, returned once the run, its targets and the first
+/// released commands are durable.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RunFleetResponse {
+    /// The run (equal to the request_id).
+    #[prost(string, tag = "1")]
+    pub fleet_run_id: ::prost::alloc::string::String,
+    /// Targets the selection resolved to at submission.
+    #[prost(uint32, tag = "2")]
+    pub targets: u32,
+}
+/// Targets of a fleet run by state.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct FleetCounts {
+    /// Not released yet.
+    #[prost(uint32, tag = "1")]
+    pub pending: u32,
+    /// Command queued or dispatched.
+    #[prost(uint32, tag = "2")]
+    pub queued: u32,
+    /// Command accepted or running.
+    #[prost(uint32, tag = "3")]
+    pub running: u32,
+    /// Succeeded.
+    #[prost(uint32, tag = "4")]
+    pub succeeded: u32,
+    /// Failed (see FLEET_TARGET_STATE_FAILED).
+    #[prost(uint32, tag = "5")]
+    pub failed: u32,
+    /// Expired in the queue.
+    #[prost(uint32, tag = "6")]
+    pub unreachable: u32,
+    /// Cancelled before running.
+    #[prost(uint32, tag = "7")]
+    pub cancelled: u32,
+    /// Never released (max_errors).
+    #[prost(uint32, tag = "8")]
+    pub skipped: u32,
+}
+/// The server's record of one fleet run.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct FleetRunRecord {
+    /// The run (canonical UUIDv7).
+    #[prost(string, tag = "1")]
+    pub fleet_run_id: ::prost::alloc::string::String,
+    /// Current state.
+    #[prost(enumeration = "FleetRunState", tag = "2")]
+    pub state: i32,
+    /// Why it stopped early; UNSPECIFIED if it did not.
+    #[prost(enumeration = "FleetStopReason", tag = "3")]
+    pub stop_reason: i32,
+    /// The selection as submitted.
+    #[prost(message, optional, tag = "4")]
+    pub selection: ::core::option::Option<FleetSelection>,
+    /// What each target runs.
+    #[prost(message, optional, tag = "5")]
+    pub spec: ::core::option::Option<ExecutionSpec>,
+    /// As submitted; absent = none.
+    #[prost(message, optional, tag = "6")]
+    pub max_parallel: ::core::option::Option<FleetLimit>,
+    /// As submitted; absent = none.
+    #[prost(message, optional, tag = "7")]
+    pub max_errors: ::core::option::Option<FleetLimit>,
+    /// UTC time of submission.
+    #[prost(message, optional, tag = "8")]
+    pub create_time: ::core::option::Option<::prost_types::Timestamp>,
+    /// UTC end of the include_late window; absent if none.
+    #[prost(message, optional, tag = "9")]
+    pub late_until_time: ::core::option::Option<::prost_types::Timestamp>,
+    /// UTC time the run became DONE; absent before.
+    #[prost(message, optional, tag = "10")]
+    pub done_time: ::core::option::Option<::prost_types::Timestamp>,
+    /// Targets (resolved at submission, plus late ones).
+    #[prost(uint32, tag = "11")]
+    pub targets: u32,
+    /// Targets by state; their sum equals targets.
+    #[prost(message, optional, tag = "12")]
+    pub counts: ::core::option::Option<FleetCounts>,
+    /// Position of the latest target change (FollowFleetRun's cursor).
+    #[prost(uint64, tag = "13")]
+    pub change_seq: u64,
+}
+/// Request of GetFleetRun (read).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GetFleetRunRequest {
+    /// Optional UUIDv7; ignored.
+    #[prost(string, tag = "1")]
+    pub request_id: ::prost::alloc::string::String,
+    /// The run.
+    #[prost(string, tag = "2")]
+    pub fleet_run_id: ::prost::alloc::string::String,
+}
+/// Response of GetFleetRun.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct GetFleetRunResponse {
+    /// The run.
+    #[prost(message, optional, tag = "1")]
+    pub run: ::core::option::Option<FleetRunRecord>,
+}
+/// Request of ListFleetRuns (read).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListFleetRunsRequest {
+    /// Optional UUIDv7; ignored.
+    #[prost(string, tag = "1")]
+    pub request_id: ::prost::alloc::string::String,
+    /// Page size; 1..=1000.
+    #[prost(uint32, tag = "2")]
+    pub page_size: u32,
+    /// Opaque token from a previous response; empty for the first page.
+    #[prost(string, tag = "3")]
+    pub page_token: ::prost::alloc::string::String,
+}
+/// Response of ListFleetRuns.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ListFleetRunsResponse {
+    /// Runs, newest first.
+    #[prost(message, repeated, tag = "1")]
+    pub runs: ::prost::alloc::vec::Vec<FleetRunRecord>,
+    /// Token for the next page; empty on the last page.
+    #[prost(string, tag = "2")]
+    pub next_page_token: ::prost::alloc::string::String,
+}
+/// One target of a fleet run.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct FleetTarget {
+    /// The client.
+    #[prost(string, tag = "1")]
+    pub client_id: ::prost::alloc::string::String,
+    /// Its command (canonical UUIDv7, derived from the run id and the client
+    /// id); the command exists once the target is released.
+    #[prost(string, tag = "2")]
+    pub issue_uuid: ::prost::alloc::string::String,
+    /// Current state.
+    #[prost(enumeration = "FleetTargetState", tag = "3")]
+    pub state: i32,
+    /// The command's lifecycle; UNSPECIFIED until released.
+    #[prost(enumeration = "Lifecycle", tag = "4")]
+    pub lifecycle: i32,
+    /// Present when the command ended.
+    #[prost(message, optional, tag = "5")]
+    pub exit_result: ::core::option::Option<ExitResult>,
+    /// Why the server refused to create the command; absent otherwise.
+    #[prost(message, optional, tag = "6")]
+    pub rejection: ::core::option::Option<ErrorDetail>,
+    /// UTC time of release; absent while pending.
+    #[prost(message, optional, tag = "7")]
+    pub release_time: ::core::option::Option<::prost_types::Timestamp>,
+    /// UTC time the target ended; absent before.
+    #[prost(message, optional, tag = "8")]
+    pub end_time: ::core::option::Option<::prost_types::Timestamp>,
+    /// True when it was added by include_late.
+    #[prost(bool, tag = "9")]
+    pub late: bool,
+    /// Run change position of this target's latest change.
+    #[prost(uint64, tag = "10")]
+    pub change_seq: u64,
+}
+/// Request of ListFleetTargets (read).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListFleetTargetsRequest {
+    /// Optional UUIDv7; ignored.
+    #[prost(string, tag = "1")]
+    pub request_id: ::prost::alloc::string::String,
+    /// The run.
+    #[prost(string, tag = "2")]
+    pub fleet_run_id: ::prost::alloc::string::String,
+    /// Page size; 1..=1000.
+    #[prost(uint32, tag = "3")]
+    pub page_size: u32,
+    /// Opaque token from a previous response; empty for the first page.
+    #[prost(string, tag = "4")]
+    pub page_token: ::prost::alloc::string::String,
+    /// Only targets in this state; UNSPECIFIED = every state.
+    #[prost(enumeration = "FleetTargetState", tag = "5")]
+    pub state: i32,
+}
+/// Response of ListFleetTargets.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ListFleetTargetsResponse {
+    /// Targets ordered by client_id.
+    #[prost(message, repeated, tag = "1")]
+    pub targets: ::prost::alloc::vec::Vec<FleetTarget>,
+    /// Token for the next page; empty on the last page.
+    #[prost(string, tag = "2")]
+    pub next_page_token: ::prost::alloc::string::String,
+}
+/// Request of FollowFleetRun (read, server streaming).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct FollowFleetRunRequest {
+    /// Optional UUIDv7; ignored.
+    #[prost(string, tag = "1")]
+    pub request_id: ::prost::alloc::string::String,
+    /// The run.
+    #[prost(string, tag = "2")]
+    pub fleet_run_id: ::prost::alloc::string::String,
+    /// Stream targets whose latest change is after this position; 0 = every
+    /// target.
+    #[prost(uint64, tag = "3")]
+    pub after_change_seq: u64,
+}
+/// One item of a FollowFleetRun stream: the run's record first, then each
+/// target whose latest change is after the cursor (in change order; a
+/// target that changed twice is sent once, in its latest state), then live
+/// changes, with a fresh record whenever the run's state changes. The
+/// stream ends after the record that shows DONE. A follower resumes with
+/// the change_seq of the last target it handled.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct FollowFleetRunResponse {
+    /// Exactly one member is set.
+    #[prost(oneof = "follow_fleet_run_response::Item", tags = "1, 2")]
+    pub item: ::core::option::Option<follow_fleet_run_response::Item>,
+}
+/// Nested message and enum types in `FollowFleetRunResponse`.
+pub mod follow_fleet_run_response {
+    /// Exactly one member is set.
+    #[derive(Clone, PartialEq, ::prost::Oneof)]
+    pub enum Item {
+        /// A target in its latest state.
+        #[prost(message, tag = "1")]
+        Target(super::FleetTarget),
+        /// The run's record.
+        #[prost(message, tag = "2")]
+        Run(super::FleetRunRecord),
+    }
+}
+/// Request of SignalFleetRun (mutation).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SignalFleetRunRequest {
+    /// Idempotency key; canonical UUIDv7.
+    #[prost(string, tag = "1")]
+    pub request_id: ::prost::alloc::string::String,
+    /// The run.
+    #[prost(string, tag = "2")]
+    pub fleet_run_id: ::prost::alloc::string::String,
+    /// The signal, delivered to every RUNNING target (as SignalCommand would).
+    #[prost(enumeration = "SignalKind", tag = "3")]
+    pub signal: i32,
+}
+/// Response of SignalFleetRun.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SignalFleetRunResponse {
+    /// The run.
+    #[prost(string, tag = "1")]
+    pub fleet_run_id: ::prost::alloc::string::String,
+    /// Targets the signal was recorded for.
+    #[prost(uint32, tag = "2")]
+    pub signalled: u32,
+}
+/// Request of CancelFleetRun (mutation).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct CancelFleetRunRequest {
+    /// Idempotency key; canonical UUIDv7.
+    #[prost(string, tag = "1")]
+    pub request_id: ::prost::alloc::string::String,
+    /// The run.
+    #[prost(string, tag = "2")]
+    pub fleet_run_id: ::prost::alloc::string::String,
+}
+/// Response of CancelFleetRun. Cancelling a run that is already stopping
+/// or done changes nothing and succeeds.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct CancelFleetRunResponse {
+    /// The run after the cancel.
+    #[prost(message, optional, tag = "1")]
+    pub run: ::core::option::Option<FleetRunRecord>,
+    /// Targets cancelled before they ran (pending or queued).
+    #[prost(uint32, tag = "2")]
+    pub cancelled: u32,
+    /// Released targets sent TERM.
+    #[prost(uint32, tag = "3")]
+    pub signalled: u32,
+}
+/// Request of PauseFleetRun (mutation).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PauseFleetRunRequest {
+    /// Idempotency key; canonical UUIDv7.
+    #[prost(string, tag = "1")]
+    pub request_id: ::prost::alloc::string::String,
+    /// The run.
+    #[prost(string, tag = "2")]
+    pub fleet_run_id: ::prost::alloc::string::String,
+}
+/// Response of PauseFleetRun.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PauseFleetRunResponse {
+    /// The run after the pause (a run not RUNNING is left as it is).
+    #[prost(message, optional, tag = "1")]
+    pub run: ::core::option::Option<FleetRunRecord>,
+}
+/// Request of ResumeFleetRun (mutation).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ResumeFleetRunRequest {
+    /// Idempotency key; canonical UUIDv7.
+    #[prost(string, tag = "1")]
+    pub request_id: ::prost::alloc::string::String,
+    /// The run.
+    #[prost(string, tag = "2")]
+    pub fleet_run_id: ::prost::alloc::string::String,
+}
+/// Response of ResumeFleetRun.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ResumeFleetRunResponse {
+    /// The run after the resume (a run not PAUSED is left as it is).
+    #[prost(message, optional, tag = "1")]
+    pub run: ::core::option::Option<FleetRunRecord>,
+}
 /// How much of a command's output the server still retains.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
@@ -3220,6 +3601,140 @@ impl PtyState {
             "PTY_STATE_OPENING" => Some(Self::Opening),
             "PTY_STATE_OPEN" => Some(Self::Open),
             "PTY_STATE_CLOSED" => Some(Self::Closed),
+            _ => None,
+        }
+    }
+}
+/// State of a fleet run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum FleetRunState {
+    /// Not set; never valid.
+    Unspecified = 0,
+    /// Releasing targets as max_parallel allows.
+    Running = 1,
+    /// No target is released; released targets go on.
+    Paused = 2,
+    /// Stopped (max_errors reached, or cancelled): no target is released any
+    /// more; released ones finish.
+    Stopping = 3,
+    /// Every target ended, and the include_late window (if any) closed.
+    Done = 4,
+}
+impl FleetRunState {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "FLEET_RUN_STATE_UNSPECIFIED",
+            Self::Running => "FLEET_RUN_STATE_RUNNING",
+            Self::Paused => "FLEET_RUN_STATE_PAUSED",
+            Self::Stopping => "FLEET_RUN_STATE_STOPPING",
+            Self::Done => "FLEET_RUN_STATE_DONE",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "FLEET_RUN_STATE_UNSPECIFIED" => Some(Self::Unspecified),
+            "FLEET_RUN_STATE_RUNNING" => Some(Self::Running),
+            "FLEET_RUN_STATE_PAUSED" => Some(Self::Paused),
+            "FLEET_RUN_STATE_STOPPING" => Some(Self::Stopping),
+            "FLEET_RUN_STATE_DONE" => Some(Self::Done),
+            _ => None,
+        }
+    }
+}
+/// Why a fleet run stopped releasing targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum FleetStopReason {
+    /// It did not stop early.
+    Unspecified = 0,
+    /// As many targets failed (or were unreachable) as max_errors allows.
+    MaxErrors = 1,
+    /// An operator cancelled it.
+    Cancelled = 2,
+}
+impl FleetStopReason {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "FLEET_STOP_REASON_UNSPECIFIED",
+            Self::MaxErrors => "FLEET_STOP_REASON_MAX_ERRORS",
+            Self::Cancelled => "FLEET_STOP_REASON_CANCELLED",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "FLEET_STOP_REASON_UNSPECIFIED" => Some(Self::Unspecified),
+            "FLEET_STOP_REASON_MAX_ERRORS" => Some(Self::MaxErrors),
+            "FLEET_STOP_REASON_CANCELLED" => Some(Self::Cancelled),
+            _ => None,
+        }
+    }
+}
+/// State of one target of a fleet run, derived from its command's
+/// lifecycle once released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum FleetTargetState {
+    /// Not set; never valid.
+    Unspecified = 0,
+    /// Not released yet (max_parallel, or the run is paused); no command.
+    Pending = 1,
+    /// Its command is QUEUED or DISPATCHED.
+    Queued = 2,
+    /// Its command is ACCEPTED or RUNNING.
+    Running = 3,
+    /// Its command SUCCEEDED.
+    Succeeded = 4,
+    /// Its command FAILED, was TERMINATED, INTERRUPTED or REJECTED, or the
+    /// server refused to create it (see rejection).
+    Failed = 5,
+    /// Its command EXPIRED in the queue: the client never took it.
+    Unreachable = 6,
+    /// Cancelled before it ran (the run was cancelled).
+    Cancelled = 7,
+    /// Never released: the run stopped at max_errors.
+    Skipped = 8,
+}
+impl FleetTargetState {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "FLEET_TARGET_STATE_UNSPECIFIED",
+            Self::Pending => "FLEET_TARGET_STATE_PENDING",
+            Self::Queued => "FLEET_TARGET_STATE_QUEUED",
+            Self::Running => "FLEET_TARGET_STATE_RUNNING",
+            Self::Succeeded => "FLEET_TARGET_STATE_SUCCEEDED",
+            Self::Failed => "FLEET_TARGET_STATE_FAILED",
+            Self::Unreachable => "FLEET_TARGET_STATE_UNREACHABLE",
+            Self::Cancelled => "FLEET_TARGET_STATE_CANCELLED",
+            Self::Skipped => "FLEET_TARGET_STATE_SKIPPED",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "FLEET_TARGET_STATE_UNSPECIFIED" => Some(Self::Unspecified),
+            "FLEET_TARGET_STATE_PENDING" => Some(Self::Pending),
+            "FLEET_TARGET_STATE_QUEUED" => Some(Self::Queued),
+            "FLEET_TARGET_STATE_RUNNING" => Some(Self::Running),
+            "FLEET_TARGET_STATE_SUCCEEDED" => Some(Self::Succeeded),
+            "FLEET_TARGET_STATE_FAILED" => Some(Self::Failed),
+            "FLEET_TARGET_STATE_UNREACHABLE" => Some(Self::Unreachable),
+            "FLEET_TARGET_STATE_CANCELLED" => Some(Self::Cancelled),
+            "FLEET_TARGET_STATE_SKIPPED" => Some(Self::Skipped),
             _ => None,
         }
     }

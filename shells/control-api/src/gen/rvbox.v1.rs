@@ -607,6 +607,234 @@ pub mod control_client {
                 .insert(GrpcMethod::new("rvbox.v1.Control", "ListPtySessions"));
             self.inner.unary(req, path, codec).await
         }
+        /// Run one command on every client a selection resolves to (mutation).
+        pub async fn run_fleet(
+            &mut self,
+            request: impl tonic::IntoRequest<::rvbox_proto::v1::RunFleetRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::RunFleetResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/rvbox.v1.Control/RunFleet",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("rvbox.v1.Control", "RunFleet"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// One fleet run with its counters (read).
+        pub async fn get_fleet_run(
+            &mut self,
+            request: impl tonic::IntoRequest<::rvbox_proto::v1::GetFleetRunRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::GetFleetRunResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/rvbox.v1.Control/GetFleetRun",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("rvbox.v1.Control", "GetFleetRun"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Fleet runs, newest first (read).
+        pub async fn list_fleet_runs(
+            &mut self,
+            request: impl tonic::IntoRequest<::rvbox_proto::v1::ListFleetRunsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::ListFleetRunsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/rvbox.v1.Control/ListFleetRuns",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("rvbox.v1.Control", "ListFleetRuns"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// A fleet run's targets by client id, optionally in one state (read).
+        pub async fn list_fleet_targets(
+            &mut self,
+            request: impl tonic::IntoRequest<::rvbox_proto::v1::ListFleetTargetsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::ListFleetTargetsResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/rvbox.v1.Control/ListFleetTargets",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("rvbox.v1.Control", "ListFleetTargets"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Target state changes of a fleet run from a cursor, then live, until the
+        /// run is done (read, server streaming).
+        pub async fn follow_fleet_run(
+            &mut self,
+            request: impl tonic::IntoRequest<::rvbox_proto::v1::FollowFleetRunRequest>,
+        ) -> std::result::Result<
+            tonic::Response<
+                tonic::codec::Streaming<::rvbox_proto::v1::FollowFleetRunResponse>,
+            >,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/rvbox.v1.Control/FollowFleetRun",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("rvbox.v1.Control", "FollowFleetRun"));
+            self.inner.server_streaming(req, path, codec).await
+        }
+        /// Send a signal to every running target of a fleet run (mutation).
+        pub async fn signal_fleet_run(
+            &mut self,
+            request: impl tonic::IntoRequest<::rvbox_proto::v1::SignalFleetRunRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::SignalFleetRunResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/rvbox.v1.Control/SignalFleetRun",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("rvbox.v1.Control", "SignalFleetRun"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Stop a fleet run: cancel the targets not yet running, TERM the running
+        /// ones (mutation).
+        pub async fn cancel_fleet_run(
+            &mut self,
+            request: impl tonic::IntoRequest<::rvbox_proto::v1::CancelFleetRunRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::CancelFleetRunResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/rvbox.v1.Control/CancelFleetRun",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("rvbox.v1.Control", "CancelFleetRun"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Stop releasing new targets of a fleet run until resumed (mutation).
+        pub async fn pause_fleet_run(
+            &mut self,
+            request: impl tonic::IntoRequest<::rvbox_proto::v1::PauseFleetRunRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::PauseFleetRunResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/rvbox.v1.Control/PauseFleetRun",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("rvbox.v1.Control", "PauseFleetRun"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Release targets of a paused fleet run again (mutation).
+        pub async fn resume_fleet_run(
+            &mut self,
+            request: impl tonic::IntoRequest<::rvbox_proto::v1::ResumeFleetRunRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::ResumeFleetRunResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/rvbox.v1.Control/ResumeFleetRun",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("rvbox.v1.Control", "ResumeFleetRun"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -799,6 +1027,89 @@ pub mod control_server {
             request: tonic::Request<::rvbox_proto::v1::ListPtySessionsRequest>,
         ) -> std::result::Result<
             tonic::Response<::rvbox_proto::v1::ListPtySessionsResponse>,
+            tonic::Status,
+        >;
+        /// Run one command on every client a selection resolves to (mutation).
+        async fn run_fleet(
+            &self,
+            request: tonic::Request<::rvbox_proto::v1::RunFleetRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::RunFleetResponse>,
+            tonic::Status,
+        >;
+        /// One fleet run with its counters (read).
+        async fn get_fleet_run(
+            &self,
+            request: tonic::Request<::rvbox_proto::v1::GetFleetRunRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::GetFleetRunResponse>,
+            tonic::Status,
+        >;
+        /// Fleet runs, newest first (read).
+        async fn list_fleet_runs(
+            &self,
+            request: tonic::Request<::rvbox_proto::v1::ListFleetRunsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::ListFleetRunsResponse>,
+            tonic::Status,
+        >;
+        /// A fleet run's targets by client id, optionally in one state (read).
+        async fn list_fleet_targets(
+            &self,
+            request: tonic::Request<::rvbox_proto::v1::ListFleetTargetsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::ListFleetTargetsResponse>,
+            tonic::Status,
+        >;
+        /// Server streaming response type for the FollowFleetRun method.
+        type FollowFleetRunStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<
+                    ::rvbox_proto::v1::FollowFleetRunResponse,
+                    tonic::Status,
+                >,
+            >
+            + std::marker::Send
+            + 'static;
+        /// Target state changes of a fleet run from a cursor, then live, until the
+        /// run is done (read, server streaming).
+        async fn follow_fleet_run(
+            &self,
+            request: tonic::Request<::rvbox_proto::v1::FollowFleetRunRequest>,
+        ) -> std::result::Result<
+            tonic::Response<Self::FollowFleetRunStream>,
+            tonic::Status,
+        >;
+        /// Send a signal to every running target of a fleet run (mutation).
+        async fn signal_fleet_run(
+            &self,
+            request: tonic::Request<::rvbox_proto::v1::SignalFleetRunRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::SignalFleetRunResponse>,
+            tonic::Status,
+        >;
+        /// Stop a fleet run: cancel the targets not yet running, TERM the running
+        /// ones (mutation).
+        async fn cancel_fleet_run(
+            &self,
+            request: tonic::Request<::rvbox_proto::v1::CancelFleetRunRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::CancelFleetRunResponse>,
+            tonic::Status,
+        >;
+        /// Stop releasing new targets of a fleet run until resumed (mutation).
+        async fn pause_fleet_run(
+            &self,
+            request: tonic::Request<::rvbox_proto::v1::PauseFleetRunRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::PauseFleetRunResponse>,
+            tonic::Status,
+        >;
+        /// Release targets of a paused fleet run again (mutation).
+        async fn resume_fleet_run(
+            &self,
+            request: tonic::Request<::rvbox_proto::v1::ResumeFleetRunRequest>,
+        ) -> std::result::Result<
+            tonic::Response<::rvbox_proto::v1::ResumeFleetRunResponse>,
             tonic::Status,
         >;
     }
@@ -1816,6 +2127,435 @@ pub mod control_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ListPtySessionsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/rvbox.v1.Control/RunFleet" => {
+                    #[allow(non_camel_case_types)]
+                    struct RunFleetSvc<T: Control>(pub Arc<T>);
+                    impl<
+                        T: Control,
+                    > tonic::server::UnaryService<::rvbox_proto::v1::RunFleetRequest>
+                    for RunFleetSvc<T> {
+                        type Response = ::rvbox_proto::v1::RunFleetResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<::rvbox_proto::v1::RunFleetRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Control>::run_fleet(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = RunFleetSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/rvbox.v1.Control/GetFleetRun" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetFleetRunSvc<T: Control>(pub Arc<T>);
+                    impl<
+                        T: Control,
+                    > tonic::server::UnaryService<::rvbox_proto::v1::GetFleetRunRequest>
+                    for GetFleetRunSvc<T> {
+                        type Response = ::rvbox_proto::v1::GetFleetRunResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                ::rvbox_proto::v1::GetFleetRunRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Control>::get_fleet_run(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetFleetRunSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/rvbox.v1.Control/ListFleetRuns" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListFleetRunsSvc<T: Control>(pub Arc<T>);
+                    impl<
+                        T: Control,
+                    > tonic::server::UnaryService<
+                        ::rvbox_proto::v1::ListFleetRunsRequest,
+                    > for ListFleetRunsSvc<T> {
+                        type Response = ::rvbox_proto::v1::ListFleetRunsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                ::rvbox_proto::v1::ListFleetRunsRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Control>::list_fleet_runs(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListFleetRunsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/rvbox.v1.Control/ListFleetTargets" => {
+                    #[allow(non_camel_case_types)]
+                    struct ListFleetTargetsSvc<T: Control>(pub Arc<T>);
+                    impl<
+                        T: Control,
+                    > tonic::server::UnaryService<
+                        ::rvbox_proto::v1::ListFleetTargetsRequest,
+                    > for ListFleetTargetsSvc<T> {
+                        type Response = ::rvbox_proto::v1::ListFleetTargetsResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                ::rvbox_proto::v1::ListFleetTargetsRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Control>::list_fleet_targets(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ListFleetTargetsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/rvbox.v1.Control/FollowFleetRun" => {
+                    #[allow(non_camel_case_types)]
+                    struct FollowFleetRunSvc<T: Control>(pub Arc<T>);
+                    impl<
+                        T: Control,
+                    > tonic::server::ServerStreamingService<
+                        ::rvbox_proto::v1::FollowFleetRunRequest,
+                    > for FollowFleetRunSvc<T> {
+                        type Response = ::rvbox_proto::v1::FollowFleetRunResponse;
+                        type ResponseStream = T::FollowFleetRunStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                ::rvbox_proto::v1::FollowFleetRunRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Control>::follow_fleet_run(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = FollowFleetRunSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.server_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/rvbox.v1.Control/SignalFleetRun" => {
+                    #[allow(non_camel_case_types)]
+                    struct SignalFleetRunSvc<T: Control>(pub Arc<T>);
+                    impl<
+                        T: Control,
+                    > tonic::server::UnaryService<
+                        ::rvbox_proto::v1::SignalFleetRunRequest,
+                    > for SignalFleetRunSvc<T> {
+                        type Response = ::rvbox_proto::v1::SignalFleetRunResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                ::rvbox_proto::v1::SignalFleetRunRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Control>::signal_fleet_run(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = SignalFleetRunSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/rvbox.v1.Control/CancelFleetRun" => {
+                    #[allow(non_camel_case_types)]
+                    struct CancelFleetRunSvc<T: Control>(pub Arc<T>);
+                    impl<
+                        T: Control,
+                    > tonic::server::UnaryService<
+                        ::rvbox_proto::v1::CancelFleetRunRequest,
+                    > for CancelFleetRunSvc<T> {
+                        type Response = ::rvbox_proto::v1::CancelFleetRunResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                ::rvbox_proto::v1::CancelFleetRunRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Control>::cancel_fleet_run(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = CancelFleetRunSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/rvbox.v1.Control/PauseFleetRun" => {
+                    #[allow(non_camel_case_types)]
+                    struct PauseFleetRunSvc<T: Control>(pub Arc<T>);
+                    impl<
+                        T: Control,
+                    > tonic::server::UnaryService<
+                        ::rvbox_proto::v1::PauseFleetRunRequest,
+                    > for PauseFleetRunSvc<T> {
+                        type Response = ::rvbox_proto::v1::PauseFleetRunResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                ::rvbox_proto::v1::PauseFleetRunRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Control>::pause_fleet_run(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PauseFleetRunSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/rvbox.v1.Control/ResumeFleetRun" => {
+                    #[allow(non_camel_case_types)]
+                    struct ResumeFleetRunSvc<T: Control>(pub Arc<T>);
+                    impl<
+                        T: Control,
+                    > tonic::server::UnaryService<
+                        ::rvbox_proto::v1::ResumeFleetRunRequest,
+                    > for ResumeFleetRunSvc<T> {
+                        type Response = ::rvbox_proto::v1::ResumeFleetRunResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                ::rvbox_proto::v1::ResumeFleetRunRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Control>::resume_fleet_run(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ResumeFleetRunSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
