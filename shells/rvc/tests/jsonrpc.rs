@@ -232,7 +232,14 @@ fn every_unary_method_answers_the_same_through_grpc_and_json_rpc() {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
         assert!(done, "the fleet run ends");
-        let _ = parity!(c, port, get_fleet_run, "getFleetRun", "GetFleetRunResponse", get.clone());
+        let _ = parity!(
+            c,
+            port,
+            get_fleet_run,
+            "getFleetRun",
+            "GetFleetRunResponse",
+            get.clone()
+        );
         let _ = parity!(
             c,
             port,
