@@ -16,6 +16,12 @@ pub(crate) const CANCELLED: u8 = 31;
 pub(crate) const INTERRUPTED: u8 = 32;
 /// The command was terminated through RVBox with no exit status.
 pub(crate) const TERMINATED: u8 = 33;
+/// A fleet run ended with at least one target failed (non-zero exit,
+/// terminated, interrupted, rejected, or refused at release).
+pub(crate) const FLEET_FAILED: u8 = 34;
+/// A fleet run ended with no target failed but some that never ran
+/// (unreachable, cancelled, or skipped after --max-errors).
+pub(crate) const FLEET_INCOMPLETE: u8 = 35;
 /// The server could not be reached.
 pub(crate) const UNREACHABLE: u8 = 69;
 /// An answer rvc did not expect.
@@ -262,6 +268,9 @@ mod tests {
         assert!(meaning(INTERRUPTED).contains("interrupted"));
         assert!(meaning(TERMINATED).contains("terminated"));
         assert!(meaning(UNREACHABLE).contains("could not be reached"));
+        assert!(meaning(FLEET_FAILED).contains("fleet run"));
+        assert!(meaning(FLEET_FAILED).contains("failed"));
+        assert!(meaning(FLEET_INCOMPLETE).contains("never ran"));
         assert!(meaning(INTERNAL).contains("did not expect"));
         assert!(meaning(INTERRUPTED_BY_USER).contains("Ctrl-C"));
     }

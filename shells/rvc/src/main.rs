@@ -10,6 +10,7 @@
 
 mod conn;
 mod exit;
+mod fleet;
 mod follow;
 mod out;
 mod output;
@@ -74,8 +75,10 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Queue a command on a client and, unless --background, follow its
-    /// output to the end (rvc exits with the command's status).
-    Run(RunArgs),
+    /// output to the end (rvc exits with the command's status). With
+    /// --target, --label, --clients or --all: on every matching client
+    /// (a fleet run; see `rvc fleet`).
+    Run(Box<RunArgs>),
     /// Follow a command's output from its start (or after --after) to the
     /// end.
     Follow {
@@ -201,6 +204,11 @@ enum Cmd {
     /// its loss with a note.
     #[command(subcommand)]
     Storage(StorageCmd),
+    /// Fleet runs (`rvc run --target/--label/--clients/--all`): list them,
+    /// show one, its targets, follow it, cancel, pause or resume it, or
+    /// signal its running targets.
+    #[command(subcommand)]
+    Fleet(FleetCmd),
     /// Print the completion script for a shell (bash, zsh or fish) to
     /// stdout, e.g. `rvc completions bash > /etc/bash_completion.d/rvc`.
     Completions {
@@ -211,6 +219,71 @@ enum Cmd {
     /// Print rvc's manual page (roff) to stdout, e.g.
     /// `rvc man > /usr/local/share/man/man1/rvc.1`.
     Man,
+}
+
+#[derive(Debug, Subcommand)]
+enum FleetCmd {
+    /// Fleet runs, newest first.
+    List {
+        /// Continue from the token the previous page printed.
+        #[arg(long, value_name = "TOKEN")]
+        page: Option<String>,
+        /// Rows per page (1-1000).
+        #[arg(long, value_name = "N")]
+        per_page: Option<u32>,
+    },
+    /// One run: what it runs, on which selection, at which rate, its
+    /// counts by state and its slowest hosts.
+    Show {
+        /// The fleet run's id.
+        run: String,
+    },
+    /// A run's targets by client id: state, result, time, command UUID.
+    Targets {
+        /// The fleet run's id.
+        run: String,
+        /// Only targets in this state: pending, queued, running,
+        /// succeeded, failed, unreachable, cancelled or skipped.
+        #[arg(long, value_name = "STATE")]
+        state: Option<String>,
+    },
+    /// Follow a run to its end, showing each host's output as it ends
+    /// (rvc exits as `rvc run` does for a fleet).
+    Follow {
+        /// The fleet run's id.
+        run: String,
+        /// Continue after this change position (0: every target).
+        #[arg(long, default_value_t = 0, value_name = "SEQ")]
+        after: u64,
+        /// Collapse hosts with identical output and exit status.
+        #[arg(long)]
+        group: bool,
+        /// Write each host's output to files in DIR.
+        #[arg(long, value_name = "DIR", conflicts_with = "group")]
+        output_dir: Option<std::path::PathBuf>,
+    },
+    /// Stop a run: targets not yet running are cancelled, running ones
+    /// get TERM.
+    Cancel {
+        /// The fleet run's id.
+        run: String,
+    },
+    /// Release no new target until resumed (running ones go on).
+    Pause {
+        /// The fleet run's id.
+        run: String,
+    },
+    /// Release targets of a paused run again.
+    Resume {
+        /// The fleet run's id.
+        run: String,
+    },
+    /// Send a signal (TERM by default) to every running target.
+    Kill {
+        /// `[SIGNAL] RUN`.
+        #[arg(num_args = 1..=2, value_names = ["SIGNAL", "RUN"])]
+        args: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -348,16 +421,42 @@ struct RunArgs {
     /// limit); the server's default when absent.
     #[arg(long, value_name = "DURATION")]
     queue_ttl: Option<String>,
-    /// Run this script file (at most 10 MiB) instead of command text:
-    /// uploaded with the command, verified by the client, then run with
-    /// the shell.
-    #[arg(long, value_name = "PATH", conflicts_with = "command")]
+    /// Run this script file (at most 10 MiB; 256 KiB for a fleet)
+    /// instead of command text: uploaded with the command, verified by
+    /// the client, then run with the shell.
+    #[arg(long, value_name = "PATH")]
     script: Option<std::path::PathBuf>,
-    /// The client id.
-    client_id: String,
-    /// The command text (words are joined with spaces).
-    #[arg(required_unless_present = "script", num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
-    command: Vec<String>,
+    #[command(flatten)]
+    fleet: fleet::FleetFlags,
+    /// The client id, then the command text (words are joined with
+    /// spaces). With --target, --label, --clients or --all there is no
+    /// client id: every word is the command.
+    #[arg(value_name = "CLIENT COMMAND", num_args = 0.., trailing_var_arg = true, allow_hyphen_values = true)]
+    words: Vec<String>,
+}
+
+impl RunArgs {
+    /// The client (none for a fleet) and the command words, checked.
+    fn split(&self) -> Result<(Option<String>, Vec<String>), Failure> {
+        let (client, command) = if self.fleet.is_fleet() {
+            (None, self.words.clone())
+        } else {
+            let mut words = self.words.clone().into_iter();
+            let client = words.next().ok_or_else(|| {
+                Failure::usage(
+                    "run takes CLIENT COMMAND..., or --target/--label/--clients/--all and COMMAND...",
+                )
+            })?;
+            (Some(client), words.collect())
+        };
+        match (&self.script, command.is_empty()) {
+            (None, true) => Err(Failure::usage("run needs a command (or --script PATH)")),
+            (Some(_), false) => Err(Failure::usage(
+                "run takes a command or --script PATH, not both",
+            )),
+            _ => Ok((client, command)),
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -435,7 +534,11 @@ async fn dispatch(
         Cmd::Run(args) => {
             // created before dialing, reused by every retry
             let id = request_id(given_id)?;
-            let mut req = run_request(&id, &args)?;
+            let (client, words) = args.split()?;
+            let Some(client_id) = client else {
+                return run_fleet(socket, &id, &args, &words, fmt).await;
+            };
+            let mut req = run_request(&id, &args, &client_id, &words)?;
             let mut control = Control::new(socket);
             let resp = match &args.script {
                 Some(path) => {
@@ -449,7 +552,7 @@ async fn dispatch(
                     let request_id = req.request_id.clone();
                     script::run_command(&mut control, req, size, &name)
                         .await
-                        .map_err(|f| f.with_run_lookup(&request_id, &args.client_id))?
+                        .map_err(|f| f.with_run_lookup(&request_id, &client_id))?
                 }
                 None => control
                     .retrying(|mut c| {
@@ -457,7 +560,7 @@ async fn dispatch(
                         async move { c.run_command(req).await }
                     })
                     .await
-                    .map_err(|f| f.with_run_lookup(&req.request_id, &args.client_id))?,
+                    .map_err(|f| f.with_run_lookup(&req.request_id, &client_id))?,
             };
             if fmt == Format::Text {
                 eprintln!("{}", resp.issue_uuid);
@@ -471,14 +574,7 @@ async fn dispatch(
             if fmt == Format::Json {
                 emit(fmt, "RunCommandResponse", &resp, String::new)?;
             }
-            follow::follow(
-                &mut control,
-                &resp.issue_uuid,
-                0,
-                Some(&args.client_id),
-                fmt,
-            )
-            .await
+            follow::follow(&mut control, &resp.issue_uuid, 0, Some(&client_id), fmt).await
         }
         Cmd::Follow { issue_uuid, after } => {
             let mut control = Control::new(socket);
@@ -669,6 +765,7 @@ async fn dispatch(
             stdin::close(&mut control, given_id, &client_id, &issue_uuid, wait, fmt).await
         }
         Cmd::Storage(cmd) => storage(socket, given_id, fmt, cmd).await,
+        Cmd::Fleet(cmd) => fleet_cmd(socket, given_id, fmt, cmd).await,
         Cmd::Client(cmd) => client(socket, given_id, fmt, cmd).await,
         // main writes these before any runtime exists
         c @ (Cmd::Completions { .. } | Cmd::Man) => Ok(generate(&c).unwrap_or(0)),
@@ -926,7 +1023,212 @@ fn kill_args(args: &[String]) -> Result<(wire::SignalKind, String, String), Fail
     }
 }
 
-fn run_request(id: &str, args: &RunArgs) -> Result<wire::RunCommandRequest, Failure> {
+async fn fleet_cmd(
+    socket: &str,
+    given_id: Option<String>,
+    fmt: Format,
+    cmd: FleetCmd,
+) -> Result<u8, Failure> {
+    let mut control = Control::new(socket);
+    match cmd {
+        FleetCmd::List { page, per_page } => {
+            let req = wire::ListFleetRunsRequest {
+                request_id: String::new(),
+                page_size: per_page.unwrap_or(0),
+                page_token: page.unwrap_or_default(),
+            };
+            let resp = control
+                .retrying(|mut c| {
+                    let req = req.clone();
+                    async move { c.list_fleet_runs(req).await }
+                })
+                .await?;
+            emit(fmt, "ListFleetRunsResponse", &resp, || {
+                let mut t = fleet::runs_table(&resp.runs);
+                if !resp.next_page_token.is_empty() {
+                    t.push_str(&format!(
+                        "more: rvc fleet list --page {}\n",
+                        resp.next_page_token
+                    ));
+                }
+                t
+            })?;
+            Ok(0)
+        }
+        FleetCmd::Show { run } => {
+            let req = wire::GetFleetRunRequest {
+                request_id: String::new(),
+                fleet_run_id: run.clone(),
+            };
+            let resp = control
+                .retrying(|mut c| {
+                    let req = req.clone();
+                    async move { c.get_fleet_run(req).await }
+                })
+                .await?;
+            let targets = if fmt == Format::Text {
+                fleet::all_targets(&mut control, &run, 0).await?
+            } else {
+                Vec::new()
+            };
+            emit(fmt, "GetFleetRunResponse", &resp, || {
+                resp.run
+                    .as_ref()
+                    .map(|r| fleet::record_text(r, &targets))
+                    .unwrap_or_default()
+            })?;
+            Ok(0)
+        }
+        FleetCmd::Targets { run, state } => {
+            let state = state
+                .as_deref()
+                .map(fleet::parse_state)
+                .transpose()?
+                .unwrap_or(0);
+            let targets = fleet::all_targets(&mut control, &run, state).await?;
+            let resp = wire::ListFleetTargetsResponse {
+                targets,
+                next_page_token: String::new(),
+            };
+            emit(fmt, "ListFleetTargetsResponse", &resp, || {
+                fleet::targets_table(&resp.targets)
+            })?;
+            Ok(0)
+        }
+        FleetCmd::Follow {
+            run,
+            after,
+            group,
+            output_dir,
+        } => {
+            let view = fleet::View { group, output_dir };
+            fleet::watch(&mut control, &run, after, view, fmt).await
+        }
+        FleetCmd::Cancel { run } => {
+            let req = wire::CancelFleetRunRequest {
+                request_id: request_id(given_id)?,
+                fleet_run_id: run,
+            };
+            let resp = control
+                .retrying(|mut c| {
+                    let req = req.clone();
+                    async move { c.cancel_fleet_run(req).await }
+                })
+                .await
+                .map_err(|f| f.with_request_id(&req.request_id))?;
+            emit(fmt, "CancelFleetRunResponse", &resp, || {
+                let summary = resp.run.as_ref().map(fleet::summary).unwrap_or_default();
+                format!(
+                    "cancelled {} target(s) before they ran; sent TERM to {}\n{summary}\n",
+                    resp.cancelled, resp.signalled
+                )
+            })?;
+            Ok(0)
+        }
+        FleetCmd::Pause { run } => {
+            let req = wire::PauseFleetRunRequest {
+                request_id: request_id(given_id)?,
+                fleet_run_id: run,
+            };
+            let resp = control
+                .retrying(|mut c| {
+                    let req = req.clone();
+                    async move { c.pause_fleet_run(req).await }
+                })
+                .await
+                .map_err(|f| f.with_request_id(&req.request_id))?;
+            emit(fmt, "PauseFleetRunResponse", &resp, || {
+                resp.run.as_ref().map(fleet::state_line).unwrap_or_default()
+            })?;
+            Ok(0)
+        }
+        FleetCmd::Resume { run } => {
+            let req = wire::ResumeFleetRunRequest {
+                request_id: request_id(given_id)?,
+                fleet_run_id: run,
+            };
+            let resp = control
+                .retrying(|mut c| {
+                    let req = req.clone();
+                    async move { c.resume_fleet_run(req).await }
+                })
+                .await
+                .map_err(|f| f.with_request_id(&req.request_id))?;
+            emit(fmt, "ResumeFleetRunResponse", &resp, || {
+                resp.run.as_ref().map(fleet::state_line).unwrap_or_default()
+            })?;
+            Ok(0)
+        }
+        FleetCmd::Kill { args } => {
+            let (signal, run) = match args.as_slice() {
+                [run] => (wire::SignalKind::Term, run.clone()),
+                [sig, run] => (
+                    parse_signal(sig).ok_or_else(|| {
+                        Failure::usage(format!(
+                            "unknown signal {sig:?}; use HUP, INT, TERM, KILL, USR1 or USR2 (SIG prefix optional)"
+                        ))
+                    })?,
+                    run.clone(),
+                ),
+                _ => return Err(Failure::usage("fleet kill takes [SIGNAL] RUN")),
+            };
+            let req = wire::SignalFleetRunRequest {
+                request_id: request_id(given_id)?,
+                fleet_run_id: run,
+                signal: signal as i32,
+            };
+            let resp = control
+                .retrying(|mut c| {
+                    let req = req.clone();
+                    async move { c.signal_fleet_run(req).await }
+                })
+                .await
+                .map_err(|f| f.with_request_id(&req.request_id))?;
+            emit(fmt, "SignalFleetRunResponse", &resp, || {
+                format!(
+                    "sent {} to {} running target(s)\n",
+                    render::signal_name(signal),
+                    resp.signalled
+                )
+            })?;
+            Ok(0)
+        }
+    }
+}
+
+/// `rvc run` on a fleet: the same spec, every target the flags select.
+async fn run_fleet(
+    socket: &str,
+    id: &str,
+    args: &RunArgs,
+    words: &[String],
+    fmt: Format,
+) -> Result<u8, Failure> {
+    let one = run_request(id, args, "fleet", words)?;
+    let mut req = wire::RunFleetRequest {
+        request_id: id.to_owned(),
+        spec: one.spec,
+        queue_ttl: one.queue_ttl,
+        ..Default::default()
+    };
+    if let Some(path) = &args.script {
+        let s = script::load(path)?;
+        if let Some(spec) = req.spec.as_mut() {
+            spec.source = Some(wire::execution_spec::Source::Script(s.descriptor));
+        }
+        req.script = s.bytes;
+    }
+    args.fleet.apply(&mut req)?;
+    let mut control = Control::new(socket);
+    fleet::run(&mut control, req, args.fleet.view(), args.background, fmt).await
+}
+
+fn run_request(
+    id: &str,
+    args: &RunArgs,
+    client_id: &str,
+    words: &[String],
+) -> Result<wire::RunCommandRequest, Failure> {
     let shell_type = match args
         .shell
         .as_deref()
@@ -979,11 +1281,9 @@ fn run_request(id: &str, args: &RunArgs) -> Result<wire::RunCommandRequest, Fail
     };
     Ok(wire::RunCommandRequest {
         request_id: id.to_owned(),
-        client_id: args.client_id.clone(),
+        client_id: client_id.to_owned(),
         spec: Some(wire::ExecutionSpec {
-            source: Some(wire::execution_spec::Source::CommandText(
-                args.command.join(" "),
-            )),
+            source: Some(wire::execution_spec::Source::CommandText(words.join(" "))),
             shell_type: shell_type as i32,
             cwd: args.cwd.clone().unwrap_or_default(),
             env,

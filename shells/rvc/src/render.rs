@@ -46,6 +46,11 @@ fn shorten(text: &str, max: usize) -> String {
     }
 }
 
+/// A command's text (or its script's name) shortened to `max` characters.
+pub(crate) fn command_summary(spec: Option<&wire::ExecutionSpec>, max: usize) -> String {
+    shorten(&command_text(spec), max)
+}
+
 fn command_text(spec: Option<&wire::ExecutionSpec>) -> String {
     match spec.and_then(|s| s.source.as_ref()) {
         Some(wire::execution_spec::Source::CommandText(t)) => t.replace('\n', " "),

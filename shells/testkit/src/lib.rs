@@ -606,3 +606,123 @@ impl Stack {
         std::fs::write(path, text).unwrap();
     }
 }
+
+/// One client daemon of a [`Fleet`]: its own configuration, state and work
+/// directory under the fleet's directory.
+#[derive(Debug)]
+pub struct FleetClient {
+    pub id: String,
+    pub dir: PathBuf,
+    pub child: Option<Child>,
+}
+
+/// A server and many real `rvbox` daemons on loopback, each with its own
+/// client id, labels, state directory and work directory.
+#[derive(Debug)]
+pub struct Fleet {
+    pub stack: Stack,
+    pub clients: Vec<FleetClient>,
+}
+
+impl Fleet {
+    /// A server and `n` clients `host-01`.. with `labels(i)` (TOML inline
+    /// table text, e.g. `{ role = "web" }`), all started and connected.
+    pub fn start(n: usize, labels: impl Fn(usize) -> String) -> Self {
+        let stack = Stack::server_only();
+        let mut clients = Vec::with_capacity(n);
+        for i in 0..n {
+            let id = format!("host-{:02}", i + 1);
+            let dir = stack.dir.path().join("clients").join(&id);
+            std::fs::create_dir_all(dir.join("work")).unwrap();
+            std::fs::write(
+                dir.join("client.toml"),
+                format!(
+                    "[client]\nclient_id = \"{id}\"\nserver_urls = [\"ws://127.0.0.1:{}/rvbox/agent\"]\nstate_dir = \"{}\"\nlabels = {}\n[exec]\nallowed_cwd_roots = [\"{}\"]\ndefault_cwd = \"{}\"\ndrain_grace = \"1s\"\nkill_grace = \"2s\"\n[reconnect]\ninitial = \"1s\"\nmax = \"2s\"\n[observability]\nmetrics_listen = \"\"\n",
+                    stack.port,
+                    dir.join("state").display(),
+                    labels(i),
+                    dir.join("work").display(),
+                    dir.join("work").display(),
+                ),
+            )
+            .unwrap();
+            clients.push(FleetClient {
+                id,
+                dir,
+                child: None,
+            });
+        }
+        let mut f = Self { stack, clients };
+        for i in 0..n {
+            f.start_client(i);
+        }
+        f.wait_all_connected();
+        f
+    }
+
+    /// Starts client `i` (not waiting for it).
+    pub fn start_client(&mut self, i: usize) {
+        let c = &mut self.clients[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(c.dir.join("client.log"))
+            .unwrap();
+        let child = Command::new(bin("rvbox"))
+            .arg("--config")
+            .arg(c.dir.join("client.toml"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        c.child = Some(child);
+    }
+
+    /// Kills client `i` with SIGKILL.
+    pub fn kill_client(&mut self, i: usize) {
+        if let Some(mut c) = self.clients[i].child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    /// Waits until the server lists every running client connected.
+    pub fn wait_all_connected(&self) {
+        let want: Vec<&str> = self
+            .clients
+            .iter()
+            .filter(|c| c.child.is_some())
+            .map(|c| c.id.as_str())
+            .collect();
+        self.stack
+            .wait_until_for("every client is connected", Duration::from_secs(60), || {
+                let out = self.stack.rvc(&["stat", "--per-page", "1000"]);
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                want.iter().all(|id| {
+                    text.lines()
+                        .any(|l| l.starts_with(id) && l.contains("connected"))
+                })
+            });
+    }
+
+    /// Client `i`'s work directory (its commands' default CWD).
+    pub fn work(&self, i: usize) -> PathBuf {
+        self.clients[i].dir.join("work")
+    }
+
+    /// Runs rvc against the fleet's server.
+    pub fn rvc(&self, args: &[&str]) -> Output {
+        self.stack.rvc(args)
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for c in &mut self.clients {
+            if let Some(mut child) = c.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
