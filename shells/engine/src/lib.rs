@@ -238,6 +238,46 @@ impl Engine {
         }
     }
 
+    /// `RunFleet` through the core: the run, its targets and the first
+    /// released commands are durable before this returns.
+    ///
+    /// # Errors
+    /// As [`Store::run_fleet_as`], as a port error.
+    pub fn run_fleet(
+        &mut self,
+        req: &wire::RunFleetRequest,
+        wall_ms: i64,
+    ) -> Result<wire::RunFleetResponse, PortError> {
+        let now = self.last_now();
+        match self.call(now, wall_ms, ControlCall::RunFleet(req.clone())) {
+            Some(ControlAnswer::Fleet(Ok(a))) => match *a {
+                rvbox_store_port::fleet::FleetAnswer::Run(r) => Ok(r),
+                _ => Err(PortError::Unavailable("RunFleet got another answer".into())),
+            },
+            Some(ControlAnswer::Fleet(Err(e))) => Err(e),
+            _ => Err(PortError::Unavailable("RunFleet got no answer".into())),
+        }
+    }
+
+    /// A fleet action (`SignalFleetRun`, `CancelFleetRun`, `PauseFleetRun`,
+    /// `ResumeFleetRun`) through the core.
+    ///
+    /// # Errors
+    /// As [`Store::fleet_action_as`], as a port error.
+    pub fn fleet_action(
+        &mut self,
+        action: rvbox_store_port::fleet::FleetAction,
+        wall_ms: i64,
+    ) -> Result<rvbox_store_port::fleet::FleetAnswer, PortError> {
+        let now = self.last_now();
+        match self.call(now, wall_ms, ControlCall::FleetAction(action)) {
+            Some(ControlAnswer::Fleet(r)) => r.map(|a| *a),
+            _ => Err(PortError::Unavailable(
+                "the fleet action got no answer".into(),
+            )),
+        }
+    }
+
     /// `SignalCommand` from the control plane (plan §6.4, R-6.4-35..38),
     /// idempotent by `request_id`.
     ///

@@ -504,17 +504,18 @@ fn print_prefixed(t: &wire::FleetTarget, out: &HostOutput) -> Result<(), Failure
 }
 
 fn print_groups(g: &Groups) -> Result<(), Failure> {
-    let mut blocks: Vec<&Block> = g.blocks.values().collect();
+    let mut blocks: Vec<(Vec<String>, &Block)> = g
+        .blocks
+        .values()
+        .map(|b| {
+            let mut hosts = b.hosts.clone();
+            hosts.sort();
+            (hosts, b)
+        })
+        .collect();
     // the largest group first, then by its first host
-    blocks.sort_by(|a, b| {
-        b.hosts
-            .len()
-            .cmp(&a.hosts.len())
-            .then_with(|| a.hosts.cmp(&b.hosts))
-    });
-    for b in blocks {
-        let mut hosts = b.hosts.clone();
-        hosts.sort();
+    blocks.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+    for (hosts, b) in blocks {
         let header = format!(
             "{} ({} host{})",
             hosts.join(","),

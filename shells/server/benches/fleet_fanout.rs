@@ -1,0 +1,463 @@
+//! Fan-out of one fleet run to N agent sessions: the real `rvbox-server`
+//! binary, and a load tool in this process that holds N agent sessions
+//! over real WebSockets on loopback (source addresses spread over
+//! 127.0.0.0/8). Each session speaks the real protocol: hello, an empty
+//! reconciliation, capacity, then for each `Dispatch` a positive
+//! `CommandAccepted`, a simulated execution (RUNNING, one line of output,
+//! the terminal event with its exit code), all acknowledged by the server.
+//!
+//! For each N it times one `RunFleet` to every session, from the call to
+//! the run being DONE (every target's terminal event durable), and prints
+//! results per second, the server's peak RSS, the WebSocket Ping round
+//! trip p99 seen by 32 probe sessions during the run, and the p99 of a
+//! `GetCommand` issued every 20 ms during the run. For the largest N it
+//! adds a run with `max_parallel = 10%` and one where every tenth session
+//! fails its command, with `max_errors = 5%`.
+//!
+//! `RVBOX_BENCH_FLEET` overrides the session counts (comma-separated;
+//! default 1000,10000,19000: this machine caps one process near 20,000
+//! file descriptors).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::cast_precision_loss
+)]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt as _, StreamExt as _};
+use prost::Message as _;
+use rvbox_control_api::v1::control_client::ControlClient;
+use rvbox_proto::v1 as wire;
+use rvbox_proto::v1::envelope::Payload;
+use tokio::sync::Mutex;
+use tokio_tungstenite::tungstenite::Message;
+
+#[path = "support/agent_client.rs"]
+mod agent_client;
+use agent_client::{Ws, env, register_session};
+
+/// Sessions being registered at once.
+const CONCURRENT: usize = 128;
+/// Sessions that also measure the Ping round trip.
+const PROBES: usize = 32;
+
+/// When set, sessions whose index is a multiple of ten fail their
+/// commands (exit 1).
+static FAIL_TENTH: AtomicBool = AtomicBool::new(false);
+/// Terminal events the load tool has sent.
+static TERMINALS: AtomicU64 = AtomicU64::new(0);
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn http_ok(port: u16, path: &str) -> bool {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut t = String::new();
+    let _ = s.read_to_string(&mut t);
+    t.starts_with("HTTP/1.1 200")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_server(dir: &std::path::Path, port: u16, metrics: u16) -> Child {
+    std::fs::write(
+        dir.join("server.toml"),
+        format!(
+            "[server]\nagent_listen = \"127.0.0.1:{port}\"\n[storage]\ndata_dir = \"{d}/data\"\n[control]\nruntime_dir = \"{d}/run\"\nsocket_path = \"{d}/run/control.sock\"\n[observability]\nlog_level = \"warn\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\n",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 20000 && exec \"$0\" --config \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_rvbox-server"))
+        .arg(dir.join("server.toml"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("server.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while !http_ok(metrics, "/readyz") {
+        assert!(Instant::now() < until, "server not ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+async fn control(socket: std::path::PathBuf) -> ControlClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::try_from("http://rvbox.invalid")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .unwrap();
+    ControlClient::new(channel)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20)
+}
+
+fn event(issue: &str, seq: u64, body: wire::command_event::Body) -> wire::CommandEvent {
+    wire::CommandEvent {
+        issue_uuid: issue.to_owned(),
+        event_seq: seq,
+        observed_time: None,
+        body: Some(body),
+    }
+}
+
+/// One agent session: accepts every dispatch, runs it at once (RUNNING,
+/// one line, the terminal event), answers Pings; a probe session also
+/// sends a Ping every 20 ms and records the round trip.
+async fn agent(
+    i: usize,
+    mut ws: Ws,
+    sid: String,
+    generation: u64,
+    rtts: Option<Arc<Mutex<Vec<f64>>>>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let mut sent_at: Option<Instant> = None;
+    let line = b"ok\n".to_vec();
+    let z = zstd::bulk::compress(&line, 1).unwrap();
+    loop {
+        let msg = tokio::select! {
+            m = ws.next() => m,
+            _ = tick.tick(), if rtts.is_some() => {
+                if sent_at.is_none() {
+                    sent_at = Some(Instant::now());
+                    if ws.send(Message::Ping(vec![1].into())).await.is_err() {
+                        return;
+                    }
+                }
+                continue;
+            }
+        };
+        let Some(Ok(msg)) = msg else { return };
+        match msg {
+            Message::Pong(_) => {
+                if let (Some(t), Some(r)) = (sent_at.take(), &rtts) {
+                    r.lock().await.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+            Message::Binary(b) => {
+                let Ok(envl) = wire::Envelope::decode(b.as_ref()) else {
+                    continue;
+                };
+                let Some(Payload::Dispatch(d)) = envl.payload else {
+                    continue;
+                };
+                let fail = FAIL_TENTH.load(Ordering::Relaxed) && i % 10 == 0;
+                let (to, code) = if fail {
+                    (wire::Lifecycle::Failed, 1)
+                } else {
+                    (wire::Lifecycle::Succeeded, 0)
+                };
+                let frames = [
+                    Payload::CommandAccepted(wire::CommandAccepted {
+                        issue_uuid: d.issue_uuid.clone(),
+                        revision: d.revision,
+                        outcome: wire::AcceptOutcome::Positive as i32,
+                        error: None,
+                        resolved_shell: wire::ShellType::Sh as i32,
+                    }),
+                    Payload::CommandEvent(event(
+                        &d.issue_uuid,
+                        1,
+                        wire::command_event::Body::Lifecycle(wire::LifecycleChange {
+                            lifecycle: wire::Lifecycle::Running as i32,
+                            revision: d.revision,
+                            exit_result: None,
+                            reason: String::new(),
+                        }),
+                    )),
+                    Payload::CommandEvent(event(
+                        &d.issue_uuid,
+                        2,
+                        wire::command_event::Body::Output(wire::OutputChunk {
+                            stream: wire::OutputStream::Stdout as i32,
+                            payload: z.clone(),
+                            raw_length: 3,
+                            stored_length: u32::try_from(z.len()).unwrap(),
+                        }),
+                    )),
+                    Payload::CommandEvent(event(
+                        &d.issue_uuid,
+                        3,
+                        wire::command_event::Body::Lifecycle(wire::LifecycleChange {
+                            lifecycle: to as i32,
+                            revision: d.revision,
+                            exit_result: Some(wire::ExitResult {
+                                lifecycle: to as i32,
+                                exit_code: Some(code),
+                                signal_number: None,
+                                signal_name: String::new(),
+                            }),
+                            reason: String::new(),
+                        }),
+                    )),
+                ];
+                for p in frames {
+                    if ws.send(env(&sid, generation, p)).await.is_err() {
+                        return;
+                    }
+                }
+                TERMINALS.fetch_add(1, Ordering::Relaxed);
+            }
+            Message::Close(_) => return,
+            _ => {}
+        }
+    }
+}
+
+fn p99(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let at = ((v.len() as f64) * 0.99).ceil() as usize;
+    v[at.saturating_sub(1).min(v.len() - 1)]
+}
+
+struct Outcome {
+    elapsed: Duration,
+    counts: wire::FleetCounts,
+    ping_p99: f64,
+    get_p99: f64,
+    rss_peak_kib: u64,
+}
+
+/// One fleet run to every session, timed to DONE, with the probes.
+async fn one_run(
+    c: &mut ControlClient<tonic::transport::Channel>,
+    pid: u32,
+    rtts: &Arc<Mutex<Vec<f64>>>,
+    max_parallel: Option<u32>,
+    max_errors: Option<u32>,
+) -> Outcome {
+    rtts.lock().await.clear();
+    let id = uuid::Uuid::now_v7().hyphenated().to_string();
+    let req = wire::RunFleetRequest {
+        request_id: id.clone(),
+        selection: Some(wire::FleetSelection {
+            all: true,
+            ..Default::default()
+        }),
+        spec: Some(wire::ExecutionSpec {
+            source: Some(wire::execution_spec::Source::CommandText("echo ok".into())),
+            ..Default::default()
+        }),
+        max_parallel: max_parallel.map(|p| wire::FleetLimit {
+            limit: Some(wire::fleet_limit::Limit::Percent(p)),
+        }),
+        max_errors: max_errors.map(|p| wire::FleetLimit {
+            limit: Some(wire::fleet_limit::Limit::Percent(p)),
+        }),
+        ..Default::default()
+    };
+    let done = Arc::new(AtomicBool::new(false));
+    // GetCommand latency during the run, on a command of this run
+    let getter = {
+        let mut c2 = c.clone();
+        let done = Arc::clone(&done);
+        let run = id.clone();
+        tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut issue = None;
+            while !done.load(Ordering::Relaxed) {
+                if issue.is_none() {
+                    issue = c2
+                        .list_fleet_targets(wire::ListFleetTargetsRequest {
+                            fleet_run_id: run.clone(),
+                            page_size: 1,
+                            ..Default::default()
+                        })
+                        .await
+                        .ok()
+                        .and_then(|r| r.into_inner().targets.into_iter().next())
+                        .map(|t| t.issue_uuid);
+                }
+                if let Some(issue) = &issue {
+                    let t = Instant::now();
+                    let ok = c2
+                        .get_command(wire::GetCommandRequest {
+                            request_id: String::new(),
+                            issue_uuid: issue.clone(),
+                        })
+                        .await
+                        .is_ok();
+                    if ok {
+                        lat.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            lat
+        })
+    };
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let done = Arc::clone(&done);
+        let peak = Arc::clone(&peak);
+        tokio::spawn(async move {
+            while !done.load(Ordering::Relaxed) {
+                peak.fetch_max(rss_kib(pid), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let started = Instant::now();
+    c.run_fleet(req).await.unwrap();
+    let record = loop {
+        let r = c
+            .get_fleet_run(wire::GetFleetRunRequest {
+                request_id: String::new(),
+                fleet_run_id: id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .run
+            .unwrap();
+        if r.state == wire::FleetRunState::Done as i32 {
+            break r;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "the run did not end: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let elapsed = started.elapsed();
+    done.store(true, Ordering::Relaxed);
+    let lat = getter.await.unwrap();
+    sampler.await.unwrap();
+    let ping = rtts.lock().await.clone();
+    Outcome {
+        elapsed,
+        counts: record.counts.unwrap(),
+        ping_p99: p99(ping),
+        get_p99: p99(lat),
+        rss_peak_kib: peak.load(Ordering::Relaxed),
+    }
+}
+
+fn main() {
+    let counts: Vec<usize> = std::env::var("RVBOX_BENCH_FLEET")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1_000, 10_000, 19_000]);
+    let largest = counts.iter().copied().max().unwrap_or(0);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!("One fleet run to N agent sessions (real rvbox-server, sessions on loopback)");
+    println!(
+        "{:>8} {:<22} {:>9} {:>10} {:>12} {:>9} {:>8} {:>8} {:>11} {:>13} {:>8}",
+        "sessions",
+        "run",
+        "targets",
+        "seconds",
+        "results/s",
+        "succeeded",
+        "failed",
+        "skipped",
+        "ping p99 ms",
+        "GetCommand p99",
+        "RSS MiB"
+    );
+    for &n in &counts {
+        let dir = tempfile::tempdir().unwrap();
+        let (port, metrics) = (free_port(), free_port());
+        let mut server = start_server(dir.path(), port, metrics);
+        let pid = server.id();
+        let rtts = Arc::new(Mutex::new(Vec::new()));
+        rt.block_on(async {
+            let mut sessions = Vec::with_capacity(n);
+            let mut i = 0;
+            while i < n {
+                let batch: Vec<_> = (i..(i + CONCURRENT).min(n))
+                    .map(|j| tokio::spawn(register_session(j, port)))
+                    .collect();
+                for h in batch {
+                    sessions.push(h.await.unwrap());
+                }
+                i += CONCURRENT;
+            }
+            let mut tasks = Vec::with_capacity(n);
+            for (i, (ws, sid, generation)) in sessions.into_iter().enumerate() {
+                let probe = (i % (n / PROBES).max(1) == 0).then(|| Arc::clone(&rtts));
+                tasks.push(tokio::spawn(agent(i, ws, sid, generation, probe)));
+            }
+            let mut c = control(dir.path().join("run/control.sock")).await;
+            let mut runs: Vec<(&str, Option<u32>, Option<u32>, bool)> =
+                vec![("all at once", None, None, false)];
+            if n == largest {
+                runs.push(("max-parallel 10%", Some(10), None, false));
+                runs.push(("10% fail, max-errors 5%", None, Some(5), true));
+            }
+            for (name, parallel, errors, fail) in runs {
+                FAIL_TENTH.store(fail, Ordering::Relaxed);
+                let o = one_run(&mut c, pid, &rtts, parallel, errors).await;
+                let total = o.counts.succeeded + o.counts.failed + o.counts.skipped;
+                println!(
+                    "{:>8} {:<22} {:>9} {:>10.2} {:>12.0} {:>9} {:>8} {:>8} {:>11.1} {:>13.1} {:>8.0}",
+                    n,
+                    name,
+                    total,
+                    o.elapsed.as_secs_f64(),
+                    f64::from(o.counts.succeeded + o.counts.failed) / o.elapsed.as_secs_f64(),
+                    o.counts.succeeded,
+                    o.counts.failed,
+                    o.counts.skipped,
+                    o.ping_p99,
+                    o.get_p99,
+                    o.rss_peak_kib as f64 / 1024.0
+                );
+            }
+            for t in tasks {
+                t.abort();
+            }
+        });
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status();
+        let _ = server.wait();
+    }
+}
