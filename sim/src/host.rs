@@ -589,7 +589,18 @@ fn hello(client_id: &ClientId, instance: &str, c: &ClientConfig, work: &Path) ->
             default_cwd: cwd.clone(),
             allowed_roots: vec![cwd],
         }),
-        labels: vec![],
+        // host-N: parity=N%2, for the fleet workload's label selectors
+        labels: client_id
+            .as_str()
+            .strip_prefix("host-")
+            .and_then(|n| n.parse::<u64>().ok())
+            .map(|n| {
+                vec![wire::Label {
+                    key: "parity".into(),
+                    value: (n % 2).to_string(),
+                }]
+            })
+            .unwrap_or_default(),
     }
 }
 

@@ -130,6 +130,10 @@ pub enum Invariant {
     OneLiveSession,
     /// The checker or a ledger hit a bound and stopped recording.
     CheckerBounds,
+    /// A fleet run's counters equal its targets' states, each released
+    /// target's state is its command's, an unreleased target has no
+    /// command, and no run has more in flight than its `max_parallel`.
+    FleetRuns,
 }
 
 impl Invariant {
@@ -146,6 +150,7 @@ impl Invariant {
             Self::QuotaCounters => "quota_counters",
             Self::OneLiveSession => "one_live_session",
             Self::CheckerBounds => "checker_bounds",
+            Self::FleetRuns => "fleet_runs",
         }
     }
 }
@@ -519,8 +524,23 @@ impl Checker {
             self.check_counters(store, &mut out)?;
         }
         self.check_sessions(store, &mut out)?;
+        self.check_fleets(store, &mut out)?;
         out.truncate(MAX_VIOLATIONS_PER_CHECK);
         Ok(out)
+    }
+
+    fn check_fleets(&mut self, store: &Store, out: &mut Vec<Violation>) -> Result<(), CheckError> {
+        let problems =
+            rvbox_store::fleet::fleet_problems(store.db()).map_err(sql("check the fleet runs"))?;
+        for detail in problems {
+            out.push(Violation {
+                invariant: Invariant::FleetRuns,
+                issue_uuid: None,
+                client_id: None,
+                detail,
+            });
+        }
+        Ok(())
     }
 
     fn sweep(&mut self) {

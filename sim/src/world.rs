@@ -35,7 +35,7 @@ use crate::supervisor::{Programs, SharedLog};
 /// The store crash points a run arms: every step of the append path, and
 /// every metadata commit the server core's operations reach (each at its
 /// own site, so a trace names exactly which commit the crash followed).
-pub const CRASH_POINTS: [&str; 29] = [
+pub const CRASH_POINTS: [&str; 32] = [
     points::EVENT_BEFORE_FSYNC,
     points::EVENT_MID_RECORD,
     points::EVENT_AFTER_FSYNC,
@@ -60,6 +60,9 @@ pub const CRASH_POINTS: [&str; 29] = [
     points::STDIN_AFTER_COMMIT,
     points::RUN_COMMAND_AFTER_COMMIT,
     points::TRANSITION_AFTER_COMMIT,
+    points::RUN_FLEET_AFTER_COMMIT,
+    points::FLEET_PASS_AFTER_COMMIT,
+    points::FLEET_ACTION_AFTER_COMMIT,
     rvbox_store::retention::points::ROTATE_AFTER_MARK,
     rvbox_store::retention::points::EVICT_AFTER_MARK,
     rvbox_store::retention::points::EVICT_AFTER_MOVE,
@@ -77,6 +80,7 @@ const MAX_KEPT_DISPATCHES: usize = 256;
 /// faulty run.
 const RARE_POINTS: &[&str] = &[
     points::ACCEPT_LATE_AFTER_COMMIT,
+    points::FLEET_ACTION_AFTER_COMMIT,
     points::EXPIRED_PENDING_AFTER_COMMIT,
     points::CLAIM_AFTER_COMMIT,
     rvbox_store::retention::points::ROTATE_AFTER_MARK,
@@ -118,6 +122,8 @@ pub const DRAIN_MS: u64 = 1_800_000;
 const TWIN_CONN_BASE: u64 = 1 << 40;
 /// Most answered `SignalCommand` requests one run keeps for replays.
 const MAX_KEPT_SIGNALS: usize = 256;
+/// Most fleet runs one run keeps for replays and cancels.
+const MAX_KEPT_FLEETS: usize = 64;
 /// Largest script the workload creates (a script command is 1 in 10).
 const MAX_WORKLOAD_SCRIPT_BYTES: u64 = 1_500_000;
 
@@ -374,6 +380,12 @@ pub struct World {
     known_done: usize,
     /// Answered `SignalCommand` requests, for replays.
     signals: Vec<(wire::SignalCommandRequest, wire::SignalCommandResponse)>,
+    /// Answered `RunFleet` requests, for replays and cancels.
+    fleets: Vec<(wire::RunFleetRequest, wire::RunFleetResponse)>,
+    /// Fleet target commands already tracked in `created_ids`.
+    fleet_seen: BTreeSet<[u8; 16]>,
+    /// The fleet workload's choices.
+    fleet_rng: SimRng,
     /// `SignalCommand` requests whose answer a server crash swallowed.
     unanswered: Vec<wire::SignalCommandRequest>,
     /// Second instances sent so far (their connections are numbered from
@@ -759,6 +771,9 @@ impl World {
             created_ids: Vec::new(),
             known_done: 0,
             signals: Vec::new(),
+            fleets: Vec::new(),
+            fleet_seen: BTreeSet::new(),
+            fleet_rng: seeds.stream(crate::rng::Stream::Named("fleets")),
             unanswered: Vec::new(),
             twins: 0,
             twin_outputs: Vec::new(),
@@ -1362,24 +1377,55 @@ impl World {
         }
     }
 
-    /// Every created command not yet terminal, described for a failure.
+    /// Every created command not yet terminal, and every fleet run not
+    /// done, described for a failure.
     fn unfinished(&self) -> Vec<String> {
-        self.created_ids
-            .iter()
-            .filter_map(|id| {
-                let v = self.server.engine.as_ref()?.command(id).ok()?;
-                (!v.lifecycle.is_terminal()).then(|| {
-                    format!(
-                        "{} {} on {} (revision {}, expired_pending {})",
-                        crate::rng::uuid_text(id),
-                        v.lifecycle.as_str(),
-                        v.client_id,
-                        v.revision,
-                        v.expired_pending
+        let mut runs: Vec<String> = self
+            .server
+            .engine
+            .as_ref()
+            .and_then(|e| {
+                let mut st = e
+                    .store()
+                    .db()
+                    .prepare(
+                        "SELECT hex(run_id), state, n_pending, n_queued, n_running FROM fleet_runs WHERE state < 4",
                     )
-                })
+                    .ok()?;
+                let rows = st
+                    .query_map([], |r| {
+                        Ok(format!(
+                            "fleet run {} in state {} ({} pending, {} queued, {} running)",
+                            r.get::<_, String>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, i64>(2)?,
+                            r.get::<_, i64>(3)?,
+                            r.get::<_, i64>(4)?
+                        ))
+                    })
+                    .ok()?;
+                Some(rows.filter_map(Result::ok).collect())
             })
-            .collect()
+            .unwrap_or_default();
+        runs.extend(
+            self.created_ids
+                .iter()
+                .filter_map(|id| {
+                    let v = self.server.engine.as_ref()?.command(id).ok()?;
+                    (!v.lifecycle.is_terminal()).then(|| {
+                        format!(
+                            "{} {} on {} (revision {}, expired_pending {})",
+                            crate::rng::uuid_text(id),
+                            v.lifecycle.as_str(),
+                            v.client_id,
+                            v.revision,
+                            v.expired_pending
+                        )
+                    })
+                })
+                .collect::<Vec<_>>(),
+        );
+        runs
     }
 
     /// Adds an engine's counters to the run's: they survive a crash.
@@ -1788,6 +1834,319 @@ impl World {
         }
         if self.takeover_rng.chance(40) {
             self.operator_takeover();
+        }
+        if self.fleet_rng.chance(120) {
+            self.operator_fleet();
+        }
+    }
+
+    /// An operator's fleet run (all hosts, a glob, a label selector or a
+    /// list of hosts, now and then with `max_parallel` and `max_errors`),
+    /// the replay of an earlier one (answered as the first time), or the
+    /// cancel of a live one.
+    fn operator_fleet(&mut self) {
+        if self.fleet_rng.chance(200)
+            && let Some((req, first)) = self.fleet_rng.pick(&self.fleets).cloned()
+        {
+            // a run retention reclaimed is refused by its tombstone while
+            // the FIFO keeps it (a store test); past that bound, as for a
+            // command, its id is not guarded: never replayed here
+            let kept = self.server.engine.as_ref().is_some_and(|e| {
+                Uuid7::parse("fleet_run_id", &req.request_id).is_ok_and(|id| {
+                    e.store()
+                        .db()
+                        .query_row(
+                            "SELECT EXISTS (SELECT 1 FROM fleet_runs WHERE run_id = ?1)",
+                            [id.as_bytes().as_slice()],
+                            |r| r.get::<_, bool>(0),
+                        )
+                        .unwrap_or(false)
+                })
+            });
+            if !kept {
+                self.count("fleet replay of a reclaimed run skipped");
+                return;
+            }
+            self.log(format!("fleet {} replayed", req.request_id));
+            let mut again = None;
+            self.with_engine(|e, _, wall| again = Some(e.run_fleet(&req, wall)));
+            match again {
+                Some(Ok(resp)) => {
+                    self.count("fleet replayed");
+                    if resp != first {
+                        self.failure = Some(format!(
+                            "RunFleet {} replayed as {resp:?}, first answered {first:?}",
+                            req.request_id
+                        ));
+                    }
+                }
+                Some(Err(e)) if e.to_domain().code() != Code::Unavailable => {
+                    self.failure = Some(format!(
+                        "RunFleet {} replayed was refused: {:?}",
+                        req.request_id,
+                        e.to_domain()
+                    ));
+                }
+                _ => {}
+            }
+            return;
+        }
+        if self.fleet_rng.chance(350) {
+            self.operator_fleet_cancel();
+            return;
+        }
+        let wall = u64::try_from(self.wall()).unwrap_or(0);
+        let id = self.fleet_rng.uuid_v7(wall);
+        let n = u64::from(self.config.clients);
+        let selection = match self.fleet_rng.below(4) {
+            0 => wire::FleetSelection {
+                all: true,
+                ..Default::default()
+            },
+            1 => wire::FleetSelection {
+                client_glob: "host-*".into(),
+                ..Default::default()
+            },
+            2 => wire::FleetSelection {
+                selector: format!("parity={}", self.fleet_rng.below(2)),
+                ..Default::default()
+            },
+            _ => {
+                let a = self.fleet_rng.below(n.max(1));
+                let b = (a + 1 + self.fleet_rng.below(n.max(2) - 1)) % n.max(1);
+                let mut ids = vec![format!("host-{a}"), format!("host-{b}")];
+                ids.sort();
+                ids.dedup();
+                wire::FleetSelection {
+                    client_ids: ids,
+                    ..Default::default()
+                }
+            }
+        };
+        let count = |v: u64| wire::FleetLimit {
+            limit: Some(wire::fleet_limit::Limit::Count(
+                u32::try_from(v).unwrap_or(1),
+            )),
+        };
+        let max_parallel = self
+            .fleet_rng
+            .chance(600)
+            .then(|| count(1 + self.fleet_rng.below(2)));
+        let max_errors = self
+            .fleet_rng
+            .chance(300)
+            .then(|| count(1 + self.fleet_rng.below(2)));
+        let req = wire::RunFleetRequest {
+            request_id: crate::rng::uuid_text(&id),
+            selection: Some(selection),
+            spec: Some(wire::ExecutionSpec {
+                source: Some(wire::execution_spec::Source::CommandText(format!(
+                    "job-{}",
+                    self.fleet_rng.next_u32()
+                ))),
+                ..Default::default()
+            }),
+            max_parallel,
+            max_errors,
+            ..Default::default()
+        };
+        // a crash that swallows the answer is answered by rvc's retry with
+        // the same request id: the stored result, never a second run
+        for attempt in 0..8 {
+            let mut answer = None;
+            self.with_engine(|e, _, wall| answer = Some(e.run_fleet(&req, wall)));
+            match answer {
+                Some(Ok(r)) => {
+                    self.count("fleet runs");
+                    if attempt > 0 {
+                        self.count("fleet retried");
+                    }
+                    self.log(format!(
+                        "fleet {} on {} target(s)",
+                        req.request_id, r.targets
+                    ));
+                    if self.fleets.len() < MAX_KEPT_FLEETS {
+                        self.fleets.push((req, r));
+                    }
+                    break;
+                }
+                Some(Err(e)) => {
+                    let code = e.to_domain().code();
+                    if attempt > 0 && matches!(code, Code::Conflict | Code::AlreadyExecuted) {
+                        self.failure = Some(format!(
+                            "RunFleet {} retried after a lost answer was refused: {:?}",
+                            req.request_id,
+                            e.to_domain()
+                        ));
+                    }
+                    self.log(format!("fleet {} refused: {e:?}", req.request_id));
+                    break;
+                }
+                None => self.count("fleet unanswered"),
+            }
+        }
+        self.with_engine(|e, now, wall| e.tick(now, wall));
+    }
+
+    /// `CancelFleetRun` of a kept run: every target may get a TERM (the
+    /// signal oracle is told so).
+    fn operator_fleet_cancel(&mut self) {
+        let Some((run, _)) = self.fleet_rng.pick(&self.fleets).cloned() else {
+            return;
+        };
+        let issues: Vec<[u8; 16]> = self.server.engine.as_ref().map_or_else(Vec::new, |e| {
+            let Ok(run_id) = Uuid7::parse("fleet_run_id", &run.request_id) else {
+                return Vec::new();
+            };
+            let Ok(mut st) = e
+                .store()
+                .db()
+                .prepare("SELECT issue_uuid FROM fleet_targets WHERE run_id = ?1")
+            else {
+                return Vec::new();
+            };
+            st.query_map([run_id.as_bytes().as_slice()], |r| r.get::<_, Vec<u8>>(0))
+                .map(|rows| {
+                    rows.filter_map(Result::ok)
+                        .filter_map(|b| <[u8; 16]>::try_from(b.as_slice()).ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        });
+        let wall = u64::try_from(self.wall()).unwrap_or(0);
+        let request_id = crate::rng::uuid_text(&self.fleet_rng.uuid_v7(wall));
+        for issue in &issues {
+            self.signal_may_apply.insert(
+                format!("{request_id}/{}", crate::rng::uuid_text(issue)),
+                (*issue, wire::SignalKind::Term),
+            );
+        }
+        let action = rvbox_store_port::fleet::FleetAction::Cancel(wire::CancelFleetRunRequest {
+            request_id,
+            fleet_run_id: run.request_id.clone(),
+        });
+        // a lost answer is asked again with the same request id: the
+        // stored answer, and no second TERM
+        let mut first: Option<rvbox_store_port::fleet::FleetAnswer> = None;
+        for attempt in 0..8 {
+            let mut answer = None;
+            let a = action.clone();
+            self.with_engine(|e, _, wall| answer = Some(e.fleet_action(a, wall)));
+            match answer {
+                Some(Ok(a)) => {
+                    if attempt > 0 {
+                        self.count("fleet cancel retried");
+                    }
+                    self.count("fleet cancelled");
+                    self.log(format!("fleet {} cancelled", run.request_id));
+                    first = Some(a);
+                    break;
+                }
+                Some(Err(e)) => {
+                    self.log(format!("fleet {} cancel refused: {e:?}", run.request_id));
+                    break;
+                }
+                None => self.count("fleet cancel unanswered"),
+            }
+        }
+        // the same cancel once more: the same answer
+        if let Some(first) = first {
+            let mut again = None;
+            self.with_engine(|e, _, wall| again = Some(e.fleet_action(action, wall)));
+            if let Some(Ok(a)) = again
+                && a != first
+                && self.failure.is_none()
+            {
+                self.failure = Some(format!(
+                    "CancelFleetRun of {} replayed as {a:?}, first answered {first:?}",
+                    run.request_id
+                ));
+            }
+        }
+    }
+
+    /// Tracks every released fleet target's command like a created one
+    /// (the oracles, agreement and liveness then cover it).
+    fn sync_fleet_targets(&mut self) {
+        let Some(engine) = self.server.engine.as_ref() else {
+            return;
+        };
+        let rows: Vec<(Vec<u8>, String)> = match engine.store().db().prepare_cached(
+            "SELECT issue_uuid, client_id FROM fleet_targets WHERE lifecycle IS NOT NULL",
+        ) {
+            Ok(mut st) => st
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .map(|rows| rows.filter_map(Result::ok).collect())
+                .unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+        for (issue, client) in rows {
+            let Ok(id) = <[u8; 16]>::try_from(issue.as_slice()) else {
+                continue;
+            };
+            if self.fleet_seen.insert(id) {
+                self.created_ids.push(id);
+                self.requests.client.insert(id, client);
+                self.count("fleet targets released");
+                // an operator writes to its stdin and closes it, as to any
+                // command (a tree may read stdin to its end before it exits)
+                if self.stdin_plans.len() < MAX_STDIN_PLANS {
+                    let appends_left = u32::try_from(self.stdin_rng.below(4)).unwrap_or(0);
+                    let at = self.now.saturating_add(self.stdin_rng.below(20_000));
+                    self.stdin_plans.push(StdinPlan {
+                        id,
+                        at,
+                        appends_left,
+                        pending: None,
+                        since: at,
+                        maybe_committed: false,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The rate a fleet run promises, against the processes really
+    /// running: never more of a run's targets running at once than its
+    /// `max_parallel` (counting those the server has not ended).
+    fn check_fleet_parallel(&mut self) {
+        let Some(engine) = self.server.engine.as_ref() else {
+            return;
+        };
+        let Ok(limits) = rvbox_store::fleet::parallel_limits(engine.store().db()) else {
+            return;
+        };
+        if limits.is_empty() {
+            return;
+        }
+        let log = self
+            .process_log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut problem = None;
+        for (limit, issues) in &limits {
+            let running = issues
+                .iter()
+                .filter(|id| {
+                    Uuid7::from_bytes("issue_uuid", **id).is_ok_and(|u| {
+                        log.records()
+                            .get(&u)
+                            .is_some_and(|r| r.starts > 0 && r.ended.is_none())
+                    }) && engine.command(id).is_ok_and(|v| !v.lifecycle.is_terminal())
+                })
+                .count() as u64;
+            if running > *limit {
+                problem = Some(format!(
+                    "fleet: {running} targets of one run run at once, above its max_parallel {limit}"
+                ));
+            }
+        }
+        drop(log);
+        self.count("fleet parallel_checks");
+        if let Some(p) = problem
+            && self.failure.is_none()
+        {
+            self.failure = Some(p);
         }
     }
 
@@ -2763,6 +3122,17 @@ impl World {
         if self.created < self.config.commands {
             return false;
         }
+        // every fleet run ended (its released targets are tracked below)
+        let live: i64 = engine
+            .store()
+            .db()
+            .query_row("SELECT COUNT(*) FROM fleet_runs WHERE state < 4", [], |r| {
+                r.get(0)
+            })
+            .unwrap_or(1);
+        if live > 0 {
+            return false;
+        }
         while let Some(id) = self.created_ids.get(self.known_done) {
             let done = engine
                 .command(id)
@@ -2889,6 +3259,8 @@ impl World {
             self.with_engine(|e, now, wall| e.tick(now, wall));
             self.executor_step();
             self.check();
+            self.sync_fleet_targets();
+            self.check_fleet_parallel();
         }
         if self.failure.is_none() && steps >= MAX_STEPS {
             self.failure = Some(format!("no end after {MAX_STEPS} steps"));

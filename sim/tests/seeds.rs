@@ -81,6 +81,13 @@ const MUST_HAPPEN: &[&str] = &[
     "stdin closed",
     "late_acceptance_provoked",
     "engine late_acceptances",
+    "fleet runs",
+    "fleet targets released",
+    "fleet retried",
+    "fleet replayed",
+    "fleet cancelled",
+    "fleet cancel retried",
+    "fleet parallel_checks",
 ];
 
 /// Named crash points of the server's store that no path of the engine

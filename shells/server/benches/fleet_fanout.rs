@@ -180,7 +180,7 @@ async fn agent(
                 let Some(Payload::Dispatch(d)) = envl.payload else {
                     continue;
                 };
-                let fail = FAIL_TENTH.load(Ordering::Relaxed) && i % 10 == 0;
+                let fail = FAIL_TENTH.load(Ordering::Relaxed) && i.is_multiple_of(10);
                 let (to, code) = if fail {
                     (wire::Lifecycle::Failed, 1)
                 } else {
@@ -421,7 +421,7 @@ fn main() {
             }
             let mut tasks = Vec::with_capacity(n);
             for (i, (ws, sid, generation)) in sessions.into_iter().enumerate() {
-                let probe = (i % (n / PROBES).max(1) == 0).then(|| Arc::clone(&rtts));
+                let probe = i.is_multiple_of((n / PROBES).max(1)).then(|| Arc::clone(&rtts));
                 tasks.push(tokio::spawn(agent(i, ws, sid, generation, probe)));
             }
             let mut c = control(dir.path().join("run/control.sock")).await;

@@ -69,7 +69,7 @@ pub mod points {
     /// simulator crashes at each to show that no decision depends on a
     /// second transaction that might never run, and that the frame or
     /// answer the commit announces can be lost.
-    pub const AFTER_COMMIT: [&str; 18] = [
+    pub const AFTER_COMMIT: [&str; 21] = [
         DISPATCH_AFTER_COMMIT,
         REQUEUE_AFTER_COMMIT,
         ACCEPT_AFTER_COMMIT,
@@ -88,6 +88,9 @@ pub mod points {
         STDIN_AFTER_COMMIT,
         RUN_COMMAND_AFTER_COMMIT,
         TRANSITION_AFTER_COMMIT,
+        RUN_FLEET_AFTER_COMMIT,
+        FLEET_PASS_AFTER_COMMIT,
+        FLEET_ACTION_AFTER_COMMIT,
     ];
     /// A large script's blob segment is durable; the command is not committed.
     pub const BLOB_AFTER_SYNC: &str = "store.blob.after_sync";

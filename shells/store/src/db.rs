@@ -50,6 +50,10 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 9,
         sql: include_str!("migrations/0009_fleet_runs.sql"),
     },
+    Migration {
+        version: 10,
+        sql: include_str!("migrations/0010_fleet_run_tombstones.sql"),
+    },
 ];
 
 /// Applies every missing server-store migration and validates the
@@ -71,7 +75,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.sqlite3");
         let mut c = open(&path, DbOptions::default()).unwrap();
-        assert_eq!(migrate(&mut c, 1).unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(
+            migrate(&mut c, 1).unwrap(),
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+        );
         assert_eq!(migrate(&mut c, 2).unwrap(), Vec::<i64>::new());
         quick_check(&c).unwrap();
         // a tampered record refuses to open
@@ -94,7 +101,7 @@ mod tests {
             migrate(&mut c, 3),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 9
+                known: 10
             })
         ));
     }

@@ -645,6 +645,15 @@ impl Store {
                     .with_field("request_id"),
             ));
         }
+        if run_tombstoned(&tx, &run_id)? {
+            return Err(OpError::Refused(
+                DomainError::new(
+                    Code::AlreadyExecuted,
+                    "a fleet run with this request_id already ran and its history was reclaimed; use a new request_id",
+                )
+                .with_field("request_id"),
+            ));
+        }
         let targets = resolve_in(&tx, &selection)?;
         if targets.is_empty() && late_ms == 0 {
             return Err(OpError::Refused(
@@ -1184,33 +1193,199 @@ pub const MAX_RUNS_PRUNED_PER_PASS: i64 = 100;
 /// # Errors
 /// A store failure.
 pub(crate) fn prune_done_runs(
-    conn: &Connection,
+    conn: &mut Connection,
     now_ms: i64,
     retention_ms: u64,
+    tombstone_cap: u64,
 ) -> Result<u64, StoreError> {
     let aged_before = if retention_ms == 0 {
         i64::MIN
     } else {
         now_ms.saturating_sub(to_i64(retention_ms))
     };
-    let n = conn
-        .execute_cached(
-            "DELETE FROM fleet_runs WHERE run_id IN (
-                 SELECT r.run_id FROM fleet_runs r
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| StoreError::sqlite("begin fleet run retention", e))?;
+    let runs: Vec<Vec<u8>> = {
+        let mut st = tx
+            .prepare_cached(
+                "SELECT r.run_id FROM fleet_runs r
                  WHERE r.state = 4
                    AND (r.done_ms < ?1
                         OR (r.targets > 0 AND NOT EXISTS (
                                SELECT 1 FROM fleet_targets t JOIN commands c
                                  ON c.issue_uuid = t.issue_uuid
                                WHERE t.run_id = r.run_id)))
-                 LIMIT ?2)",
-            params![aged_before, MAX_RUNS_PRUNED_PER_PASS],
+                 ORDER BY r.created_ms LIMIT ?2",
+            )
+            .map_err(|e| StoreError::sqlite("select done fleet runs", e))?;
+        st.query_map(params![aged_before, MAX_RUNS_PRUNED_PER_PASS], |r| r.get(0))
+            .and_then(Iterator::collect)
+            .map_err(|e| StoreError::sqlite("select done fleet runs", e))?
+    };
+    for run in &runs {
+        // the id stays refused: a replayed RunFleet never makes it again
+        tx.execute_cached(
+            "INSERT INTO fleet_run_tombstones (run_id, pruned_ms) VALUES (?1, ?2)
+             ON CONFLICT (run_id) DO NOTHING",
+            params![run, now_ms],
         )
-        .map_err(|e| StoreError::sqlite("prune done fleet runs", e))?;
-    if n > 0 {
-        tracing::info!(runs = n, "done fleet runs deleted by retention");
+        .map_err(|e| StoreError::sqlite("insert fleet run tombstone", e))?;
+        tx.execute_cached("DELETE FROM fleet_runs WHERE run_id = ?1", params![run])
+            .map_err(|e| StoreError::sqlite("delete done fleet run", e))?;
     }
-    Ok(n as u64)
+    if !runs.is_empty() {
+        tx.execute_cached(
+            "DELETE FROM fleet_run_tombstones WHERE seq <= (
+                 SELECT MAX(seq) FROM fleet_run_tombstones) - ?1",
+            params![to_i64(tombstone_cap.max(1))],
+        )
+        .map_err(|e| StoreError::sqlite("trim fleet run tombstones", e))?;
+    }
+    tx.commit()
+        .map_err(|e| StoreError::sqlite("commit fleet run retention", e))?;
+    if !runs.is_empty() {
+        tracing::info!(runs = runs.len(), "done fleet runs deleted by retention");
+    }
+    Ok(runs.len() as u64)
+}
+
+/// Whether retention deleted a run with this id (its tombstone is kept).
+fn run_tombstoned(tx: &Transaction<'_>, run: &[u8; 16]) -> Result<bool, StoreError> {
+    tx.query_row_cached(
+        "SELECT EXISTS (SELECT 1 FROM fleet_run_tombstones WHERE run_id = ?1)",
+        params![run.as_slice()],
+        |r| r.get(0),
+    )
+    .map_err(|e| StoreError::sqlite("check fleet run tombstone", e))
+}
+
+/// The fleet invariants, read from one connection: each run's counters
+/// equal a recount of its targets; a released target's state is the one
+/// its command's lifecycle maps to; a target never released (pending or
+/// skipped) has no command; no run has more targets queued or running than
+/// its `max_parallel` allows. One line per problem found.
+///
+/// # Errors
+/// A store failure.
+pub fn fleet_problems(conn: &Connection) -> Result<Vec<String>, StoreError> {
+    let mut out = Vec::new();
+    for (run, counts, recount) in fleet_count_mismatches(conn)? {
+        out.push(format!(
+            "fleet run {run}: counters {counts:?} but its targets recount to {recount:?}"
+        ));
+    }
+    let rows: Vec<(Vec<u8>, String, i32, Option<i32>)> = {
+        let mut st = conn
+            .prepare_cached(
+                "SELECT t.run_id, t.client_id, t.state, c.lifecycle FROM fleet_targets t
+                 LEFT JOIN commands c ON c.issue_uuid = t.issue_uuid",
+            )
+            .map_err(|e| StoreError::sqlite("read fleet targets", e))?;
+        st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .and_then(Iterator::collect)
+            .map_err(|e| StoreError::sqlite("read fleet targets", e))?
+    };
+    for (run, client, state, lifecycle) in rows {
+        let run = uuid::Uuid::from_slice(&run)
+            .map(|u| u.hyphenated().to_string())
+            .unwrap_or_default();
+        match lifecycle.map(Lifecycle::from_wire) {
+            Some(Ok(l)) => {
+                let want = rvbox_domain::fleet::target_state(l) as i32;
+                if state != want {
+                    out.push(format!(
+                        "fleet run {run}: target {client} is in state {state} but its command is {}",
+                        l.as_str()
+                    ));
+                }
+            }
+            Some(Err(_)) => out.push(format!(
+                "fleet run {run}: target {client}'s command has an unknown lifecycle"
+            )),
+            None => {}
+        }
+        if lifecycle.is_some()
+            && matches!(
+                wire::FleetTargetState::try_from(state),
+                Ok(wire::FleetTargetState::Pending | wire::FleetTargetState::Skipped)
+            )
+        {
+            out.push(format!(
+                "fleet run {run}: target {client} was never released but has a command"
+            ));
+        }
+    }
+    let runs: Vec<Vec<u8>> = {
+        let mut st = conn
+            .prepare_cached("SELECT run_id FROM fleet_runs WHERE max_parallel IS NOT NULL")
+            .map_err(|e| StoreError::sqlite("read fleet runs", e))?;
+        st.query_map([], |r| r.get(0))
+            .and_then(Iterator::collect)
+            .map_err(|e| StoreError::sqlite("read fleet runs", e))?
+    };
+    for id in runs {
+        let id = <[u8; 16]>::try_from(id.as_slice()).map_err(|_| integrity("id"))?;
+        let Some(row) = load_run(conn, &id)? else {
+            continue;
+        };
+        if let Some(limit) = row.max_parallel {
+            let cap = limit.resolve(row.targets);
+            if row.counts.in_flight() > cap {
+                out.push(format!(
+                    "fleet run {}: {} targets in flight, above max_parallel {limit} ({cap})",
+                    uuid_text(&id),
+                    row.counts.in_flight()
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A live run's `max_parallel` resolved, and its targets' command ids.
+pub type ParallelLimit = (u64, Vec<[u8; 16]>);
+
+/// Each live run with a `max_parallel`: its limit, and its targets'
+/// command ids (for an oracle that counts the processes really running).
+///
+/// # Errors
+/// A store failure.
+pub fn parallel_limits(conn: &Connection) -> Result<Vec<ParallelLimit>, StoreError> {
+    let runs: Vec<Vec<u8>> = {
+        let mut st = conn
+            .prepare_cached(
+                "SELECT run_id FROM fleet_runs WHERE max_parallel IS NOT NULL AND state < 4",
+            )
+            .map_err(|e| StoreError::sqlite("read fleet runs", e))?;
+        st.query_map([], |r| r.get(0))
+            .and_then(Iterator::collect)
+            .map_err(|e| StoreError::sqlite("read fleet runs", e))?
+    };
+    let mut out = Vec::new();
+    for id in runs {
+        let id = <[u8; 16]>::try_from(id.as_slice()).map_err(|_| integrity("id"))?;
+        let Some(row) = load_run(conn, &id)? else {
+            continue;
+        };
+        let Some(limit) = row.max_parallel else {
+            continue;
+        };
+        let issues: Vec<Vec<u8>> = {
+            let mut st = conn
+                .prepare_cached("SELECT issue_uuid FROM fleet_targets WHERE run_id = ?1")
+                .map_err(|e| StoreError::sqlite("read fleet targets", e))?;
+            st.query_map(params![id.as_slice()], |r| r.get(0))
+                .and_then(Iterator::collect)
+                .map_err(|e| StoreError::sqlite("read fleet targets", e))?
+        };
+        let issues = issues
+            .into_iter()
+            .filter_map(|b| <[u8; 16]>::try_from(b.as_slice()).ok())
+            .collect();
+        out.push((limit.resolve(row.targets), issues));
+    }
+    Ok(out)
 }
 
 // ---- reads (the control service's reader connections) ----

@@ -228,7 +228,12 @@ impl Store {
             Err(e) => tracing::warn!(error = %e, "idle clients not pruned"),
         }
         // done fleet runs go with their commands, or after the retention
-        match crate::fleet::prune_done_runs(&self.conn, now_ms, self.opts.terminal_retention_ms) {
+        match crate::fleet::prune_done_runs(
+            &mut self.conn,
+            now_ms,
+            self.opts.terminal_retention_ms,
+            self.opts.tombstone_cap,
+        ) {
             Ok(n) => report.fleet_runs_pruned = n,
             Err(e) => tracing::warn!(error = %e, "done fleet runs not pruned"),
         }

@@ -497,8 +497,8 @@ fn retention_deletes_a_done_run_once_its_commands_are_gone() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = fleet_store(dir.path());
     let id = new_id();
-    s.run_fleet_as(&request(&id, "role=db", "x"), &caller(), NOW)
-        .unwrap();
+    let req = request(&id, "role=db", "x");
+    s.run_fleet_as(&req, &caller(), NOW).unwrap();
     for t in targets(&s, &id) {
         finish(&mut s, &issue_of(&t), Lifecycle::Succeeded);
     }
@@ -528,6 +528,11 @@ fn retention_deletes_a_done_run_once_its_commands_are_gone() {
             ..Default::default()
         }) {
         Err(OpError::Refused(e)) => assert_eq!(e.code(), Code::NotFound),
+        other => panic!("{other:?}"),
+    }
+    // its id stays refused: a replay never makes the run again
+    match s.run_fleet_as(&req, &caller(), later + 2) {
+        Err(OpError::Refused(e)) => assert_eq!(e.code(), Code::AlreadyExecuted, "{e}"),
         other => panic!("{other:?}"),
     }
 }
