@@ -1806,18 +1806,7 @@ impl World {
             self.created += 1;
             self.created_ids.push(id);
             self.requests.client.insert(id, format!("host-{i}"));
-            if self.stdin_plans.len() < MAX_STDIN_PLANS {
-                let appends_left = u32::try_from(self.stdin_rng.below(4)).unwrap_or(0);
-                let at = self.now.saturating_add(self.stdin_rng.below(20_000));
-                self.stdin_plans.push(StdinPlan {
-                    id,
-                    at,
-                    appends_left,
-                    pending: None,
-                    since: at,
-                    maybe_committed: false,
-                });
-            }
+            self.plan_stdin(id);
             if script_bytes > 0 {
                 self.count("workload scripts");
                 self.log(format!(
@@ -1837,6 +1826,22 @@ impl World {
         }
         if self.fleet_rng.chance(120) {
             self.operator_fleet();
+        }
+    }
+
+    /// Plans an operator's stdin writes and close for a new command.
+    fn plan_stdin(&mut self, id: [u8; 16]) {
+        if self.stdin_plans.len() < MAX_STDIN_PLANS {
+            let appends_left = u32::try_from(self.stdin_rng.below(4)).unwrap_or(0);
+            let at = self.now.saturating_add(self.stdin_rng.below(20_000));
+            self.stdin_plans.push(StdinPlan {
+                id,
+                at,
+                appends_left,
+                pending: None,
+                since: at,
+                maybe_committed: false,
+            });
         }
     }
 
@@ -2090,18 +2095,7 @@ impl World {
                 self.count("fleet targets released");
                 // an operator writes to its stdin and closes it, as to any
                 // command (a tree may read stdin to its end before it exits)
-                if self.stdin_plans.len() < MAX_STDIN_PLANS {
-                    let appends_left = u32::try_from(self.stdin_rng.below(4)).unwrap_or(0);
-                    let at = self.now.saturating_add(self.stdin_rng.below(20_000));
-                    self.stdin_plans.push(StdinPlan {
-                        id,
-                        at,
-                        appends_left,
-                        pending: None,
-                        since: at,
-                        maybe_committed: false,
-                    });
-                }
+                self.plan_stdin(id);
             }
         }
     }
