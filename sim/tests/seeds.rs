@@ -13,8 +13,11 @@ use std::collections::BTreeMap;
 
 use rvbox_sim::world::{CRASH_POINTS, SimConfig, run};
 
-/// Seeds of the fixed batch.
-const BATCH: std::ops::Range<u64> = 0..40;
+/// Seeds of the fixed batch. 120..160 since the fleet workload changed
+/// every run's draws: 0..40 then held no daemon stop that escalated to
+/// KILL and no refused second instance, both rare (2 escalations in 200
+/// seeds).
+const BATCH: std::ops::Range<u64> = 120..160;
 
 /// Every fault the simulator injects and every recovery path it relies
 /// on; each must happen at least once in the batch (conventions rule 7).

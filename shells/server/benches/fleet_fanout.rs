@@ -3,8 +3,10 @@
 //! over real WebSockets on loopback (source addresses spread over
 //! 127.0.0.0/8). Each session speaks the real protocol: hello, an empty
 //! reconciliation, capacity, then for each `Dispatch` a positive
-//! `CommandAccepted`, a simulated execution (RUNNING, one line of output,
-//! the terminal event with its exit code), all acknowledged by the server.
+//! `CommandAccepted`, a simulated execution of 0-400 ms (RUNNING, one line
+//! of output, the terminal event with its exit code), all acknowledged by
+//! the server; a session the server closes registers again, as a daemon
+//! would.
 //!
 //! For each N it times one `RunFleet` to every session, from the call to
 //! the run being DONE (every target's terminal event durable), and prints
@@ -55,6 +57,8 @@ static FAIL_TENTH: AtomicBool = AtomicBool::new(false);
 static TERMINALS: AtomicU64 = AtomicU64::new(0);
 /// Sessions that ended: closed by the server, or broken.
 static CLOSED: AtomicU64 = AtomicU64::new(0);
+/// Sessions registered again after the server closed them.
+static RECONNECTS: AtomicU64 = AtomicU64::new(0);
 /// The last close reason a session was sent.
 static LAST_CLOSE: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
 
@@ -144,27 +148,59 @@ fn event(issue: &str, seq: u64, body: wire::command_event::Body) -> wire::Comman
     }
 }
 
-/// One agent session: accepts every dispatch, runs it at once (RUNNING,
-/// one line, the terminal event), answers Pings; a probe session also
-/// sends a Ping every 20 ms and records the round trip.
-async fn agent(
+/// One agent session, as a real client daemon behaves: it accepts each
+/// dispatch at once, runs the command for a simulated execution time
+/// (0-400 ms, spread by a hash of the session and the command), then sends
+/// RUNNING, one line of output and the terminal event; it answers Pings;
+/// a probe session also sends a Ping every 20 ms and records the round
+/// trip. When the server closes it (an overloaded server sheds sessions,
+/// close 4003), it registers again after a jittered pause, as a daemon
+/// reconnects; the load tool keeps no spool, so a command it held is ended
+/// by reconciliation and counted failed.
+async fn agent(i: usize, port: u16, first: (Ws, String, u64), rtts: Option<Arc<Mutex<Vec<f64>>>>) {
+    let mut next = Some(first);
+    let mut attempt = 0u64;
+    loop {
+        let (ws, sid, generation) = match next.take() {
+            Some(c) => c,
+            None => {
+                attempt += 1;
+                let pause = 200 + (i as u64 * 7919 + attempt * 104_729) % 1_000;
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                RECONNECTS.fetch_add(1, Ordering::Relaxed);
+                register_session(i, port).await
+            }
+        };
+        session(i, ws, sid, generation, rtts.as_ref()).await;
+    }
+}
+
+async fn session(
     i: usize,
-    mut ws: Ws,
+    ws: Ws,
     sid: String,
     generation: u64,
-    rtts: Option<Arc<Mutex<Vec<f64>>>>,
+    rtts: Option<&Arc<Mutex<Vec<f64>>>>,
 ) {
+    let (mut sink, mut stream) = ws.split();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Message>();
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     let mut sent_at: Option<Instant> = None;
     let line = b"ok\n".to_vec();
     let z = zstd::bulk::compress(&line, 1).unwrap();
     loop {
         let msg = tokio::select! {
-            m = ws.next() => m,
+            m = stream.next() => m,
+            Some(f) = rx.recv() => {
+                if sink.send(f).await.is_err() {
+                    return;
+                }
+                continue;
+            }
             _ = tick.tick(), if rtts.is_some() => {
                 if sent_at.is_none() {
                     sent_at = Some(Instant::now());
-                    if ws.send(Message::Ping(vec![1].into())).await.is_err() {
+                    if sink.send(Message::Ping(vec![1].into())).await.is_err() {
                         return;
                     }
                 }
@@ -183,7 +219,7 @@ async fn agent(
         };
         match msg {
             Message::Pong(_) => {
-                if let (Some(t), Some(r)) = (sent_at.take(), &rtts) {
+                if let (Some(t), Some(r)) = (sent_at.take(), rtts) {
                     r.lock().await.push(t.elapsed().as_secs_f64() * 1e3);
                 }
             }
@@ -194,6 +230,16 @@ async fn agent(
                 let Some(Payload::Dispatch(d)) = envl.payload else {
                     continue;
                 };
+                let accepted = Payload::CommandAccepted(wire::CommandAccepted {
+                    issue_uuid: d.issue_uuid.clone(),
+                    revision: d.revision,
+                    outcome: wire::AcceptOutcome::Positive as i32,
+                    error: None,
+                    resolved_shell: wire::ShellType::Sh as i32,
+                });
+                if sink.send(env(&sid, generation, accepted)).await.is_err() {
+                    return;
+                }
                 let fail = FAIL_TENTH.load(Ordering::Relaxed) && i.is_multiple_of(10);
                 let (to, code) = if fail {
                     (wire::Lifecycle::Failed, 1)
@@ -201,13 +247,6 @@ async fn agent(
                     (wire::Lifecycle::Succeeded, 0)
                 };
                 let frames = [
-                    Payload::CommandAccepted(wire::CommandAccepted {
-                        issue_uuid: d.issue_uuid.clone(),
-                        revision: d.revision,
-                        outcome: wire::AcceptOutcome::Positive as i32,
-                        error: None,
-                        resolved_shell: wire::ShellType::Sh as i32,
-                    }),
                     Payload::CommandEvent(event(
                         &d.issue_uuid,
                         1,
@@ -244,12 +283,19 @@ async fn agent(
                         }),
                     )),
                 ];
-                for p in frames {
-                    if ws.send(env(&sid, generation, p)).await.is_err() {
-                        return;
+                let spread = d.issue_uuid.bytes().fold(i as u64, |h, b| {
+                    h.wrapping_mul(31).wrapping_add(u64::from(b))
+                });
+                let exec = Duration::from_millis(spread % 400);
+                let tx = tx.clone();
+                let sid = sid.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(exec).await;
+                    for p in frames {
+                        let _ = tx.send(env(&sid, generation, p));
                     }
-                }
-                TERMINALS.fetch_add(1, Ordering::Relaxed);
+                    TERMINALS.fetch_add(1, Ordering::Relaxed);
+                });
             }
             Message::Close(f) => {
                 CLOSED.fetch_add(1, Ordering::Relaxed);
@@ -428,21 +474,21 @@ fn main() {
         let pid = server.id();
         let rtts = Arc::new(Mutex::new(Vec::new()));
         rt.block_on(async {
-            let mut sessions = Vec::with_capacity(n);
+            // each session starts answering as soon as it is registered
+            // (an unread session would miss the server's Pings)
+            let mut tasks = Vec::with_capacity(n);
             let mut i = 0;
             while i < n {
                 let batch: Vec<_> = (i..(i + CONCURRENT).min(n))
                     .map(|j| tokio::spawn(register_session(j, port)))
                     .collect();
-                for h in batch {
-                    sessions.push(h.await.unwrap());
+                for (k, h) in batch.into_iter().enumerate() {
+                    let j = i + k;
+                    let first = h.await.unwrap();
+                    let probe = j.is_multiple_of((n / PROBES).max(1)).then(|| Arc::clone(&rtts));
+                    tasks.push(tokio::spawn(agent(j, port, first, probe)));
                 }
                 i += CONCURRENT;
-            }
-            let mut tasks = Vec::with_capacity(n);
-            for (i, (ws, sid, generation)) in sessions.into_iter().enumerate() {
-                let probe = i.is_multiple_of((n / PROBES).max(1)).then(|| Arc::clone(&rtts));
-                tasks.push(tokio::spawn(agent(i, ws, sid, generation, probe)));
             }
             let mut c = control(dir.path().join("run/control.sock")).await;
             let mut runs: Vec<(&str, Option<u32>, Option<u32>, bool)> =
@@ -455,10 +501,11 @@ fn main() {
                 FAIL_TENTH.store(fail, Ordering::Relaxed);
                 let o = one_run(&mut c, pid, &rtts, parallel, errors).await;
                 let total = o.counts.succeeded + o.counts.failed + o.counts.skipped;
-                let closed = CLOSED.load(Ordering::Relaxed);
+                let closed = CLOSED.swap(0, Ordering::Relaxed);
                 if closed > 0 {
                     eprintln!(
-                        "{closed} agent sessions ended; the last: {}",
+                        "{closed} agent sessions closed by the server ({} registered again); the last: {}",
+                        RECONNECTS.swap(0, Ordering::Relaxed),
                         LAST_CLOSE.lock().map(|l| l.clone()).unwrap_or_default()
                     );
                 }
