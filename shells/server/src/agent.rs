@@ -10,8 +10,9 @@
 //! one writer task.
 //!
 //! - The reader only validates and hands off: each binary message goes to
-//!   the core's inbox as it is. A message that finds the inbox full closes
-//!   the connection (4003, nothing acknowledged) instead of waiting.
+//!   the core's inbox as it is. A message that finds the inbox full (65,536
+//!   messages, or 256 MiB of frames) closes the connection (4003, nothing
+//!   acknowledged) instead of waiting.
 //! - The writer owns the socket's sending half. The core has already put
 //!   the frames in lane order (a bounded burst of control before one data
 //!   frame) and hands it at most its writer window; the writer writes
@@ -369,7 +370,29 @@ async fn read_loop(
                 return None;
             }
         };
-        match core.try_send(ToCore::Conn(input)) {
+        // the inbox's byte bound: counted before the send, given back by
+        // the core when it takes the frame, or here when the send fails
+        let size = match &input {
+            Input::Frame { bytes, .. } => i64::try_from(bytes.len()).unwrap_or(i64::MAX),
+            _ => 0,
+        };
+        if size > 0
+            && shared.metrics.inbox_bytes.inc_by(size).saturating_add(size)
+                > crate::core_loop::INBOX_BYTES
+        {
+            shared.metrics.inbox_bytes.dec_by(size);
+            shared.metrics.inbox_full.inc();
+            tracing::warn!(
+                conn,
+                "the core's inbox is over its byte bound; closing the connection"
+            );
+            return reason_close(wire::CloseReason::IngressOverload);
+        }
+        let sent = core.try_send(ToCore::Conn(input));
+        if sent.is_err() {
+            shared.metrics.inbox_bytes.dec_by(size);
+        }
+        match sent {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 // never wait with the socket unread: nothing of this

@@ -28,8 +28,13 @@ use crate::metrics::ServerMetrics;
 use crate::writer_queue::{TrySendError, WriterTx};
 
 /// Messages the core's inbox holds before senders wait (readers never
-/// wait: a frame that finds it full closes its connection).
-pub(crate) const INBOX: usize = 8192;
+/// wait: a frame that finds it full closes its connection). Sized for a
+/// fleet run's fan-out: each of many thousand sessions answers its
+/// dispatch with a handful of frames within the same second.
+pub(crate) const INBOX: usize = 65_536;
+/// Agent frame bytes the core's inbox holds: a frame that would pass it
+/// closes its connection as a full inbox does.
+pub(crate) const INBOX_BYTES: i64 = 256 << 20;
 /// Most inbox messages one turn takes before it performs their outputs.
 pub(crate) const MAX_INPUTS_PER_TURN: usize = 256;
 /// Frames a connection's writer queue holds: the core hands a writer at
@@ -288,6 +293,11 @@ impl Loop {
                 self.input(Input::Connected { conn });
             }
             ToCore::Conn(input) => {
+                if let Input::Frame { bytes, .. } = &input {
+                    self.metrics
+                        .inbox_bytes
+                        .dec_by(i64::try_from(bytes.len()).unwrap_or(0));
+                }
                 if let Input::Disconnected { conn } = &input
                     && self.writers.remove(conn).is_none()
                 {

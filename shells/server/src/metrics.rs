@@ -39,6 +39,8 @@ pub(crate) struct ServerMetrics {
     pub(crate) messages_refused: Family<ReasonLabel, Counter>,
     /// Connections closed because the core's inbox was full.
     pub(crate) inbox_full: Counter,
+    /// Frame bytes waiting in the core's inbox (its byte bound).
+    pub(crate) inbox_bytes: Gauge,
     /// Frames not written within the write deadline.
     pub(crate) write_timeouts: Counter,
     /// `accept` failures, by cause (`fd_limit`, `other`).
@@ -113,6 +115,11 @@ impl ServerMetrics {
             "inbox_full",
             "Agent connections closed because the core's inbox was full",
             self.inbox_full.clone(),
+        );
+        r.register(
+            "inbox_bytes",
+            "Agent frame bytes waiting in the core's inbox",
+            self.inbox_bytes.clone(),
         );
         r.register(
             "write_timeouts",
