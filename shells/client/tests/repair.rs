@@ -27,18 +27,32 @@ fn open(root: &Path) -> ClientStore {
 }
 
 fn repair(root: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_rvbox"))
-        .arg("repair")
-        .arg("--state-dir")
-        .arg(root)
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    // Another test of this binary may be forking a child right now;
+    // between fork and exec the child holds a copy of every descriptor,
+    // the just-dropped store's lock file included, so the tool may briefly
+    // find the store locked (exit 4): try again for a moment rather than
+    // flake.
+    let mut tries = 0;
+    loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_rvbox"))
+            .arg("repair")
+            .arg("--state-dir")
+            .arg(root)
+            .args(args)
+            .output()
+            .unwrap();
+        let code = out.status.code().unwrap_or(-1);
+        if code == 4 && tries < 100 {
+            tries += 1;
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
+        }
+        return (
+            code,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+    }
 }
 
 fn damage_identity(root: &Path) {
