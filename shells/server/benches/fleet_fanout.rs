@@ -43,7 +43,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 #[path = "support/agent_client.rs"]
 mod agent_client;
-use agent_client::{Ws, env, register_session};
+use agent_client::{Ws, env, http_ok, register_session, rss_kib};
 
 /// Sessions being registered at once.
 const CONCURRENT: usize = 128;
@@ -61,32 +61,6 @@ static CLOSED: AtomicU64 = AtomicU64::new(0);
 static RECONNECTS: AtomicU64 = AtomicU64::new(0);
 /// The last close reason a session was sent.
 static LAST_CLOSE: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-fn http_ok(port: u16, path: &str) -> bool {
-    use std::io::{Read as _, Write as _};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    );
-    let mut t = String::new();
-    let _ = s.read_to_string(&mut t);
-    t.starts_with("HTTP/1.1 200")
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

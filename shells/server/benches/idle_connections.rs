@@ -17,34 +17,10 @@ use tokio_tungstenite::tungstenite::Message;
 
 #[path = "support/agent_client.rs"]
 mod agent_client;
-use agent_client::{Ws, register};
+use agent_client::{Ws, http_ok, register, rss_kib};
 
 /// Sessions being registered at once.
 const CONCURRENT: usize = 128;
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
-fn http_ok(port: u16, path: &str) -> bool {
-    use std::io::{Read as _, Write as _};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    );
-    let mut t = String::new();
-    let _ = s.read_to_string(&mut t);
-    t.starts_with("HTTP/1.1 200")
-}
 
 fn start_server(dir: &std::path::Path, port: u16) -> Child {
     std::fs::write(

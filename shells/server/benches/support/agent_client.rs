@@ -144,3 +144,31 @@ pub async fn register_session(i: usize, port: u16) -> (Ws, String, u64) {
     .unwrap();
     (ws, sid, generation)
 }
+
+/// The resident memory of process `pid` in KiB (0 once it is gone).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Whether `GET path` on a loopback port answers 200.
+pub fn http_ok(port: u16, path: &str) -> bool {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut t = String::new();
+    let _ = s.read_to_string(&mut t);
+    t.starts_with("HTTP/1.1 200")
+}
