@@ -47,15 +47,12 @@ impl ServerCore {
     /// A client has work again when a backoff ended.
     pub(crate) fn wake_backoffs(&mut self) {
         let wall = self.wall_ms;
-        let woken: Vec<String> = self
-            .clients
-            .iter_mut()
-            .filter(|(_, st)| st.wake_wall_ms.is_some_and(|w| w <= wall))
-            .map(|(c, st)| {
+        let woken = self.clients.due(wall);
+        for c in &woken {
+            if let Some(st) = self.clients.get_mut(c) {
                 st.wake_wall_ms = None;
-                c.clone()
-            })
-            .collect();
+            }
+        }
         for c in &woken {
             self.mark_ready(c);
         }

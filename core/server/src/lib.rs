@@ -43,6 +43,7 @@ mod reconcile;
 mod registration;
 mod signals;
 pub mod stdin;
+mod timed;
 pub mod upload;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -435,8 +436,8 @@ pub struct ServerCore {
     retry: RetryPolicy,
     /// Boxed: a map node then holds pointers, not eleven whole
     /// connections (most of which would be empty slots).
-    conns: BTreeMap<ConnId, Box<Conn>>,
-    clients: BTreeMap<String, ClientState>,
+    conns: timed::Timed<ConnId, Box<Conn>, u64>,
+    clients: timed::Timed<String, ClientState, i64>,
     ready: ReadyQueue<String>,
     out: VecDeque<Output>,
     pending: BTreeMap<OpToken, Pending>,
@@ -493,8 +494,8 @@ impl ServerCore {
             entropy,
             config,
             retry,
-            conns: BTreeMap::new(),
-            clients: BTreeMap::new(),
+            conns: timed::Timed::new(|c| c.session.poll_timeout()),
+            clients: timed::Timed::new(|s| s.wake_wall_ms),
             ready: ReadyQueue::new(),
             out: VecDeque::new(),
             pending: BTreeMap::new(),
@@ -568,11 +569,7 @@ impl ServerCore {
     /// expiry pass, or the end of a dispatch backoff.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<u64> {
-        let sessions = self
-            .conns
-            .values()
-            .filter_map(|c| c.session.poll_timeout())
-            .min();
+        let sessions = self.conns.earliest();
         let expiry = if self.expiry_running {
             None
         } else {
@@ -581,15 +578,10 @@ impl ServerCore {
                     .map_or(self.now_ms, |t| t.saturating_add(EXPIRY_INTERVAL_MS)),
             )
         };
-        let wake = self
-            .clients
-            .values()
-            .filter_map(|s| s.wake_wall_ms)
-            .min()
-            .map(|w| {
-                let wait = u64::try_from(w.saturating_sub(self.wall_ms)).unwrap_or(0);
-                self.now_ms.saturating_add(wait)
-            });
+        let wake = self.clients.earliest().map(|w| {
+            let wait = u64::try_from(w.saturating_sub(self.wall_ms)).unwrap_or(0);
+            self.now_ms.saturating_add(wait)
+        });
         let maintenance = if self.maintenance_running {
             None
         } else {
@@ -648,6 +640,9 @@ impl ServerCore {
         self.dispatch_pass();
         self.pump_ingest();
         self.drain_sessions();
+        // the deadlines the input moved, indexed for the next poll_timeout
+        self.conns.refresh();
+        self.clients.refresh();
         #[cfg(debug_assertions)]
         self.check_invariants();
     }
@@ -661,7 +656,20 @@ impl ServerCore {
         debug_assert!(self.groups_in_flight <= ingest::GROUPS_IN_FLIGHT);
         debug_assert!(self.dirty.is_empty(), "every session effect was performed");
         debug_assert!(self.clients.len() <= self.conns.len());
-        for (client, st) in &self.clients {
+        debug_assert_eq!(
+            self.conns.earliest(),
+            self.conns
+                .values()
+                .filter_map(|c| c.session.poll_timeout())
+                .min(),
+            "the deadline index agrees with every session"
+        );
+        debug_assert_eq!(
+            self.clients.earliest(),
+            self.clients.values().filter_map(|s| s.wake_wall_ms).min(),
+            "the backoff index agrees with every client"
+        );
+        for (client, st) in self.clients.iter() {
             let live = st.conn.and_then(|c| self.conns.get(&c));
             debug_assert!(
                 live.is_some_and(|c| c.client.as_deref() == Some(client.as_str())),
@@ -707,12 +715,7 @@ impl ServerCore {
 
     fn timeout(&mut self) {
         let now = self.now_ms;
-        let due: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.session.poll_timeout().is_some_and(|d| d <= now))
-            .map(|(id, _)| *id)
-            .collect();
+        let due: Vec<ConnId> = self.conns.due(now);
         for conn in due {
             self.session_input(conn, rvbox_session::Input::Timeout);
         }

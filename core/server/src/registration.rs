@@ -240,7 +240,7 @@ impl ServerCore {
                 },
             );
         }
-        let st = self.clients.entry(client.clone()).or_default();
+        let st = self.clients.entry_or_default(client.clone());
         st.conn = Some(conn);
         st.ready = false;
         st.capacity = SessionCapacity::new();

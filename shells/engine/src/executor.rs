@@ -3,17 +3,27 @@
 //! nothing of the protocol; every decision arrived with the operation
 //! (the signal rule is the core's [`rvbox_server_core::signal_plan`]).
 //!
-//! Appends of many connections are grouped: [`Executor::perform_batch`]
-//! performs a batch of operations in order, and every run of consecutive
-//! [`StoreOp::AppendEvents`] in it becomes one [`Store::append_events`]
-//! call, that is one durable commit for the group; each operation still
-//! gets its own completion with its own outcomes and acknowledgements.
+//! Writes of many connections are grouped: [`Executor::perform_batch`]
+//! performs a batch of operations in order, and
+//! - every run of consecutive [`StoreOp::AppendEvents`] in it becomes one
+//!   [`Store::append_events`] call, that is one durable commit for the
+//!   group; each operation still gets its own completion with its own
+//!   outcomes and acknowledgements;
+//! - every run of consecutive single-command writes (a dispatch, an
+//!   acceptance) and reads becomes one [`rvbox_store::write_group::WriteGroup`]:
+//!   one transaction, one durable commit, each write its own savepoint.
+//!   When the group fails, every operation of it is answered
+//!   `UNAVAILABLE`, reads included (they saw the group's writes).
+//!
+//! No completion leaves before the commit that made its write durable:
+//! the whole batch's completions are returned after the last group.
 
 use std::collections::BTreeMap;
 
 use rvbox_store::Store;
 use rvbox_store::error::StoreError;
 use rvbox_store::mutations::OpError;
+use rvbox_store::write_group::{WriteGroup, still_dispatched};
 use rvbox_store_port::commands::{CommandView, Knowledge};
 use rvbox_store_port::events::{AppendReport, EventAppend};
 use rvbox_store_port::ops::{Completion, OpResult, OpToken, PortError, StoreOp};
@@ -24,6 +34,148 @@ pub struct Executor {
     store: Store,
     groups: u64,
     grouped_ops: u64,
+    write_groups: u64,
+    write_grouped_ops: u64,
+}
+
+/// How a batch performs an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// With the adjacent appends, in one [`Store::append_events`] call.
+    Append,
+    /// With the adjacent single-command writes and reads, in one write
+    /// group.
+    Grouped,
+    /// In its own transaction(s).
+    Alone,
+}
+
+/// The operations that only read the store, as a pattern.
+macro_rules! read_ops {
+    () => {
+        StoreOp::LoadClient { .. }
+            | StoreOp::NonTerminalCommands { .. }
+            | StoreOp::Knowledge { .. }
+            | StoreOp::DispatchCandidates { .. }
+            | StoreOp::CommandView { .. }
+            | StoreOp::ExpiryDue { .. }
+            | StoreOp::PendingSignals { .. }
+            | StoreOp::PendingStdin { .. }
+            | StoreOp::ScriptInfo { .. }
+            | StoreOp::ScriptRange { .. }
+    };
+}
+
+fn way(op: &StoreOp) -> Way {
+    match op {
+        StoreOp::AppendEvents { .. } => Way::Append,
+        StoreOp::Dispatch { .. } | StoreOp::RecordAccepted { .. } => Way::Grouped,
+        read_ops!() => Way::Grouped,
+        _ => Way::Alone,
+    }
+}
+
+/// A read operation (one of `read_ops!`) on `s`.
+fn read(s: &Store, wall_ms: i64, op: StoreOp) -> OpResult {
+    match op {
+        StoreOp::LoadClient { client_id } => s
+            .client_record(&client_id)
+            .map(Completion::Client)
+            .map_err(port_store),
+        StoreOp::NonTerminalCommands { client_id } => s
+            .non_terminal_commands(&client_id)
+            .map(Completion::Commands)
+            .map_err(port_store),
+        StoreOp::Knowledge { issues } => {
+            let mut known: Vec<([u8; 16], Knowledge)> = Vec::with_capacity(issues.len());
+            for issue in issues {
+                known.push((issue, s.command_knowledge(&issue).map_err(port_store)?));
+            }
+            Ok(Completion::Knowledge(known))
+        }
+        StoreOp::DispatchCandidates { client_id, limit } => {
+            let mut rows: Vec<CommandView> =
+                s.queued_commands(&client_id, limit).map_err(port_store)?;
+            // dispatched commands not in flight on the session go again
+            rows.extend(
+                s.non_terminal_commands(&client_id)
+                    .map_err(port_store)?
+                    .into_iter()
+                    .filter(|v| v.lifecycle == rvbox_domain::lifecycle::Lifecycle::Dispatched)
+                    .take(limit),
+            );
+            Ok(Completion::Commands(rows))
+        }
+        StoreOp::CommandView { issue } => {
+            s.command_view(&issue).map(Completion::View).map_err(port)
+        }
+        StoreOp::ExpiryDue { limit } => s
+            .expiry_due(wall_ms, limit)
+            .map(Completion::Commands)
+            .map_err(port_store),
+        StoreOp::PendingSignals { issues } => {
+            let mut all = Vec::new();
+            for issue in issues {
+                all.extend(s.pending_signals(&issue).map_err(port_store)?);
+            }
+            Ok(Completion::PendingSignals(all))
+        }
+        StoreOp::PendingStdin {
+            issue,
+            after_seq,
+            max_bytes,
+            max_writes,
+        } => s
+            .pending_stdin(&issue, after_seq, max_bytes, max_writes)
+            .map(Completion::StdinWrites)
+            .map_err(port_store),
+        StoreOp::ScriptInfo { issue } => {
+            let lifecycle = s.command_view(&issue).map_err(port)?.lifecycle;
+            let size = s.script_size(&issue).map_err(port)?;
+            Ok(Completion::Script { lifecycle, size })
+        }
+        StoreOp::ScriptRange { issue, offset, len } => {
+            let len = usize::try_from(len)
+                .map_err(|_| PortError::Unavailable("script range length out of bounds".into()))?;
+            match s.script_range(&issue, offset, len).map_err(port)? {
+                Some((_, bytes)) => Ok(Completion::ScriptBytes(bytes)),
+                None => Ok(Completion::ScriptBytes(Vec::new())),
+            }
+        }
+        _ => Err(PortError::Unavailable(
+            "internal: a write was performed as a read".into(),
+        )),
+    }
+}
+
+/// An operation of a write group.
+fn grouped(g: &mut WriteGroup<'_>, wall_ms: i64, op: StoreOp) -> OpResult {
+    match op {
+        StoreOp::Dispatch {
+            issue,
+            revision,
+            write,
+        } => {
+            if write {
+                g.mark_dispatched(&issue, revision).map_err(port)?;
+            } else {
+                // sent again: only while it is still dispatched at the
+                // revision the decision saw (a signal decided since
+                // raised it, and must not be overtaken by a Dispatch)
+                still_dispatched(g.store(), &issue, revision).map_err(port)?;
+            }
+            g.store()
+                .execution_spec(&issue)
+                .map(|spec| Completion::Spec(Box::new(spec)))
+                .map_err(port)
+        }
+        StoreOp::RecordAccepted {
+            issue,
+            revision,
+            resolved_shell,
+        } => done(g.record_accepted(&issue, revision, resolved_shell)),
+        op => read(g.store(), wall_ms, op),
+    }
 }
 
 fn port(e: OpError) -> PortError {
@@ -96,6 +248,8 @@ impl Executor {
             store,
             groups: 0,
             grouped_ops: 0,
+            write_groups: 0,
+            write_grouped_ops: 0,
         }
     }
 
@@ -122,31 +276,95 @@ impl Executor {
         (self.groups, self.grouped_ops)
     }
 
-    /// Performs `ops` in order, grouping each run of consecutive appends
-    /// into one durable commit; returns one completion per operation, in
-    /// the same order.
+    /// Write groups committed or failed, and the operations they carried.
+    #[must_use]
+    pub fn write_group_stats(&self) -> (u64, u64) {
+        (self.write_groups, self.write_grouped_ops)
+    }
+
+    /// Performs `ops` in order, each run of consecutive appends one durable
+    /// commit, each run of consecutive single-command writes and reads
+    /// another; returns one completion per operation, in the same order.
     pub fn perform_batch(&mut self, ops: Vec<(OpToken, i64, StoreOp)>) -> Vec<(OpToken, OpResult)> {
         let mut out = Vec::with_capacity(ops.len());
-        let mut group: Vec<(OpToken, Vec<EventAppend>)> = Vec::new();
-        let mut group_wall = 0i64;
+        let mut run: Vec<(OpToken, i64, StoreOp)> = Vec::new();
+        let mut run_way = Way::Alone;
         for (token, wall_ms, op) in ops {
-            match op {
-                StoreOp::AppendEvents { events } => {
-                    group_wall = wall_ms;
-                    group.push((token, events));
-                }
-                other => {
-                    if !group.is_empty() {
-                        out.extend(self.append_group(std::mem::take(&mut group), group_wall));
-                    }
-                    out.push((token, self.perform(wall_ms, other)));
+            let w = way(&op);
+            if w != run_way || w == Way::Alone {
+                self.flush_run(run_way, std::mem::take(&mut run), &mut out);
+                run_way = w;
+            }
+            if w == Way::Alone {
+                out.push((token, self.perform(wall_ms, op)));
+            } else {
+                run.push((token, wall_ms, op));
+            }
+        }
+        self.flush_run(run_way, run, &mut out);
+        out
+    }
+
+    fn flush_run(
+        &mut self,
+        way: Way,
+        run: Vec<(OpToken, i64, StoreOp)>,
+        out: &mut Vec<(OpToken, OpResult)>,
+    ) {
+        if run.is_empty() {
+            return;
+        }
+        match way {
+            Way::Append => {
+                let wall_ms = run.last().map_or(0, |r| r.1);
+                let group = run
+                    .into_iter()
+                    .filter_map(|(token, _, op)| match op {
+                        StoreOp::AppendEvents { events } => Some((token, events)),
+                        _ => None,
+                    })
+                    .collect();
+                out.extend(self.append_group(group, wall_ms));
+            }
+            Way::Grouped => out.extend(self.write_group(run)),
+            Way::Alone => {
+                for (token, wall_ms, op) in run {
+                    out.push((token, self.perform(wall_ms, op)));
                 }
             }
         }
-        if !group.is_empty() {
-            out.extend(self.append_group(group, group_wall));
+    }
+
+    /// One transaction and one durable commit for a run of single-command
+    /// writes and reads; nothing of it is kept, and each operation is
+    /// answered `UNAVAILABLE`, when any write or the commit fails.
+    fn write_group(&mut self, run: Vec<(OpToken, i64, StoreOp)>) -> Vec<(OpToken, OpResult)> {
+        self.write_groups += 1;
+        self.write_grouped_ops += run.len() as u64;
+        let mut group = match self.store.write_group() {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::error!(error = %e, operations = run.len(), "write group could not begin");
+                let msg = e.to_string();
+                return run
+                    .into_iter()
+                    .map(|(token, _, _)| (token, Err(PortError::Unavailable(msg.clone()))))
+                    .collect();
+            }
+        };
+        let mut done = Vec::with_capacity(run.len());
+        for (token, wall_ms, op) in run {
+            done.push((token, grouped(&mut group, wall_ms, op)));
         }
-        out
+        match group.commit() {
+            Ok(_) => done,
+            Err(e) => {
+                let msg = e.to_string();
+                done.into_iter()
+                    .map(|(token, _)| (token, Err(PortError::Unavailable(msg.clone()))))
+                    .collect()
+            }
+        }
     }
 
     /// One durable commit for the appends of a group; each request gets
@@ -198,10 +416,7 @@ impl Executor {
     pub fn perform(&mut self, wall_ms: i64, op: StoreOp) -> OpResult {
         let s = &mut self.store;
         match op {
-            StoreOp::LoadClient { client_id } => s
-                .client_record(&client_id)
-                .map(Completion::Client)
-                .map_err(port_store),
+            op @ (read_ops!()) => read(s, wall_ms, op),
             StoreOp::Register(reg) => s
                 .register_session(&reg, wall_ms)
                 .map(|generation| Completion::Registered { generation })
@@ -214,17 +429,6 @@ impl Executor {
                 .close_session(&session_id, false, &reason, wall_ms)
                 .map(|_| Completion::Done)
                 .map_err(port_store),
-            StoreOp::NonTerminalCommands { client_id } => s
-                .non_terminal_commands(&client_id)
-                .map(Completion::Commands)
-                .map_err(port_store),
-            StoreOp::Knowledge { issues } => {
-                let mut known: Vec<([u8; 16], Knowledge)> = Vec::with_capacity(issues.len());
-                for issue in issues {
-                    known.push((issue, s.command_knowledge(&issue).map_err(port_store)?));
-                }
-                Ok(Completion::Knowledge(known))
-            }
             StoreOp::ApplyReconciliation {
                 client_id,
                 writes,
@@ -234,52 +438,15 @@ impl Executor {
                 .record_protocol_incident(&incident, wall_ms)
                 .map(|_| Completion::Done)
                 .map_err(port_store),
-            StoreOp::DispatchCandidates { client_id, limit } => {
-                let mut rows: Vec<CommandView> =
-                    s.queued_commands(&client_id, limit).map_err(port_store)?;
-                // dispatched commands not in flight on the session go again
-                rows.extend(
-                    s.non_terminal_commands(&client_id)
-                        .map_err(port_store)?
-                        .into_iter()
-                        .filter(|v| v.lifecycle == rvbox_domain::lifecycle::Lifecycle::Dispatched)
-                        .take(limit),
-                );
-                Ok(Completion::Commands(rows))
+            StoreOp::Dispatch { .. } | StoreOp::RecordAccepted { .. } => {
+                let mut group = s.write_group().map_err(port_store)?;
+                let r = grouped(&mut group, wall_ms, op);
+                group.commit().map_err(port_store)?;
+                r
             }
-            StoreOp::Dispatch {
-                issue,
-                revision,
-                write,
-            } => {
-                if write {
-                    s.mark_dispatched(&issue, revision).map_err(port)?;
-                } else {
-                    // sent again: only while it is still dispatched at the
-                    // revision the decision saw (a signal decided since
-                    // raised it, and must not be overtaken by a Dispatch)
-                    let v = s.command_view(&issue).map_err(port)?;
-                    if v.lifecycle != rvbox_domain::lifecycle::Lifecycle::Dispatched
-                        || v.revision != revision
-                    {
-                        return Err(PortError::Refused(rvbox_domain::error::DomainError::new(
-                            rvbox_domain::error::Code::Conflict,
-                            "the command changed since the dispatch decision",
-                        )));
-                    }
-                }
-                s.execution_spec(&issue)
-                    .map(|spec| Completion::Spec(Box::new(spec)))
-                    .map_err(port)
+            StoreOp::MarkExpiredPending { issue, revision } => {
+                done(s.mark_expired_pending(&issue, revision))
             }
-            StoreOp::CommandView { issue } => {
-                s.command_view(&issue).map(Completion::View).map_err(port)
-            }
-            StoreOp::RecordAccepted {
-                issue,
-                revision,
-                resolved_shell,
-            } => done(s.record_accepted(&issue, revision, resolved_shell)),
             StoreOp::AcceptLate {
                 issue,
                 revision,
@@ -305,13 +472,6 @@ impl Executor {
                 None,
                 wall_ms,
             )),
-            StoreOp::MarkExpiredPending { issue, revision } => {
-                done(s.mark_expired_pending(&issue, revision))
-            }
-            StoreOp::ExpiryDue { limit } => s
-                .expiry_due(wall_ms, limit)
-                .map(Completion::Commands)
-                .map_err(port_store),
             StoreOp::AppendEvents { events } => s
                 .append_events(&events, wall_ms)
                 .map(Completion::Appended)
@@ -344,13 +504,6 @@ impl Executor {
                 .session_audits(&records, wall_ms)
                 .map(|()| Completion::Done)
                 .map_err(port_store),
-            StoreOp::PendingSignals { issues } => {
-                let mut all = Vec::new();
-                for issue in issues {
-                    all.extend(s.pending_signals(&issue).map_err(port_store)?);
-                }
-                Ok(Completion::PendingSignals(all))
-            }
             StoreOp::AppendStdin { request, caller } => s
                 .append_stdin_as(&request, &caller, wall_ms)
                 .map(|o| Completion::Stdin(Box::new(o)))
@@ -359,29 +512,6 @@ impl Executor {
                 .close_stdin_as(&request, &caller, wall_ms)
                 .map(|o| Completion::Stdin(Box::new(o)))
                 .map_err(port),
-            StoreOp::PendingStdin {
-                issue,
-                after_seq,
-                max_bytes,
-                max_writes,
-            } => s
-                .pending_stdin(&issue, after_seq, max_bytes, max_writes)
-                .map(Completion::StdinWrites)
-                .map_err(port_store),
-            StoreOp::ScriptInfo { issue } => {
-                let lifecycle = s.command_view(&issue).map_err(port)?.lifecycle;
-                let size = s.script_size(&issue).map_err(port)?;
-                Ok(Completion::Script { lifecycle, size })
-            }
-            StoreOp::ScriptRange { issue, offset, len } => {
-                let len = usize::try_from(len).map_err(|_| {
-                    PortError::Unavailable("script range length out of bounds".into())
-                })?;
-                match s.script_range(&issue, offset, len).map_err(port)? {
-                    Some((_, bytes)) => Ok(Completion::ScriptBytes(bytes)),
-                    None => Ok(Completion::ScriptBytes(Vec::new())),
-                }
-            }
             StoreOp::RunFleet { request, caller } => s
                 .run_fleet_as(&request, &caller, wall_ms)
                 .map(|o| Completion::Fleet(Box::new(o)))

@@ -208,3 +208,168 @@ fn control_reads_are_served_beside_the_executor_thread_not_behind_it() {
     assert_eq!(reader.command_view(&id).unwrap().last_event_seq, 2);
     exec.stop().unwrap();
 }
+
+/// A queued command (`RunCommand` only).
+fn queued_command(store: &mut rvbox_store::Store, client: &str) -> [u8; 16] {
+    let id = new_id();
+    store
+        .run_command(&run_request(&id, client, "uptime"), NOW)
+        .unwrap();
+    id
+}
+
+fn lifecycle_of(store: &rvbox_store::Store, id: &[u8; 16]) -> rvbox_domain::lifecycle::Lifecycle {
+    store.command_view(id).unwrap().lifecycle
+}
+
+/// Records the crash points passed, and how many writes were durable at
+/// each (read through a second connection, so an uncommitted write does
+/// not count).
+#[derive(Debug, Default)]
+struct Points(std::sync::Mutex<Vec<&'static str>>);
+
+impl rvbox_store::crash::CrashHook for Points {
+    fn at(&self, point: &'static str) {
+        self.0.lock().unwrap().push(point);
+    }
+}
+
+#[test]
+fn single_command_writes_share_one_commit_and_a_refusal_stays_its_own() {
+    use rvbox_domain::lifecycle::Lifecycle;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let a = queued_command(&mut store, "web-1");
+    let b = queued_command(&mut store, "web-2");
+    let c = queued_command(&mut store, "web-3");
+    let points = std::sync::Arc::new(Points::default());
+    store.set_crash_hook(points.clone());
+    let mut exec = Executor::new(store);
+    let done = exec.perform_batch(vec![
+        (
+            OpToken(1),
+            NOW,
+            StoreOp::Dispatch {
+                issue: a,
+                revision: 1,
+                write: true,
+            },
+        ),
+        // a stale decision: refused, and nothing else of the group undone
+        (
+            OpToken(2),
+            NOW,
+            StoreOp::RecordAccepted {
+                issue: b,
+                revision: 1,
+                resolved_shell: 0,
+            },
+        ),
+        (OpToken(3), NOW, StoreOp::CommandView { issue: a }),
+        (
+            OpToken(4),
+            NOW,
+            StoreOp::Dispatch {
+                issue: c,
+                revision: 1,
+                write: true,
+            },
+        ),
+        (
+            OpToken(5),
+            NOW,
+            StoreOp::RecordAccepted {
+                issue: a,
+                revision: 1,
+                resolved_shell: 0,
+            },
+        ),
+    ]);
+    assert_eq!(
+        exec.write_group_stats(),
+        (1, 5),
+        "one transaction for the run"
+    );
+    let tokens: Vec<u64> = done.iter().map(|(t, _)| t.0).collect();
+    assert_eq!(
+        tokens,
+        vec![1, 2, 3, 4, 5],
+        "completions keep the batch order"
+    );
+    assert!(
+        matches!(done[0].1, Ok(Completion::Spec(_))),
+        "{:?}",
+        done[0].1
+    );
+    match &done[1].1 {
+        Err(rvbox_store_port::ops::PortError::Refused(e)) => {
+            assert_eq!(e.code(), rvbox_domain::error::Code::Conflict);
+        }
+        other => panic!("a stale acceptance is refused: {other:?}"),
+    }
+    match &done[2].1 {
+        Ok(Completion::View(v)) => assert_eq!(
+            v.lifecycle,
+            Lifecycle::Dispatched,
+            "a read in the group sees the group's earlier write"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(done[3].1, Ok(Completion::Spec(_))));
+    assert!(matches!(done[4].1, Ok(Completion::Done)), "{:?}", done[4].1);
+    assert_eq!(lifecycle_of(exec.store(), &a), Lifecycle::Accepted);
+    assert_eq!(lifecycle_of(exec.store(), &b), Lifecycle::Queued);
+    assert_eq!(lifecycle_of(exec.store(), &c), Lifecycle::Dispatched);
+    // the crash points of the three writes, each after the one commit
+    assert_eq!(
+        *points.0.lock().unwrap(),
+        vec![
+            rvbox_store::crash::points::DISPATCH_AFTER_COMMIT,
+            rvbox_store::crash::points::DISPATCH_AFTER_COMMIT,
+            rvbox_store::crash::points::ACCEPT_AFTER_COMMIT,
+        ]
+    );
+    // durable: a fresh process sees every write of the group
+    drop(exec);
+    let store = open(dir.path());
+    assert_eq!(lifecycle_of(&store, &a), Lifecycle::Accepted);
+    assert_eq!(lifecycle_of(&store, &c), Lifecycle::Dispatched);
+    assert_counters(&store);
+}
+
+#[test]
+fn a_write_group_never_committed_keeps_nothing_and_announces_nothing() {
+    use rvbox_domain::lifecycle::Lifecycle;
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let a = queued_command(&mut store, "web-1");
+    let b = queued_command(&mut store, "web-2");
+    let points = std::sync::Arc::new(Points::default());
+    store.set_crash_hook(points.clone());
+    {
+        let mut group = store.write_group().unwrap();
+        group.mark_dispatched(&a, 1).unwrap();
+        group.mark_dispatched(&b, 1).unwrap();
+        assert_eq!(group.writes(), 2);
+        assert_eq!(
+            group.store().command_view(&a).unwrap().lifecycle,
+            Lifecycle::Dispatched,
+            "visible inside the group"
+        );
+        // dropped: the process died before the commit
+    }
+    assert!(
+        points.0.lock().unwrap().is_empty(),
+        "no after-commit point without a commit"
+    );
+    assert_eq!(lifecycle_of(&store, &a), Lifecycle::Queued);
+    assert_eq!(lifecycle_of(&store, &b), Lifecycle::Queued);
+    // and the store takes the next write as usual
+    store.mark_dispatched(&a, 1).unwrap();
+    assert_eq!(lifecycle_of(&store, &a), Lifecycle::Dispatched);
+    assert_eq!(
+        *points.0.lock().unwrap(),
+        vec![rvbox_store::crash::points::DISPATCH_AFTER_COMMIT]
+    );
+    assert_counters(&store);
+}

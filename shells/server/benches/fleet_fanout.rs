@@ -17,6 +17,12 @@
 //! fails its command, with `max_errors = 5%` (and `max_parallel = 10%`, so
 //! that the stop leaves targets to skip).
 //!
+//! The disk of the machine these figures come from flips between fast and
+//! slow flush modes every few seconds, so a thread beside each run times a
+//! raw 4 KiB write + `fdatasync` in the server's data directory every
+//! 50 ms; its median is printed, and the run's time as a count of those
+//! flushes.
+//!
 //! `RVBOX_BENCH_FLEET` overrides the session counts (comma-separated;
 //! default 1000,10000,19000: this machine caps one process near 20,000
 //! file descriptors).
@@ -298,11 +304,45 @@ struct Outcome {
     ping_p99: f64,
     get_p99: f64,
     rss_peak_kib: u64,
+    /// Median of the raw fdatasync probe during the run, in ms.
+    probe_ms: f64,
+}
+
+/// Times one 4 KiB write + `fdatasync` in `dir` every 50 ms until `done`.
+fn fdatasync_probe(
+    dir: std::path::PathBuf,
+    done: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<f64>> {
+    std::thread::spawn(move || {
+        use std::io::Write as _;
+        let path = dir.join("fdatasync-probe");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let block = [0x5au8; 4096];
+        let mut out = Vec::new();
+        while !done.load(Ordering::Relaxed) {
+            let t = Instant::now();
+            f.write_all(&block).unwrap();
+            f.sync_data().unwrap();
+            out.push(t.elapsed().as_secs_f64() * 1e3);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = std::fs::remove_file(&path);
+        out
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// One fleet run to every session, timed to DONE, with the probes.
 async fn one_run(
     c: &mut ControlClient<tonic::transport::Channel>,
+    data_dir: &std::path::Path,
     pid: u32,
     rtts: &Arc<Mutex<Vec<f64>>>,
     max_parallel: Option<u32>,
@@ -379,6 +419,7 @@ async fn one_run(
             }
         })
     };
+    let probe = fdatasync_probe(data_dir.to_path_buf(), Arc::clone(&done));
     let started = Instant::now();
     c.run_fleet(req).await.unwrap();
     let record = loop {
@@ -406,12 +447,14 @@ async fn one_run(
     let lat = getter.await.unwrap();
     sampler.await.unwrap();
     let ping = rtts.lock().await.clone();
+    let probe_ms = median(probe.join().unwrap());
     Outcome {
         elapsed,
         counts: record.counts.unwrap(),
         ping_p99: p99(ping),
         get_p99: p99(lat),
         rss_peak_kib: peak.load(Ordering::Relaxed),
+        probe_ms,
     }
 }
 
@@ -428,7 +471,7 @@ fn main() {
         .unwrap();
     println!("One fleet run to N agent sessions (real rvbox-server, sessions on loopback)");
     println!(
-        "{:>8} {:<22} {:>9} {:>10} {:>12} {:>9} {:>8} {:>8} {:>11} {:>13} {:>8}",
+        "{:>8} {:<22} {:>9} {:>10} {:>12} {:>9} {:>8} {:>8} {:>11} {:>13} {:>8} {:>10} {:>10}",
         "sessions",
         "run",
         "targets",
@@ -439,7 +482,9 @@ fn main() {
         "skipped",
         "ping p99 ms",
         "GetCommand p99",
-        "RSS MiB"
+        "RSS MiB",
+        "fsync ms",
+        "run/fsync"
     );
     for &n in &counts {
         let dir = tempfile::tempdir().unwrap();
@@ -473,7 +518,7 @@ fn main() {
             }
             for (name, parallel, errors, fail) in runs {
                 FAIL_TENTH.store(fail, Ordering::Relaxed);
-                let o = one_run(&mut c, pid, &rtts, parallel, errors).await;
+                let o = one_run(&mut c, &dir.path().join("data"), pid, &rtts, parallel, errors).await;
                 let total = o.counts.succeeded + o.counts.failed + o.counts.skipped;
                 let closed = CLOSED.swap(0, Ordering::Relaxed);
                 if closed > 0 {
@@ -484,7 +529,7 @@ fn main() {
                     );
                 }
                 println!(
-                    "{:>8} {:<22} {:>9} {:>10.2} {:>12.0} {:>9} {:>8} {:>8} {:>11.1} {:>13.1} {:>8.0}",
+                    "{:>8} {:<22} {:>9} {:>10.2} {:>12.0} {:>9} {:>8} {:>8} {:>11.1} {:>13.1} {:>8.0} {:>10.2} {:>10.0}",
                     n,
                     name,
                     total,
@@ -495,7 +540,9 @@ fn main() {
                     o.counts.skipped,
                     o.ping_p99,
                     o.get_p99,
-                    o.rss_peak_kib as f64 / 1024.0
+                    o.rss_peak_kib as f64 / 1024.0,
+                    o.probe_ms,
+                    o.elapsed.as_secs_f64() * 1e3 / o.probe_ms
                 );
             }
             for t in tasks {

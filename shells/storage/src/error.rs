@@ -67,6 +67,15 @@ pub enum StoreError {
         /// The lock file.
         path: PathBuf,
     },
+    /// A transaction was rolled back because one of its writes failed
+    /// (a write group: nothing of it was kept).
+    #[error("{context}: rolled back: {reason}")]
+    RolledBack {
+        /// What the store was doing.
+        context: &'static str,
+        /// The failure that ended it.
+        reason: String,
+    },
     /// The state directory layout is unusable.
     #[error("{path}: {reason}")]
     Layout {

@@ -84,7 +84,11 @@ pub(crate) fn expect(
     Ok(())
 }
 
-fn set_lifecycle(tx: &Transaction<'_>, issue: &[u8; 16], to: Lifecycle) -> Result<(), StoreError> {
+pub(crate) fn set_lifecycle(
+    tx: &rusqlite::Connection,
+    issue: &[u8; 16],
+    to: Lifecycle,
+) -> Result<(), StoreError> {
     tx.execute_cached(
         "UPDATE commands SET lifecycle = ?2 WHERE issue_uuid = ?1",
         params![issue.as_slice(), to.to_wire() as i32],
@@ -253,14 +257,9 @@ impl Store {
     /// `CONFLICT` when the command is no longer queued at `revision`,
     /// `NOT_FOUND`, `UNAVAILABLE`, or a store failure.
     pub fn mark_dispatched(&mut self, issue: &[u8; 16], revision: u64) -> Result<(), OpError> {
-        let (tx, view) = self.begin_on(issue)?;
-        expect(&view, &[Lifecycle::Queued], revision)?;
-        set_lifecycle(&tx, issue, Lifecycle::Dispatched)?;
-        tx.commit()
-            .map_err(|e| StoreError::sqlite("commit dispatch", e))?;
-        self.hook.at(crate::crash::points::DISPATCH_AFTER_COMMIT);
-        self.metrics.command_transition("dispatched");
-        tracing::debug!(revision, "command dispatched");
+        let mut group = self.write_group()?;
+        group.mark_dispatched(issue, revision)?;
+        group.commit()?;
         Ok(())
     }
 
@@ -310,13 +309,9 @@ impl Store {
         revision: u64,
         resolved_shell: i32,
     ) -> Result<(), OpError> {
-        let (tx, view) = self.begin_on(issue)?;
-        accept_in(&tx, &view, revision, resolved_shell)?;
-        tx.commit()
-            .map_err(|e| StoreError::sqlite("commit acceptance", e))?;
-        self.hook.at(crate::crash::points::ACCEPT_AFTER_COMMIT);
-        self.metrics.command_transition("accepted");
-        tracing::info!(revision, "command accepted by its client");
+        let mut group = self.write_group()?;
+        group.record_accepted(issue, revision, resolved_shell)?;
+        group.commit()?;
         Ok(())
     }
 
@@ -652,7 +647,7 @@ pub(crate) fn requeue_in(
 /// dispatched -> accepted at `revision` with the client's resolved shell,
 /// inside the caller's transaction.
 pub(crate) fn accept_in(
-    tx: &Transaction<'_>,
+    tx: &rusqlite::Connection,
     view: &CommandView,
     revision: u64,
     resolved_shell: i32,

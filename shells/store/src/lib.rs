@@ -46,3 +46,4 @@ pub mod scrub;
 pub mod sessions;
 pub mod signals;
 pub mod stdin;
+pub mod write_group;

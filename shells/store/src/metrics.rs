@@ -87,6 +87,13 @@ pub struct StoreMetrics {
     pub group_events: Histogram,
     /// Segment files created.
     pub segments_created: Counter,
+    /// Command write groups committed (several single-command writes in
+    /// one transaction).
+    pub write_groups_committed: Counter,
+    /// Command write groups rolled back (none of their writes kept).
+    pub write_groups_failed: Counter,
+    /// Writes per committed command write group.
+    pub write_group_writes: Histogram,
     /// Groups made durable through the group journal.
     pub journal_groups: Counter,
     /// Server-side command transitions, by target.
@@ -156,6 +163,11 @@ impl Default for StoreMetrics {
             groups_failed: Counter::default(),
             group_events: group_sizes(),
             segments_created: Counter::default(),
+            write_groups_committed: Counter::default(),
+            write_groups_failed: Counter::default(),
+            write_group_writes: Histogram::new([
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
+            ]),
             journal_groups: Counter::default(),
             command_transitions: Family::default(),
             sessions_registered: Counter::default(),
@@ -243,6 +255,21 @@ impl StoreMetrics {
             "segments_created",
             "Segment files created",
             self.segments_created.clone(),
+        );
+        r.register(
+            "write_groups_committed",
+            "Command write groups committed (single-command writes sharing one transaction)",
+            self.write_groups_committed.clone(),
+        );
+        r.register(
+            "write_groups_failed",
+            "Command write groups rolled back; none of their writes was kept",
+            self.write_groups_failed.clone(),
+        );
+        r.register(
+            "write_group_writes",
+            "Writes per committed command write group",
+            self.write_group_writes.clone(),
         );
         r.register(
             "journal_groups",

@@ -220,6 +220,12 @@ impl Store {
         // in it however large the history grows (SQLite's default is 2 MiB)
         conn.execute_batch(&format!("PRAGMA cache_size = -{}", WRITER_CACHE_KIB))
             .map_err(|e| StoreError::sqlite("set the page cache size", e))?;
+        // statement journals (a statement with triggers, or a savepoint of a
+        // write group, inside a larger transaction) stay in memory: on a
+        // file they cost one write per page touched; they hold at most the
+        // pages one statement or one grouped write changes
+        conn.execute_batch("PRAGMA temp_store = MEMORY")
+            .map_err(|e| StoreError::sqlite("keep statement journals in memory", e))?;
         // checkpoints run on the checkpointer's thread (checkpoint.rs); the
         // writer's own is the bound for when that one falls behind
         conn.execute_batch(&format!(
