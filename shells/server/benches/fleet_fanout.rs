@@ -23,6 +23,13 @@
 //! 50 ms; its median is printed, and the run's time as a count of those
 //! flushes.
 //!
+//! Each run creates one segment file per target. On this machine's ext4
+//! (no journal), creating files within minutes of a mass deletion is
+//! several times slower (the allocator skips recently freed inodes), so
+//! the data directories are removed only when the tool ends, and the
+//! figures are taken at least five minutes after anything deleted many
+//! files on that filesystem.
+//!
 //! `RVBOX_BENCH_FLEET` overrides the session counts (comma-separated;
 //! default 1000,10000,19000: this machine caps one process near 20,000
 //! file descriptors).
@@ -486,6 +493,11 @@ fn main() {
         "fsync ms",
         "run/fsync"
     );
+    // every data directory is removed only when the tool ends: on this
+    // machine's ext4 (no journal) a mass deletion makes the file creations
+    // of the next minutes several times slower, and each run creates one
+    // segment file per target
+    let mut kept = Vec::new();
     for &n in &counts {
         let dir = tempfile::tempdir().unwrap();
         let (port, metrics) = (free_port(), free_port());
@@ -569,5 +581,7 @@ fn main() {
         for (k, n) in seen.iter().take(20) {
             eprintln!("server log: {n} x {k}");
         }
+        kept.push(dir);
     }
+    drop(kept);
 }

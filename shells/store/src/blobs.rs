@@ -227,7 +227,7 @@ impl Store {
             return Err(DomainError::new(Code::NotFound, "no such command").into());
         };
         let cap = usize::try_from(limits::MAX_EXECUTION_SPEC_BYTES).unwrap_or(0);
-        zstd::bulk::decompress(&spec_zstd, cap)
+        crate::store::decompress_small(&spec_zstd, cap)
             .ok()
             .and_then(|raw| <wire::ExecutionSpec as prost::Message>::decode(raw.as_slice()).ok())
             .ok_or_else(|| integrity("the execution spec does not decode"))

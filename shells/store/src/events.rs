@@ -1080,11 +1080,10 @@ impl Store {
                 })?;
             }
         }
-        for dir in &created {
-            self.fs
-                .sync_dir(dir)
-                .map_err(|e| StoreError::io("sync segment directory", dir, e))?;
-        }
+        let dirs: Vec<&std::path::Path> = created.iter().map(std::path::PathBuf::as_path).collect();
+        self.fs
+            .sync_dirs(&dirs)
+            .map_err(|(dir, e)| StoreError::io("sync segment directory", dir, e))?;
         self.hook.at(points::EVENT_AFTER_FSYNC);
         Ok(())
     }

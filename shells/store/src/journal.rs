@@ -174,11 +174,10 @@ impl Store {
         j.len = j.len.saturating_add(frame.len() as u64);
         // R-5.3-11: a new segment's directory entry is durable before the
         // metadata that names it commits
-        for dir in created {
-            self.fs
-                .sync_dir(dir)
-                .map_err(|e| StoreError::io("sync segment directory", dir, e))?;
-        }
+        let dirs: Vec<&std::path::Path> = created.iter().map(std::path::PathBuf::as_path).collect();
+        self.fs
+            .sync_dirs(&dirs)
+            .map_err(|(dir, e)| StoreError::io("sync segment directory", dir, e))?;
         self.metrics.journal_groups.inc();
         Ok(true)
     }

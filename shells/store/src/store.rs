@@ -143,6 +143,26 @@ pub(crate) fn create_segment_file(
     }
 }
 
+/// Decompresses a small stored blob (an execution spec) of at most `cap`
+/// bytes with a context reused by the calling thread: creating one costs
+/// more than decompressing a spec, and a fleet run reads thousands.
+pub(crate) fn decompress_small(bytes: &[u8], cap: usize) -> std::io::Result<Vec<u8>> {
+    thread_local! {
+        static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    DCTX.with(|cell| {
+        let mut slot = cell.try_borrow_mut().map_err(std::io::Error::other)?;
+        if slot.is_none() {
+            *slot = Some(zstd::bulk::Decompressor::new()?);
+        }
+        match slot.as_mut() {
+            Some(d) => d.decompress(bytes, cap),
+            None => zstd::bulk::decompress(bytes, cap),
+        }
+    })
+}
+
 /// A reusable zstd decompression context.
 pub(crate) struct Dctx(pub(crate) zstd::bulk::Decompressor<'static>);
 
