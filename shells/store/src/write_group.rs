@@ -127,6 +127,14 @@ impl WriteGroup<'_> {
                 format!("an earlier write of the group failed: {e}"),
             )));
         }
+        if self.store.conn.is_autocommit() {
+            // SQLite ended the transaction on an error (I/O, full disk):
+            // a write now would commit on its own
+            return Err(self.fail(StoreError::RolledBack {
+                context: "write group",
+                reason: "SQLite ended the transaction early".into(),
+            }));
+        }
         let conn = &self.store.conn;
         let view = load_view(conn, issue)?;
         let key = uuid::Uuid::from_bytes(*issue).hyphenated().to_string();
@@ -169,6 +177,9 @@ impl WriteGroup<'_> {
     /// The first store failure of a write, or the commit's; nothing of the
     /// group is kept.
     pub fn commit(mut self) -> Result<usize, StoreError> {
+        if self.failed.is_none() && self.store.conn.is_autocommit() {
+            self.failed = Some("SQLite ended the transaction early".into());
+        }
         if let Some(reason) = self.failed.take() {
             self.rollback();
             self.store.metrics.write_groups_failed.inc();
@@ -240,4 +251,73 @@ pub fn still_dispatched(store: &Store, issue: &[u8; 16], revision: u64) -> Resul
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::entropy::OsEntropy;
+    use crate::fs::RealFs;
+    use crate::layout::Layout;
+    use crate::{Store, StoreOptions};
+
+    fn store(dir: &std::path::Path) -> Store {
+        let mut s = Store::open(
+            Layout::new(dir),
+            Arc::new(RealFs),
+            Arc::new(OsEntropy),
+            StoreOptions::default(),
+            0,
+        )
+        .unwrap();
+        s.recover(0).unwrap();
+        s
+    }
+
+    fn queued(s: &mut Store, client: &str) -> [u8; 16] {
+        let id = crate::entropy::uuid_v7(&OsEntropy, 1_800_000_000_000).unwrap();
+        let req = wire::RunCommandRequest {
+            request_id: uuid::Uuid::from_bytes(id).hyphenated().to_string(),
+            client_id: client.into(),
+            spec: Some(wire::ExecutionSpec {
+                source: Some(wire::execution_spec::Source::CommandText("true".into())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        s.run_command(&req, 1_800_000_000_000).unwrap();
+        id
+    }
+
+    /// SQLite may end a transaction on its own (an I/O error, a full
+    /// disk): the group's later writes must not commit one by one, and the
+    /// group must not report success.
+    #[test]
+    fn a_transaction_sqlite_ended_early_fails_the_group_and_commits_nothing_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store(dir.path());
+        let a = queued(&mut s, "web-1");
+        let b = queued(&mut s, "web-2");
+        let mut group = s.write_group().unwrap();
+        group.mark_dispatched(&a, 1).unwrap();
+        // what SQLite does to the transaction after such an error
+        group.store.conn.execute_batch("ROLLBACK").unwrap();
+        assert!(matches!(
+            group.mark_dispatched(&b, 1),
+            Err(OpError::Store(StoreError::RolledBack { .. }))
+        ));
+        assert!(matches!(group.commit(), Err(StoreError::RolledBack { .. })));
+        assert_eq!(s.command_view(&a).unwrap().lifecycle, Lifecycle::Queued);
+        assert_eq!(
+            s.command_view(&b).unwrap().lifecycle,
+            Lifecycle::Queued,
+            "the write after the early end did not commit on its own"
+        );
+        // and the store goes on
+        s.mark_dispatched(&b, 1).unwrap();
+        assert_eq!(s.command_view(&b).unwrap().lifecycle, Lifecycle::Dispatched);
+    }
 }
