@@ -131,8 +131,11 @@ pub const DEFAULT_CLIENT_FREE_SPACE_FLOOR_BYTES: u64 = 64 * MIB;
 pub const DEFAULT_SEGMENT_SEAL_BYTES: u64 = 256 * KIB;
 /// Default: longest a group commit waits to batch more appends.
 pub const DEFAULT_GROUP_COMMIT_MAX_DELAY_MS: u64 = 2;
-/// Default: most appends in one group commit.
-pub const DEFAULT_GROUP_COMMIT_MAX_BATCH: u64 = 256;
+/// Default: most appends in one group commit. 512 rather than 256: a
+/// fleet run's first output creates one segment file per command, and a
+/// larger group shares its directory syncs and commit among more of them
+/// (docs/benchmarks.md, "Fleet fan-out").
+pub const DEFAULT_GROUP_COMMIT_MAX_BATCH: u64 = 512;
 /// Ceiling: most appends in one group commit.
 pub const MAX_GROUP_COMMIT_BATCH: u64 = 4096;
 

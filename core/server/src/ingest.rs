@@ -24,7 +24,8 @@ use crate::{Pending as Any, ServerCore, convert};
 /// would pass it is closed without an acknowledgement the same way.
 pub const INGEST_QUEUE_PER_CONNECTION: usize = rvbox_session::MAX_UNACKED_EVENTS_PER_SESSION;
 /// Events in one append group by default (`storage.group_commit_max_batch`).
-pub const GROUP_MAX_EVENTS: usize = 256;
+#[allow(clippy::cast_possible_truncation)]
+pub const GROUP_MAX_EVENTS: usize = rvbox_domain::limits::DEFAULT_GROUP_COMMIT_MAX_BATCH as usize;
 /// Most window bytes in one append group.
 pub const GROUP_MAX_BYTES: u64 = 8 * 1024 * 1024;
 /// Append groups in flight at once: one being made durable while the next
@@ -95,7 +96,7 @@ pub struct GroupPolicy {
 }
 
 impl Default for GroupPolicy {
-    /// The configuration's defaults: 2 ms, 256 events.
+    /// The configuration's defaults: 2 ms, 512 events.
     fn default() -> Self {
         Self {
             max_delay_ms: rvbox_domain::limits::DEFAULT_GROUP_COMMIT_MAX_DELAY_MS,

@@ -30,7 +30,7 @@ free_space_floor = "300MiB"
 tombstones = 5000
 segment_seal_size = "512KiB"
 group_commit_max_delay = "5ms"
-group_commit_max_batch = 512
+group_commit_max_batch = 1000
 
 [audit]
 max_bytes = "50MiB"
@@ -101,7 +101,7 @@ fn every_mapped_key_reaches_its_core() {
         s.group,
         rvbox_engine::GroupPolicy {
             max_delay_ms: 5,
-            max_events: 512
+            max_events: 1000
         }
     );
 }
