@@ -310,6 +310,57 @@ fn fleet_runs_on_twenty_daemons() {
     assert_eq!(status(&out), 34, "{}", text(&out.stderr));
     snap(&f, "fleet_group", &out);
 
+    // on a terminal (a pty, through script(1)): the live status line on
+    // stderr while targets end, then the table with the slowest hosts and
+    // the summary line
+    let rvc = f.stack.rvc_cmd(&[]);
+    let line = format!(
+        "{} run --target 'host-1*' --group 'sleep 0.$(( $(basename $(dirname $PWD) | cut -d- -f2 | sed s/^0//) % 5 )); echo same'",
+        rvc.get_program().to_string_lossy()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .env("RVC_SOCKET", f.stack.socket())
+        .output()
+        .unwrap();
+    let screen = text(&out.stdout);
+    assert_eq!(status(&out), 0, "{screen}");
+    let statuses: Vec<&str> = screen
+        .split("\r\u{1b}[K")
+        .filter(|s| s.starts_with('['))
+        .collect();
+    assert!(
+        statuses.iter().any(|s| s.starts_with("[0/10] pending")
+            || s.starts_with("[1/10]")
+            || s.contains("running")),
+        "a status line while the run went on: {screen:?}"
+    );
+    assert!(
+        statuses
+            .iter()
+            .all(|s| s.split(' ').next().is_some_and(|n| n.ends_with("/10]"))),
+        "{statuses:?}"
+    );
+    // what stays on the screen once the status line is cleared
+    let mut kept = String::new();
+    for piece in screen.replace("\r\n", "\n").split("\r\u{1b}[K") {
+        let piece = if piece.starts_with('[') && !piece.contains('\n') {
+            ""
+        } else if piece.starts_with('[') {
+            // a status line a later line of output followed
+            piece.split_once('\n').map_or("", |(_, rest)| rest)
+        } else {
+            piece
+        };
+        kept.push_str(piece);
+    }
+    let tty = Output {
+        status: out.status,
+        stdout: kept.into_bytes(),
+        stderr: Vec::new(),
+    };
+    snap(&f, "fleet_tty", &tty);
+
     // --output-dir: one file per host and stream
     let dir = f.stack.dir.path().join("out");
     let out = f.rvc(&[
