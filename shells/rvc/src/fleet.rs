@@ -732,6 +732,7 @@ pub(crate) async fn all_targets(
     control: &mut Control,
     run: &str,
     state: i32,
+    selector: &str,
 ) -> Result<Vec<wire::FleetTarget>, Failure> {
     let mut out = Vec::new();
     let mut token = String::new();
@@ -742,6 +743,7 @@ pub(crate) async fn all_targets(
             page_size: 1000,
             page_token: token.clone(),
             state,
+            selector: selector.to_owned(),
         };
         let page = control
             .retrying(|mut c| {

@@ -246,6 +246,11 @@ enum FleetCmd {
         /// succeeded, failed, unreachable, cancelled or skipped.
         #[arg(long, value_name = "STATE")]
         state: Option<String>,
+        /// Only targets whose client's labels match this selector now:
+        /// `zone=eu-*`, `role!=db`, `!canary`; repeat it or join terms with
+        /// commas (all must hold).
+        #[arg(long = "label", value_name = "SELECTOR")]
+        labels: Vec<String>,
     },
     /// Follow a run to its end, showing each host's output as it ends
     /// (rvc exits as `rvc run` does for a fleet).
@@ -1067,7 +1072,7 @@ async fn fleet_cmd(
                 })
                 .await?;
             let targets = if fmt == Format::Text {
-                fleet::all_targets(&mut control, &run, 0).await?
+                fleet::all_targets(&mut control, &run, 0, "").await?
             } else {
                 Vec::new()
             };
@@ -1079,13 +1084,13 @@ async fn fleet_cmd(
             })?;
             Ok(0)
         }
-        FleetCmd::Targets { run, state } => {
+        FleetCmd::Targets { run, state, labels } => {
             let state = state
                 .as_deref()
                 .map(fleet::parse_state)
                 .transpose()?
                 .unwrap_or(0);
-            let targets = fleet::all_targets(&mut control, &run, state).await?;
+            let targets = fleet::all_targets(&mut control, &run, state, &labels.join(",")).await?;
             let resp = wire::ListFleetTargetsResponse {
                 targets,
                 next_page_token: String::new(),

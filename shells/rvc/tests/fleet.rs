@@ -451,6 +451,31 @@ fn fleet_runs_on_twenty_daemons() {
         "fleet_targets",
         &f.rvc(&["fleet", "targets", &run, "--state", "cancelled"]),
     );
+    // the run followed across the restart: only its web hosts in us-east
+    // (odd, 11..19), by their labels
+    let by_label = f.rvc(&[
+        "fleet",
+        "targets",
+        &run,
+        "--state",
+        "succeeded",
+        "--label",
+        "zone=us-*",
+        "--label",
+        "role=web",
+    ]);
+    assert_eq!(status(&by_label), 0, "{}", text(&by_label.stderr));
+    let listed: BTreeSet<String> = text(&by_label.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    let want: BTreeSet<String> = [11, 13, 15, 17, 19]
+        .iter()
+        .map(|n| format!("host-{n:02}"))
+        .collect();
+    assert_eq!(listed, want);
+    snap(&f, "fleet_targets_label", &by_label);
     snap(
         &f,
         "fleet_list_json",

@@ -1493,8 +1493,14 @@ pub fn list_fleet_targets(
             ));
         }
     };
+    let selector = crate::records::selector_of(&req.selector)?;
     let state_bytes = state.unwrap_or(0).to_be_bytes();
-    let filters = encode_filters(&[("run", run.as_slice()), ("state", &state_bytes)]);
+    let mut filter_items: Vec<(&str, &[u8])> =
+        vec![("run", run.as_slice()), ("state", &state_bytes)];
+    if selector.is_some() {
+        filter_items.push(("selector", req.selector.as_bytes()));
+    }
+    let filters = encode_filters(&filter_items);
     let codec = TokenCodec::new(TokenKey::new(key));
     let after = if req.page_token.is_empty() {
         String::new()
@@ -1504,6 +1510,11 @@ pub fn list_fleet_targets(
             .map_err(|e| token_error(&e))?;
         String::from_utf8(pos).map_err(|_| invalid("page_token", "page_token is malformed"))?
     };
+    if let Some(selector) = selector {
+        return targets_by_labels(
+            conn, &codec, &filters, &run, state, &after, limit, &selector,
+        );
+    }
     let mut targets: Vec<wire::FleetTarget> = {
         let sql = if state.is_some() {
             format!(
@@ -1531,6 +1542,73 @@ pub fn list_fleet_targets(
     let next_page_token = match (more, targets.last()) {
         (true, Some(t)) => codec
             .seal(TokenKind::FleetTargetPage, &filters, t.client_id.as_bytes())
+            .map_err(|e| token_error(&e))?,
+        _ => String::new(),
+    };
+    Ok(wire::ListFleetTargetsResponse {
+        targets,
+        next_page_token,
+    })
+}
+
+/// A `ListFleetTargets` page of the targets whose client's current labels
+/// match `selector`: at most [`crate::records::MAX_FILTER_SCAN`] targets
+/// examined, so a page may come back short (or empty) with a token.
+#[allow(clippy::too_many_arguments)]
+fn targets_by_labels(
+    conn: &Connection,
+    codec: &TokenCodec,
+    filters: &[u8],
+    run: &[u8; 16],
+    state: Option<i32>,
+    after: &str,
+    limit: u32,
+    selector: &rvbox_domain::labels::Selector,
+) -> Result<wire::ListFleetTargetsResponse, OpError> {
+    let scan = crate::records::MAX_FILTER_SCAN;
+    // a client maintenance deleted has no labels: it matches only
+    // selectors that ask for a label to be absent
+    let scanned: Vec<(String, Option<String>)> = {
+        let mut st = conn
+            .prepare_cached(
+                "SELECT t.client_id, c.labels FROM fleet_targets t
+                 LEFT JOIN clients c ON c.client_id = t.client_id
+                 WHERE t.run_id = ?1 AND (?2 IS NULL OR t.state = ?2) AND t.client_id > ?3
+                 ORDER BY t.client_id LIMIT ?4",
+            )
+            .map_err(|e| StoreError::sqlite("scan fleet targets", e))?;
+        st.query_map(
+            params![
+                run.as_slice(),
+                state,
+                after,
+                i64::try_from(scan).unwrap_or(i64::MAX)
+            ],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .and_then(Iterator::collect)
+        .map_err(|e| StoreError::sqlite("scan fleet targets", e))?
+    };
+    let (picked, more, last) = crate::records::pick_page(scanned, limit as usize, |_, labels| {
+        selector.matches(&crate::records::stored_labels(
+            labels.as_deref().unwrap_or(""),
+        ))
+    });
+    let mut targets = Vec::with_capacity(picked.len());
+    let mut st = conn
+        .prepare_cached(&format!(
+            "SELECT {TARGET_COLUMNS} FROM fleet_targets WHERE run_id = ?1 AND client_id = ?2"
+        ))
+        .map_err(|e| StoreError::sqlite("read fleet target", e))?;
+    for id in &picked {
+        targets.push(
+            st.query_row(params![run.as_slice(), id], target_of)
+                .map_err(|e| StoreError::sqlite("read fleet target", e))?,
+        );
+    }
+    let next_page_token = match (more, last) {
+        (true, Some(last)) => codec
+            .seal(TokenKind::FleetTargetPage, filters, last.as_bytes())
             .map_err(|e| token_error(&e))?,
         _ => String::new(),
     };

@@ -256,7 +256,7 @@ fn token_error(e: &rvbox_domain::token::TokenError) -> OpError {
 pub const MAX_FILTER_SCAN: usize = 10_000;
 
 /// The selector of a list request; `None` for the empty text.
-fn selector_of(text: &str) -> Result<Option<Selector>, OpError> {
+pub(crate) fn selector_of(text: &str) -> Result<Option<Selector>, OpError> {
     if text.is_empty() {
         return Ok(None);
     }
@@ -267,6 +267,33 @@ fn selector_of(text: &str) -> Result<Option<Selector>, OpError> {
 
 /// The labels a `clients` row keeps. A row that does not parse (never
 /// written so) matches no selector term that needs a label.
+/// One page of a filtered scan: from `scanned` (ids in order, each with
+/// what the filter reads; at most [`MAX_FILTER_SCAN`] of them), the first
+/// `limit` ids that `hit`, whether a further page may hold more, and the
+/// last id examined (where the next page starts).
+pub(crate) fn pick_page<T>(
+    scanned: Vec<(String, T)>,
+    limit: usize,
+    hit: impl Fn(&str, &T) -> bool,
+) -> (Vec<String>, bool, Option<String>) {
+    let exhausted = scanned.len() < MAX_FILTER_SCAN;
+    let mut picked = Vec::new();
+    let mut last = None;
+    let mut more = false;
+    for (id, data) in scanned {
+        let matched = hit(&id, &data);
+        if matched && picked.len() == limit {
+            more = true;
+            break;
+        }
+        if matched {
+            picked.push(id.clone());
+        }
+        last = Some(id);
+    }
+    (picked, more || !exhausted, last)
+}
+
 pub(crate) fn stored_labels(text: &str) -> Labels {
     Labels::parse_stored(text).unwrap_or_else(|e| {
         tracing::error!(error = %e, "stored client labels do not parse");
@@ -549,27 +576,12 @@ pub fn list_clients(
                 it.collect::<Result<_, _>>()
                     .map_err(sqlite("scan clients"))?
             };
-            let exhausted = scanned.len() < MAX_FILTER_SCAN;
-            let mut picked = Vec::new();
-            let mut last = None;
-            let mut more = false;
-            for (id, labels) in scanned {
-                let hit = (req.client_glob.is_empty() || glob_match(&req.client_glob, &id))
+            let (picked, more, last) = pick_page(scanned, limit as usize, |id, labels| {
+                (req.client_glob.is_empty() || glob_match(&req.client_glob, id))
                     && selector
                         .as_ref()
-                        .is_none_or(|s| s.matches(&stored_labels(&labels)));
-                if hit && picked.len() == limit as usize {
-                    more = true;
-                    break;
-                }
-                if hit {
-                    picked.push(id.clone());
-                }
-                last = Some(id);
-            }
-            if !more && !exhausted {
-                more = true;
-            }
+                        .is_none_or(|s| s.matches(&stored_labels(labels)))
+            });
             let mut clients = Vec::with_capacity(picked.len());
             let mut st = conn
                 .prepare_cached(&format!(

@@ -536,3 +536,65 @@ fn retention_deletes_a_done_run_once_its_commands_are_gone() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn targets_list_by_their_clients_labels_page_by_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = fleet_store(dir.path());
+    let id = new_id();
+    // every client: five web in eu-west, db-1 in eu-west, db-2 in us-east
+    let mut req = request(&id, "", "uptime");
+    req.selection = Some(wire::FleetSelection {
+        all: true,
+        ..Default::default()
+    });
+    s.run_fleet_as(&req, &caller(), NOW).unwrap();
+    assert_eq!(targets(&s, &id).len(), 7);
+    let reader = s.reader().unwrap();
+    let page = |selector: &str, size: u32, token: &str| {
+        reader.list_fleet_targets(&wire::ListFleetTargetsRequest {
+            fleet_run_id: text(&id),
+            selector: selector.into(),
+            page_size: size,
+            page_token: token.into(),
+            ..Default::default()
+        })
+    };
+    let ids = |r: &wire::ListFleetTargetsResponse| -> Vec<String> {
+        r.targets.iter().map(|t| t.client_id.clone()).collect()
+    };
+    let all = page("zone=eu-*,role=db", 0, "").unwrap();
+    assert_eq!(ids(&all), vec!["db-1"]);
+    assert!(all.next_page_token.is_empty());
+    let all = page("!canary,role!=db", 0, "").unwrap();
+    assert_eq!(ids(&all), vec!["web-1", "web-2", "web-3", "web-4", "web-5"]);
+    // two at a time, each page continuing where the last one stopped
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let p = page("zone=eu-west", 2, &token).unwrap();
+        assert!(p.targets.len() <= 2);
+        seen.extend(ids(&p));
+        if p.next_page_token.is_empty() {
+            break;
+        }
+        token = p.next_page_token;
+    }
+    assert_eq!(
+        seen,
+        vec!["db-1", "web-1", "web-2", "web-3", "web-4", "web-5"]
+    );
+    // a token is bound to its selector
+    let first = page("zone=eu-west", 2, "").unwrap();
+    let e = page("zone=us-east", 2, &first.next_page_token).unwrap_err();
+    assert!(
+        matches!(e, OpError::Refused(ref d) if d.code() == rvbox_domain::error::Code::InvalidArgument),
+        "{e:?}"
+    );
+    // a bad selector is refused, naming the field
+    let e = page("role=a b", 0, "").unwrap_err();
+    match e {
+        OpError::Refused(d) => assert_eq!(d.field(), "selector", "{d:?}"),
+        other => panic!("{other:?}"),
+    }
+}

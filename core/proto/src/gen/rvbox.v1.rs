@@ -3399,6 +3399,13 @@ pub struct ListFleetTargetsRequest {
     /// Only targets in this state; UNSPECIFIED = every state.
     #[prost(enumeration = "FleetTargetState", tag = "5")]
     pub state: i32,
+    /// Only targets whose client's current labels match this selector
+    /// (`role=web,zone=eu-*,!canary`); empty = every target. \<= 1024 bytes,
+    /// \<= 32 terms. With a selector the server examines at most 10000
+    /// targets per page, so a page may hold fewer than page_size entries, or
+    /// none, and still have a token.
+    #[prost(string, tag = "6")]
+    pub selector: ::prost::alloc::string::String,
 }
 /// Response of ListFleetTargets.
 #[derive(Clone, PartialEq, ::prost::Message)]
