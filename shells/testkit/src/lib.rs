@@ -726,3 +726,175 @@ impl Drop for Fleet {
         }
     }
 }
+
+/// A private PostgreSQL instance on loopback, for tests with a real
+/// database: `initdb` into a temporary directory, then `postgres` in the
+/// foreground with its socket in that directory and a free TCP port on
+/// 127.0.0.1. As root (CI), both run as the `postgres` user the Debian
+/// package creates (or `nobody`): PostgreSQL refuses to run as root.
+/// Stopped (immediate shutdown) when dropped.
+#[derive(Debug)]
+pub struct Postgres {
+    dir: tempfile::TempDir,
+    child: Child,
+    /// The TCP port on 127.0.0.1.
+    pub port: u16,
+    /// The database user (the instance's superuser).
+    pub user: String,
+    bin: PathBuf,
+}
+
+/// The newest PostgreSQL 15+ server binaries installed (Debian keeps them
+/// in `/usr/lib/postgresql/<major>/bin`).
+fn postgres_bin() -> PathBuf {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let major: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            (major >= 15 && bin.join("postgres").exists()).then_some((major, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, b)| b).expect(
+        "PostgreSQL 15 or newer is not installed; scripts/test installs it (apt-get install postgresql)",
+    )
+}
+
+/// Who runs the instance: `None` to run as ourselves (not root), else the
+/// user to switch to.
+fn postgres_user() -> Option<String> {
+    if !rustix::process::geteuid().is_root() {
+        return None;
+    }
+    let exists = |u: &str| {
+        Command::new("id")
+            .arg("-u")
+            .arg(u)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    ["postgres", "nobody"]
+        .into_iter()
+        .find(|u| exists(u))
+        .map(str::to_owned)
+}
+
+impl Postgres {
+    /// Creates and starts the instance; waits until it accepts
+    /// connections (at most 60 s).
+    pub fn start() -> Self {
+        let bin = postgres_bin();
+        let dir = tempfile::tempdir().unwrap();
+        let runas = postgres_user();
+        let as_user = |program: &Path| {
+            let mut c = match &runas {
+                Some(u) => {
+                    // setpriv execs the program itself (no process in
+                    // between), so signals reach the server
+                    let mut c = Command::new("setpriv");
+                    c.arg(format!("--reuid={u}"))
+                        .arg(format!("--regid={u}"))
+                        .arg("--init-groups")
+                        .arg("--")
+                        .arg(program);
+                    c
+                }
+                None => Command::new(program),
+            };
+            c.env("LC_ALL", "C").env("TZ", "UTC");
+            c
+        };
+        if let Some(u) = &runas {
+            // the instance's user owns its directory, and nothing else
+            run_ok(Command::new("chown").arg(u).arg(dir.path()));
+        }
+        let data = dir.path().join("data");
+        let user = runas
+            .clone()
+            .unwrap_or_else(|| std::env::var("USER").unwrap_or_else(|_| "postgres".into()));
+        run_ok(as_user(&bin.join("initdb")).arg("-D").arg(&data).args([
+            "-U",
+            &user,
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-instructions",
+        ]));
+        let port = free_port();
+        let child = as_user(&bin.join("postgres"))
+            .arg("-D")
+            .arg(&data)
+            .arg("-k")
+            .arg(dir.path())
+            .arg("-p")
+            .arg(port.to_string())
+            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=on"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("postgres.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let pg = Self {
+            dir,
+            child,
+            port,
+            user,
+            bin,
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        while !pg.ready() {
+            assert!(Instant::now() < until, "PostgreSQL did not start in 60 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        pg
+    }
+
+    fn ready(&self) -> bool {
+        Command::new(self.bin.join("pg_isready"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-q"])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// A libpq connection string for database `db` over TCP on loopback.
+    #[must_use]
+    pub fn conninfo(&self, db: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={} dbname={db}",
+            self.port, self.user
+        )
+    }
+
+    /// Runs `sql` with psql against database `db`; its unaligned output.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        let out = Command::new(self.bin.join("psql"))
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .arg(self.conninfo(db))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql {sql:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// The instance's directory (data directory and socket).
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        // SIGQUIT: immediate shutdown; the directory goes with the TempDir
+        let pid = rustix::process::Pid::from_child(&self.child);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::QUIT);
+        let _ = wait_exit(&mut self.child, Duration::from_secs(30));
+    }
+}
