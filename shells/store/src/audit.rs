@@ -1486,26 +1486,13 @@ impl Store {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
-    use std::sync::Arc;
 
     use super::*;
-    use crate::entropy::OsEntropy;
-    use crate::fs::RealFs;
-    use crate::layout::Layout;
+    use crate::Store;
     use crate::operator::Caller;
-    use crate::{Store, StoreOptions};
 
     fn store(dir: &std::path::Path) -> Store {
-        let mut s = Store::open(
-            Layout::new(dir),
-            Arc::new(RealFs),
-            Arc::new(OsEntropy),
-            StoreOptions::default(),
-            0,
-        )
-        .unwrap();
-        s.recover(0).unwrap();
-        s
+        crate::store::test_store(dir)
     }
 
     #[test]

@@ -1066,3 +1066,20 @@ impl Store {
         Ok(())
     }
 }
+
+/// A recovered store on the real filesystem in `dir`, for the unit tests
+/// of this crate.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) fn test_store(dir: &std::path::Path) -> Store {
+    let mut s = Store::open(
+        Layout::new(dir),
+        Arc::new(crate::fs::RealFs),
+        Arc::new(crate::entropy::OsEntropy),
+        StoreOptions::default(),
+        0,
+    )
+    .unwrap();
+    s.recover(0).unwrap();
+    s
+}

@@ -256,25 +256,13 @@ pub fn still_dispatched(store: &Store, issue: &[u8; 16], revision: u64) -> Resul
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
-    use std::sync::Arc;
 
     use super::*;
+    use crate::Store;
     use crate::entropy::OsEntropy;
-    use crate::fs::RealFs;
-    use crate::layout::Layout;
-    use crate::{Store, StoreOptions};
 
     fn store(dir: &std::path::Path) -> Store {
-        let mut s = Store::open(
-            Layout::new(dir),
-            Arc::new(RealFs),
-            Arc::new(OsEntropy),
-            StoreOptions::default(),
-            0,
-        )
-        .unwrap();
-        s.recover(0).unwrap();
-        s
+        crate::store::test_store(dir)
     }
 
     fn queued(s: &mut Store, client: &str) -> [u8; 16] {
