@@ -135,8 +135,12 @@ impl WriteGroup<'_> {
                 reason: "SQLite ended the transaction early".into(),
             }));
         }
+        let view = match load_view(&self.store.conn, issue) {
+            Ok(v) => v,
+            Err(OpError::Store(e)) => return Err(self.fail(e)),
+            Err(refused) => return Err(refused),
+        };
         let conn = &self.store.conn;
-        let view = load_view(conn, issue)?;
         let key = uuid::Uuid::from_bytes(*issue).hyphenated().to_string();
         self.store.health.check_writable(&[
             (wire::ScopeKind::Command, key.as_str()),
