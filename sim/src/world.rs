@@ -1438,6 +1438,7 @@ impl World {
         );
         for (k, v) in [
             ("engine fenced", stats.fenced),
+            ("engine writes_fenced", stats.writes_fenced),
             ("engine live_conflicts", stats.live_conflicts),
             ("engine reconciled", stats.reconciled),
             ("engine requeued", stats.requeued),

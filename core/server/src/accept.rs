@@ -177,6 +177,7 @@ impl ServerCore {
                                 revision,
                                 how: ServerTerminal::Expired,
                                 rejection: None,
+                                session: None,
                             },
                             Any::Background("expire after a transient answer"),
                         );
@@ -202,6 +203,11 @@ impl ServerCore {
         resolved_shell: i32,
     ) {
         let id = *issue.as_bytes();
+        let Some(session) = self.fence_of(conn) else {
+            // the connection is gone: its client's next session reconciles
+            self.unblock(client, issue);
+            return;
+        };
         let (op, then) = match decision {
             AcceptDecision::Accept(acc) => {
                 self.stats.accepted += 1;
@@ -230,6 +236,7 @@ impl ServerCore {
                                 revision,
                                 resolved_shell,
                                 incident,
+                                session,
                             },
                             After::Accepted,
                         )
@@ -239,6 +246,7 @@ impl ServerCore {
                             issue: id,
                             revision,
                             resolved_shell,
+                            session,
                         },
                         After::Accepted,
                     ),
@@ -249,6 +257,7 @@ impl ServerCore {
                     issue: id,
                     revision,
                     resolved_shell,
+                    session,
                 },
                 After::Accepted,
             ),
@@ -258,6 +267,7 @@ impl ServerCore {
                     StoreOp::Requeue {
                         issue: id,
                         revision,
+                        session,
                     },
                     After::Nothing,
                 )
@@ -268,6 +278,7 @@ impl ServerCore {
                     StoreOp::Requeue {
                         issue: id,
                         revision,
+                        session,
                     },
                     After::ExpireIfQueued { revision },
                 )
@@ -281,6 +292,7 @@ impl ServerCore {
                         revision,
                         how: ServerTerminal::Rejected,
                         rejection: Some(r.detail.clone()),
+                        session: Some(session),
                     },
                     After::Nothing,
                 )

@@ -234,6 +234,23 @@ impl ServerCore {
         }
     }
 
+    /// The store refused a write made for `conn` with `STALE_SESSION`: its
+    /// session is no longer its client's live one (a newer session
+    /// replaced it, here or on another replica). The session row is not
+    /// this connection's to close any more; the connection closes fenced.
+    pub(crate) fn write_fenced(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        c.session_key = None;
+        self.stats.writes_fenced += 1;
+        tracing::warn!(
+            conn,
+            "a write for this connection was refused: its session is no longer live; closing"
+        );
+        self.close(conn, wire::CloseReason::SessionFenced);
+    }
+
     /// Closes a connection from the server side.
     pub(crate) fn close(&mut self, conn: ConnId, reason: wire::CloseReason) {
         if !self.conns.contains_key(&conn) {

@@ -195,6 +195,7 @@ pub fn event_append(ev: &wire::CommandEvent) -> Result<EventAppend, DomainError>
         event_seq: ev.event_seq,
         observed_ms: observed_ms(ev.observed_time.as_ref()),
         body,
+        session: None,
     })
 }
 

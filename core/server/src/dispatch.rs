@@ -12,6 +12,7 @@ use rvbox_domain::lifecycle::{CommandState, Lifecycle, Phase};
 use rvbox_proto::v1::envelope::Payload;
 use rvbox_store_port::commands::{CommandView, ServerTerminal};
 use rvbox_store_port::ops::{Completion, OpResult, StoreOp};
+use rvbox_store_port::sessions::SessionFence;
 
 use crate::connections::ConnId;
 use crate::{ControlAnswer, DISPATCH_SCAN, Output, Pending as Any, RequestId, ServerCore, convert};
@@ -162,6 +163,10 @@ impl ServerCore {
             let (Some(conn), true) = (st.conn, st.ready) else {
                 return;
             };
+            // the session a dispatch is fenced by (docs/scaleout.md)
+            let Some(session_id) = self.conns.get(&conn).and_then(|c| c.session_key) else {
+                return;
+            };
             if st.dispatching.contains(&issue) {
                 continue;
             }
@@ -178,6 +183,7 @@ impl ServerCore {
                         issue: v.issue_uuid,
                         revision: v.revision,
                         write: write.is_some(),
+                        session: SessionFence { session_id },
                     };
                     let revision = order.revision.0;
                     if !self.store(
@@ -286,6 +292,7 @@ impl ServerCore {
                 revision: v.revision,
                 how: ServerTerminal::Expired,
                 rejection: None,
+                session: None,
             },
             Any::Background("expire"),
         );

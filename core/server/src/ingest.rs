@@ -334,7 +334,11 @@ impl ServerCore {
             _ => None,
         };
         let event = match convert::event_append(&desc.event) {
-            Ok(ev) => ev,
+            Ok(mut ev) => {
+                // the store refuses it once this session is no longer live
+                ev.session = self.fence_of(conn);
+                ev
+            }
             Err(error) => {
                 return self.session_input(
                     conn,
@@ -507,6 +511,11 @@ impl ServerCore {
                                 .unwrap_or(q.event_seq),
                         }
                     }
+                    Some(EventOutcome::Refused(e)) if e.code() == Code::StaleSession => {
+                        self.stats.events_refused += 1;
+                        self.write_fenced(conn);
+                        continue;
+                    }
                     Some(EventOutcome::Refused(e)) => {
                         self.stats.events_refused += 1;
                         if e.code() == Code::QuotaExceeded {
@@ -555,6 +564,7 @@ mod tests {
                     kind: 9,
                     encoded: Vec::new(),
                 },
+                session: None,
             },
         }
     }

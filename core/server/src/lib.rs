@@ -298,6 +298,10 @@ pub struct EngineStats {
     pub live_conflicts: u64,
     /// Sessions fenced by a newer one.
     pub fenced: u64,
+    /// Connections closed because the store refused a write made for
+    /// them: their session was no longer live (a newer one replaced it,
+    /// on this server or another replica).
+    pub writes_fenced: u64,
     /// Reconciliation rounds written.
     pub reconciled: u64,
     /// Reconciliation snapshots refused (invalid, or client store not ready).
@@ -426,6 +430,18 @@ enum Pending {
     Maintenance,
     /// A slice of the background scrub.
     Scrub,
+}
+
+impl Pending {
+    /// The connection a fenced write was made for.
+    fn fenced_conn(&self) -> Option<ConnId> {
+        match self {
+            Self::Accept(accept::Pending::Write { conn, .. })
+            | Self::Dispatch(dispatch::Pending::Dispatch { conn, .. })
+            | Self::Reconcile(reconcile::Pending::Apply { conn, .. }) => Some(*conn),
+            _ => None,
+        }
+    }
 }
 
 /// The server core (see the crate docs).
@@ -924,6 +940,14 @@ impl ServerCore {
         self.next_scrub_ms.max(starved)
     }
 
+    /// The session a connection's writes are fenced by, once registered.
+    fn fence_of(&self, conn: ConnId) -> Option<rvbox_store_port::sessions::SessionFence> {
+        self.conns
+            .get(&conn)
+            .and_then(|c| c.session_key)
+            .map(|session_id| rvbox_store_port::sessions::SessionFence { session_id })
+    }
+
     fn store(&mut self, op: StoreOp, pending: Pending) -> bool {
         if !self.can_issue() {
             tracing::error!(
@@ -954,6 +978,12 @@ impl ServerCore {
         if let Err(PortError::Unavailable(detail)) = &result {
             self.stats.store_failures += 1;
             tracing::error!(detail = %detail, "store operation failed");
+        }
+        if let Err(PortError::Refused(e)) = &result
+            && e.code() == rvbox_domain::error::Code::StaleSession
+            && let Some(conn) = pending.fenced_conn()
+        {
+            self.write_fenced(conn);
         }
         match pending {
             Pending::Registration(p) => self.registration_done(p, result),

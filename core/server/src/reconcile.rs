@@ -263,6 +263,9 @@ impl ServerCore {
         let (Some(c), Some(client)) = (self.conns.get(&conn), self.client_of(conn)) else {
             return;
         };
+        let Some(session_id) = c.session_key else {
+            return;
+        };
         let outcome = match reconcile(round, &c.rows, known, snapshot) {
             Ok(o) => o,
             Err(e) => {
@@ -291,6 +294,7 @@ impl ServerCore {
         self.store(
             StoreOp::ApplyReconciliation {
                 client_id: client,
+                session: rvbox_store_port::sessions::SessionFence { session_id },
                 writes,
                 incidents,
             },

@@ -73,6 +73,9 @@ pub struct EventAppend {
     pub observed_ms: i64,
     /// Body.
     pub body: EventBody,
+    /// The session it arrived on; `None` only for events not received
+    /// from a client (tools and tests).
+    pub session: Option<crate::sessions::SessionFence>,
 }
 
 /// What happened to one event of a batch.

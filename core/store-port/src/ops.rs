@@ -8,6 +8,16 @@
 //! token. A backend may perform operations of different connections in
 //! any order that keeps each connection's own order, and may group the
 //! [`StoreOp::AppendEvents`] of many connections into one durable commit.
+//!
+//! A write made for a connection carries the session it was made for
+//! ([`SessionFence`]: on `Dispatch`, `RecordAccepted`, `AcceptLate`,
+//! `Requeue`, `ApplyReconciliation`, a rejecting `FinishByServer`, and on
+//! every event of `AppendEvents`). The backend checks in the write's own
+//! transaction that the session is still its client's live one, and
+//! refuses it `STALE_SESSION` otherwise, changing nothing; the core then
+//! closes that connection. With several server replicas on one database,
+//! this is what keeps a paused or partitioned replica from committing for
+//! a client that reconnected elsewhere (docs/scaleout.md).
 
 use rvbox_domain::error::DomainError;
 use rvbox_domain::lifecycle::Lifecycle;
@@ -17,7 +27,7 @@ use crate::audit::{Caller, SessionAudit};
 use crate::commands::{CommandView, Knowledge, ReconcileWrite, ServerTerminal};
 use crate::events::{AppendReport, EventAppend};
 use crate::incidents::NewIncident;
-use crate::sessions::{ClientRecord, Registration};
+use crate::sessions::{ClientRecord, Registration, SessionFence};
 use crate::signals::SignalOutcome;
 use crate::stdin::{StdinOutcome, StdinWrites};
 
@@ -69,6 +79,8 @@ pub enum StoreOp {
     ApplyReconciliation {
         /// Client id.
         client_id: String,
+        /// The session the round ran on.
+        session: SessionFence,
         /// Decisions.
         writes: Vec<ReconcileWrite>,
         /// Incidents the round opens.
@@ -96,6 +108,8 @@ pub enum StoreOp {
         /// Whether the transition is written (false: a dispatched command
         /// sent again).
         write: bool,
+        /// The session it is dispatched on.
+        session: SessionFence,
     },
     /// Reads one command. -> [`Completion::View`]
     CommandView {
@@ -110,6 +124,8 @@ pub enum StoreOp {
         revision: u64,
         /// The shell the client resolved.
         resolved_shell: i32,
+        /// The session the acceptance arrived on.
+        session: SessionFence,
     },
     /// A late acceptance, its incident, a higher revision and a pending
     /// TERM, in one transaction. -> [`Completion::Done`]
@@ -122,6 +138,8 @@ pub enum StoreOp {
         resolved_shell: i32,
         /// The `LATE_AFTER_EXPIRY` incident.
         incident: NewIncident,
+        /// The session the acceptance arrived on.
+        session: SessionFence,
     },
     /// dispatched -> queued (or cancelled when signalled).
     /// -> [`Completion::Requeued`]
@@ -130,6 +148,8 @@ pub enum StoreOp {
         issue: [u8; 16],
         /// Revision the decision saw.
         revision: u64,
+        /// The session whose client's answer decided it.
+        session: SessionFence,
     },
     /// A server decision that ends a command. -> [`Completion::Done`]
     FinishByServer {
@@ -143,6 +163,9 @@ pub enum StoreOp {
         how: ServerTerminal,
         /// The rejection detail, for `Rejected`.
         rejection: Option<wire::ErrorDetail>,
+        /// The session whose client's answer decided it; `None` for a
+        /// decision of the server's own (queue expiry).
+        session: Option<SessionFence>,
     },
     /// Sets the "expired pending reconciliation" indicator.
     /// -> [`Completion::Done`]

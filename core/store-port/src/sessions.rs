@@ -71,3 +71,15 @@ pub struct Registration {
     /// Its validated labels, normalized (`key=value,...`, sorted by key).
     pub labels: String,
 }
+
+/// The session a connection's write is made for. The write commits only
+/// while this session is still its client's live one, checked in the
+/// write's own transaction (on PostgreSQL with the session row locked
+/// `FOR SHARE`): a server that lost the client to a newer session, on this
+/// or another replica, can never commit for it. A refused write is
+/// `STALE_SESSION`, and the connection it was made for is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionFence {
+    /// The session's id (one row, one generation of one client).
+    pub session_id: [u8; 16],
+}

@@ -155,14 +155,16 @@ fn grouped(g: &mut WriteGroup<'_>, wall_ms: i64, op: StoreOp) -> OpResult {
             issue,
             revision,
             write,
+            session,
         } => {
             if write {
-                g.mark_dispatched(&issue, revision).map_err(port)?;
+                g.mark_dispatched(Some(session), &issue, revision)
+                    .map_err(port)?;
             } else {
                 // sent again: only while it is still dispatched at the
                 // revision the decision saw (a signal decided since
                 // raised it, and must not be overtaken by a Dispatch)
-                still_dispatched(g.store(), &issue, revision).map_err(port)?;
+                still_dispatched(g.store(), Some(session), &issue, revision).map_err(port)?;
             }
             g.store()
                 .execution_spec(&issue)
@@ -173,7 +175,8 @@ fn grouped(g: &mut WriteGroup<'_>, wall_ms: i64, op: StoreOp) -> OpResult {
             issue,
             revision,
             resolved_shell,
-        } => done(g.record_accepted(&issue, revision, resolved_shell)),
+            session,
+        } => done(g.record_accepted(Some(session), &issue, revision, resolved_shell)),
         op => read(g.store(), wall_ms, op),
     }
 }
@@ -431,9 +434,16 @@ impl Executor {
                 .map_err(port_store),
             StoreOp::ApplyReconciliation {
                 client_id,
+                session,
                 writes,
                 incidents,
-            } => done(s.apply_reconciliation(&client_id, &writes, &incidents, wall_ms)),
+            } => done(s.apply_reconciliation(
+                Some(session),
+                &client_id,
+                &writes,
+                &incidents,
+                wall_ms,
+            )),
             StoreOp::RecordIncident(incident) => s
                 .record_protocol_incident(&incident, wall_ms)
                 .map(|_| Completion::Done)
@@ -452,9 +462,21 @@ impl Executor {
                 revision,
                 resolved_shell,
                 incident,
-            } => done(s.accept_late(&issue, revision, resolved_shell, &incident, wall_ms)),
-            StoreOp::Requeue { issue, revision } => s
-                .requeue(&issue, revision, wall_ms)
+                session,
+            } => done(s.accept_late(
+                Some(session),
+                &issue,
+                revision,
+                resolved_shell,
+                &incident,
+                wall_ms,
+            )),
+            StoreOp::Requeue {
+                issue,
+                revision,
+                session,
+            } => s
+                .requeue(Some(session), &issue, revision, wall_ms)
                 .map(Completion::Requeued)
                 .map_err(port),
             StoreOp::FinishByServer {
@@ -463,7 +485,9 @@ impl Executor {
                 revision,
                 how,
                 rejection,
+                session,
             } => done(s.finish_by_server(
+                session,
                 &issue,
                 &from,
                 revision,

@@ -154,11 +154,13 @@ fn a_dispatch_sent_again_is_refused_once_the_command_changed() {
         .record_transition(&id, rvbox_domain::lifecycle::Lifecycle::Dispatched)
         .unwrap();
     let revision = store.command_view(&id).unwrap().revision;
+    let session = live_session(&mut store, "web-1");
     let mut exec = Executor::new(store);
     let again = |revision| StoreOp::Dispatch {
         issue: id,
         revision,
         write: false,
+        session,
     };
     match exec.perform(NOW, again(revision)) {
         Ok(Completion::Spec(spec)) => assert!(spec.source.is_some()),
@@ -242,6 +244,7 @@ fn single_command_writes_share_one_commit_and_a_refusal_stays_its_own() {
     let a = queued_command(&mut store, "web-1");
     let b = queued_command(&mut store, "web-2");
     let c = queued_command(&mut store, "web-3");
+    let web = [1, 2, 3].map(|n| live_session(&mut store, &format!("web-{n}")));
     let points = std::sync::Arc::new(Points::default());
     store.set_crash_hook(points.clone());
     let mut exec = Executor::new(store);
@@ -253,6 +256,7 @@ fn single_command_writes_share_one_commit_and_a_refusal_stays_its_own() {
                 issue: a,
                 revision: 1,
                 write: true,
+                session: web[0],
             },
         ),
         // a stale decision: refused, and nothing else of the group undone
@@ -263,6 +267,7 @@ fn single_command_writes_share_one_commit_and_a_refusal_stays_its_own() {
                 issue: b,
                 revision: 1,
                 resolved_shell: 0,
+                session: web[1],
             },
         ),
         (OpToken(3), NOW, StoreOp::CommandView { issue: a }),
@@ -273,6 +278,7 @@ fn single_command_writes_share_one_commit_and_a_refusal_stays_its_own() {
                 issue: c,
                 revision: 1,
                 write: true,
+                session: web[2],
             },
         ),
         (
@@ -282,6 +288,7 @@ fn single_command_writes_share_one_commit_and_a_refusal_stays_its_own() {
                 issue: a,
                 revision: 1,
                 resolved_shell: 0,
+                session: web[0],
             },
         ),
     ]);
@@ -348,8 +355,8 @@ fn a_write_group_never_committed_keeps_nothing_and_announces_nothing() {
     store.set_crash_hook(points.clone());
     {
         let mut group = store.write_group().unwrap();
-        group.mark_dispatched(&a, 1).unwrap();
-        group.mark_dispatched(&b, 1).unwrap();
+        group.mark_dispatched(None, &a, 1).unwrap();
+        group.mark_dispatched(None, &b, 1).unwrap();
         assert_eq!(group.writes(), 2);
         assert_eq!(
             group.store().command_view(&a).unwrap().lifecycle,

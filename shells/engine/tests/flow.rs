@@ -476,3 +476,73 @@ fn appends_go_at_once_to_an_idle_store_gather_behind_a_group_and_a_full_group_go
     drain(&mut e);
     assert_eq!(e.command(&cmd).unwrap().last_event_seq, 8);
 }
+
+/// Another server replica registered a newer session of the client behind
+/// this engine's back (docs/scaleout.md): the store's session row moved
+/// on, this engine still holds the old connection. Its next write for that
+/// connection is refused `STALE_SESSION`, nothing of it is stored, and the
+/// connection closes fenced.
+#[test]
+fn a_write_for_a_session_another_replica_replaced_is_refused_and_closes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path());
+    let cmd = new_id();
+    let (sid, d) = accepted_command(&mut e, &cmd);
+    let rec = e.store().client_record("web-1").unwrap().unwrap();
+    let live = rec.live.unwrap();
+    e.store_mut()
+        .register_session(
+            &rvbox_store::sessions::Registration {
+                client_id: "web-1".into(),
+                instance_id: live.instance_id,
+                expected_generation: rec.generation,
+                session_id: new_id(),
+                fence: Some(live.session_id),
+                consume_grant: None,
+                capabilities: wire::Capabilities::default(),
+                cwd_policy: None,
+                labels: String::new(),
+            },
+            WALL + 1,
+        )
+        .unwrap();
+    e.frame(
+        6,
+        WALL,
+        1,
+        env(
+            &sid,
+            1,
+            Payload::CommandEvent(wire::CommandEvent {
+                issue_uuid: d.issue_uuid.clone(),
+                event_seq: 1,
+                observed_time: None,
+                body: Some(wire::command_event::Body::Lifecycle(
+                    wire::LifecycleChange {
+                        lifecycle: wire::Lifecycle::Running as i32,
+                        revision: 1,
+                        exit_result: None,
+                        reason: String::new(),
+                    },
+                )),
+            }),
+        ),
+    );
+    let (frames, closes) = drain(&mut e);
+    assert_eq!(closes, vec![(1, wire::CloseReason::SessionFenced)]);
+    assert!(
+        !frames
+            .iter()
+            .any(|(_, f)| matches!(f.payload, Some(Payload::EventAck(_)))),
+        "nothing acknowledged: {frames:?}"
+    );
+    assert_eq!(e.stats().writes_fenced, 1);
+    let v = e.command(&cmd).unwrap();
+    assert_eq!(v.lifecycle, Lifecycle::Accepted);
+    assert_eq!(v.last_event_seq, 0);
+    assert_eq!(e.store().metrics().writes_fenced.get(), 1);
+    // the newer session is untouched: this engine never closed it
+    let after = e.store().client_record("web-1").unwrap().unwrap();
+    assert_eq!(after.generation, rec.generation + 1);
+    assert!(after.live.is_some());
+}

@@ -63,6 +63,7 @@ fn damaged_store(dir: &Path) {
     s.record_transition(&id, Lifecycle::Dispatched).unwrap();
     s.record_transition(&id, Lifecycle::Accepted).unwrap();
     let running = EventAppend {
+        session: None,
         issue_uuid: id,
         event_seq: 1,
         observed_ms: NOW,
@@ -74,6 +75,7 @@ fn damaged_store(dir: &Path) {
         },
     };
     let out = EventAppend {
+        session: None,
         issue_uuid: id,
         event_seq: 2,
         observed_ms: NOW,

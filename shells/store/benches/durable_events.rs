@@ -46,6 +46,7 @@ fn running(s: &mut Store, client: &str) -> [u8; 16] {
     s.record_transition(&id, Lifecycle::Dispatched).unwrap();
     s.record_transition(&id, Lifecycle::Accepted).unwrap();
     let ev = EventAppend {
+        session: None,
         issue_uuid: id,
         event_seq: 1,
         observed_ms: now_ms(),
@@ -62,6 +63,7 @@ fn running(s: &mut Store, client: &str) -> [u8; 16] {
 
 fn event(id: [u8; 16], seq: u64, payload: &(u32, Vec<u8>)) -> EventAppend {
     EventAppend {
+        session: None,
         issue_uuid: id,
         event_seq: seq,
         observed_ms: now_ms(),

@@ -117,6 +117,7 @@ fn client_of(n: u64) -> String {
 
 fn lifecycle(id: [u8; 16], seq: u64, to: Lifecycle) -> EventAppend {
     EventAppend {
+        session: None,
         issue_uuid: id,
         event_seq: seq,
         observed_ms: now_ms(),
@@ -131,6 +132,7 @@ fn lifecycle(id: [u8; 16], seq: u64, to: Lifecycle) -> EventAppend {
 
 fn output(id: [u8; 16], seq: u64, stored: &[u8]) -> EventAppend {
     EventAppend {
+        session: None,
         issue_uuid: id,
         event_seq: seq,
         observed_ms: now_ms(),

@@ -21,6 +21,7 @@ use rvbox_retention::{Usage, release_closeout};
 use crate::error::StoreError;
 use crate::incidents::NewIncident;
 use crate::mutations::OpError;
+use crate::sessions::SessionFence;
 use crate::store::{Store, to_i64, to_u64};
 
 /// Most rows one listing returns (a reconciliation request carries at
@@ -236,6 +237,17 @@ impl Store {
         &mut self,
         issue: &[u8; 16],
     ) -> Result<(Transaction<'_>, CommandView), OpError> {
+        self.begin_for(None, issue)
+    }
+
+    /// Begins a write on one command made for a connection's `session`:
+    /// as [`Store::begin_on`], and the session checked in the transaction
+    /// ([`crate::sessions::check_fence`]).
+    pub(crate) fn begin_for(
+        &mut self,
+        session: Option<SessionFence>,
+        issue: &[u8; 16],
+    ) -> Result<(Transaction<'_>, CommandView), OpError> {
         let client = load_view(&self.conn, issue)?.client_id;
         let key = uuid::Uuid::from_bytes(*issue).hyphenated().to_string();
         self.health.check_writable(&[
@@ -247,6 +259,12 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sqlite("begin command write", e))?;
         let view = load_view(&tx, issue)?;
+        crate::sessions::check_fence(
+            &tx,
+            &self.metrics.writes_fenced,
+            session.as_ref(),
+            &view.client_id,
+        )?;
         Ok((tx, view))
     }
 
@@ -258,7 +276,7 @@ impl Store {
     /// `NOT_FOUND`, `UNAVAILABLE`, or a store failure.
     pub fn mark_dispatched(&mut self, issue: &[u8; 16], revision: u64) -> Result<(), OpError> {
         let mut group = self.write_group()?;
-        group.mark_dispatched(issue, revision)?;
+        group.mark_dispatched(None, issue, revision)?;
         group.commit()?;
         Ok(())
     }
@@ -268,15 +286,17 @@ impl Store {
     /// queue expiry stays what it was (R-6.4-13).
     ///
     /// # Errors
-    /// As [`Store::mark_dispatched`].
+    /// As [`Store::mark_dispatched`]; `STALE_SESSION` when `session` is no
+    /// longer live.
     pub fn requeue(
         &mut self,
+        session: Option<SessionFence>,
         issue: &[u8; 16],
         revision: u64,
         now_ms: i64,
     ) -> Result<Lifecycle, OpError> {
         let cap = self.opts.tombstone_cap;
-        let (tx, view) = self.begin_on(issue)?;
+        let (tx, view) = self.begin_for(session, issue)?;
         let to = requeue_in(&tx, &view, revision, now_ms, cap)?;
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit requeue", e))?;
@@ -310,7 +330,7 @@ impl Store {
         resolved_shell: i32,
     ) -> Result<(), OpError> {
         let mut group = self.write_group()?;
-        group.record_accepted(issue, revision, resolved_shell)?;
+        group.record_accepted(None, issue, revision, resolved_shell)?;
         group.commit()?;
         Ok(())
     }
@@ -409,11 +429,12 @@ impl Store {
     /// transaction.
     ///
     /// # Errors
-    /// `CONFLICT`, `ILLEGAL_TRANSITION`, `NOT_FOUND`, `UNAVAILABLE`, or a
-    /// store failure.
+    /// `CONFLICT`, `ILLEGAL_TRANSITION`, `NOT_FOUND`, `UNAVAILABLE`,
+    /// `STALE_SESSION` when `session` is no longer live, or a store failure.
     #[allow(clippy::too_many_arguments)]
     pub fn finish_by_server(
         &mut self,
+        session: Option<SessionFence>,
         issue: &[u8; 16],
         from: &[Lifecycle],
         revision: u64,
@@ -430,7 +451,7 @@ impl Store {
             None => None,
         };
         let cap = self.opts.tombstone_cap;
-        let (tx, view) = self.begin_on(issue)?;
+        let (tx, view) = self.begin_for(session, issue)?;
         expect(&view, from, revision)?;
         let to = how.lifecycle();
         view.lifecycle
@@ -466,9 +487,11 @@ impl Store {
     /// (the same snapshot yields the same decisions).
     ///
     /// # Errors
-    /// `CONFLICT`, `UNAVAILABLE`, or a store failure; nothing committed.
+    /// `CONFLICT`, `UNAVAILABLE`, `STALE_SESSION` when `session` is no
+    /// longer live, or a store failure; nothing committed.
     pub fn apply_reconciliation(
         &mut self,
+        session: Option<SessionFence>,
         client_id: &str,
         writes: &[ReconcileWrite],
         incidents: &[NewIncident],
@@ -489,6 +512,12 @@ impl Store {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sqlite("begin reconciliation", e))?;
+        crate::sessions::check_fence(
+            &tx,
+            &self.metrics.writes_fenced,
+            session.as_ref(),
+            client_id,
+        )?;
         for w in writes {
             match *w {
                 ReconcileWrite::Requeue { issue, revision } => {

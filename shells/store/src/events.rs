@@ -263,6 +263,7 @@ impl Store {
         let mut base: BTreeMap<[u8; 16], (u32, u64)> = BTreeMap::new();
         let mut views: BTreeMap<[u8; 16], CmdView> = BTreeMap::new();
         let mut owners: BTreeMap<String, u64> = BTreeMap::new();
+        let mut sessions_seen: BTreeMap<[u8; 16], Option<String>> = BTreeMap::new();
         let mut batch_digests: BTreeMap<([u8; 16], u64), [u8; 32]> = BTreeMap::new();
         let mut stdin_settled: std::collections::BTreeSet<([u8; 16], u64)> =
             std::collections::BTreeSet::new();
@@ -305,6 +306,26 @@ impl Store {
                         "the command's stored state is under an open storage incident",
                     ));
                     continue;
+                }
+                // fencing (docs/scaleout.md): the session the event came
+                // on must still be its client's live one. One writer holds
+                // the database from here to the commit, so the answer
+                // still holds when the batch commits.
+                if let Some(fence) = &ev.session {
+                    let owner = match sessions_seen.entry(fence.session_id) {
+                        std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                        std::collections::btree_map::Entry::Vacant(v) => {
+                            v.insert(crate::sessions::live_session_owner(&tx, fence)?)
+                        }
+                    };
+                    if let Err(e) = crate::sessions::fence_verdict(
+                        &self.metrics.writes_fenced,
+                        owner.as_deref(),
+                        &view.client_id,
+                    ) {
+                        outcomes.push(EventOutcome::Refused(e));
+                        continue;
+                    }
                 }
                 let scope = uuid::Uuid::from_bytes(issue).hyphenated().to_string();
                 if let Err(e) = self.health.check_writable(&[

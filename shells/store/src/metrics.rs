@@ -104,6 +104,9 @@ pub struct StoreMetrics {
     pub sessions_fenced: Counter,
     /// Registrations rejected as a live conflict (pending claim recorded).
     pub live_conflicts: Counter,
+    /// Writes refused because the session they were made for is no longer
+    /// its client's live one (fencing, docs/scaleout.md).
+    pub writes_fenced: Counter,
     /// Group journal checkpoints.
     pub journal_checkpoints: Counter,
     /// The WAL checkpointer's counters (checkpoint.rs).
@@ -173,6 +176,7 @@ impl Default for StoreMetrics {
             sessions_registered: Counter::default(),
             sessions_fenced: Counter::default(),
             live_conflicts: Counter::default(),
+            writes_fenced: Counter::default(),
             journal_checkpoints: Counter::default(),
             checkpoint: crate::checkpoint::CheckpointMetrics::default(),
             signals_recorded: Counter::default(),
@@ -295,6 +299,11 @@ impl StoreMetrics {
             "live_conflicts",
             "Registrations rejected as a live conflict",
             self.live_conflicts.clone(),
+        );
+        r.register(
+            "writes_fenced",
+            "Writes refused because their session is no longer its client's live one",
+            self.writes_fenced.clone(),
         );
         r.register(
             "journal_checkpoints",

@@ -25,7 +25,76 @@ use crate::store::{Store, to_i64, to_u64};
 /// Longest close reason kept (the column's bound).
 pub const MAX_CLOSE_REASON_BYTES: usize = 4096;
 
-pub use rvbox_store_port::sessions::{ClientRecord, LiveSession, Registration, TakeoverGrant};
+pub use rvbox_store_port::sessions::{
+    ClientRecord, LiveSession, Registration, SessionFence, TakeoverGrant,
+};
+
+/// The fencing check of a write made for a connection (docs/scaleout.md):
+/// the write's session must still be its client's live one, and belong to
+/// `client_id`, the client of what the write changes. Run inside the
+/// write's own transaction, so the answer holds when it commits. `None`
+/// is a write not made for a connection: nothing to check.
+///
+/// # Errors
+/// `STALE_SESSION` when the session ended, was fenced by a newer one, or
+/// belongs to another client; a store failure.
+pub(crate) fn check_fence(
+    conn: &rusqlite::Connection,
+    fenced: &prometheus_client::metrics::counter::Counter,
+    fence: Option<&SessionFence>,
+    client_id: &str,
+) -> Result<(), OpError> {
+    let Some(fence) = fence else {
+        return Ok(());
+    };
+    fence_verdict(
+        fenced,
+        live_session_owner(conn, fence)?.as_deref(),
+        client_id,
+    )
+    .map_err(OpError::Refused)
+}
+
+/// The client whose live session `fence` names, if it is live.
+pub(crate) fn live_session_owner(
+    conn: &rusqlite::Connection,
+    fence: &SessionFence,
+) -> Result<Option<String>, StoreError> {
+    conn.query_row_cached(
+        "SELECT client_id FROM sessions WHERE session_id = ?1 AND live = 1",
+        params![fence.session_id.as_slice()],
+        |r| r.get(0),
+    )
+    .optional()
+    .map_err(|e| StoreError::sqlite("check the write's session", e))
+}
+
+/// The fencing verdict from a session's live owner (`None`: not live).
+pub(crate) fn fence_verdict(
+    fenced: &prometheus_client::metrics::counter::Counter,
+    owner: Option<&str>,
+    client_id: &str,
+) -> Result<(), DomainError> {
+    let verdict = match owner {
+        Some(owner) if owner == client_id => Ok(()),
+        Some(_) => Err(DomainError::new(
+            Code::StaleSession,
+            "the write's session belongs to another client",
+        )),
+        None => Err(DomainError::new(
+            Code::StaleSession,
+            "the write's session is no longer its client's live session",
+        )),
+    };
+    if let Err(e) = &verdict {
+        fenced.inc();
+        tracing::warn!(
+            reason = e.reason(),
+            "write refused: its session is not live"
+        );
+    }
+    verdict
+}
 
 fn blob16(v: Option<Vec<u8>>) -> Option<[u8; 16]> {
     v.and_then(|b| <[u8; 16]>::try_from(b.as_slice()).ok())

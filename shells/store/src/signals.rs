@@ -266,6 +266,7 @@ impl Store {
     /// `NOT_FOUND`, `UNAVAILABLE`, or a store failure.
     pub fn accept_late(
         &mut self,
+        session: Option<crate::sessions::SessionFence>,
         issue: &[u8; 16],
         revision: u64,
         resolved_shell: i32,
@@ -274,7 +275,7 @@ impl Store {
     ) -> Result<wire::Signal, OpError> {
         let id = crate::entropy::uuid_v7(self.entropy.as_ref(), now_ms)
             .map_err(|e| StoreError::io("mint incident id", "", e))?;
-        let (tx, view) = self.begin_on(issue)?;
+        let (tx, view) = self.begin_for(session, issue)?;
         crate::commands::accept_in(&tx, &view, revision, resolved_shell)?;
         let next = raise_revision(&tx, &view, Some(wire::SignalKind::Term), now_ms)?;
         crate::incidents::insert(&tx, id, incident, now_ms)?;

@@ -27,6 +27,7 @@ use crate::StoreError;
 use crate::commands::{CommandView, accept_in, expect, load_view, set_lifecycle};
 use crate::crash::points;
 use crate::mutations::OpError;
+use crate::sessions::{SessionFence, check_fence};
 use crate::store::Store;
 
 /// What a write of the group announces once the group committed.
@@ -86,8 +87,13 @@ impl WriteGroup<'_> {
     /// `CONFLICT` when the command is no longer queued at `revision`,
     /// `NOT_FOUND`, `UNAVAILABLE`, or a store failure (which fails the
     /// whole group).
-    pub fn mark_dispatched(&mut self, issue: &[u8; 16], revision: u64) -> Result<(), OpError> {
-        self.on_command(issue, |conn, view| {
+    pub fn mark_dispatched(
+        &mut self,
+        session: Option<SessionFence>,
+        issue: &[u8; 16],
+        revision: u64,
+    ) -> Result<(), OpError> {
+        self.on_command(session, issue, |conn, view| {
             expect(view, &[Lifecycle::Queued], revision)?;
             set_lifecycle(conn, issue, Lifecycle::Dispatched)?;
             Ok(())
@@ -103,21 +109,23 @@ impl WriteGroup<'_> {
     /// As [`WriteGroup::mark_dispatched`].
     pub fn record_accepted(
         &mut self,
+        session: Option<SessionFence>,
         issue: &[u8; 16],
         revision: u64,
         resolved_shell: i32,
     ) -> Result<(), OpError> {
-        self.on_command(issue, |conn, view| {
+        self.on_command(session, issue, |conn, view| {
             accept_in(conn, view, revision, resolved_shell)
         })?;
         self.committed.push(Committed::Accepted { revision });
         Ok(())
     }
 
-    /// One write on one command: scope check, current view, the write in
-    /// a savepoint.
+    /// One write on one command: scope check, current view, the session
+    /// check, the write in a savepoint.
     fn on_command(
         &mut self,
+        session: Option<SessionFence>,
         issue: &[u8; 16],
         write: impl FnOnce(&Connection, &CommandView) -> Result<(), OpError>,
     ) -> Result<(), OpError> {
@@ -146,6 +154,16 @@ impl WriteGroup<'_> {
             (wire::ScopeKind::Command, key.as_str()),
             (wire::ScopeKind::Client, view.client_id.as_str()),
         ])?;
+        match check_fence(
+            conn,
+            &self.store.metrics.writes_fenced,
+            session.as_ref(),
+            &view.client_id,
+        ) {
+            Ok(()) => {}
+            Err(OpError::Store(e)) => return Err(self.fail(e)),
+            Err(refused) => return Err(refused),
+        }
         if let Err(e) = conn.execute_batch("SAVEPOINT command_write") {
             return Err(self.fail(StoreError::sqlite("begin command write", e)));
         }
@@ -246,8 +264,19 @@ impl Drop for WriteGroup<'_> {
 ///
 /// # Errors
 /// `CONFLICT` when it changed, `NOT_FOUND`, or a store failure.
-pub fn still_dispatched(store: &Store, issue: &[u8; 16], revision: u64) -> Result<(), OpError> {
+pub fn still_dispatched(
+    store: &Store,
+    session: Option<SessionFence>,
+    issue: &[u8; 16],
+    revision: u64,
+) -> Result<(), OpError> {
     let v = store.command_view(issue)?;
+    check_fence(
+        &store.conn,
+        &store.metrics.writes_fenced,
+        session.as_ref(),
+        &v.client_id,
+    )?;
     if v.lifecycle != Lifecycle::Dispatched || v.revision != revision {
         return Err(OpError::Refused(DomainError::new(
             Code::Conflict,
@@ -294,11 +323,11 @@ mod tests {
         let a = queued(&mut s, "web-1");
         let b = queued(&mut s, "web-2");
         let mut group = s.write_group().unwrap();
-        group.mark_dispatched(&a, 1).unwrap();
+        group.mark_dispatched(None, &a, 1).unwrap();
         // what SQLite does to the transaction after such an error
         group.store.conn.execute_batch("ROLLBACK").unwrap();
         assert!(matches!(
-            group.mark_dispatched(&b, 1),
+            group.mark_dispatched(None, &b, 1),
             Err(OpError::Store(StoreError::RolledBack { .. }))
         ));
         assert!(matches!(group.commit(), Err(StoreError::RolledBack { .. })));

@@ -61,14 +61,14 @@ fn dispatch_order_and_compare_and_set_transitions() {
         code(s.record_accepted(&b, 2, 0).unwrap_err()),
         Code::Conflict
     );
-    assert_eq!(s.requeue(&b, 1, NOW).unwrap(), Lifecycle::Queued);
+    assert_eq!(s.requeue(None, &b, 1, NOW).unwrap(), Lifecycle::Queued);
     assert_eq!(lifecycle(&s, &b), Lifecycle::Queued);
     s.mark_dispatched(&b, 1).unwrap();
     s.record_accepted(&b, 1, wire::ShellType::Sh as i32)
         .unwrap();
     assert_eq!(lifecycle(&s, &b), Lifecycle::Accepted);
     assert_eq!(
-        code(s.requeue(&b, 1, NOW).unwrap_err()),
+        code(s.requeue(None, &b, 1, NOW).unwrap_err()),
         Code::Conflict,
         "accepted work never returns to the queue"
     );
@@ -98,6 +98,7 @@ fn server_terminal_decisions_release_headroom_and_leave_a_tombstone() {
         .unwrap();
 
     s.finish_by_server(
+        None,
         &expired,
         &[Lifecycle::Queued],
         1,
@@ -124,6 +125,7 @@ fn server_terminal_decisions_release_headroom_and_leave_a_tombstone() {
     assert_eq!(
         code(
             s.finish_by_server(
+                None,
                 &rejected,
                 &[Lifecycle::Queued],
                 1,
@@ -137,6 +139,7 @@ fn server_terminal_decisions_release_headroom_and_leave_a_tombstone() {
         Code::Conflict
     );
     s.finish_by_server(
+        None,
         &rejected,
         &[Lifecycle::Dispatched],
         1,
@@ -177,6 +180,7 @@ fn server_terminal_decisions_release_headroom_and_leave_a_tombstone() {
     assert_eq!(
         code(
             s.finish_by_server(
+                None,
                 &expired,
                 &[Lifecycle::Expired],
                 1,
@@ -208,6 +212,7 @@ fn an_interruption_records_its_incident_in_the_same_transaction() {
         data_loss: false,
     };
     s.finish_by_server(
+        None,
         &id,
         &[Lifecycle::Accepted, Lifecycle::Running],
         1,
@@ -314,7 +319,7 @@ fn a_reconciliation_round_is_all_or_nothing_and_opens_each_incident_once() {
     };
     assert_eq!(
         code(
-            s.apply_reconciliation("web-1", &stale, std::slice::from_ref(&incident), NOW)
+            s.apply_reconciliation(None, "web-1", &stale, std::slice::from_ref(&incident), NOW)
                 .unwrap_err()
         ),
         Code::Conflict
@@ -324,7 +329,7 @@ fn a_reconciliation_round_is_all_or_nothing_and_opens_each_incident_once() {
     assert!(rvbox_store::incidents::open(s.db(), 10).unwrap().is_empty());
 
     assert_eq!(
-        s.apply_reconciliation("web-1", &writes, std::slice::from_ref(&incident), NOW)
+        s.apply_reconciliation(None, "web-1", &writes, std::slice::from_ref(&incident), NOW)
             .unwrap(),
         1
     );
@@ -337,7 +342,7 @@ fn a_reconciliation_round_is_all_or_nothing_and_opens_each_incident_once() {
     assert_eq!(lifecycle(&s, &lost), Lifecycle::Interrupted);
     // the same decision again opens no second incident
     assert_eq!(
-        s.apply_reconciliation("web-1", &[], std::slice::from_ref(&incident), NOW)
+        s.apply_reconciliation(None, "web-1", &[], std::slice::from_ref(&incident), NOW)
             .unwrap(),
         0
     );
@@ -354,6 +359,7 @@ fn a_lifecycle_event_reconciliation_already_applied_is_still_stored() {
     s.mark_dispatched(&id, 1).unwrap();
     // the client's snapshot says running: reconciliation advances it
     s.apply_reconciliation(
+        None,
         "web-1",
         &[ReconcileWrite::Advance {
             issue: id,
@@ -438,6 +444,7 @@ fn a_requeued_command_past_its_expiry_is_expired_not_left_pending() {
     assert!(s.expiry_due(NOW + 5_000, 10).unwrap().is_empty());
     // reconciliation finds the client does not hold it: back to the queue
     s.apply_reconciliation(
+        None,
         "web-1",
         &[ReconcileWrite::Requeue {
             issue: id,
@@ -495,7 +502,7 @@ fn a_queued_row_the_client_holds_advances_through_dispatched_with_its_incident()
             to: Lifecycle::Running,
         },
     ];
-    s.apply_reconciliation("web-1", &writes, std::slice::from_ref(&incident), NOW)
+    s.apply_reconciliation(None, "web-1", &writes, std::slice::from_ref(&incident), NOW)
         .unwrap();
     assert_eq!(
         s.command_view(&to_accepted).unwrap().lifecycle,

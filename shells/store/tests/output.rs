@@ -185,6 +185,7 @@ fn truncation_body(streams: &[i32]) -> Vec<u8> {
 
 fn marker(id: &[u8; 16], seq: u64, streams: &[i32]) -> EventAppend {
     EventAppend {
+        session: None,
         issue_uuid: *id,
         event_seq: seq,
         observed_ms: NOW + i64::try_from(seq).unwrap(),
@@ -215,6 +216,7 @@ fn paging_in_small_pages_reproduces_the_appended_bytes() {
     append(
         &mut s,
         &[EventAppend {
+            session: None,
             issue_uuid: id,
             event_seq: 22,
             observed_ms: NOW + 22,

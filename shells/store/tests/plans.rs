@@ -162,6 +162,7 @@ fn no_per_operation_statement_scans_a_growing_table() {
     s.append_stdin_as(&append, &Caller::local(), NOW).unwrap();
     s.pending_stdin(&a, 0, 1 << 20, 64).unwrap();
     let ack = EventAppend {
+        session: None,
         issue_uuid: a,
         event_seq: 4,
         observed_ms: NOW,
@@ -201,7 +202,7 @@ fn no_per_operation_statement_scans_a_growing_table() {
     s.run_command(&run_request(&b, "web-1", "true"), NOW)
         .unwrap();
     s.mark_dispatched(&b, 1).unwrap();
-    s.requeue(&b, 1, NOW).unwrap();
+    s.requeue(None, &b, 1, NOW).unwrap();
     s.command_view(&b).unwrap();
     // the eviction sweep that runs at every start, the whole start's
     // scope recovery, and a cycle of the background scrub's slices on the

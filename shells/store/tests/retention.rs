@@ -946,6 +946,7 @@ fn a_full_command_total_drops_diagnostics_and_still_takes_the_stdin_close_and_th
     // dropped with a marker, never refused (that would hold back every
     // later event), and output after it extends the same marker
     let diag = |seq: u64| rvbox_store::events::EventAppend {
+        session: None,
         issue_uuid: id,
         event_seq: seq,
         observed_ms: NOW + 20,

@@ -195,6 +195,7 @@ fn pending_signals_coalesce_by_kind_and_end_with_the_command() {
 
     // the command ends: nothing is pending any more
     s.finish_by_server(
+        None,
         &id,
         &[Lifecycle::Accepted],
         42,
@@ -221,7 +222,10 @@ fn signalled_work_the_client_never_held_is_cancelled_not_requeued() {
     assert_eq!(out.response.lifecycle, wire::Lifecycle::Dispatched as i32);
     // the client proves it never held it (a transient refusal, or absence
     // from its snapshot): launch was never authorized
-    assert_eq!(s.requeue(&id, 2, NOW + 2).unwrap(), Lifecycle::Cancelled);
+    assert_eq!(
+        s.requeue(None, &id, 2, NOW + 2).unwrap(),
+        Lifecycle::Cancelled
+    );
     let v = s.command_view(&id).unwrap();
     assert_eq!((v.lifecycle, v.revision), (Lifecycle::Cancelled, 2));
     assert!(s.queued_commands("web-1", 10).unwrap().is_empty());
@@ -234,6 +238,7 @@ fn signalled_work_the_client_never_held_is_cancelled_not_requeued() {
     s.signal_command(&request(&other, wire::SignalKind::Kill), plan, NOW + 3)
         .unwrap();
     s.apply_reconciliation(
+        None,
         "web-1",
         &[rvbox_store::commands::ReconcileWrite::Requeue {
             issue: other,
@@ -253,7 +258,10 @@ fn signalled_work_the_client_never_held_is_cancelled_not_requeued() {
     s.run_command(&run_request(&plain, "web-1", "true"), NOW)
         .unwrap();
     s.mark_dispatched(&plain, 1).unwrap();
-    assert_eq!(s.requeue(&plain, 1, NOW + 5).unwrap(), Lifecycle::Queued);
+    assert_eq!(
+        s.requeue(None, &plain, 1, NOW + 5).unwrap(),
+        Lifecycle::Queued
+    );
 }
 
 #[test]
@@ -277,7 +285,10 @@ fn a_late_acceptance_commits_acceptance_incident_revision_and_term_together() {
     let shell = wire::ShellType::Sh as i32;
     // a stale view changes nothing
     assert_eq!(
-        code(s.accept_late(&id, 7, shell, &incident, NOW).unwrap_err()),
+        code(
+            s.accept_late(None, &id, 7, shell, &incident, NOW)
+                .unwrap_err()
+        ),
         Code::Conflict
     );
     assert_eq!(
@@ -285,7 +296,7 @@ fn a_late_acceptance_commits_acceptance_incident_revision_and_term_together() {
         Lifecycle::Dispatched
     );
     assert!(s.list_incidents(None, None, 10).unwrap().is_empty());
-    let term = s.accept_late(&id, 1, shell, &incident, NOW).unwrap();
+    let term = s.accept_late(None, &id, 1, shell, &incident, NOW).unwrap();
     assert_eq!(
         (term.revision, term.signal),
         (2, wire::SignalKind::Term as i32)

@@ -52,6 +52,7 @@ fn appended(r: &StdinResponse) -> &wire::AppendStdinResponse {
 
 fn ack(id: &[u8; 16], seq: u64, write_seq: u64, delivery: wire::StdinDelivery) -> EventAppend {
     EventAppend {
+        session: None,
         issue_uuid: *id,
         event_seq: seq,
         observed_ms: NOW,

@@ -539,6 +539,7 @@ pub fn to_append(e: &wire::CommandEvent) -> EventAppend {
         other => panic!("unexpected body {other:?}"),
     };
     EventAppend {
+        session: None,
         issue_uuid: issue,
         event_seq: e.event_seq,
         observed_ms,

@@ -103,6 +103,7 @@ pub fn running_command(store: &mut Store, client: &str) -> [u8; 16] {
 
 pub fn output(id: &[u8; 16], seq: u64, raw: &[u8]) -> EventAppend {
     EventAppend {
+        session: None,
         issue_uuid: *id,
         event_seq: seq,
         observed_ms: NOW + i64::try_from(seq).unwrap(),
@@ -122,6 +123,7 @@ pub fn output(id: &[u8; 16], seq: u64, raw: &[u8]) -> EventAppend {
 pub fn lifecycle(id: &[u8; 16], seq: u64, to: Lifecycle) -> EventAppend {
     let exit_code = (to == Lifecycle::Succeeded).then_some(0);
     EventAppend {
+        session: None,
         issue_uuid: *id,
         event_seq: seq,
         observed_ms: NOW,
@@ -265,4 +267,21 @@ pub fn registration(
         cwd_policy: None,
         labels: String::new(),
     }
+}
+
+/// Registers a new live session of `client` (fencing its live one, if
+/// any), as the server does for a connection, and returns the fence its
+/// writes carry.
+pub fn live_session(store: &mut Store, client: &str) -> rvbox_store::sessions::SessionFence {
+    let record = store.client_record(client).unwrap();
+    let (generation, live) =
+        record.map_or((0, None), |r| (r.generation, r.live.map(|l| l.session_id)));
+    let session_id = new_id();
+    store
+        .register_session(
+            &registration(client, [9; 16], generation, session_id, live),
+            NOW,
+        )
+        .unwrap();
+    rvbox_store::sessions::SessionFence { session_id }
 }
