@@ -473,3 +473,30 @@ impl std::fmt::Display for PortError {
 
 /// One operation's outcome.
 pub type OpResult = Result<Completion, PortError>;
+
+/// A store backend: performs batches of operations (conventions rule 3:
+/// the core's store writes are outputs with tokens, their completions
+/// later inputs). The SQLite store's executor and the PostgreSQL store
+/// both implement it, and the conformance suite runs the same tests
+/// against each through it.
+pub trait Backend {
+    /// Performs `ops` in order (a backend may group consecutive ones into
+    /// one durable commit, as the module docs allow) and returns one
+    /// completion per operation, in the same order. No completion is
+    /// returned before the commit that made its write durable.
+    fn perform_batch(&mut self, ops: Vec<(OpToken, i64, StoreOp)>) -> Vec<(OpToken, OpResult)>;
+
+    /// Performs one operation.
+    fn perform(&mut self, wall_ms: i64, op: StoreOp) -> OpResult {
+        self.perform_batch(vec![(OpToken(0), wall_ms, op)])
+            .pop()
+            .map_or_else(
+                || {
+                    Err(PortError::Unavailable(
+                        "the backend answered no completion".into(),
+                    ))
+                },
+                |(_, r)| r,
+            )
+    }
+}

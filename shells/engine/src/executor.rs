@@ -563,3 +563,13 @@ impl Executor {
         }
     }
 }
+
+impl rvbox_store_port::ops::Backend for Executor {
+    fn perform_batch(&mut self, ops: Vec<(OpToken, i64, StoreOp)>) -> Vec<(OpToken, OpResult)> {
+        Executor::perform_batch(self, ops)
+    }
+
+    fn perform(&mut self, wall_ms: i64, op: StoreOp) -> OpResult {
+        Executor::perform(self, wall_ms, op)
+    }
+}

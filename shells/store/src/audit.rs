@@ -527,7 +527,9 @@ impl AuditIntent {
     }
 }
 
-fn set_outcome(rec: &mut AuditRecord, outcome: Result<(), &DomainError>) {
+/// Sets a record's outcome (and error code, and a refusal's reason as
+/// its detail when it has none) from what its operation answered.
+pub fn set_outcome(rec: &mut AuditRecord, outcome: Result<(), &DomainError>) {
     match outcome {
         Ok(()) => {
             rec.outcome = AuditOutcome::Ok;

@@ -79,16 +79,32 @@ pub(crate) fn ensure_client(tx: &Connection, client_id: &str, limit: u64) -> Res
         return Ok(());
     }
     let (clients, _) = counts(tx)?;
+    let used = crate::store::global_charged(tx)?;
+    admit_new_client(clients, used, limit)?;
+    tx.execute_cached(
+        "INSERT INTO clients (client_id, generation)
+         VALUES (?1, (SELECT generation_floor FROM quota_totals WHERE id = 1))",
+        params![client_id],
+    )
+    .map_err(|e| StoreError::sqlite("register client", e))?;
+    Ok(())
+}
+
+/// Whether a new client's row may be created: fewer than [`MAX_CLIENTS`]
+/// exist, and the server-wide tier (`used` of `limit` bytes) holds its row
+/// and its kept sessions. Pure: every store backend admits clients by it.
+///
+/// # Errors
+/// `QUOTA_EXCEEDED` naming the bound that refused.
+pub fn admit_new_client(clients: u64, used: u64, limit: u64) -> Result<(), DomainError> {
     if clients >= MAX_CLIENTS {
         tracing::warn!(clients, "new client refused: the registry is full");
         return Err(DomainError::new(
             Code::QuotaExceeded,
             format!("the server holds {clients} clients, its limit; idle clients are pruned by maintenance"),
         )
-        .with_field("client_id")
-        .into());
+        .with_field("client_id"));
     }
-    let used = crate::store::global_charged(tx)?;
     let need = CLIENT_ROW_CHARGE
         .saturating_add(SESSION_ROW_CHARGE.saturating_mul(CLOSED_SESSIONS_KEPT + 1));
     if used.saturating_add(need) > limit {
@@ -102,15 +118,8 @@ pub(crate) fn ensure_client(tx: &Connection, client_id: &str, limit: u64) -> Res
             format!(
                 "server_total tier: {used} bytes charged, {limit} admit new clients (the tier less the eviction slack); a new client needs {need}"
             ),
-        )
-        .into());
+        ));
     }
-    tx.execute_cached(
-        "INSERT INTO clients (client_id, generation)
-         VALUES (?1, (SELECT generation_floor FROM quota_totals WHERE id = 1))",
-        params![client_id],
-    )
-    .map_err(|e| StoreError::sqlite("register client", e))?;
     Ok(())
 }
 

@@ -178,6 +178,25 @@ fn load(tx: &rusqlite::Connection, client_id: &str) -> Result<Option<ClientRecor
     }))
 }
 
+/// The detail of a registration's audit record. Pure: every store backend
+/// records a registration so.
+#[must_use]
+pub fn registered_detail(reg: &Registration, generation: u64) -> String {
+    format!(
+        "generation {generation}{}{}",
+        if reg.fence.is_some() {
+            ", previous session fenced"
+        } else {
+            ""
+        },
+        if reg.consume_grant.is_some() {
+            ", takeover grant consumed"
+        } else {
+            ""
+        }
+    )
+}
+
 fn end_session(
     tx: &Transaction<'_>,
     session_id: &[u8; 16],
@@ -323,19 +342,7 @@ impl Store {
         let mut intent = AuditIntent::session(AuditRecord::session(
             Some(&reg.client_id),
             "SessionRegistered",
-            format!(
-                "generation {next}{}{}",
-                if reg.fence.is_some() {
-                    ", previous session fenced"
-                } else {
-                    ""
-                },
-                if reg.consume_grant.is_some() {
-                    ", takeover grant consumed"
-                } else {
-                    ""
-                }
-            ),
+            registered_detail(reg, next),
             now_ms,
         ));
         intent.write_in(&tx, Ok(()))?;

@@ -671,7 +671,12 @@ pub(crate) fn to_timestamp(ms: i64) -> prost_types::Timestamp {
 /// Reserves a new command's row (with its closeout headroom), its spec and
 /// its script, each under its own field maximum, all or nothing: a refusal
 /// of any item refuses the command (the transaction is not committed).
-fn reserve_creation(
+/// Pure: every store backend reserves a new command with it.
+///
+/// # Errors
+/// `QUOTA_EXCEEDED` naming the field, or an integrity failure of the
+/// charge formula.
+pub fn reserve_creation(
     tiers: &Tiers,
     usage: Usage,
     spec_zstd: &[u8],
@@ -754,7 +759,22 @@ fn check_queue_limits(
             |r| r.get(0),
         )
         .map_err(|e| StoreError::sqlite("read queued commands", e))?;
-    if to_u64(per_client) >= opts.queue_max_per_client {
+    let total: i64 = tx
+        .query_row_cached("SELECT queued FROM quota_totals WHERE id = 1", [], |r| {
+            r.get(0)
+        })
+        .map_err(|e| StoreError::sqlite("read queued commands", e))?;
+    Ok(queue_room(to_u64(per_client), to_u64(total), opts)?)
+}
+
+/// Whether the queues have room for one more command: the client holds
+/// `per_client` queued commands and the server `total`. Pure: every store
+/// backend checks a new command by it.
+///
+/// # Errors
+/// `CAPACITY_EXHAUSTED` naming the full queue.
+pub fn queue_room(per_client: u64, total: u64, opts: &StoreOptions) -> Result<(), DomainError> {
+    if per_client >= opts.queue_max_per_client {
         return Err(DomainError::new(
             Code::CapacityExhausted,
             format!(
@@ -762,23 +782,16 @@ fn check_queue_limits(
                 opts.queue_max_per_client
             ),
         )
-        .with_field("client_id")
-        .into());
+        .with_field("client_id"));
     }
-    let total: i64 = tx
-        .query_row_cached("SELECT queued FROM quota_totals WHERE id = 1", [], |r| {
-            r.get(0)
-        })
-        .map_err(|e| StoreError::sqlite("read queued commands", e))?;
-    if to_u64(total) >= opts.queue_max_total {
+    if total >= opts.queue_max_total {
         return Err(DomainError::new(
             Code::CapacityExhausted,
             format!(
                 "the server already holds {total} queued commands (queue.max_total = {})",
                 opts.queue_max_total
             ),
-        )
-        .into());
+        ));
     }
     Ok(())
 }

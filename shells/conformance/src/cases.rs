@@ -1,0 +1,574 @@
+//! The cases. Each takes a fresh, empty backend.
+
+use rvbox_domain::error::Code;
+use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_store_port::audit::Caller;
+use rvbox_store_port::commands::{ReconcileWrite, ServerTerminal};
+use rvbox_store_port::events::EventOutcome;
+use rvbox_store_port::incidents::NewIncident;
+use rvbox_store_port::ops::{Backend, Completion, OpResult, OpToken, PortError, StoreOp};
+use rvbox_store_port::sessions::SessionFence;
+
+use crate::support::*;
+
+const CLIENT: &str = "web-1";
+
+// ---- sessions -------------------------------------------------------------
+
+/// The first registration installs generation 1; a newer one, decided on
+/// the record as it stands, fences it and installs generation 2.
+pub fn register_installs_a_live_session_and_a_newer_one_fences_it(b: &mut dyn Backend) {
+    assert_eq!(client(b, CLIENT), None, "a client never seen has no record");
+    let first = registration(CLIENT, INSTANCE, None);
+    let r = op(b, StoreOp::Register(first.clone()));
+    assert_eq!(r, Ok(Completion::Registered { generation: 1 }));
+    let rec = client(b, CLIENT).unwrap();
+    assert_eq!(rec.generation, 1);
+    assert_eq!(rec.instance_id, Some(INSTANCE));
+    let live = rec.live.unwrap();
+    assert_eq!(live.session_id, first.session_id);
+    assert_eq!(live.generation, 1);
+    assert_eq!(live.opened_ms, NOW);
+
+    let second = registration(CLIENT, INSTANCE, Some(&rec));
+    assert_eq!(second.fence, Some(first.session_id));
+    let r = op(b, StoreOp::Register(second.clone()));
+    assert_eq!(r, Ok(Completion::Registered { generation: 2 }));
+    let rec = client(b, CLIENT).unwrap();
+    assert_eq!(rec.generation, 2);
+    assert_eq!(rec.live.unwrap().session_id, second.session_id);
+}
+
+/// A registration decided on a record that changed since (another
+/// generation, another live session) is `CONFLICT`, and nothing changes.
+pub fn register_refuses_a_stale_decision_and_changes_nothing(b: &mut dyn Backend) {
+    let seen_before = None;
+    live_session(b, CLIENT);
+    let rec = client(b, CLIENT).unwrap();
+    // decided before the first registration: generation 0, no live session
+    let stale = registration(CLIENT, INSTANCE, seen_before);
+    assert_eq!(
+        refused(&op(b, StoreOp::Register(stale))),
+        Some(Code::Conflict)
+    );
+    // the right generation, but not fencing the live session
+    let mut unfenced = registration(CLIENT, INSTANCE, Some(&rec));
+    unfenced.fence = None;
+    assert_eq!(
+        refused(&op(b, StoreOp::Register(unfenced))),
+        Some(Code::Conflict)
+    );
+    // a grant that does not exist
+    let mut granted = registration(CLIENT, INSTANCE, Some(&rec));
+    granted.consume_grant = Some(12345);
+    assert_eq!(
+        refused(&op(b, StoreOp::Register(granted))),
+        Some(Code::Conflict)
+    );
+    assert_eq!(client(b, CLIENT).unwrap(), rec, "nothing changed");
+}
+
+/// A refused live-conflict claim is recorded with its instance and time;
+/// the latest claim replaces an earlier one, and that instance's own
+/// registration clears it.
+pub fn a_refused_live_claim_is_recorded_and_cleared_by_that_instance(b: &mut dyn Backend) {
+    live_session(b, CLIENT);
+    let other = [7u8; 16];
+    let r = op(
+        b,
+        StoreOp::RecordPendingClaim {
+            client_id: CLIENT.into(),
+            instance_id: [6u8; 16],
+        },
+    );
+    assert_eq!(r, Ok(Completion::Done));
+    let r = b.perform(
+        NOW + 5,
+        StoreOp::RecordPendingClaim {
+            client_id: CLIENT.into(),
+            instance_id: other,
+        },
+    );
+    assert_eq!(r, Ok(Completion::Done));
+    let rec = client(b, CLIENT).unwrap();
+    assert_eq!(rec.pending_claim, Some((other, NOW + 5)));
+    // that instance registers (as a takeover would let it)
+    let reg = registration(CLIENT, other, Some(&rec));
+    assert!(matches!(
+        op(b, StoreOp::Register(reg)),
+        Ok(Completion::Registered { generation: 2 })
+    ));
+    let rec = client(b, CLIENT).unwrap();
+    assert_eq!(rec.pending_claim, None);
+    assert_eq!(rec.instance_id, Some(other));
+}
+
+/// Closing a session ends it once; closing it again changes nothing, and
+/// the client then has no live session (its generation stays).
+pub fn close_session_ends_the_live_session_once(b: &mut dyn Backend) {
+    let s = live_session(b, CLIENT);
+    for _ in 0..2 {
+        let r = op(
+            b,
+            StoreOp::CloseSession {
+                session_id: s.session_id,
+                reason: "connection lost".into(),
+            },
+        );
+        assert_eq!(r, Ok(Completion::Done));
+        let rec = client(b, CLIENT).unwrap();
+        assert_eq!(rec.live, None);
+        assert_eq!(rec.generation, 1);
+    }
+    // the next registration needs no fence
+    let rec = client(b, CLIENT).unwrap();
+    let reg = registration(CLIENT, INSTANCE, Some(&rec));
+    assert_eq!(reg.fence, None);
+    assert_eq!(
+        op(b, StoreOp::Register(reg)),
+        Ok(Completion::Registered { generation: 2 })
+    );
+}
+
+// ---- commands -------------------------------------------------------------
+
+/// The same `RunCommand` twice answers the same response and creates one
+/// command, queued at revision 1.
+pub fn run_command_is_idempotent_by_request_id(b: &mut dyn Backend) {
+    let id = new_id();
+    let request = run_request(&id, CLIENT, "make test");
+    let first = op(
+        b,
+        StoreOp::RunCommand {
+            request: request.clone(),
+            caller: Caller::local(),
+        },
+    );
+    let Ok(Completion::RunCommand(response)) = &first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(response.issue_uuid, text(&id));
+    let again = b.perform(
+        NOW + 1000,
+        StoreOp::RunCommand {
+            request,
+            caller: Caller::local(),
+        },
+    );
+    assert_eq!(again, first, "an exact replay answers the stored response");
+    let v = view(b, &id);
+    assert_eq!(v.lifecycle, Lifecycle::Queued);
+    assert_eq!(v.revision, 1);
+    assert_eq!(v.client_id, CLIENT);
+    assert_eq!(v.issue_time_ms, NOW);
+    assert_eq!(v.last_event_seq, 0);
+}
+
+/// A `request_id` reused with other content is `CONFLICT` and does nothing;
+/// an invalid request names its field.
+pub fn run_command_refuses_a_reused_request_id_with_other_content(b: &mut dyn Backend) {
+    let id = new_id();
+    let r = op(
+        b,
+        StoreOp::RunCommand {
+            request: run_request(&id, CLIENT, "make test"),
+            caller: Caller::local(),
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    let r = op(
+        b,
+        StoreOp::RunCommand {
+            request: run_request(&id, CLIENT, "rm -rf /tmp/x"),
+            caller: Caller::local(),
+        },
+    );
+    assert_eq!(refused(&r), Some(Code::Conflict), "{r:?}");
+    let mut bad = run_request(&new_id(), CLIENT, "true");
+    bad.request_id = "not-a-uuid".into();
+    let r = op(
+        b,
+        StoreOp::RunCommand {
+            request: bad,
+            caller: Caller::local(),
+        },
+    );
+    let Err(PortError::Refused(e)) = &r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.field().contains("request_id"), "{e:?}");
+}
+
+/// Dispatch and acceptance are compare-and-sets on the revision and
+/// lifecycle the decision saw: a stale one is `CONFLICT` and changes
+/// nothing.
+pub fn dispatch_and_acceptance_check_the_revision_they_saw(b: &mut dyn Backend) {
+    let issue = run(b, CLIENT);
+    let s = live_session(b, CLIENT);
+    let dispatch_at = |revision, write| StoreOp::Dispatch {
+        issue,
+        revision,
+        write,
+        session: s,
+    };
+    assert_eq!(
+        refused(&op(b, dispatch_at(2, true))),
+        Some(Code::Conflict),
+        "a revision the command never had"
+    );
+    assert_eq!(
+        refused(&op(b, dispatch_at(1, false))),
+        Some(Code::Conflict),
+        "sent again, but it was never dispatched"
+    );
+    assert_eq!(view(b, &issue).lifecycle, Lifecycle::Queued);
+    let r = op(b, dispatch_at(1, true));
+    let Ok(Completion::Spec(spec)) = &r else {
+        panic!("{r:?}")
+    };
+    assert!(spec.source.is_some(), "the stored spec comes back");
+    assert_eq!(view(b, &issue).lifecycle, Lifecycle::Dispatched);
+    assert_eq!(
+        refused(&op(b, dispatch_at(1, true))),
+        Some(Code::Conflict),
+        "dispatched already"
+    );
+    assert!(
+        matches!(op(b, dispatch_at(1, false)), Ok(Completion::Spec(_))),
+        "sent again while still dispatched at the revision"
+    );
+    let accept_at = |revision| StoreOp::RecordAccepted {
+        issue,
+        revision,
+        resolved_shell: 1,
+        session: s,
+    };
+    assert_eq!(refused(&op(b, accept_at(7))), Some(Code::Conflict));
+    assert_eq!(view(b, &issue).lifecycle, Lifecycle::Dispatched);
+    assert_eq!(op(b, accept_at(1)), Ok(Completion::Done));
+    assert_eq!(view(b, &issue).lifecycle, Lifecycle::Accepted);
+    assert_eq!(refused(&op(b, accept_at(1))), Some(Code::Conflict));
+}
+
+/// A transient negative acceptance returns the command to the queue, where
+/// it can be dispatched again.
+pub fn requeue_returns_a_dispatched_command_to_the_queue(b: &mut dyn Backend) {
+    let issue = run(b, CLIENT);
+    let s = live_session(b, CLIENT);
+    dispatch(b, &issue, s);
+    let r = op(
+        b,
+        StoreOp::Requeue {
+            issue,
+            revision: 1,
+            session: s,
+        },
+    );
+    assert_eq!(r, Ok(Completion::Requeued(Lifecycle::Queued)));
+    assert_eq!(view(b, &issue).lifecycle, Lifecycle::Queued);
+    let again = op(
+        b,
+        StoreOp::Requeue {
+            issue,
+            revision: 1,
+            session: s,
+        },
+    );
+    assert_eq!(
+        refused(&again),
+        Some(Code::Conflict),
+        "no longer dispatched"
+    );
+    dispatch(b, &issue, s);
+    assert_eq!(view(b, &issue).lifecycle, Lifecycle::Dispatched);
+}
+
+/// A permanent negative acceptance ends the command `rejected`, with a
+/// terminal time; it cannot be ended twice.
+pub fn a_rejection_ends_a_dispatched_command(b: &mut dyn Backend) {
+    let issue = run(b, CLIENT);
+    let s = live_session(b, CLIENT);
+    dispatch(b, &issue, s);
+    let reject = StoreOp::FinishByServer {
+        issue,
+        from: vec![Lifecycle::Dispatched],
+        revision: 1,
+        how: ServerTerminal::Rejected,
+        rejection: Some(rvbox_proto::v1::ErrorDetail {
+            code: rvbox_proto::v1::ErrorCode::Unsupported as i32,
+            reason: "no such shell".into(),
+            ..Default::default()
+        }),
+        session: Some(s),
+    };
+    assert_eq!(op(b, reject.clone()), Ok(Completion::Done));
+    let v = view(b, &issue);
+    assert_eq!(v.lifecycle, Lifecycle::Rejected);
+    assert_eq!(refused(&op(b, reject)), Some(Code::Conflict));
+}
+
+// ---- fencing (docs/scaleout.md) -------------------------------------------
+
+/// How the write's session stopped being the client's live one.
+#[derive(Debug, Clone, Copy)]
+enum Stale {
+    /// A newer registration of the same client fenced it.
+    Replaced,
+    /// Its connection closed.
+    Closed,
+    /// It is another client's live session.
+    OtherClient,
+    /// It never existed.
+    Unknown,
+}
+
+const STALE: [Stale; 4] = [
+    Stale::Replaced,
+    Stale::Closed,
+    Stale::OtherClient,
+    Stale::Unknown,
+];
+
+const OTHER: &str = "db-1";
+
+/// The session a write carries, made stale the given way (`None`: live).
+fn session(b: &mut dyn Backend, stale: Option<Stale>) -> SessionFence {
+    let mine = live_session(b, CLIENT);
+    match stale {
+        None => mine,
+        Some(Stale::Replaced) => {
+            live_session(b, CLIENT);
+            mine
+        }
+        Some(Stale::Closed) => {
+            let r = op(
+                b,
+                StoreOp::CloseSession {
+                    session_id: mine.session_id,
+                    reason: "test".into(),
+                },
+            );
+            assert_eq!(r, Ok(Completion::Done));
+            mine
+        }
+        Some(Stale::OtherClient) => live_session(b, OTHER),
+        Some(Stale::Unknown) => SessionFence {
+            session_id: new_id(),
+        },
+    }
+}
+
+/// What a write needs before it: the command's lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    Queued,
+    Dispatched,
+    Running,
+}
+
+fn command(b: &mut dyn Backend, start: Start) -> [u8; 16] {
+    // the other client exists, so it can have a live session
+    run(b, OTHER);
+    match start {
+        Start::Running => running(b, CLIENT).0,
+        Start::Queued => run(b, CLIENT),
+        Start::Dispatched => {
+            let issue = run(b, CLIENT);
+            let s = live_session(b, CLIENT);
+            dispatch(b, &issue, s);
+            issue
+        }
+    }
+}
+
+fn late_incident(issue: &[u8; 16]) -> NewIncident {
+    NewIncident {
+        kind: rvbox_proto::v1::IncidentKind::LateAfterExpiry,
+        scope_kind: rvbox_proto::v1::ScopeKind::Command,
+        scope_key: text(issue),
+        client_id: Some(CLIENT.into()),
+        issue_uuid: Some(*issue),
+        summary: "accepted after its queue expiry".into(),
+        evidence: Vec::new(),
+        data_loss: false,
+    }
+}
+
+/// One fenced operation: its name, what it needs, and how it is made.
+type Write = (&'static str, Start, fn([u8; 16], SessionFence) -> StoreOp);
+
+/// Every operation the core issues for a connection, with what it needs.
+fn writes() -> Vec<Write> {
+    vec![
+        ("dispatch", Start::Queued, |issue, session| {
+            StoreOp::Dispatch {
+                issue,
+                revision: 1,
+                write: true,
+                session,
+            }
+        }),
+        (
+            "dispatch sent again",
+            Start::Dispatched,
+            |issue, session| StoreOp::Dispatch {
+                issue,
+                revision: 1,
+                write: false,
+                session,
+            },
+        ),
+        ("record accepted", Start::Dispatched, |issue, session| {
+            StoreOp::RecordAccepted {
+                issue,
+                revision: 1,
+                resolved_shell: 0,
+                session,
+            }
+        }),
+        ("accept late", Start::Dispatched, |issue, session| {
+            StoreOp::AcceptLate {
+                issue,
+                revision: 1,
+                resolved_shell: 0,
+                incident: late_incident(&issue),
+                session,
+            }
+        }),
+        ("requeue", Start::Dispatched, |issue, session| {
+            StoreOp::Requeue {
+                issue,
+                revision: 1,
+                session,
+            }
+        }),
+        ("reject", Start::Dispatched, |issue, session| {
+            StoreOp::FinishByServer {
+                issue,
+                from: vec![Lifecycle::Dispatched],
+                revision: 1,
+                how: ServerTerminal::Rejected,
+                rejection: None,
+                session: Some(session),
+            }
+        }),
+        ("reconcile", Start::Dispatched, |issue, session| {
+            StoreOp::ApplyReconciliation {
+                client_id: CLIENT.into(),
+                session,
+                writes: vec![ReconcileWrite::Requeue { issue, revision: 1 }],
+                incidents: Vec::new(),
+            }
+        }),
+        ("append events", Start::Running, |issue, session| {
+            let mut ev = output_event(&issue, 2, b"hello\n");
+            ev.session = Some(session);
+            StoreOp::AppendEvents { events: vec![ev] }
+        }),
+    ]
+}
+
+/// The refusal of a write, wherever the operation reports it.
+fn refusal(result: &OpResult) -> Option<Code> {
+    match result {
+        Err(PortError::Refused(e)) => Some(e.code()),
+        Ok(Completion::Appended(report)) => match report.outcomes.as_slice() {
+            [EventOutcome::Refused(e)] => Some(e.code()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn state(b: &mut dyn Backend, issue: &[u8; 16]) -> (Lifecycle, u64, u64, bool) {
+    let v = view(b, issue);
+    (v.lifecycle, v.revision, v.last_event_seq, v.expired_pending)
+}
+
+/// Every write made for a connection is refused `STALE_SESSION`, changing
+/// nothing, once its session was replaced, closed, is another client's,
+/// or never existed. Each case runs in its own fresh backend state: the
+/// commands are new, so one case cannot see another's.
+pub fn every_connection_write_is_refused_once_its_session_is_not_live(b: &mut dyn Backend) {
+    for (name, start, make) in writes() {
+        for stale in STALE {
+            let issue = command(b, start);
+            let fence = session(b, Some(stale));
+            let before = state(b, &issue);
+            let result = op(b, make(issue, fence));
+            assert_eq!(
+                refusal(&result),
+                Some(Code::StaleSession),
+                "{name} with a {stale:?} session: {result:?}"
+            );
+            assert_eq!(
+                state(b, &issue),
+                before,
+                "{name} with a {stale:?} session changed the command"
+            );
+        }
+    }
+}
+
+/// With its live session, each of those writes commits.
+pub fn every_connection_write_commits_with_its_live_session(b: &mut dyn Backend) {
+    for (name, start, make) in writes() {
+        let issue = command(b, start);
+        let fence = session(b, None);
+        let result = op(b, make(issue, fence));
+        assert_eq!(refusal(&result), None, "{name}: {result:?}");
+        assert!(result.is_ok(), "{name}: {result:?}");
+    }
+}
+
+/// In one batch, a fenced dispatch and a fenced event are refused alone:
+/// the other writes of the batch commit.
+pub fn a_fenced_write_in_a_batch_leaves_the_others_alone(b: &mut dyn Backend) {
+    let (running_issue, _) = running(b, CLIENT);
+    let queued = run(b, CLIENT);
+    let other = run(b, CLIENT);
+    let old = live_session(b, CLIENT);
+    let new = live_session(b, CLIENT);
+    let dispatch = |issue, session| StoreOp::Dispatch {
+        issue,
+        revision: 1,
+        write: true,
+        session,
+    };
+    let mut stale_event = output_event(&running_issue, 2, b"stale\n");
+    stale_event.session = Some(old);
+    let mut live_event = output_event(&running_issue, 2, b"live\n");
+    live_event.session = Some(new);
+    let done = b.perform_batch(vec![
+        (OpToken(1), NOW, dispatch(queued, old)),
+        (OpToken(2), NOW, dispatch(other, new)),
+        (
+            OpToken(3),
+            NOW,
+            StoreOp::AppendEvents {
+                events: vec![stale_event],
+            },
+        ),
+        (
+            OpToken(4),
+            NOW,
+            StoreOp::AppendEvents {
+                events: vec![live_event],
+            },
+        ),
+    ]);
+    let tokens: Vec<u64> = done.iter().map(|(t, _)| t.0).collect();
+    assert_eq!(tokens, vec![1, 2, 3, 4], "completions keep the batch order");
+    assert_eq!(refusal(&done[0].1), Some(Code::StaleSession));
+    assert!(
+        matches!(done[1].1, Ok(Completion::Spec(_))),
+        "{:?}",
+        done[1]
+    );
+    assert_eq!(refusal(&done[2].1), Some(Code::StaleSession));
+    assert_eq!(refusal(&done[3].1), None, "{:?}", done[3]);
+    assert_eq!(view(b, &queued).lifecycle, Lifecycle::Queued);
+    assert_eq!(view(b, &other).lifecycle, Lifecycle::Dispatched);
+    assert_eq!(view(b, &running_issue).last_event_seq, 2);
+}

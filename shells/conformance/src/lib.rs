@@ -1,0 +1,110 @@
+//! The store port's conformance suite (docs/scaleout.md): every case
+//! drives a backend through [`StoreOp`]s only and observes it through
+//! their completions, so the SQLite store and the PostgreSQL store run
+//! exactly the same tests.
+//!
+//! A backend's test file instantiates the suite with a function that
+//! returns a fresh, empty backend:
+//!
+//! ```ignore
+//! rvbox_conformance::suite!(fresh);
+//! ```
+//!
+//! or a subset of the cases by name with [`cases!`].
+//!
+//! Must never: reach into a backend's tables or files; every fact a case
+//! asserts is one the port answers.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::missing_panics_doc
+)]
+
+pub mod cases;
+pub mod support;
+
+pub use rvbox_store_port::ops::Backend;
+
+/// Every case of the suite, each its own `#[test]` function over
+/// `$fresh()`.
+#[macro_export]
+macro_rules! suite {
+    ($fresh:path) => {
+        $crate::__every_case!(tests[$fresh]);
+    };
+}
+
+/// Every case of the suite in one `#[test]` function `$name`, each case
+/// on its own `$fresh()` backend (for backends that share one costly
+/// resource, such as a database server, between the cases); every case
+/// runs, and the test fails naming each case that failed.
+#[macro_export]
+macro_rules! suite_in_one_test {
+    ($name:ident, $fresh:expr) => {
+        #[test]
+        fn $name() {
+            $crate::__every_case!(run[$fresh]);
+        }
+    };
+}
+
+/// Runs the named cases, each on its own `$fresh()` backend, and fails
+/// naming each case that failed.
+#[macro_export]
+macro_rules! run_cases {
+    ($fresh:expr; $($case:ident),* $(,)?) => {{
+        let mut failed: Vec<&str> = Vec::new();
+        $(
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut backend = $fresh();
+                $crate::cases::$case(&mut backend);
+            }));
+            if ran.is_err() {
+                failed.push(stringify!($case));
+            }
+        )*
+        assert!(failed.is_empty(), "conformance cases failed: {failed:?}");
+    }};
+}
+
+/// The list of cases, handed to one of the forms above.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __every_case {
+    ($how:ident [$($fresh:tt)+]) => {
+        $crate::__cases_as!(
+            $how [$($fresh)+];
+            register_installs_a_live_session_and_a_newer_one_fences_it,
+            register_refuses_a_stale_decision_and_changes_nothing,
+            a_refused_live_claim_is_recorded_and_cleared_by_that_instance,
+            close_session_ends_the_live_session_once,
+            run_command_is_idempotent_by_request_id,
+            run_command_refuses_a_reused_request_id_with_other_content,
+            dispatch_and_acceptance_check_the_revision_they_saw,
+            requeue_returns_a_dispatched_command_to_the_queue,
+            a_rejection_ends_a_dispatched_command,
+            every_connection_write_is_refused_once_its_session_is_not_live,
+            every_connection_write_commits_with_its_live_session,
+            a_fenced_write_in_a_batch_leaves_the_others_alone,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __cases_as {
+    (tests [$fresh:path]; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                let mut backend = $fresh();
+                $crate::cases::$case(&mut backend);
+            }
+        )*
+    };
+    (run [$fresh:expr]; $($case:ident),* $(,)?) => {
+        $crate::run_cases!($fresh; $($case),*)
+    };
+}

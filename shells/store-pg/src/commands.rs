@@ -1,0 +1,706 @@
+//! Commands on PostgreSQL: creation (`RunCommand`, idempotent by
+//! `request_id`), the view dispatch and reconciliation read, and the
+//! server's lifecycle writes, each a compare-and-set on the command row
+//! locked `FOR UPDATE`, under the session check of the connection it was
+//! made for (as `rvbox_store::commands` and `write_group` do on SQLite).
+//!
+//! Byte counters change by deltas (`charged_bytes = charged_bytes + $d`)
+//! in the writing transaction, never by absolute values computed
+//! elsewhere, so concurrent replicas never lose an update.
+
+use postgres::Transaction;
+use postgres::types::ToSql;
+use prost::Message as _;
+use rvbox_domain::error::{Code, DomainError};
+use rvbox_domain::hash::{RequestHash, command_hash, request_hash};
+use rvbox_domain::ids::Uuid7;
+use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_domain::validate::check_run_command;
+use rvbox_proto::v1 as wire;
+use rvbox_retention::{CHARGE_VERSION, Usage, release_closeout, tombstones_to_drop};
+use rvbox_store::audit::AuditRecord;
+use rvbox_store::mutations::Stored;
+use rvbox_store_port::audit::Caller;
+use rvbox_store_port::commands::{CommandView, ServerTerminal};
+use rvbox_store_port::sessions::SessionFence;
+
+use crate::audit::write_in;
+use crate::sessions::{check_fence, ensure_client, global_charged, to_i64, to_u64};
+use crate::{Fail, PgStore, StoreOptions};
+
+const VIEW_COLUMNS: &str = "c.issue_uuid, c.client_id, c.lifecycle, c.revision, c.request_hash,
+    c.last_event_seq, c.issue_time_ms, c.queue_expiry_ms, c.expired_pending,
+    COALESCE((SELECT SUM(p.raw_len) FROM command_payloads p
+              WHERE p.issue_uuid = c.issue_uuid AND p.kind = 3), 0)::bigint";
+
+fn view_of(r: &postgres::Row) -> CommandView {
+    let issue: Vec<u8> = r.get(0);
+    let hash: Vec<u8> = r.get(4);
+    CommandView {
+        issue_uuid: <[u8; 16]>::try_from(issue.as_slice()).unwrap_or([0; 16]),
+        client_id: r.get(1),
+        lifecycle: lifecycle_of(r.get(2)),
+        revision: to_u64(r.get(3)),
+        request_hash: <[u8; 32]>::try_from(hash.as_slice()).unwrap_or([0; 32]),
+        last_event_seq: to_u64(r.get(5)),
+        issue_time_ms: r.get(6),
+        queue_expiry_ms: r.get(7),
+        expired_pending: r.get(8),
+        script_bytes: to_u64(r.get(9)),
+    }
+}
+
+fn lifecycle_of(raw: i64) -> Lifecycle {
+    Lifecycle::from_wire(i32::try_from(raw).unwrap_or(0)).unwrap_or(Lifecycle::Interrupted)
+}
+
+fn wire_lifecycle(l: Lifecycle) -> i64 {
+    i64::from(l.to_wire() as i32)
+}
+
+/// The command's view; `lock` takes its row `FOR UPDATE` (every write
+/// starts so: the compare-and-set then holds until the commit).
+pub(crate) fn load_view(
+    tx: &mut Transaction<'_>,
+    issue: &[u8; 16],
+    lock: bool,
+) -> Result<CommandView, Fail> {
+    let sql = if lock {
+        format!("SELECT {VIEW_COLUMNS} FROM commands c WHERE c.issue_uuid = $1 FOR UPDATE OF c")
+    } else {
+        format!("SELECT {VIEW_COLUMNS} FROM commands c WHERE c.issue_uuid = $1")
+    };
+    tx.query_opt(sql.as_str(), &[&issue.as_slice()])
+        .map_err(Fail::db("load command"))?
+        .map(|r| view_of(&r))
+        .ok_or_else(|| Fail::refused(Code::NotFound, "no such command"))
+}
+
+/// The compare-and-set every write starts with.
+fn expect(view: &CommandView, lifecycle: &[Lifecycle], revision: u64) -> Result<(), Fail> {
+    if !lifecycle.contains(&view.lifecycle) || view.revision != revision {
+        return Err(Fail::refused(
+            Code::Conflict,
+            format!(
+                "the command is {} at revision {}, not what the decision saw",
+                view.lifecycle.as_str(),
+                view.revision
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn set_lifecycle(tx: &mut Transaction<'_>, issue: &[u8; 16], to: Lifecycle) -> Result<(), Fail> {
+    tx.execute(
+        "UPDATE commands SET lifecycle = $2 WHERE issue_uuid = $1",
+        &[&issue.as_slice(), &wire_lifecycle(to)],
+    )
+    .map_err(Fail::db("record transition"))?;
+    Ok(())
+}
+
+/// Changes the client's and the server-wide command charges by deltas.
+fn add_charges(
+    tx: &mut Transaction<'_>,
+    client_id: &str,
+    owner_delta: i64,
+    global_delta: i64,
+) -> Result<(), Fail> {
+    if owner_delta != 0 {
+        tx.execute(
+            "UPDATE clients SET charged_bytes = charged_bytes + $2 WHERE client_id = $1",
+            &[&client_id, &owner_delta],
+        )
+        .map_err(Fail::db("update client usage"))?;
+    }
+    if global_delta != 0 {
+        tx.execute(
+            "UPDATE quota_totals SET command_charged = command_charged + $1 WHERE id = 1",
+            &[&global_delta],
+        )
+        .map_err(Fail::db("update global usage"))?;
+    }
+    Ok(())
+}
+
+fn client_charged(tx: &mut Transaction<'_>, client_id: &str) -> Result<u64, Fail> {
+    Ok(tx
+        .query_opt(
+            "SELECT charged_bytes FROM clients WHERE client_id = $1",
+            &[&client_id],
+        )
+        .map_err(Fail::db("read client usage"))?
+        .map_or(0, |r| to_u64(r.get(0))))
+}
+
+fn delta(after: u64, before: u64) -> i64 {
+    to_i64(after).saturating_sub(to_i64(before))
+}
+
+/// The terminal write of a server decision: lifecycle and terminal time,
+/// rejection reason, closeout headroom released, pending stdin discarded,
+/// the replay tombstone.
+fn finish_in(
+    tx: &mut Transaction<'_>,
+    view: &CommandView,
+    to: Lifecycle,
+    rejection: Option<&wire::ErrorDetail>,
+    now_ms: i64,
+    cap: u64,
+) -> Result<(), Fail> {
+    let issue = view.issue_uuid;
+    let row = tx
+        .query_one(
+            "SELECT charged_bytes, closeout_held FROM commands WHERE issue_uuid = $1",
+            &[&issue.as_slice()],
+        )
+        .map_err(Fail::db("load command usage"))?;
+    let usage = Usage {
+        command: to_u64(row.get(0)),
+        held_closeout: to_u64(row.get(1)),
+        owner: client_charged(tx, &view.client_id)?,
+        global: global_charged(tx)?,
+        free_space: 0,
+    };
+    let after = release_closeout(&usage).map_err(|e| Fail::Integrity(e.to_string()))?;
+    tx.execute(
+        "UPDATE commands SET lifecycle = $2, terminal_time_ms = GREATEST($3, issue_time_ms),
+                 rejection = COALESCE($4, rejection), charged_bytes = $5, closeout_held = 0,
+                 output_charged = LEAST(output_charged, $5)
+             WHERE issue_uuid = $1",
+        &[
+            &issue.as_slice(),
+            &wire_lifecycle(to),
+            &now_ms,
+            &rejection.map(prost::Message::encode_to_vec),
+            &to_i64(after.command),
+        ],
+    )
+    .map_err(Fail::db("finish command"))?;
+    tx.execute(
+        "UPDATE stdin_writes SET delivery = 3, payload = '\\x'::bytea
+         WHERE issue_uuid = $1 AND delivery = 1",
+        &[&issue.as_slice()],
+    )
+    .map_err(Fail::db("discard pending stdin"))?;
+    add_charges(
+        tx,
+        &view.client_id,
+        delta(after.owner, usage.owner),
+        delta(after.global, usage.global),
+    )?;
+    insert_tombstone(
+        tx,
+        &issue,
+        &view.request_hash,
+        &view.client_id,
+        to,
+        now_ms,
+        cap,
+    )
+}
+
+/// A command's replay tombstone, and the FIFO held to its cap.
+fn insert_tombstone(
+    tx: &mut Transaction<'_>,
+    issue: &[u8; 16],
+    request_hash: &[u8],
+    client_id: &str,
+    lifecycle: Lifecycle,
+    now_ms: i64,
+    cap: u64,
+) -> Result<(), Fail> {
+    tx.execute(
+        "INSERT INTO command_tombstones (issue_uuid, request_hash, client_id, lifecycle, terminal_ms)
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (issue_uuid) DO NOTHING",
+        &[
+            &issue.as_slice(),
+            &request_hash,
+            &client_id,
+            &wire_lifecycle(lifecycle),
+            &now_ms,
+        ],
+    )
+    .map_err(Fail::db("insert tombstone"))?;
+    let count: i64 = tx
+        .query_one("SELECT tombstones FROM quota_totals WHERE id = 1", &[])
+        .map_err(Fail::db("read tombstone count"))?
+        .get(0);
+    let drop = tombstones_to_drop(to_u64(count), cap);
+    if drop > 0 {
+        tx.execute(
+            "DELETE FROM command_tombstones WHERE seq IN
+                 (SELECT seq FROM command_tombstones ORDER BY seq LIMIT $1)",
+            &[&to_i64(drop)],
+        )
+        .map_err(Fail::db("trim tombstones"))?;
+    }
+    Ok(())
+}
+
+/// The idempotency row of `request_id` (as `rvbox_store::mutations`).
+fn lookup_mutation(
+    tx: &mut Transaction<'_>,
+    request_id: &Uuid7,
+    method: &str,
+    hash: &RequestHash,
+    command: &[u8; 16],
+) -> Result<Option<Stored>, Fail> {
+    let Some(row) = tx
+        .query_opt(
+            "SELECT method, request_hash, command_uuid, incident_id, client_id, result,
+                    result_is_error, fleet_run_id
+             FROM control_mutations WHERE request_id = $1",
+            &[&request_id.as_bytes().as_slice()],
+        )
+        .map_err(Fail::db("look up request_id"))?
+    else {
+        return Ok(None);
+    };
+    let same = row.get::<_, String>(0) == method
+        && row.get::<_, Vec<u8>>(1).as_slice() == hash.as_bytes().as_slice()
+        && row.get::<_, Option<Vec<u8>>>(2).as_deref() == Some(command.as_slice())
+        && row.get::<_, Option<Vec<u8>>>(3).is_none()
+        && row.get::<_, Option<String>>(4).is_none()
+        && row.get::<_, Option<Vec<u8>>>(7).is_none();
+    if !same {
+        return Err(DomainError::new(
+            Code::Conflict,
+            "request_id was already used for a different request; use a new request_id",
+        )
+        .with_field("request_id")
+        .into());
+    }
+    let result: Vec<u8> = row.get(5);
+    if row.get::<_, bool>(6) {
+        let detail = wire::ErrorDetail::decode(result.as_slice())
+            .map_err(|_| Fail::Integrity("stored mutation refusal does not decode".into()))?;
+        Ok(Some(Err(detail)))
+    } else {
+        Ok(Some(Ok(result)))
+    }
+}
+
+fn record_mutation(
+    tx: &mut Transaction<'_>,
+    request_id: &Uuid7,
+    method: &str,
+    hash: &RequestHash,
+    command: &[u8; 16],
+    outcome: &Stored,
+    now_ms: i64,
+) -> Result<(), Fail> {
+    let (bytes, is_error) = match outcome {
+        Ok(b) => (b.clone(), false),
+        Err(detail) => (detail.encode_to_vec(), true),
+    };
+    tx.execute(
+        "INSERT INTO control_mutations (request_id, method, request_hash, command_uuid,
+             result, result_is_error, created_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        &[
+            &request_id.as_bytes().as_slice(),
+            &method,
+            &hash.as_bytes().as_slice(),
+            &command.as_slice(),
+            &bytes,
+            &is_error,
+            &now_ms,
+        ],
+    )
+    .map_err(Fail::db("record mutation"))?;
+    Ok(())
+}
+
+fn decode_stored(stored: Stored) -> Result<wire::RunCommandResponse, Fail> {
+    match stored {
+        Ok(bytes) => wire::RunCommandResponse::decode(bytes.as_slice())
+            .map_err(|_| Fail::Integrity("stored RunCommand result does not decode".into())),
+        Err(detail) => Err(DomainError::new(
+            Code::from_wire(detail.code).unwrap_or(Code::Internal),
+            &detail.reason,
+        )
+        .with_field(detail.field)
+        .into()),
+    }
+}
+
+fn to_timestamp(ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
+    }
+}
+
+/// The queue limits of a new command, from the maintained counters.
+fn check_queue_limits(
+    tx: &mut Transaction<'_>,
+    client: &str,
+    opts: &StoreOptions,
+) -> Result<(), Fail> {
+    let per_client: i64 = tx
+        .query_one(
+            "SELECT COALESCE((SELECT queued FROM queued_by_client WHERE client_id = $1), 0)::bigint",
+            &[&client],
+        )
+        .map_err(Fail::db("read queued commands"))?
+        .get(0);
+    let total: i64 = tx
+        .query_one("SELECT queued FROM quota_totals WHERE id = 1", &[])
+        .map_err(Fail::db("read queued commands"))?
+        .get(0);
+    Ok(rvbox_store::store::queue_room(
+        to_u64(per_client),
+        to_u64(total),
+        opts,
+    )?)
+}
+
+impl PgStore {
+    /// `RunCommand`, idempotent by `request_id`, audited in its
+    /// transaction (on its own after a refusal).
+    pub(crate) fn run_command(
+        &mut self,
+        req: &wire::RunCommandRequest,
+        caller: &Caller,
+        now_ms: i64,
+    ) -> Result<wire::RunCommandResponse, Fail> {
+        let caller = rvbox_store::operator::Caller {
+            transport: caller.transport.clone(),
+            principal: caller.principal.clone(),
+        };
+        let record = AuditRecord::run_command(&caller, req, now_ms);
+        let mut audited = false;
+        let result = self.run_command_inner(req, &record, &mut audited, now_ms);
+        if !audited {
+            self.audit_alone(&record, &result);
+        }
+        if let Err(Fail::Refused(e)) = &result {
+            tracing::warn!(code = e.code().as_str(), "RunCommand refused");
+        }
+        result
+    }
+
+    fn run_command_inner(
+        &mut self,
+        req: &wire::RunCommandRequest,
+        record: &AuditRecord,
+        audited: &mut bool,
+        now_ms: i64,
+    ) -> Result<wire::RunCommandResponse, Fail> {
+        let valid = check_run_command(req)?;
+        let issue = *valid.issue_uuid.as_bytes();
+        let mut canonical = req.clone();
+        canonical.request_id.clear();
+        canonical.spec = Some(valid.spec.clone());
+        let mutation_hash = request_hash("RunCommand", &canonical);
+        let hash = command_hash(&valid.client_id, &valid.spec);
+        let spec_raw = valid.spec.encode_to_vec();
+        let spec_zstd = zstd::bulk::compress(&spec_raw, 3)
+            .map_err(|e| Fail::Integrity(format!("compress execution spec: {e}")))?;
+        // every script stays in its payload row (PostgreSQL keeps large
+        // values out of line itself)
+        let script = if req.script.is_empty() {
+            None
+        } else {
+            Some(
+                zstd::bulk::compress(&req.script, 3)
+                    .map_err(|e| Fail::Integrity(format!("compress script: {e}")))?,
+            )
+        };
+        let client_id = valid.client_id.as_str();
+        let outcome = self.in_tx("RunCommand", |tx, opts| {
+            if let Some(stored) =
+                lookup_mutation(tx, &valid.issue_uuid, "RunCommand", &mutation_hash, &issue)?
+            {
+                return Ok((true, decode_stored(stored)));
+            }
+            let tombstoned = tx
+                .query_opt(
+                    "SELECT 1 FROM command_tombstones WHERE issue_uuid = $1",
+                    &[&issue.as_slice()],
+                )
+                .map_err(Fail::db("check tombstone"))?
+                .is_some();
+            if tombstoned {
+                return Err(DomainError::new(
+                    Code::AlreadyExecuted,
+                    "a command with this issue_uuid already ran and its history was reclaimed; use a new request_id",
+                )
+                .with_field("request_id")
+                .into());
+            }
+            let exists = tx
+                .query_opt(
+                    "SELECT 1 FROM commands WHERE issue_uuid = $1",
+                    &[&issue.as_slice()],
+                )
+                .map_err(Fail::db("check command"))?
+                .is_some();
+            if exists {
+                return Err(DomainError::new(
+                    Code::Conflict,
+                    "request_id is already the issue_uuid of another command",
+                )
+                .with_field("request_id")
+                .into());
+            }
+            check_queue_limits(tx, client_id, opts)?;
+            ensure_client(tx, client_id, opts)?;
+            let usage = Usage {
+                command: 0,
+                held_closeout: 0,
+                owner: client_charged(tx, client_id)?,
+                global: global_charged(tx)?,
+                // the database server's own disk; PostgreSQL refuses
+                // writes when it is full
+                free_space: u64::MAX,
+            };
+            let r = rvbox_store::store::reserve_creation(
+                &opts.tiers,
+                usage,
+                &spec_zstd,
+                script.as_ref().map(|z| z.len() as u64),
+            )
+            .map_err(|e| match e {
+                rvbox_store::mutations::OpError::Refused(d) => Fail::Refused(d),
+                rvbox_store::mutations::OpError::Store(s) => Fail::Integrity(s.to_string()),
+            })?;
+            let ttl = valid.queue_ttl_ms.unwrap_or(opts.queue_ttl_ms);
+            let expiry_ms = if ttl == 0 {
+                None
+            } else {
+                Some(now_ms.saturating_add(i64::try_from(ttl).unwrap_or(i64::MAX)))
+            };
+            let params: [&(dyn ToSql + Sync); 10] = [
+                &issue.as_slice(),
+                &client_id,
+                &now_ms,
+                &expiry_ms,
+                &hash.as_bytes().as_slice(),
+                &spec_zstd,
+                &i64::try_from(spec_raw.len()).unwrap_or(i64::MAX),
+                &to_i64(r.command_after),
+                &to_i64(r.held_closeout_after),
+                &i64::from(CHARGE_VERSION),
+            ];
+            tx.execute(
+                "INSERT INTO commands (issue_uuid, client_id, issue_time_ms, queue_expiry_ms,
+                     lifecycle, revision, request_hash, spec_zstd, spec_raw_len, charged_bytes,
+                     closeout_held, charge_version)
+                 VALUES ($1, $2, $3, $4, 1, 1, $5, $6, $7, $8, $9, $10)",
+                &params,
+            )
+            .map_err(Fail::db("insert command"))?;
+            if let (Some(z), Some(wire::execution_spec::Source::Script(d))) =
+                (&script, &valid.spec.source)
+            {
+                tx.execute(
+                    "INSERT INTO command_payloads (issue_uuid, kind, ordinal, compression,
+                         raw_len, stored_len, sha256, inline_bytes)
+                     VALUES ($1, $2, 0, 1, $3, $4, $5, $6)",
+                    &[
+                        &issue.as_slice(),
+                        &i64::from(rvbox_segment::Kind::Script.as_u8()),
+                        &to_i64(d.size_bytes),
+                        &i64::try_from(z.len()).unwrap_or(i64::MAX),
+                        &d.sha256.as_slice(),
+                        z,
+                    ],
+                )
+                .map_err(Fail::db("store script"))?;
+            }
+            add_charges(
+                tx,
+                client_id,
+                delta(r.owner_after, usage.owner),
+                delta(r.global_after, usage.global),
+            )?;
+            let response = wire::RunCommandResponse {
+                issue_uuid: valid.issue_uuid.to_string(),
+                queue_expiry_time: expiry_ms.map(to_timestamp),
+            };
+            let stored: Stored = Ok(response.encode_to_vec());
+            write_in(tx, record, Ok(()))?;
+            record_mutation(
+                tx,
+                &valid.issue_uuid,
+                "RunCommand",
+                &mutation_hash,
+                &issue,
+                &stored,
+                now_ms,
+            )?;
+            Ok((false, Ok(response)))
+        })?;
+        let (replay, response) = outcome;
+        *audited = !replay;
+        if !replay {
+            tracing::info!(client_id, "command created");
+        }
+        response
+    }
+
+    /// One command, as dispatch and reconciliation see it.
+    pub(crate) fn command_view(&mut self, issue: &[u8; 16]) -> Result<CommandView, Fail> {
+        self.in_tx("load command", |tx, _| load_view(tx, issue, false))
+    }
+
+    /// Begins a write on one command made for `session`: the session
+    /// check, then the command row locked.
+    fn begin_on(
+        tx: &mut Transaction<'_>,
+        session: Option<SessionFence>,
+        issue: &[u8; 16],
+    ) -> Result<CommandView, Fail> {
+        // the client of the command decides whose session must be live;
+        // read it unlocked first (it never changes), lock the session,
+        // then the command
+        let client: Option<String> = tx
+            .query_opt(
+                "SELECT client_id FROM commands WHERE issue_uuid = $1",
+                &[&issue.as_slice()],
+            )
+            .map_err(Fail::db("load command"))?
+            .map(|r| r.get(0));
+        let Some(client) = client else {
+            return Err(Fail::refused(Code::NotFound, "no such command"));
+        };
+        check_fence(tx, session, &client)?;
+        load_view(tx, issue, true)
+    }
+
+    /// queued -> dispatched at `revision` (when `write`), or a dispatched
+    /// command sent again (still dispatched at `revision`); the stored
+    /// spec either way.
+    pub(crate) fn dispatch(
+        &mut self,
+        session: SessionFence,
+        issue: &[u8; 16],
+        revision: u64,
+        write: bool,
+    ) -> Result<wire::ExecutionSpec, Fail> {
+        let spec_zstd = self.in_tx("dispatch", |tx, _| {
+            let view = Self::begin_on(tx, Some(session), issue)?;
+            if write {
+                expect(&view, &[Lifecycle::Queued], revision)?;
+                set_lifecycle(tx, issue, Lifecycle::Dispatched)?;
+            } else if view.lifecycle != Lifecycle::Dispatched || view.revision != revision {
+                return Err(Fail::refused(
+                    Code::Conflict,
+                    "the command changed since the dispatch decision",
+                ));
+            }
+            let spec: Vec<u8> = tx
+                .query_one(
+                    "SELECT spec_zstd FROM commands WHERE issue_uuid = $1",
+                    &[&issue.as_slice()],
+                )
+                .map_err(Fail::db("read execution spec"))?
+                .get(0);
+            Ok(spec)
+        })?;
+        if write {
+            tracing::debug!(revision, "command dispatched");
+        }
+        let cap = usize::try_from(rvbox_domain::limits::MAX_EXECUTION_SPEC_BYTES).unwrap_or(0);
+        zstd::bulk::decompress(&spec_zstd, cap)
+            .ok()
+            .and_then(|raw| wire::ExecutionSpec::decode(raw.as_slice()).ok())
+            .ok_or_else(|| Fail::Integrity("the execution spec does not decode".into()))
+    }
+
+    /// dispatched -> accepted at `revision`, with the client's shell.
+    pub(crate) fn record_accepted(
+        &mut self,
+        session: SessionFence,
+        issue: &[u8; 16],
+        revision: u64,
+        resolved_shell: i32,
+    ) -> Result<(), Fail> {
+        self.in_tx("record acceptance", |tx, _| {
+            let view = Self::begin_on(tx, Some(session), issue)?;
+            expect(&view, &[Lifecycle::Dispatched], revision)?;
+            tx.execute(
+                "UPDATE commands SET lifecycle = $2, resolved_shell = $3 WHERE issue_uuid = $1",
+                &[
+                    &issue.as_slice(),
+                    &wire_lifecycle(Lifecycle::Accepted),
+                    &i64::from(resolved_shell),
+                ],
+            )
+            .map_err(Fail::db("record acceptance"))?;
+            Ok(())
+        })?;
+        tracing::info!(revision, "command accepted by its client");
+        Ok(())
+    }
+
+    /// dispatched -> queued (or cancelled, when a signal is pending).
+    pub(crate) fn requeue(
+        &mut self,
+        session: SessionFence,
+        issue: &[u8; 16],
+        revision: u64,
+        now_ms: i64,
+    ) -> Result<Lifecycle, Fail> {
+        let to = self.in_tx("requeue", |tx, opts| {
+            let view = Self::begin_on(tx, Some(session), issue)?;
+            expect(&view, &[Lifecycle::Dispatched], revision)?;
+            tx.execute(
+                "UPDATE commands SET expired_pending = false WHERE issue_uuid = $1",
+                &[&issue.as_slice()],
+            )
+            .map_err(Fail::db("clear expired pending"))?;
+            let signalled = tx
+                .query_opt(
+                    "SELECT 1 FROM command_signals WHERE issue_uuid = $1 LIMIT 1",
+                    &[&issue.as_slice()],
+                )
+                .map_err(Fail::db("look up pending signals"))?
+                .is_some();
+            if signalled {
+                finish_in(
+                    tx,
+                    &view,
+                    Lifecycle::Cancelled,
+                    None,
+                    now_ms,
+                    opts.tombstone_cap,
+                )?;
+                return Ok(Lifecycle::Cancelled);
+            }
+            set_lifecycle(tx, issue, Lifecycle::Queued)?;
+            Ok(Lifecycle::Queued)
+        })?;
+        tracing::info!(revision, to = to.as_str(), "command returned to the queue");
+        Ok(to)
+    }
+
+    /// Ends a command by a server decision, from one of `from` at
+    /// `revision`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn finish_by_server(
+        &mut self,
+        session: Option<SessionFence>,
+        issue: &[u8; 16],
+        from: &[Lifecycle],
+        revision: u64,
+        how: ServerTerminal,
+        rejection: Option<&wire::ErrorDetail>,
+        now_ms: i64,
+    ) -> Result<(), Fail> {
+        let to = how.lifecycle();
+        self.in_tx("finish command", |tx, opts| {
+            let view = Self::begin_on(tx, session, issue)?;
+            expect(&view, from, revision)?;
+            view.lifecycle
+                .check_transition(to)
+                .map_err(|e| Fail::Refused(DomainError::from(e)))?;
+            finish_in(tx, &view, to, rejection, now_ms, opts.tombstone_cap)
+        })?;
+        tracing::info!(to = to.as_str(), revision, "command ended by the server");
+        Ok(())
+    }
+}

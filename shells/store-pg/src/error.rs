@@ -1,0 +1,85 @@
+//! How an operation on PostgreSQL fails.
+
+use postgres::error::SqlState;
+use rvbox_domain::error::{Code, DomainError};
+use rvbox_store_port::ops::PortError;
+
+/// A failed operation: nothing of it committed.
+#[derive(Debug)]
+pub enum Fail {
+    /// The domain refused it (part of the operation's stable result).
+    Refused(DomainError),
+    /// The database failed (`context` says doing what).
+    Db {
+        /// What the store was doing.
+        context: &'static str,
+        /// The driver's error.
+        source: postgres::Error,
+    },
+    /// Stored data contradicts an invariant.
+    Integrity(String),
+    /// The operation is not implemented on PostgreSQL yet.
+    Unsupported(&'static str),
+}
+
+impl Fail {
+    /// Maps a driver error, naming what the store was doing.
+    pub fn db(context: &'static str) -> impl Fn(postgres::Error) -> Self {
+        move |source| Self::Db { context, source }
+    }
+
+    /// Whether running the whole transaction again may succeed: PostgreSQL
+    /// aborted it for a conflict with a concurrent one (a serialization
+    /// failure, a deadlock, or a concurrent insert of the same key, after
+    /// which a new attempt sees the other's row).
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Db { source, .. } => source.code().is_some_and(|c| {
+                *c == SqlState::T_R_SERIALIZATION_FAILURE
+                    || *c == SqlState::T_R_DEADLOCK_DETECTED
+                    || *c == SqlState::UNIQUE_VIOLATION
+            }),
+            _ => false,
+        }
+    }
+
+    /// The port's view: a refusal stays one; anything else is
+    /// `UNAVAILABLE` with the detail for logs.
+    #[must_use]
+    pub fn into_port(self) -> PortError {
+        match self {
+            Self::Refused(d) => PortError::Refused(d),
+            other => PortError::Unavailable(other.to_string()),
+        }
+    }
+
+    /// A refusal.
+    pub fn refused(code: Code, reason: impl AsRef<str>) -> Self {
+        Self::Refused(DomainError::new(code, reason))
+    }
+}
+
+impl From<DomainError> for Fail {
+    fn from(e: DomainError) -> Self {
+        Self::Refused(e)
+    }
+}
+
+impl std::fmt::Display for Fail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused(e) => write!(f, "{e}"),
+            Self::Db { context, source } => match source.as_db_error() {
+                Some(db) => write!(f, "{context}: {} ({})", db.message(), db.code().code()),
+                None => write!(f, "{context}: {source}"),
+            },
+            Self::Integrity(s) => write!(f, "stored data is inconsistent: {s}"),
+            Self::Unsupported(op) => {
+                write!(f, "the operation {op} is not implemented on PostgreSQL yet")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Fail {}

@@ -1,0 +1,245 @@
+//! The RVBox server store on PostgreSQL 15+ (docs/scaleout.md): the store
+//! port for several server replicas on one database.
+//!
+//! Owns: the PostgreSQL schema and its migrations, one transaction per
+//! store operation (READ COMMITTED, with the rows a decision depends on
+//! locked `FOR UPDATE`, and the write's session locked `FOR SHARE`), the
+//! retry of transactions PostgreSQL aborted for a conflict (serialization
+//! failure, deadlock, a concurrent insert of the same key), and the audit
+//! records of every effect in the effect's own transaction.
+//!
+//! Pure decisions come from the same crates the SQLite store uses
+//! (validation and hashes from `rvbox-domain`, charges and reservations
+//! from `rvbox-retention`, audit records from `rvbox-store`), so both
+//! backends decide alike; the conformance suite (`rvbox-conformance`)
+//! runs the same tests against both.
+//!
+//! Must never: answer an operation before its transaction committed;
+//! build SQL from anything but constants (every value is a parameter);
+//! log a connection string's password.
+
+mod audit;
+mod commands;
+mod error;
+mod sessions;
+
+use postgres::{Client, IsolationLevel, NoTls, Transaction};
+use rvbox_store_port::ops::{Backend, Completion, OpResult, OpToken, PortError, StoreOp};
+
+pub use error::Fail;
+pub use rvbox_store::StoreOptions;
+
+/// The schema migrations, in order (each applied once, in one
+/// transaction, under an advisory lock so concurrent replicas starting
+/// together apply each exactly once).
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "initial", include_str!("../migrations/0001_initial.sql")),
+    (
+        2,
+        "postgres",
+        include_str!("../migrations/0002_postgres.sql"),
+    ),
+];
+
+/// The advisory lock key of migrations (any constant shared by replicas).
+const MIGRATION_LOCK: i64 = 0x5256_424f_5800_0001;
+
+/// How many times a transaction PostgreSQL aborted for a conflict runs
+/// again before the operation fails `UNAVAILABLE`.
+const MAX_ATTEMPTS: u32 = 8;
+
+/// The store on PostgreSQL.
+pub struct PgStore {
+    client: Client,
+    opts: StoreOptions,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // never the connection string: it may carry a password
+        f.debug_struct("PgStore").finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Connects with a `postgres` connection string (key=value or URL) and
+    /// applies the migrations this build knows.
+    ///
+    /// # Errors
+    /// When the database cannot be reached or a migration fails.
+    pub fn connect(conninfo: &str, opts: StoreOptions) -> Result<Self, Fail> {
+        let client = Client::connect(conninfo, NoTls).map_err(Fail::db("connect"))?;
+        let mut store = Self { client, opts };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// Applies the migrations not yet applied; returns how many ran.
+    ///
+    /// # Errors
+    /// A database failure; nothing of the failing migration is kept.
+    pub fn migrate(&mut self) -> Result<usize, Fail> {
+        let mut tx = self
+            .client
+            .transaction()
+            .map_err(Fail::db("begin migrations"))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .map_err(Fail::db("lock migrations"))?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS rvbox_migrations (
+                 version    bigint PRIMARY KEY,
+                 name       text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .map_err(Fail::db("create the migrations table"))?;
+        let mut ran = 0;
+        for (version, name, sql) in MIGRATIONS {
+            let done = tx
+                .query_opt(
+                    "SELECT 1 FROM rvbox_migrations WHERE version = $1",
+                    &[version],
+                )
+                .map_err(Fail::db("read the applied migrations"))?
+                .is_some();
+            if done {
+                continue;
+            }
+            tx.batch_execute(sql)
+                .map_err(Fail::db("apply a migration"))?;
+            tx.execute(
+                "INSERT INTO rvbox_migrations (version, name) VALUES ($1, $2)",
+                &[version, name],
+            )
+            .map_err(Fail::db("record a migration"))?;
+            tracing::info!(version, name, "PostgreSQL schema migration applied");
+            ran += 1;
+        }
+        tx.commit().map_err(Fail::db("commit migrations"))?;
+        Ok(ran)
+    }
+
+    /// Runs `f` in one READ COMMITTED transaction and commits it; runs it
+    /// again, from the start, when PostgreSQL aborted it for a conflict
+    /// with another transaction, at most [`MAX_ATTEMPTS`] times.
+    pub(crate) fn in_tx<T>(
+        &mut self,
+        what: &'static str,
+        mut f: impl FnMut(&mut Transaction<'_>, &StoreOptions) -> Result<T, Fail>,
+    ) -> Result<T, Fail> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result: Result<T, Fail> = (|| {
+                let mut tx = self
+                    .client
+                    .build_transaction()
+                    .isolation_level(IsolationLevel::ReadCommitted)
+                    .start()
+                    .map_err(Fail::db(what))?;
+                let v = f(&mut tx, &self.opts)?;
+                tx.commit().map_err(Fail::db(what))?;
+                Ok(v)
+            })();
+            match result {
+                Err(e) if e.is_retryable() && attempt < MAX_ATTEMPTS => {
+                    tracing::debug!(what, attempt, error = %e, "transaction aborted by a conflict; running it again");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Performs one operation.
+    fn perform_one(&mut self, wall_ms: i64, op: StoreOp) -> OpResult {
+        let name = op.name();
+        let result = match op {
+            StoreOp::LoadClient { client_id } => {
+                self.client_record(&client_id).map(Completion::Client)
+            }
+            StoreOp::Register(reg) => self
+                .register_session(&reg, wall_ms)
+                .map(|generation| Completion::Registered { generation }),
+            StoreOp::RecordPendingClaim {
+                client_id,
+                instance_id,
+            } => self
+                .record_pending_claim(&client_id, &instance_id, wall_ms)
+                .map(|()| Completion::Done),
+            StoreOp::CloseSession { session_id, reason } => self
+                .close_session(&session_id, &reason, wall_ms)
+                .map(|()| Completion::Done),
+            StoreOp::Audit(records) => self
+                .session_audits(&records, wall_ms)
+                .map(|()| Completion::Done),
+            StoreOp::RunCommand { request, caller } => self
+                .run_command(&request, &caller, wall_ms)
+                .map(Completion::RunCommand),
+            StoreOp::CommandView { issue } => self.command_view(&issue).map(Completion::View),
+            StoreOp::Dispatch {
+                issue,
+                revision,
+                write,
+                session,
+            } => self
+                .dispatch(session, &issue, revision, write)
+                .map(|spec| Completion::Spec(Box::new(spec))),
+            StoreOp::RecordAccepted {
+                issue,
+                revision,
+                resolved_shell,
+                session,
+            } => self
+                .record_accepted(session, &issue, revision, resolved_shell)
+                .map(|()| Completion::Done),
+            StoreOp::Requeue {
+                issue,
+                revision,
+                session,
+            } => self
+                .requeue(session, &issue, revision, wall_ms)
+                .map(Completion::Requeued),
+            StoreOp::FinishByServer {
+                issue,
+                from,
+                revision,
+                how,
+                rejection,
+                session,
+            } => self
+                .finish_by_server(
+                    session,
+                    &issue,
+                    &from,
+                    revision,
+                    how,
+                    rejection.as_ref(),
+                    wall_ms,
+                )
+                .map(|()| Completion::Done),
+            other => Err(Fail::Unsupported(other.name())),
+        };
+        result.map_err(|e| {
+            if let Fail::Refused(d) = &e {
+                tracing::debug!(op = name, code = d.code().as_str(), "operation refused");
+            } else {
+                tracing::error!(op = name, error = %e, "store operation failed");
+            }
+            e.into_port()
+        })
+    }
+}
+
+impl Backend for PgStore {
+    fn perform_batch(&mut self, ops: Vec<(OpToken, i64, StoreOp)>) -> Vec<(OpToken, OpResult)> {
+        ops.into_iter()
+            .map(|(token, wall_ms, op)| (token, self.perform_one(wall_ms, op)))
+            .collect()
+    }
+}
+
+/// A failure as the port reports it.
+impl From<Fail> for PortError {
+    fn from(e: Fail) -> Self {
+        e.into_port()
+    }
+}

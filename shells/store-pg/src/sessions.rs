@@ -1,0 +1,448 @@
+//! Client registration, sessions and the fencing check on PostgreSQL
+//! (as `rvbox_store::sessions` does it on SQLite).
+//!
+//! A registration locks its client's row (`FOR UPDATE`, created first if
+//! the client is new) before it re-checks what the decision saw, so two
+//! replicas registering the same client serialise on that row and the
+//! second sees the first's generation and refuses `CONFLICT`.
+
+use postgres::Transaction;
+use postgres::types::ToSql;
+use rvbox_domain::error::Code;
+use rvbox_store::audit::AuditRecord;
+use rvbox_store::registry::{
+    CLIENT_ROW_CHARGE, CLOSED_SESSIONS_KEPT, SESSION_ROW_CHARGE, admit_new_client,
+};
+use rvbox_store::sessions::{MAX_CLOSE_REASON_BYTES, registered_detail};
+use rvbox_store_port::audit::SessionAudit;
+use rvbox_store_port::sessions::{
+    ClientRecord, LiveSession, Registration, SessionFence, TakeoverGrant,
+};
+
+use crate::audit::write_in;
+use crate::{Fail, PgStore, StoreOptions};
+
+pub(crate) fn blob16(v: Option<Vec<u8>>) -> Option<[u8; 16]> {
+    v.and_then(|b| <[u8; 16]>::try_from(b.as_slice()).ok())
+}
+
+pub(crate) fn to_u64(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+pub(crate) fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn conflict(reason: &str) -> Fail {
+    Fail::refused(Code::Conflict, reason)
+}
+
+/// The client's record as the registration decision needs it; `lock`
+/// takes its row `FOR UPDATE` first.
+fn load(
+    tx: &mut Transaction<'_>,
+    client_id: &str,
+    lock: bool,
+) -> Result<Option<ClientRecord>, Fail> {
+    let sql = if lock {
+        "SELECT instance_id, generation, pending_instance_id, pending_seen_ms
+         FROM clients WHERE client_id = $1 FOR UPDATE"
+    } else {
+        "SELECT instance_id, generation, pending_instance_id, pending_seen_ms
+         FROM clients WHERE client_id = $1"
+    };
+    let Some(row) = tx
+        .query_opt(sql, &[&client_id])
+        .map_err(Fail::db("load client"))?
+    else {
+        return Ok(None);
+    };
+    let instance: Option<Vec<u8>> = row.get(0);
+    let generation: i64 = row.get(1);
+    let pending: Option<Vec<u8>> = row.get(2);
+    let pending_ms: Option<i64> = row.get(3);
+    let live = tx
+        .query_opt(
+            "SELECT session_id, instance_id, generation, opened_ms FROM sessions
+             WHERE client_id = $1 AND live",
+            &[&client_id],
+        )
+        .map_err(Fail::db("load live session"))?
+        .and_then(|r| {
+            Some(LiveSession {
+                session_id: blob16(r.get(0))?,
+                instance_id: blob16(r.get(1))?,
+                generation: to_u64(r.get(2)),
+                opened_ms: r.get(3),
+            })
+        });
+    let grant = tx
+        .query_opt(
+            "SELECT id, instance_id, created_ms, expires_ms FROM takeover_authorizations
+             WHERE client_id = $1 AND consumed_ms IS NULL AND voided_ms IS NULL",
+            &[&client_id],
+        )
+        .map_err(Fail::db("load takeover grant"))?
+        .and_then(|r| {
+            Some(TakeoverGrant {
+                id: r.get(0),
+                instance_id: blob16(r.get(1))?,
+                created_ms: r.get(2),
+                expires_ms: r.get(3),
+            })
+        });
+    Ok(Some(ClientRecord {
+        client_id: client_id.to_owned(),
+        instance_id: blob16(instance),
+        generation: to_u64(generation),
+        live,
+        pending_claim: blob16(pending).zip(pending_ms),
+        grant,
+    }))
+}
+
+/// The registry's charge against the server-wide tier (its maintained
+/// row counts at their fixed row charges).
+fn registry_charged(tx: &mut Transaction<'_>) -> Result<u64, Fail> {
+    let row = tx
+        .query_one(
+            "SELECT clients, sessions FROM quota_totals WHERE id = 1",
+            &[],
+        )
+        .map_err(Fail::db("read registry counts"))?;
+    let (c, s): (i64, i64) = (row.get(0), row.get(1));
+    Ok(to_u64(c)
+        .saturating_mul(CLIENT_ROW_CHARGE)
+        .saturating_add(to_u64(s).saturating_mul(SESSION_ROW_CHARGE)))
+}
+
+/// Everything charged against the server-wide tier.
+pub(crate) fn global_charged(tx: &mut Transaction<'_>) -> Result<u64, Fail> {
+    let v: i64 = tx
+        .query_one("SELECT command_charged FROM quota_totals WHERE id = 1", &[])
+        .map_err(Fail::db("read global usage"))?
+        .get(0);
+    Ok(to_u64(v).saturating_add(registry_charged(tx)?))
+}
+
+/// Makes sure the client's row exists, admitting a new client only within
+/// the registry's bounds (as the SQLite store's `ensure_client`). A new
+/// row is inserted `ON CONFLICT DO NOTHING`: a replica creating the same
+/// client at the same moment leaves one row.
+pub(crate) fn ensure_client(
+    tx: &mut Transaction<'_>,
+    client_id: &str,
+    opts: &StoreOptions,
+) -> Result<(), Fail> {
+    let exists = tx
+        .query_opt("SELECT 1 FROM clients WHERE client_id = $1", &[&client_id])
+        .map_err(Fail::db("look up client"))?
+        .is_some();
+    if exists {
+        return Ok(());
+    }
+    let clients: i64 = tx
+        .query_one("SELECT clients FROM quota_totals WHERE id = 1", &[])
+        .map_err(Fail::db("read registry counts"))?
+        .get(0);
+    let used = global_charged(tx)?;
+    admit_new_client(to_u64(clients), used, opts.registry_limit())?;
+    tx.execute(
+        "INSERT INTO clients (client_id, generation)
+         VALUES ($1, (SELECT generation_floor FROM quota_totals WHERE id = 1))
+         ON CONFLICT (client_id) DO NOTHING",
+        &[&client_id],
+    )
+    .map_err(Fail::db("register client"))?;
+    Ok(())
+}
+
+fn end_session(
+    tx: &mut Transaction<'_>,
+    session_id: &[u8; 16],
+    fenced: bool,
+    reason: &str,
+    now_ms: i64,
+) -> Result<bool, Fail> {
+    let reason: String = reason.chars().take(MAX_CLOSE_REASON_BYTES / 4).collect();
+    let n = tx
+        .execute(
+            "UPDATE sessions SET live = false, closed_ms = $2,
+                 fenced_ms = CASE WHEN $3 THEN $2 ELSE fenced_ms END, close_reason = $4
+             WHERE session_id = $1 AND live",
+            &[&session_id.as_slice(), &now_ms, &fenced, &reason],
+        )
+        .map_err(Fail::db("end session"))?;
+    Ok(n == 1)
+}
+
+/// The fencing check of a write made for a connection (docs/scaleout.md),
+/// the first statement of the write's transaction: the session's row is
+/// locked `FOR SHARE` until the transaction ends, so a registration that
+/// would fence it waits for this write, and a write after that
+/// registration sees the session ended. `None`: not made for a connection.
+pub(crate) fn check_fence(
+    tx: &mut Transaction<'_>,
+    fence: Option<SessionFence>,
+    client_id: &str,
+) -> Result<(), Fail> {
+    let Some(fence) = fence else {
+        return Ok(());
+    };
+    let owner: Option<String> = tx
+        .query_opt(
+            "SELECT client_id FROM sessions WHERE session_id = $1 AND live FOR SHARE",
+            &[&fence.session_id.as_slice()],
+        )
+        .map_err(Fail::db("check the write's session"))?
+        .map(|r| r.get(0));
+    let refusal = match owner {
+        Some(owner) if owner == client_id => return Ok(()),
+        Some(_) => "the write's session belongs to another client",
+        None => "the write's session is no longer its client's live session",
+    };
+    tracing::warn!(reason = refusal, "write refused: its session is not live");
+    Err(Fail::refused(Code::StaleSession, refusal))
+}
+
+impl PgStore {
+    /// The client's registration state, or `None` for a client never seen.
+    pub(crate) fn client_record(&mut self, client_id: &str) -> Result<Option<ClientRecord>, Fail> {
+        self.in_tx("load client", |tx, _| load(tx, client_id, false))
+    }
+
+    /// Makes an accepted registration durable, as the SQLite store's
+    /// `register_session`: re-checks generation, live session and grant on
+    /// the locked client row, fences the prior session, consumes the
+    /// grant, records capabilities, raises the generation, installs the
+    /// new live session, prunes old closed sessions, and writes the audit
+    /// records, in one transaction.
+    pub(crate) fn register_session(
+        &mut self,
+        reg: &Registration,
+        now_ms: i64,
+    ) -> Result<u64, Fail> {
+        let next = self.in_tx("register session", |tx, opts| {
+            // the client's row, locked: a concurrent registration of the
+            // same client waits here and then sees this one's generation
+            let current = load(tx, &reg.client_id, true)?;
+            let generation = current.as_ref().map_or(0, |c| c.generation);
+            if generation != reg.expected_generation {
+                return Err(conflict(
+                    "the client's generation changed since the registration was decided",
+                ));
+            }
+            if current.as_ref().and_then(|c| c.live).map(|l| l.session_id) != reg.fence {
+                return Err(conflict(
+                    "the client's live session changed since the registration was decided",
+                ));
+            }
+            if let Some(id) = reg.consume_grant {
+                let ok = current.as_ref().and_then(|c| c.grant).is_some_and(|g| {
+                    g.id == id && g.instance_id == reg.instance_id && now_ms < g.expires_ms
+                });
+                if !ok {
+                    return Err(conflict(
+                        "the takeover grant is no longer live, expired, or names another instance",
+                    ));
+                }
+                tx.execute(
+                    "UPDATE takeover_authorizations SET consumed_ms = $2 WHERE id = $1",
+                    &[&id, &now_ms],
+                )
+                .map_err(Fail::db("consume takeover grant"))?;
+            }
+            if let Some(old) = reg.fence {
+                end_session(tx, &old, true, "fenced by a newer registration", now_ms)?;
+            }
+            // a client id without a row starts above every pruned
+            // client's generation (its row, created here, starts at that
+            // floor); two replicas creating it at once leave one row, and
+            // the one-live-session index refuses the second session, whose
+            // transaction then runs again and sees the first's generation
+            ensure_client(tx, &reg.client_id, opts)?;
+            let base = match &current {
+                Some(c) => c.generation,
+                None => {
+                    let floor: i64 = tx
+                        .query_one("SELECT generation_floor FROM quota_totals WHERE id = 1", &[])
+                        .map_err(Fail::db("read generation floor"))?
+                        .get(0);
+                    to_u64(floor)
+                }
+            };
+            let next = base
+                .checked_add(1)
+                .ok_or_else(|| Fail::Integrity("client generation overflow".into()))?;
+            let caps = prost::Message::encode_to_vec(&reg.capabilities);
+            let cwd = reg.cwd_policy.as_ref().map(prost::Message::encode_to_vec);
+            let platform = reg
+                .capabilities
+                .platform
+                .as_ref()
+                .map(|p| format!("{}/{}", p.os, p.arch));
+            let params: [&(dyn ToSql + Sync); 9] = [
+                &reg.client_id,
+                &reg.instance_id.as_slice(),
+                &to_i64(next),
+                &platform,
+                &reg.capabilities.software_version,
+                &caps,
+                &cwd,
+                &now_ms,
+                &reg.labels,
+            ];
+            tx.execute(
+                "UPDATE clients SET instance_id = $2, generation = $3, platform = $4,
+                     software_version = $5, capabilities = $6, cwd_policy = $7,
+                     connected_ms = $8, last_seen_ms = $8, labels = $9,
+                     pending_instance_id = CASE WHEN pending_instance_id = $2 THEN NULL ELSE pending_instance_id END,
+                     pending_seen_ms = CASE WHEN pending_instance_id = $2 THEN NULL ELSE pending_seen_ms END
+                 WHERE client_id = $1",
+                &params,
+            )
+            .map_err(Fail::db("update client registration"))?;
+            tx.execute(
+                "INSERT INTO sessions (session_id, client_id, instance_id, generation, opened_ms, live)
+                 VALUES ($1, $2, $3, $4, $5, true)",
+                &[
+                    &reg.session_id.as_slice(),
+                    &reg.client_id,
+                    &reg.instance_id.as_slice(),
+                    &to_i64(next),
+                    &now_ms,
+                ],
+            )
+            .map_err(Fail::db("install session"))?;
+            tx.execute(
+                "DELETE FROM sessions WHERE session_id IN (
+                     SELECT session_id FROM sessions
+                     WHERE client_id = $1 AND NOT live
+                     ORDER BY closed_ms DESC, session_id DESC
+                     OFFSET $2)",
+                &[&reg.client_id, &to_i64(CLOSED_SESSIONS_KEPT)],
+            )
+            .map_err(Fail::db("prune closed sessions"))?;
+            if reg.fence.is_some() {
+                write_in(
+                    tx,
+                    &AuditRecord::session(
+                        Some(&reg.client_id),
+                        "SessionFenced",
+                        format!("fenced by the registration of generation {next}"),
+                        now_ms,
+                    ),
+                    Ok(()),
+                )?;
+            }
+            write_in(
+                tx,
+                &AuditRecord::session(
+                    Some(&reg.client_id),
+                    "SessionRegistered",
+                    registered_detail(reg, next),
+                    now_ms,
+                ),
+                Ok(()),
+            )?;
+            Ok(next)
+        })?;
+        tracing::info!(
+            client_id = %reg.client_id,
+            generation = next,
+            fenced = reg.fence.is_some(),
+            takeover = reg.consume_grant.is_some(),
+            "session registered"
+        );
+        Ok(next)
+    }
+
+    /// Records a rejected live-conflict claim with its audit record.
+    pub(crate) fn record_pending_claim(
+        &mut self,
+        client_id: &str,
+        instance_id: &[u8; 16],
+        now_ms: i64,
+    ) -> Result<(), Fail> {
+        self.in_tx("record pending claim", |tx, opts| {
+            ensure_client(tx, client_id, opts)?;
+            tx.execute(
+                "UPDATE clients SET pending_instance_id = $2, pending_seen_ms = $3 WHERE client_id = $1",
+                &[&client_id, &instance_id.as_slice(), &now_ms],
+            )
+            .map_err(Fail::db("record pending claim"))?;
+            write_in(
+                tx,
+                &AuditRecord::session(
+                    Some(client_id),
+                    "LiveConflictRefused",
+                    "another instance's session is live; the claim is recorded for takeover",
+                    now_ms,
+                ),
+                Ok(()),
+            )
+        })?;
+        tracing::warn!(
+            client_id,
+            "live-conflict registration rejected; claim recorded"
+        );
+        Ok(())
+    }
+
+    /// Ends a live session with its audit record (the reason as its
+    /// detail). Idempotent: a session no longer live changes nothing.
+    pub(crate) fn close_session(
+        &mut self,
+        session_id: &[u8; 16],
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), Fail> {
+        self.in_tx("close session", |tx, _| {
+            let client: Option<String> = tx
+                .query_opt(
+                    "SELECT client_id FROM sessions WHERE session_id = $1 AND live FOR UPDATE",
+                    &[&session_id.as_slice()],
+                )
+                .map_err(Fail::db("load session"))?
+                .map(|r| r.get(0));
+            let Some(client) = client else {
+                return Ok(());
+            };
+            end_session(tx, session_id, false, reason, now_ms)?;
+            tx.execute(
+                "UPDATE clients SET last_seen_ms = $2 WHERE client_id = $1",
+                &[&client, &now_ms],
+            )
+            .map_err(Fail::db("record last seen"))?;
+            write_in(
+                tx,
+                &AuditRecord::session(Some(&client), "SessionClosed", reason, now_ms),
+                Ok(()),
+            )
+        })
+    }
+
+    /// Session audit records that no effect carries, in one transaction.
+    pub(crate) fn session_audits(
+        &mut self,
+        records: &[SessionAudit],
+        now_ms: i64,
+    ) -> Result<(), Fail> {
+        self.in_tx("write session audit", |tx, _| {
+            for r in records {
+                write_in(
+                    tx,
+                    &AuditRecord::session(
+                        r.client_id.as_deref(),
+                        r.action,
+                        r.detail.clone(),
+                        now_ms,
+                    ),
+                    Ok(()),
+                )?;
+            }
+            Ok(())
+        })
+    }
+}
