@@ -1,5 +1,5 @@
 //! The store port's conformance suite (docs/scaleout.md): every case
-//! drives a backend through [`StoreOp`]s only and observes it through
+//! drives a backend through `StoreOp`s only and observes it through
 //! their completions, so the SQLite store and the PostgreSQL store run
 //! exactly the same tests.
 //!
@@ -10,7 +10,8 @@
 //! rvbox_conformance::suite!(fresh);
 //! ```
 //!
-//! or a subset of the cases by name with [`cases!`].
+//! or, inside one test that owns a shared resource, with [`run_suite!`]
+//! (or a subset of the cases by name with [`run_cases!`]).
 //!
 //! Must never: reach into a backend's tables or files; every fact a case
 //! asserts is one the port answers.
@@ -36,17 +37,14 @@ macro_rules! suite {
     };
 }
 
-/// Every case of the suite in one `#[test]` function `$name`, each case
-/// on its own `$fresh()` backend (for backends that share one costly
-/// resource, such as a database server, between the cases); every case
-/// runs, and the test fails naming each case that failed.
+/// Runs every case of the suite, each on its own `$fresh()` backend,
+/// inside the caller's test (for backends that share one costly resource,
+/// such as a database server, between the cases); every case runs, and
+/// the test fails naming each case that failed.
 #[macro_export]
-macro_rules! suite_in_one_test {
-    ($name:ident, $fresh:expr) => {
-        #[test]
-        fn $name() {
-            $crate::__every_case!(run[$fresh]);
-        }
+macro_rules! run_suite {
+    ($fresh:expr) => {
+        $crate::__every_case!(run[$fresh])
     };
 }
 

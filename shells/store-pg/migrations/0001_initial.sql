@@ -32,11 +32,13 @@
 --   takeover_authorizations.id (rowid aliases) are GENERATED ALWAYS AS
 --   IDENTITY (the store never writes them). Like AUTOINCREMENT they only
 --   grow and are never reused (a SQLite rowid alias may reuse the highest
---   id after its row is deleted). Unlike AUTOINCREMENT they are not dense:
---   a rolled-back insert, a rejected one, and INSERT .. ON CONFLICT DO
---   NOTHING consume a value. Code that derives a count from the id span
---   must not (SQLite store: audit.rs outbox_len `MAX(id) - MIN(id) + 1`,
---   fleet.rs trim `seq <= MAX(seq) - cap`); order by the id instead.
+--   id after its row is deleted). Unlike AUTOINCREMENT, a rolled-back
+--   insert and a refused one consume a value here (INSERT .. ON CONFLICT
+--   DO NOTHING consumes one on both engines), and an explicit id is
+--   refused. Code that derives a count from the id span must not (SQLite
+--   store: audit.rs outbox_len `MAX(id) - MIN(id) + 1`; fleet.rs trims
+--   fleet_run_tombstones with `seq <= MAX(seq) - cap`, approximate on both
+--   engines); count or order by the id instead.
 -- * Every text column is COLLATE "C", so ORDER BY, range scans and the
 --   text-keyed indexes order by bytes, as SQLite's BINARY collation does.
 -- * output_truncations_no_overlap: PostgreSQL's WHEN takes no subquery;
@@ -51,6 +53,11 @@
 --   UPDATE that breaks both is refused by both engines, but SQLite reports
 --   no_reopen's message and PostgreSQL immutable's. (The AFTER triggers on
 --   commands write disjoint tables; their order does not matter.)
+-- * Foreign keys are checked by PostgreSQL's own triggers, which fire
+--   before the user triggers of the same event; SQLite checks them at the
+--   end of the statement, after its triggers. A fleet_targets row of no
+--   run is refused by both, but SQLite reports the NOT NULL change_seq its
+--   AFTER INSERT trigger computes, PostgreSQL the foreign key.
 -- * Row-level AFTER triggers fire at the end of their statement here, per
 --   row in SQLite, in the order the statement processed the rows. The final
 --   state is the same; which target of one multi-row fleet_targets UPDATE

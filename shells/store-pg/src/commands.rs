@@ -21,7 +21,8 @@ use rvbox_retention::{CHARGE_VERSION, Usage, release_closeout, tombstones_to_dro
 use rvbox_store::audit::AuditRecord;
 use rvbox_store::mutations::Stored;
 use rvbox_store_port::audit::Caller;
-use rvbox_store_port::commands::{CommandView, ServerTerminal};
+use rvbox_store_port::commands::{CommandView, ReconcileWrite, ServerTerminal};
+use rvbox_store_port::incidents::NewIncident;
 use rvbox_store_port::sessions::SessionFence;
 
 use crate::audit::write_in;
@@ -201,8 +202,40 @@ fn finish_in(
     )
 }
 
+/// dispatched -> queued at `revision`: the client certainly does not hold
+/// the command. With a signal pending, launch was never authorized and it
+/// ends `cancelled` instead. Returns where it went.
+fn requeue_in(
+    tx: &mut Transaction<'_>,
+    view: &CommandView,
+    revision: u64,
+    now_ms: i64,
+    cap: u64,
+) -> Result<Lifecycle, Fail> {
+    expect(view, &[Lifecycle::Dispatched], revision)?;
+    let issue = view.issue_uuid;
+    tx.execute(
+        "UPDATE commands SET expired_pending = false WHERE issue_uuid = $1",
+        &[&issue.as_slice()],
+    )
+    .map_err(Fail::db("clear expired pending"))?;
+    let signalled = tx
+        .query_opt(
+            "SELECT 1 FROM command_signals WHERE issue_uuid = $1 LIMIT 1",
+            &[&issue.as_slice()],
+        )
+        .map_err(Fail::db("look up pending signals"))?
+        .is_some();
+    if signalled {
+        finish_in(tx, view, Lifecycle::Cancelled, None, now_ms, cap)?;
+        return Ok(Lifecycle::Cancelled);
+    }
+    set_lifecycle(tx, &issue, Lifecycle::Queued)?;
+    Ok(Lifecycle::Queued)
+}
+
 /// A command's replay tombstone, and the FIFO held to its cap.
-fn insert_tombstone(
+pub(crate) fn insert_tombstone(
     tx: &mut Transaction<'_>,
     issue: &[u8; 16],
     request_hash: &[u8],
@@ -647,32 +680,7 @@ impl PgStore {
     ) -> Result<Lifecycle, Fail> {
         let to = self.in_tx("requeue", |tx, opts| {
             let view = Self::begin_on(tx, Some(session), issue)?;
-            expect(&view, &[Lifecycle::Dispatched], revision)?;
-            tx.execute(
-                "UPDATE commands SET expired_pending = false WHERE issue_uuid = $1",
-                &[&issue.as_slice()],
-            )
-            .map_err(Fail::db("clear expired pending"))?;
-            let signalled = tx
-                .query_opt(
-                    "SELECT 1 FROM command_signals WHERE issue_uuid = $1 LIMIT 1",
-                    &[&issue.as_slice()],
-                )
-                .map_err(Fail::db("look up pending signals"))?
-                .is_some();
-            if signalled {
-                finish_in(
-                    tx,
-                    &view,
-                    Lifecycle::Cancelled,
-                    None,
-                    now_ms,
-                    opts.tombstone_cap,
-                )?;
-                return Ok(Lifecycle::Cancelled);
-            }
-            set_lifecycle(tx, issue, Lifecycle::Queued)?;
-            Ok(Lifecycle::Queued)
+            requeue_in(tx, &view, revision, now_ms, opts.tombstone_cap)
         })?;
         tracing::info!(revision, to = to.as_str(), "command returned to the queue");
         Ok(to)
@@ -702,5 +710,165 @@ impl PgStore {
         })?;
         tracing::info!(to = to.as_str(), revision, "command ended by the server");
         Ok(())
+    }
+
+    /// A late acceptance: dispatched -> accepted at `revision`, the next
+    /// (termination) revision with its pending TERM, and the
+    /// late-after-expiry incident, in one transaction.
+    pub(crate) fn accept_late(
+        &mut self,
+        session: SessionFence,
+        issue: &[u8; 16],
+        revision: u64,
+        resolved_shell: i32,
+        incident: &NewIncident,
+        now_ms: i64,
+    ) -> Result<u64, Fail> {
+        let id = self.incident_id(now_ms)?;
+        let next = self.in_tx("accept late", |tx, _| {
+            let view = Self::begin_on(tx, Some(session), issue)?;
+            expect(&view, &[Lifecycle::Dispatched], revision)?;
+            let next = view
+                .revision
+                .checked_add(1)
+                .ok_or_else(|| Fail::Integrity("revision overflow".into()))?;
+            tx.execute(
+                "UPDATE commands SET lifecycle = $2, resolved_shell = $3, revision = $4
+                 WHERE issue_uuid = $1",
+                &[
+                    &issue.as_slice(),
+                    &wire_lifecycle(Lifecycle::Accepted),
+                    &i64::from(resolved_shell),
+                    &to_i64(next),
+                ],
+            )
+            .map_err(Fail::db("record late acceptance"))?;
+            tx.execute(
+                "INSERT INTO command_signals (issue_uuid, signal, revision, created_ms)
+                 VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (issue_uuid, signal) DO UPDATE
+                     SET revision = excluded.revision, created_ms = excluded.created_ms",
+                &[
+                    &issue.as_slice(),
+                    &i64::from(wire::SignalKind::Term as i32),
+                    &to_i64(next),
+                    &now_ms,
+                ],
+            )
+            .map_err(Fail::db("record pending signal"))?;
+            crate::incidents::insert(tx, id, incident, now_ms)?;
+            Ok(next)
+        })?;
+        tracing::warn!(
+            revision = next,
+            "late acceptance: accepted and termination recorded"
+        );
+        Ok(next)
+    }
+
+    /// Every decision of a reconciliation round and its incidents, in one
+    /// transaction, each re-checking the revision its decision saw (any
+    /// moved: `CONFLICT`, nothing written). An incident of a kind already
+    /// open on the same scope is not opened again. Returns how many
+    /// incidents opened.
+    pub(crate) fn apply_reconciliation(
+        &mut self,
+        session: SessionFence,
+        client_id: &str,
+        writes: &[ReconcileWrite],
+        incidents: &[NewIncident],
+        now_ms: i64,
+    ) -> Result<usize, Fail> {
+        let mut ids = Vec::with_capacity(incidents.len());
+        for _ in incidents {
+            ids.push(self.incident_id(now_ms)?);
+        }
+        let opened = self.in_tx("apply reconciliation", |tx, opts| {
+            check_fence(tx, Some(session), client_id)?;
+            for w in writes {
+                match *w {
+                    ReconcileWrite::Requeue { issue, revision } => {
+                        let view = load_view(tx, &issue, true)?;
+                        requeue_in(tx, &view, revision, now_ms, opts.tombstone_cap)?;
+                    }
+                    ReconcileWrite::Advance {
+                        issue,
+                        revision,
+                        to,
+                    } => {
+                        let view = load_view(tx, &issue, true)?;
+                        expect(&view, &[view.lifecycle], revision)?;
+                        // a queued row the client holds walks through
+                        // dispatched, then as far as the client is
+                        let mut at = view.lifecycle;
+                        for step in [
+                            Lifecycle::Dispatched,
+                            Lifecycle::Accepted,
+                            Lifecycle::Running,
+                        ] {
+                            if at == to {
+                                break;
+                            }
+                            if at.check_transition(step).is_ok() {
+                                at = step;
+                            }
+                        }
+                        if at != to {
+                            return Err(Fail::refused(
+                                Code::IllegalTransition,
+                                format!(
+                                    "no legal path from {} to {}",
+                                    view.lifecycle.as_str(),
+                                    to.as_str()
+                                ),
+                            ));
+                        }
+                        set_lifecycle(tx, &issue, to)?;
+                    }
+                    ReconcileWrite::Interrupt { issue, revision } => {
+                        let view = load_view(tx, &issue, true)?;
+                        expect(&view, &[view.lifecycle], revision)?;
+                        view.lifecycle
+                            .check_transition(Lifecycle::Interrupted)
+                            .map_err(|e| Fail::Refused(DomainError::from(e)))?;
+                        finish_in(
+                            tx,
+                            &view,
+                            Lifecycle::Interrupted,
+                            None,
+                            now_ms,
+                            opts.tombstone_cap,
+                        )?;
+                    }
+                }
+            }
+            let mut opened = 0usize;
+            for (new, id) in incidents.iter().zip(&ids) {
+                if !crate::incidents::open(tx, new)? {
+                    crate::incidents::insert(tx, *id, new, now_ms)?;
+                    opened += 1;
+                }
+            }
+            Ok(opened)
+        })?;
+        tracing::info!(
+            client_id,
+            writes = writes.len(),
+            incidents = opened,
+            "reconciliation applied"
+        );
+        Ok(opened)
+    }
+
+    /// Records a protocol incident that gates no scope.
+    pub(crate) fn record_incident(
+        &mut self,
+        incident: &NewIncident,
+        now_ms: i64,
+    ) -> Result<(), Fail> {
+        let id = self.incident_id(now_ms)?;
+        self.in_tx("record incident", |tx, _| {
+            crate::incidents::insert(tx, id, incident, now_ms)
+        })
     }
 }

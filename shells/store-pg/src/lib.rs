@@ -21,6 +21,9 @@
 mod audit;
 mod commands;
 mod error;
+mod events;
+mod incidents;
+pub mod output;
 mod sessions;
 
 use postgres::{Client, IsolationLevel, NoTls, Transaction};
@@ -41,6 +44,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
 ];
 
+/// Named crash points of the PostgreSQL store (conventions rule 8).
+pub mod points {
+    /// Every statement of the operation ran; its transaction has not
+    /// committed.
+    pub const BEFORE_COMMIT: &str = "store_pg.before_commit";
+    /// The operation's transaction committed; nothing answered yet.
+    pub const AFTER_COMMIT: &str = "store_pg.after_commit";
+}
+
 /// The advisory lock key of migrations (any constant shared by replicas).
 const MIGRATION_LOCK: i64 = 0x5256_424f_5800_0001;
 
@@ -51,7 +63,12 @@ const MAX_ATTEMPTS: u32 = 8;
 /// The store on PostgreSQL.
 pub struct PgStore {
     client: Client,
+    /// Kept to reconnect after the connection was lost; never logged.
+    conninfo: String,
+    hook: std::sync::Arc<dyn rvbox_store::crash::CrashHook>,
     opts: StoreOptions,
+    output: Box<dyn output::OutputStore>,
+    entropy: std::sync::Arc<dyn rvbox_store::entropy::Entropy>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -69,7 +86,14 @@ impl PgStore {
     /// When the database cannot be reached or a migration fails.
     pub fn connect(conninfo: &str, opts: StoreOptions) -> Result<Self, Fail> {
         let client = Client::connect(conninfo, NoTls).map_err(Fail::db("connect"))?;
-        let mut store = Self { client, opts };
+        let mut store = Self {
+            client,
+            conninfo: conninfo.to_owned(),
+            hook: std::sync::Arc::new(rvbox_store::crash::NoCrash),
+            opts,
+            output: Box::new(output::DatabaseChunks),
+            entropy: std::sync::Arc::new(rvbox_store::entropy::OsEntropy),
+        };
         store.migrate()?;
         Ok(store)
     }
@@ -118,17 +142,54 @@ impl PgStore {
         Ok(ran)
     }
 
+    /// Installs a crash hook: it runs at [`points::BEFORE_COMMIT`] and
+    /// [`points::AFTER_COMMIT`] of every transaction (tests kill the
+    /// connection or the process there).
+    pub fn set_crash_hook(&mut self, hook: std::sync::Arc<dyn rvbox_store::crash::CrashHook>) {
+        self.hook = hook;
+    }
+
+    /// The server process id of the store's connection (tests terminate
+    /// it from another connection).
+    ///
+    /// # Errors
+    /// A database failure.
+    pub fn backend_pid(&mut self) -> Result<i32, Fail> {
+        Ok(self
+            .client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .map_err(Fail::db("read backend pid"))?
+            .get(0))
+    }
+
+    /// Connects again when the connection was lost (a killed backend, a
+    /// restarted or failed-over server). What was in flight then was
+    /// answered `UNAVAILABLE`: nothing of it committed, or its commit's
+    /// answer was lost, and the caller's retry meets the compare-and-set
+    /// or the idempotency row.
+    fn ensure_connected(&mut self) -> Result<(), Fail> {
+        if !self.client.is_closed() {
+            return Ok(());
+        }
+        tracing::warn!("PostgreSQL connection lost; connecting again");
+        self.client = Client::connect(&self.conninfo, NoTls).map_err(Fail::db("reconnect"))?;
+        Ok(())
+    }
+
     /// Runs `f` in one READ COMMITTED transaction and commits it; runs it
     /// again, from the start, when PostgreSQL aborted it for a conflict
-    /// with another transaction, at most [`MAX_ATTEMPTS`] times.
+    /// with another transaction, at most [`MAX_ATTEMPTS`] times. A lost
+    /// connection is never retried here: the commit may have happened.
     pub(crate) fn in_tx<T>(
         &mut self,
         what: &'static str,
         mut f: impl FnMut(&mut Transaction<'_>, &StoreOptions) -> Result<T, Fail>,
     ) -> Result<T, Fail> {
+        self.ensure_connected()?;
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let hook = std::sync::Arc::clone(&self.hook);
             let result: Result<T, Fail> = (|| {
                 let mut tx = self
                     .client
@@ -137,7 +198,9 @@ impl PgStore {
                     .start()
                     .map_err(Fail::db(what))?;
                 let v = f(&mut tx, &self.opts)?;
+                hook.at(points::BEFORE_COMMIT);
                 tx.commit().map_err(Fail::db(what))?;
+                hook.at(points::AFTER_COMMIT);
                 Ok(v)
             })();
             match result {
@@ -147,6 +210,29 @@ impl PgStore {
                 other => return other,
             }
         }
+    }
+
+    /// The stored output chunks of `issue` from `from_seq`, in order, at
+    /// most `max` (check each with [`output::OutputChunk::raw`]).
+    ///
+    /// # Errors
+    /// A database failure.
+    pub fn output_chunks(
+        &mut self,
+        issue: &[u8; 16],
+        from_seq: u64,
+        max: usize,
+    ) -> Result<Vec<output::OutputChunk>, Fail> {
+        let mut out = std::mem::replace(&mut self.output, Box::new(output::DatabaseChunks));
+        let r = self.in_tx("read output", |tx, _| out.get(tx, issue, from_seq, max));
+        self.output = out;
+        r
+    }
+
+    /// A fresh incident id (UUIDv7 at `now_ms`).
+    pub(crate) fn incident_id(&self, now_ms: i64) -> Result<[u8; 16], Fail> {
+        rvbox_store::entropy::uuid_v7(self.entropy.as_ref(), now_ms)
+            .map_err(|e| Fail::Integrity(format!("mint incident id: {e}")))
     }
 
     /// Performs one operation.
@@ -216,6 +302,36 @@ impl PgStore {
                     wall_ms,
                 )
                 .map(|()| Completion::Done),
+            StoreOp::AcceptLate {
+                issue,
+                revision,
+                resolved_shell,
+                incident,
+                session,
+            } => self
+                .accept_late(
+                    session,
+                    &issue,
+                    revision,
+                    resolved_shell,
+                    &incident,
+                    wall_ms,
+                )
+                .map(|_| Completion::Done),
+            StoreOp::ApplyReconciliation {
+                client_id,
+                session,
+                writes,
+                incidents,
+            } => self
+                .apply_reconciliation(session, &client_id, &writes, &incidents, wall_ms)
+                .map(|_| Completion::Done),
+            StoreOp::RecordIncident(incident) => self
+                .record_incident(&incident, wall_ms)
+                .map(|()| Completion::Done),
+            StoreOp::AppendEvents { events } => self
+                .append_events(&events, wall_ms)
+                .map(Completion::Appended),
             other => Err(Fail::Unsupported(other.name())),
         };
         result.map_err(|e| {

@@ -20,16 +20,5 @@ fn fresh(pg: &Postgres) -> PgStore {
 #[test]
 fn conformance_on_postgres() {
     let pg = Postgres::start();
-    rvbox_conformance::run_cases!(
-        || fresh(&pg);
-        register_installs_a_live_session_and_a_newer_one_fences_it,
-        register_refuses_a_stale_decision_and_changes_nothing,
-        a_refused_live_claim_is_recorded_and_cleared_by_that_instance,
-        close_session_ends_the_live_session_once,
-        run_command_is_idempotent_by_request_id,
-        run_command_refuses_a_reused_request_id_with_other_content,
-        dispatch_and_acceptance_check_the_revision_they_saw,
-        requeue_returns_a_dispatched_command_to_the_queue,
-        a_rejection_ends_a_dispatched_command,
-    );
+    rvbox_conformance::run_suite!(|| fresh(&pg));
 }

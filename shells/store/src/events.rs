@@ -159,7 +159,12 @@ fn next_ordinal(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<u32, StoreErro
 }
 
 /// Validates an output body and returns the SHA-256 of its raw bytes.
-fn check_output(
+/// Pure (with a reused decompression context): every store backend
+/// checks output by it.
+///
+/// # Errors
+/// `PROTOCOL_ERROR` naming what is wrong with the chunk.
+pub fn check_output(
     dctx: &mut zstd::bulk::Decompressor<'static>,
     compression: Compression,
     raw_len: u32,
@@ -213,7 +218,10 @@ fn check_output(
     }
 }
 
-fn other_digest(kind: u8, encoded: &[u8]) -> [u8; 32] {
+/// The content identity of a non-output event body (its kind, then its
+/// encoding), compared when an event is sent again.
+#[must_use]
+pub fn other_digest(kind: u8, encoded: &[u8]) -> [u8; 32] {
     let mut buf = Vec::with_capacity(encoded.len() + 1);
     buf.push(kind);
     buf.extend_from_slice(encoded);

@@ -149,7 +149,7 @@ pub(crate) fn discard_pending(tx: &Transaction<'_>, issue: &[u8; 16]) -> Result<
 
 /// What settling one write by a `StdinAck` frees: its payload and every
 /// part of its charge but what the remaining metadata row costs.
-pub(crate) fn settled_release(stored_len: u64) -> Result<u64, StoreError> {
+pub fn settled_release(stored_len: u64) -> Result<u64, StoreError> {
     let whole = charge(CHARGE_VERSION, ChargeKind::StdinWrite, stored_len)
         .map_err(|e| StoreError::Integrity(e.to_string()))?;
     let row = charge(CHARGE_VERSION, ChargeKind::EventRow, 0)
@@ -555,7 +555,7 @@ impl Store {
 }
 
 /// Usage after settling writes: their release, command-scoped.
-pub(crate) fn usage_after_settle(usage: &Usage, freed: u64) -> Result<Usage, StoreError> {
+pub fn usage_after_settle(usage: &Usage, freed: u64) -> Result<Usage, StoreError> {
     release(usage, freed, true).map_err(|e| StoreError::Integrity(e.to_string()))
 }
 

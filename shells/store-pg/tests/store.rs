@@ -1,0 +1,223 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+//! What only the PostgreSQL store has: output kept as checksummed chunks
+//! in the database, a connection killed mid-transaction, and two replicas
+//! writing the same rows at once.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+
+use rvbox_conformance::support::{
+    NOW, live_session, new_id, op, outcomes, output_event, run, run_request, running, view,
+};
+use rvbox_domain::error::Code;
+use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_store_pg::{PgStore, StoreOptions, points};
+use rvbox_store_port::audit::Caller;
+use rvbox_store_port::events::EventOutcome;
+use rvbox_store_port::ops::{Backend, Completion, PortError, StoreOp};
+use rvbox_testkit::Postgres;
+
+static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+
+fn database(pg: &Postgres) -> String {
+    let db = format!("store_{}", NEXT_DB.fetch_add(1, Ordering::Relaxed));
+    pg.psql("postgres", &format!("CREATE DATABASE {db}"));
+    db
+}
+
+fn connect(pg: &Postgres, db: &str) -> PgStore {
+    PgStore::connect(&pg.conninfo(db), StoreOptions::default()).unwrap()
+}
+
+#[test]
+fn output_is_kept_as_checksummed_chunks_and_a_damaged_chunk_is_never_served() {
+    let pg = Postgres::start();
+    let db = database(&pg);
+    let mut s = connect(&pg, &db);
+    let (issue, session) = running(&mut s, "web-1");
+    let raw: Vec<u8> = (0..40_000u32)
+        .flat_map(|n| n.to_le_bytes())
+        .take(60_000)
+        .collect();
+    let mut events = Vec::new();
+    for (n, piece) in [b"first line\n".to_vec(), raw.clone()]
+        .into_iter()
+        .enumerate()
+    {
+        let mut ev = output_event(&issue, 2 + n as u64, &piece);
+        ev.session = Some(session);
+        events.push(ev);
+    }
+    let r = op(&mut s, StoreOp::AppendEvents { events });
+    assert_eq!(outcomes(&r), vec![EventOutcome::Appended; 2]);
+    let chunks = s.output_chunks(&issue, 1, 10).unwrap();
+    assert_eq!(chunks.len(), 2);
+    assert_eq!(chunks[0].event_seq, 2);
+    assert_eq!(chunks[0].raw().unwrap(), b"first line\n");
+    assert_eq!(chunks[1].raw().unwrap(), raw);
+    // a replayed event is a duplicate: no second chunk
+    let mut again = output_event(&issue, 2, b"first line\n");
+    again.session = Some(session);
+    let r = op(
+        &mut s,
+        StoreOp::AppendEvents {
+            events: vec![again],
+        },
+    );
+    assert_eq!(outcomes(&r), vec![EventOutcome::Duplicate]);
+    assert_eq!(s.output_chunks(&issue, 1, 10).unwrap().len(), 2);
+
+    // the bytes are damaged where they rest: the read names the chunk
+    let other = zstd::bulk::compress(b"other line\n", 1).unwrap();
+    let hex: String = other.iter().map(|b| format!("{b:02x}")).collect();
+    pg.psql(
+        &db,
+        &format!("UPDATE output_chunks SET stored = '\\x{hex}'::bytea WHERE event_seq = 2"),
+    );
+    let damaged = s.output_chunks(&issue, 2, 1).unwrap();
+    let e = damaged[0].raw().unwrap_err().to_string();
+    assert!(e.contains("output chunk 2") && e.contains("SHA-256"), "{e}");
+    pg.psql(
+        &db,
+        "UPDATE output_chunks SET stored = '\\x00'::bytea WHERE event_seq = 3",
+    );
+    let e = s.output_chunks(&issue, 3, 1).unwrap()[0]
+        .raw()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("output chunk 3"), "{e}");
+}
+
+/// Terminates the store's own connection from another one, once, at the
+/// crash point it is armed for.
+#[derive(Debug)]
+struct KillConnection {
+    armed: AtomicBool,
+    point: &'static str,
+    pid: i32,
+    conninfo: String,
+    fired: Mutex<u32>,
+}
+
+impl rvbox_store::crash::CrashHook for KillConnection {
+    fn at(&self, point: &'static str) {
+        if point == self.point && self.armed.swap(false, Ordering::SeqCst) {
+            // another connection, as an operator or a failover would
+            let mut other = postgres::Client::connect(&self.conninfo, postgres::NoTls).unwrap();
+            let killed: bool = other
+                .query_one("SELECT pg_terminate_backend($1)", &[&self.pid])
+                .unwrap()
+                .get(0);
+            assert!(killed);
+            *self.fired.lock().unwrap() += 1;
+        }
+    }
+}
+
+#[test]
+fn a_connection_killed_before_its_commit_commits_nothing_and_the_store_connects_again() {
+    let pg = Postgres::start();
+    let db = database(&pg);
+    let mut s = connect(&pg, &db);
+    let issue = run(&mut s, "web-1");
+    let session = live_session(&mut s, "web-1");
+    let hook = Arc::new(KillConnection {
+        armed: AtomicBool::new(true),
+        point: points::BEFORE_COMMIT,
+        pid: s.backend_pid().unwrap(),
+        conninfo: pg.conninfo(&db),
+        fired: Mutex::new(0),
+    });
+    s.set_crash_hook(hook.clone());
+    let dispatch = StoreOp::Dispatch {
+        issue,
+        revision: 1,
+        write: true,
+        session,
+    };
+    let r = op(&mut s, dispatch.clone());
+    assert_eq!(*hook.fired.lock().unwrap(), 1);
+    assert!(matches!(r, Err(PortError::Unavailable(_))), "{r:?}");
+    // nothing of it committed; the next operation connects again
+    assert_eq!(view(&mut s, &issue).lifecycle, Lifecycle::Queued);
+    assert!(matches!(op(&mut s, dispatch), Ok(Completion::Spec(_))));
+    assert_eq!(view(&mut s, &issue).lifecycle, Lifecycle::Dispatched);
+}
+
+#[test]
+fn two_replicas_registering_one_client_at_once_install_one_session() {
+    let pg = Postgres::start();
+    let db = database(&pg);
+    let mut first = connect(&pg, &db);
+    // both decide on the same record: no client yet
+    let seen = rvbox_conformance::support::client(&mut first, "web-1");
+    assert_eq!(seen, None);
+    let barrier = Arc::new(Barrier::new(2));
+    let handles: Vec<_> = (0..2)
+        .map(|n| {
+            let conninfo = pg.conninfo(&db);
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                let mut s = PgStore::connect(&conninfo, StoreOptions::default()).unwrap();
+                let reg =
+                    rvbox_conformance::support::registration("web-1", [n as u8 + 1; 16], None);
+                barrier.wait();
+                s.perform(NOW, StoreOp::Register(reg))
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let won = results
+        .iter()
+        .filter(|r| matches!(r, Ok(Completion::Registered { generation: 1 })))
+        .count();
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, Err(PortError::Refused(e)) if e.code() == Code::Conflict))
+        .count();
+    assert_eq!((won, refused), (1, 1), "{results:?}");
+    let rec = rvbox_conformance::support::client(&mut first, "web-1").unwrap();
+    assert_eq!(rec.generation, 1);
+    assert!(rec.live.is_some());
+}
+
+#[test]
+fn the_same_run_command_on_two_replicas_at_once_creates_one_command() {
+    let pg = Postgres::start();
+    let db = database(&pg);
+    let mut first = connect(&pg, &db);
+    let id = new_id();
+    let request = run_request(&id, "web-1", "make test");
+    let barrier = Arc::new(Barrier::new(4));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let conninfo = pg.conninfo(&db);
+            let barrier = Arc::clone(&barrier);
+            let request = request.clone();
+            std::thread::spawn(move || {
+                let mut s = PgStore::connect(&conninfo, StoreOptions::default()).unwrap();
+                barrier.wait();
+                s.perform(
+                    NOW,
+                    StoreOp::RunCommand {
+                        request,
+                        caller: Caller::local(),
+                    },
+                )
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for r in &results {
+        assert_eq!(r, &results[0], "every replica answers the same");
+    }
+    assert!(matches!(results[0], Ok(Completion::RunCommand(_))));
+    assert_eq!(view(&mut first, &id).lifecycle, Lifecycle::Queued);
+    let counted: String = pg.psql(&db, "SELECT count(*) FROM commands");
+    assert_eq!(counted, "1");
+}
