@@ -3,7 +3,7 @@
 use rvbox_domain::error::Code;
 use rvbox_domain::lifecycle::Lifecycle;
 use rvbox_store_port::audit::Caller;
-use rvbox_store_port::commands::{ReconcileWrite, ServerTerminal};
+use rvbox_store_port::commands::{Knowledge, ReconcileWrite, ServerTerminal};
 use rvbox_store_port::events::EventOutcome;
 use rvbox_store_port::incidents::NewIncident;
 use rvbox_store_port::ops::{Backend, Completion, OpResult, OpToken, PortError, StoreOp};
@@ -571,4 +571,230 @@ pub fn a_fenced_write_in_a_batch_leaves_the_others_alone(b: &mut dyn Backend) {
     assert_eq!(view(b, &queued).lifecycle, Lifecycle::Queued);
     assert_eq!(view(b, &other).lifecycle, Lifecycle::Dispatched);
     assert_eq!(view(b, &running_issue).last_event_seq, 2);
+}
+
+// ---- reads ----------------------------------------------------------------
+
+/// The reads dispatch and reconciliation make: the client's non-terminal
+/// commands by id, dispatch candidates (queued in issue order, then
+/// dispatched), what the server knows of an id (a row, a tombstone, or
+/// nothing), and queue expiry.
+pub fn reads_answer_what_dispatch_and_reconciliation_need(b: &mut dyn Backend) {
+    let s = live_session(b, CLIENT);
+    let first = run(b, CLIENT);
+    let second = run(b, CLIENT);
+    let third = run(b, CLIENT);
+    let other = run(b, "db-1");
+    dispatch(b, &second, s);
+    // third is rejected: terminal, with a tombstone
+    dispatch(b, &third, s);
+    let r = op(
+        b,
+        StoreOp::FinishByServer {
+            issue: third,
+            from: vec![Lifecycle::Dispatched],
+            revision: 1,
+            how: ServerTerminal::Rejected,
+            rejection: None,
+            session: Some(s),
+        },
+    );
+    assert_eq!(r, Ok(Completion::Done));
+
+    let Ok(Completion::Commands(rows)) = op(
+        b,
+        StoreOp::NonTerminalCommands {
+            client_id: CLIENT.into(),
+        },
+    ) else {
+        panic!("NonTerminalCommands")
+    };
+    let mut want = vec![first, second];
+    want.sort_unstable();
+    assert_eq!(
+        rows.iter().map(|v| v.issue_uuid).collect::<Vec<_>>(),
+        want,
+        "non-terminal commands of this client, by id"
+    );
+
+    let Ok(Completion::Commands(rows)) = op(
+        b,
+        StoreOp::DispatchCandidates {
+            client_id: CLIENT.into(),
+            limit: 10,
+        },
+    ) else {
+        panic!("DispatchCandidates")
+    };
+    assert_eq!(
+        rows.iter()
+            .map(|v| (v.issue_uuid, v.lifecycle))
+            .collect::<Vec<_>>(),
+        vec![(first, Lifecycle::Queued), (second, Lifecycle::Dispatched)]
+    );
+
+    let missing = new_id();
+    let Ok(Completion::Knowledge(known)) = op(
+        b,
+        StoreOp::Knowledge {
+            issues: vec![missing, third, other],
+        },
+    ) else {
+        panic!("Knowledge")
+    };
+    assert_eq!(known.len(), 3);
+    assert_eq!(known[0], (missing, Knowledge::Missing));
+    assert!(
+        matches!(
+            known[1].1,
+            Knowledge::Terminal {
+                lifecycle: Lifecycle::Rejected,
+                ..
+            }
+        ),
+        "{known:?}"
+    );
+    assert!(
+        matches!(
+            known[2].1,
+            Knowledge::Terminal {
+                lifecycle: Lifecycle::Queued,
+                ..
+            }
+        ),
+        "{known:?}"
+    );
+    assert_eq!(known[1].0, third);
+}
+
+/// A command past its queue expiry is due while queued; once dispatched
+/// and marked expired pending, it is due no more.
+pub fn expiry_lists_due_commands_and_the_pending_mark_ends_it(b: &mut dyn Backend) {
+    let s = live_session(b, CLIENT);
+    let id = new_id();
+    let mut request = run_request(&id, CLIENT, "sleep 1");
+    request.queue_ttl = Some(prost_types::Duration {
+        seconds: 60,
+        nanos: 0,
+    });
+    let r = op(
+        b,
+        StoreOp::RunCommand {
+            request,
+            caller: Caller::local(),
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    let due = |b: &mut dyn Backend, at: i64| match b.perform(at, StoreOp::ExpiryDue { limit: 10 }) {
+        Ok(Completion::Commands(rows)) => rows.iter().map(|v| v.issue_uuid).collect::<Vec<_>>(),
+        other => panic!("ExpiryDue: {other:?}"),
+    };
+    assert!(due(b, NOW + 59_000).is_empty());
+    assert_eq!(due(b, NOW + 60_000), vec![id]);
+    dispatch(b, &id, s);
+    assert_eq!(
+        due(b, NOW + 60_000),
+        vec![id],
+        "dispatched and not yet marked"
+    );
+    assert_eq!(
+        refused(&op(
+            b,
+            StoreOp::MarkExpiredPending {
+                issue: id,
+                revision: 9
+            }
+        )),
+        Some(Code::Conflict)
+    );
+    let r = op(
+        b,
+        StoreOp::MarkExpiredPending {
+            issue: id,
+            revision: 1,
+        },
+    );
+    assert_eq!(r, Ok(Completion::Done));
+    assert!(view(b, &id).expired_pending);
+    assert!(due(b, NOW + 60_000).is_empty());
+}
+
+/// A script is stored whole and read back by any range, across its
+/// chunks; its size is the raw size.
+pub fn a_script_is_read_back_by_range(b: &mut dyn Backend) {
+    let script: Vec<u8> = (0..700_000u32)
+        .map(|n| (n.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let id = new_id();
+    let mut request = run_request(&id, CLIENT, "");
+    request.spec = Some(rvbox_proto::v1::ExecutionSpec {
+        source: Some(rvbox_proto::v1::execution_spec::Source::Script(
+            rvbox_proto::v1::ScriptDescriptor {
+                display_basename: "deploy.sh".into(),
+                size_bytes: script.len() as u64,
+                sha256: rvbox_segment::sha256(&script).to_vec(),
+            },
+        )),
+        ..Default::default()
+    });
+    request.script = script.clone();
+    let r = op(
+        b,
+        StoreOp::RunCommand {
+            request,
+            caller: Caller::local(),
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(view(b, &id).script_bytes, script.len() as u64);
+    assert_eq!(
+        op(b, StoreOp::ScriptInfo { issue: id }),
+        Ok(Completion::Script {
+            lifecycle: Lifecycle::Queued,
+            size: Some(script.len() as u64)
+        })
+    );
+    for (offset, len) in [
+        (0u64, 1000u64),
+        (262_000, 2_000),
+        (524_287, 300_000),
+        (699_999, 10),
+    ] {
+        let r = op(
+            b,
+            StoreOp::ScriptRange {
+                issue: id,
+                offset,
+                len,
+            },
+        );
+        let end = (offset + len).min(script.len() as u64) as usize;
+        assert_eq!(
+            r,
+            Ok(Completion::ScriptBytes(
+                script[offset as usize..end].to_vec()
+            )),
+            "range {offset}+{len}"
+        );
+    }
+    assert_eq!(
+        op(
+            b,
+            StoreOp::ScriptRange {
+                issue: id,
+                offset: 700_000,
+                len: 10
+            }
+        ),
+        Ok(Completion::ScriptBytes(Vec::new())),
+        "past the end"
+    );
+    let text = run(b, CLIENT);
+    assert_eq!(
+        op(b, StoreOp::ScriptInfo { issue: text }),
+        Ok(Completion::Script {
+            lifecycle: Lifecycle::Queued,
+            size: None
+        })
+    );
 }

@@ -86,6 +86,9 @@ macro_rules! __every_case {
             every_connection_write_is_refused_once_its_session_is_not_live,
             every_connection_write_commits_with_its_live_session,
             a_fenced_write_in_a_batch_leaves_the_others_alone,
+            reads_answer_what_dispatch_and_reconciliation_need,
+            expiry_lists_due_commands_and_the_pending_mark_ends_it,
+            a_script_is_read_back_by_range,
         );
     };
 }

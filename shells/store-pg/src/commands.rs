@@ -29,12 +29,13 @@ use crate::audit::write_in;
 use crate::sessions::{check_fence, ensure_client, global_charged, to_i64, to_u64};
 use crate::{Fail, PgStore, StoreOptions};
 
-const VIEW_COLUMNS: &str = "c.issue_uuid, c.client_id, c.lifecycle, c.revision, c.request_hash,
+pub(crate) const VIEW_COLUMNS: &str =
+    "c.issue_uuid, c.client_id, c.lifecycle, c.revision, c.request_hash,
     c.last_event_seq, c.issue_time_ms, c.queue_expiry_ms, c.expired_pending,
     COALESCE((SELECT SUM(p.raw_len) FROM command_payloads p
               WHERE p.issue_uuid = c.issue_uuid AND p.kind = 3), 0)::bigint";
 
-fn view_of(r: &postgres::Row) -> CommandView {
+pub(crate) fn view_of(r: &postgres::Row) -> CommandView {
     let issue: Vec<u8> = r.get(0);
     let hash: Vec<u8> = r.get(4);
     CommandView {
@@ -432,16 +433,21 @@ impl PgStore {
         let spec_raw = valid.spec.encode_to_vec();
         let spec_zstd = zstd::bulk::compress(&spec_raw, 3)
             .map_err(|e| Fail::Integrity(format!("compress execution spec: {e}")))?;
-        // every script stays in its payload row (PostgreSQL keeps large
-        // values out of line itself)
-        let script = if req.script.is_empty() {
-            None
-        } else {
-            Some(
-                zstd::bulk::compress(&req.script, 3)
-                    .map_err(|e| Fail::Integrity(format!("compress script: {e}")))?,
-            )
-        };
+        // the script in chunks of one upload piece each, compressed one by
+        // one, so a range read decompresses only the chunks it covers
+        let piece =
+            usize::try_from(rvbox_domain::limits::MAX_SCRIPT_CHUNK_BYTES).unwrap_or(1 << 18);
+        let script: Vec<(usize, Vec<u8>, [u8; 32])> = req
+            .script
+            .chunks(piece.max(1))
+            .map(|raw| {
+                zstd::bulk::compress(raw, 3)
+                    .map(|z| (raw.len(), z, rvbox_segment::sha256(raw)))
+                    .map_err(|e| Fail::Integrity(format!("compress script: {e}")))
+            })
+            .collect::<Result<_, _>>()?;
+        let script_stored =
+            (!script.is_empty()).then(|| script.iter().map(|c| c.1.len() as u64).sum::<u64>());
         let client_id = valid.client_id.as_str();
         let outcome = self.in_tx("RunCommand", |tx, opts| {
             if let Some(stored) =
@@ -494,7 +500,7 @@ impl PgStore {
                 &opts.tiers,
                 usage,
                 &spec_zstd,
-                script.as_ref().map(|z| z.len() as u64),
+                script_stored,
             )
             .map_err(|e| match e {
                 rvbox_store::mutations::OpError::Refused(d) => Fail::Refused(d),
@@ -526,23 +532,24 @@ impl PgStore {
                 &params,
             )
             .map_err(Fail::db("insert command"))?;
-            if let (Some(z), Some(wire::execution_spec::Source::Script(d))) =
-                (&script, &valid.spec.source)
-            {
-                tx.execute(
-                    "INSERT INTO command_payloads (issue_uuid, kind, ordinal, compression,
-                         raw_len, stored_len, sha256, inline_bytes)
-                     VALUES ($1, $2, 0, 1, $3, $4, $5, $6)",
-                    &[
-                        &issue.as_slice(),
-                        &i64::from(rvbox_segment::Kind::Script.as_u8()),
-                        &to_i64(d.size_bytes),
-                        &i64::try_from(z.len()).unwrap_or(i64::MAX),
-                        &d.sha256.as_slice(),
-                        z,
-                    ],
-                )
-                .map_err(Fail::db("store script"))?;
+            if let Some(wire::execution_spec::Source::Script(_)) = &valid.spec.source {
+                for (ordinal, (raw_len, z, sha)) in script.iter().enumerate() {
+                    tx.execute(
+                        "INSERT INTO command_payloads (issue_uuid, kind, ordinal, compression,
+                             raw_len, stored_len, sha256, inline_bytes)
+                         VALUES ($1, $2, $3, 1, $4, $5, $6, $7)",
+                        &[
+                            &issue.as_slice(),
+                            &i64::from(rvbox_segment::Kind::Script.as_u8()),
+                            &i64::try_from(ordinal).unwrap_or(i64::MAX),
+                            &i64::try_from(*raw_len).unwrap_or(i64::MAX),
+                            &i64::try_from(z.len()).unwrap_or(i64::MAX),
+                            &sha.as_slice(),
+                            z,
+                        ],
+                    )
+                    .map_err(Fail::db("store script"))?;
+                }
             }
             add_charges(
                 tx,

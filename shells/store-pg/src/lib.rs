@@ -24,6 +24,7 @@ mod error;
 mod events;
 mod incidents;
 pub mod output;
+mod reads;
 mod sessions;
 
 use postgres::{Client, IsolationLevel, NoTls, Transaction};
@@ -328,6 +329,36 @@ impl PgStore {
                 .map(|_| Completion::Done),
             StoreOp::RecordIncident(incident) => self
                 .record_incident(&incident, wall_ms)
+                .map(|()| Completion::Done),
+            StoreOp::NonTerminalCommands { client_id } => self
+                .non_terminal_commands(&client_id)
+                .map(Completion::Commands),
+            StoreOp::DispatchCandidates { client_id, limit } => self
+                .dispatch_candidates(&client_id, limit)
+                .map(Completion::Commands),
+            StoreOp::Knowledge { issues } => self.knowledge(&issues).map(Completion::Knowledge),
+            StoreOp::ExpiryDue { limit } => {
+                self.expiry_due(wall_ms, limit).map(Completion::Commands)
+            }
+            StoreOp::PendingSignals { issues } => self
+                .pending_signals(&issues)
+                .map(Completion::PendingSignals),
+            StoreOp::ScriptInfo { issue } => self
+                .script_info(&issue)
+                .map(|(lifecycle, size)| Completion::Script { lifecycle, size }),
+            StoreOp::ScriptRange { issue, offset, len } => self
+                .script_range(&issue, offset, len)
+                .map(Completion::ScriptBytes),
+            StoreOp::PendingStdin {
+                issue,
+                after_seq,
+                max_bytes,
+                max_writes,
+            } => self
+                .pending_stdin(&issue, after_seq, max_bytes, max_writes)
+                .map(Completion::StdinWrites),
+            StoreOp::MarkExpiredPending { issue, revision } => self
+                .mark_expired_pending(&issue, revision)
                 .map(|()| Completion::Done),
             StoreOp::AppendEvents { events } => self
                 .append_events(&events, wall_ms)
