@@ -798,3 +798,98 @@ pub fn a_script_is_read_back_by_range(b: &mut dyn Backend) {
         })
     );
 }
+
+// ---- signals ----------------------------------------------------------------
+
+fn signal(
+    b: &mut dyn Backend,
+    id: &[u8; 16],
+    issue: &[u8; 16],
+    kind: rvbox_proto::v1::SignalKind,
+) -> OpResult {
+    op(
+        b,
+        StoreOp::SignalCommand {
+            request: rvbox_proto::v1::SignalCommandRequest {
+                request_id: text(id),
+                issue_uuid: text(issue),
+                signal: kind as i32,
+            },
+            caller: Caller::local(),
+        },
+    )
+}
+
+/// A signal to a queued command cancels it; to a dispatched one it is a
+/// higher revision, a pending signal and a frame to deliver. Each is
+/// idempotent by `request_id`, and an ended command refuses signals.
+pub fn signals_cancel_queued_work_and_are_delivered_to_held_work(b: &mut dyn Backend) {
+    use rvbox_proto::v1::SignalKind;
+    let s = live_session(b, CLIENT);
+    let queued = run(b, CLIENT);
+    let held = run(b, CLIENT);
+    dispatch(b, &held, s);
+
+    let id = new_id();
+    let r = signal(b, &id, &queued, SignalKind::Term);
+    let Ok(Completion::Signal(outcome)) = &r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(outcome.response.revision, 2);
+    assert_eq!(
+        outcome.response.lifecycle,
+        Lifecycle::Cancelled.to_wire() as i32
+    );
+    assert_eq!(outcome.deliver, None);
+    assert!(!outcome.replayed);
+    assert_eq!(view(b, &queued).lifecycle, Lifecycle::Cancelled);
+    let again = signal(b, &id, &queued, SignalKind::Term);
+    let Ok(Completion::Signal(replay)) = &again else {
+        panic!("{again:?}")
+    };
+    assert!(replay.replayed);
+    assert_eq!(replay.response, outcome.response);
+    assert_eq!(
+        refused(&signal(b, &id, &queued, SignalKind::Kill)),
+        Some(Code::Conflict),
+        "the same request_id with another signal"
+    );
+    assert!(
+        refused(&signal(b, &new_id(), &queued, SignalKind::Kill)).is_some(),
+        "an ended command takes no signal"
+    );
+
+    let r = signal(b, &new_id(), &held, SignalKind::Kill);
+    let Ok(Completion::Signal(outcome)) = &r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(outcome.response.revision, 2);
+    assert_eq!(outcome.client_id, CLIENT);
+    let frame = outcome.deliver.clone().unwrap();
+    assert_eq!(frame.revision, 2);
+    assert_eq!(frame.signal, SignalKind::Kill as i32);
+    let v = view(b, &held);
+    assert_eq!((v.lifecycle, v.revision), (Lifecycle::Dispatched, 2));
+    assert_eq!(
+        op(b, StoreOp::PendingSignals { issues: vec![held] }),
+        Ok(Completion::PendingSignals(vec![frame]))
+    );
+    // a dispatched command with a pending signal never goes back to the
+    // queue: it ends cancelled
+    assert_eq!(
+        op(
+            b,
+            StoreOp::Requeue {
+                issue: held,
+                revision: 2,
+                session: s
+            }
+        ),
+        Ok(Completion::Requeued(Lifecycle::Cancelled))
+    );
+    assert_eq!(
+        op(b, StoreOp::PendingSignals { issues: vec![held] }),
+        Ok(Completion::PendingSignals(Vec::new())),
+        "an ended command has no pending signal"
+    );
+}

@@ -89,6 +89,7 @@ macro_rules! __every_case {
             reads_answer_what_dispatch_and_reconciliation_need,
             expiry_lists_due_commands_and_the_pending_mark_ends_it,
             a_script_is_read_back_by_range,
+            signals_cancel_queued_work_and_are_delivered_to_held_work,
         );
     };
 }

@@ -12,20 +12,20 @@ use postgres::Transaction;
 use postgres::types::ToSql;
 use prost::Message as _;
 use rvbox_domain::error::{Code, DomainError};
-use rvbox_domain::hash::{RequestHash, command_hash, request_hash};
-use rvbox_domain::ids::Uuid7;
+use rvbox_domain::hash::{command_hash, request_hash};
 use rvbox_domain::lifecycle::Lifecycle;
 use rvbox_domain::validate::check_run_command;
 use rvbox_proto::v1 as wire;
 use rvbox_retention::{CHARGE_VERSION, Usage, release_closeout, tombstones_to_drop};
 use rvbox_store::audit::AuditRecord;
-use rvbox_store::mutations::Stored;
+use rvbox_store::mutations::{Assigned, Owner, Stored};
 use rvbox_store_port::audit::Caller;
 use rvbox_store_port::commands::{CommandView, ReconcileWrite, ServerTerminal};
 use rvbox_store_port::incidents::NewIncident;
 use rvbox_store_port::sessions::SessionFence;
 
 use crate::audit::write_in;
+use crate::mutations;
 use crate::sessions::{check_fence, ensure_client, global_charged, to_i64, to_u64};
 use crate::{Fail, PgStore, StoreOptions};
 
@@ -143,7 +143,7 @@ fn delta(after: u64, before: u64) -> i64 {
 /// The terminal write of a server decision: lifecycle and terminal time,
 /// rejection reason, closeout headroom released, pending stdin discarded,
 /// the replay tombstone.
-fn finish_in(
+pub(crate) fn finish_in(
     tx: &mut Transaction<'_>,
     view: &CommandView,
     to: Lifecycle,
@@ -273,80 +273,6 @@ pub(crate) fn insert_tombstone(
     Ok(())
 }
 
-/// The idempotency row of `request_id` (as `rvbox_store::mutations`).
-fn lookup_mutation(
-    tx: &mut Transaction<'_>,
-    request_id: &Uuid7,
-    method: &str,
-    hash: &RequestHash,
-    command: &[u8; 16],
-) -> Result<Option<Stored>, Fail> {
-    let Some(row) = tx
-        .query_opt(
-            "SELECT method, request_hash, command_uuid, incident_id, client_id, result,
-                    result_is_error, fleet_run_id
-             FROM control_mutations WHERE request_id = $1",
-            &[&request_id.as_bytes().as_slice()],
-        )
-        .map_err(Fail::db("look up request_id"))?
-    else {
-        return Ok(None);
-    };
-    let same = row.get::<_, String>(0) == method
-        && row.get::<_, Vec<u8>>(1).as_slice() == hash.as_bytes().as_slice()
-        && row.get::<_, Option<Vec<u8>>>(2).as_deref() == Some(command.as_slice())
-        && row.get::<_, Option<Vec<u8>>>(3).is_none()
-        && row.get::<_, Option<String>>(4).is_none()
-        && row.get::<_, Option<Vec<u8>>>(7).is_none();
-    if !same {
-        return Err(DomainError::new(
-            Code::Conflict,
-            "request_id was already used for a different request; use a new request_id",
-        )
-        .with_field("request_id")
-        .into());
-    }
-    let result: Vec<u8> = row.get(5);
-    if row.get::<_, bool>(6) {
-        let detail = wire::ErrorDetail::decode(result.as_slice())
-            .map_err(|_| Fail::Integrity("stored mutation refusal does not decode".into()))?;
-        Ok(Some(Err(detail)))
-    } else {
-        Ok(Some(Ok(result)))
-    }
-}
-
-fn record_mutation(
-    tx: &mut Transaction<'_>,
-    request_id: &Uuid7,
-    method: &str,
-    hash: &RequestHash,
-    command: &[u8; 16],
-    outcome: &Stored,
-    now_ms: i64,
-) -> Result<(), Fail> {
-    let (bytes, is_error) = match outcome {
-        Ok(b) => (b.clone(), false),
-        Err(detail) => (detail.encode_to_vec(), true),
-    };
-    tx.execute(
-        "INSERT INTO control_mutations (request_id, method, request_hash, command_uuid,
-             result, result_is_error, created_ms)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        &[
-            &request_id.as_bytes().as_slice(),
-            &method,
-            &hash.as_bytes().as_slice(),
-            &command.as_slice(),
-            &bytes,
-            &is_error,
-            &now_ms,
-        ],
-    )
-    .map_err(Fail::db("record mutation"))?;
-    Ok(())
-}
-
 fn decode_stored(stored: Stored) -> Result<wire::RunCommandResponse, Fail> {
     match stored {
         Ok(bytes) => wire::RunCommandResponse::decode(bytes.as_slice())
@@ -450,8 +376,13 @@ impl PgStore {
             (!script.is_empty()).then(|| script.iter().map(|c| c.1.len() as u64).sum::<u64>());
         let client_id = valid.client_id.as_str();
         let outcome = self.in_tx("RunCommand", |tx, opts| {
-            if let Some(stored) =
-                lookup_mutation(tx, &valid.issue_uuid, "RunCommand", &mutation_hash, &issue)?
+            if let Some(stored) = mutations::lookup(
+                tx,
+                &valid.issue_uuid,
+                "RunCommand",
+                &mutation_hash,
+                Owner::Command(&issue),
+            )?
             {
                 return Ok((true, decode_stored(stored)));
             }
@@ -563,13 +494,14 @@ impl PgStore {
             };
             let stored: Stored = Ok(response.encode_to_vec());
             write_in(tx, record, Ok(()))?;
-            record_mutation(
+            mutations::record(
                 tx,
                 &valid.issue_uuid,
                 "RunCommand",
                 &mutation_hash,
-                &issue,
+                Owner::Command(&issue),
                 &stored,
+                Assigned::default(),
                 now_ms,
             )?;
             Ok((false, Ok(response)))

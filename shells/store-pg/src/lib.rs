@@ -23,9 +23,11 @@ mod commands;
 mod error;
 mod events;
 mod incidents;
+mod mutations;
 pub mod output;
 mod reads;
 mod sessions;
+mod signals;
 
 use postgres::{Client, IsolationLevel, NoTls, Transaction};
 use rvbox_store_port::ops::{Backend, Completion, OpResult, OpToken, PortError, StoreOp};
@@ -360,6 +362,9 @@ impl PgStore {
             StoreOp::MarkExpiredPending { issue, revision } => self
                 .mark_expired_pending(&issue, revision)
                 .map(|()| Completion::Done),
+            StoreOp::SignalCommand { request, caller } => self
+                .signal_command(&request, &caller, wall_ms)
+                .map(Completion::Signal),
             StoreOp::AppendEvents { events } => self
                 .append_events(&events, wall_ms)
                 .map(Completion::Appended),

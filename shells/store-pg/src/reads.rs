@@ -41,10 +41,7 @@ type ScriptChunk = (u64, Vec<u8>, [u8; 32]);
 
 /// The stored chunks of a command's script in order: raw length,
 /// compressed bytes, raw digest (none for a command that runs text).
-fn script_chunks(
-    tx: &mut Transaction<'_>,
-    issue: &[u8; 16],
-) -> Result<Vec<ScriptChunk>, Fail> {
+fn script_chunks(tx: &mut Transaction<'_>, issue: &[u8; 16]) -> Result<Vec<ScriptChunk>, Fail> {
     let rows = tx
         .query(
             "SELECT ordinal, raw_len, sha256, inline_bytes FROM command_payloads

@@ -351,7 +351,9 @@ fn replay_or<T: prost::Message + Default>(stored: Stored) -> Result<T, OpError> 
     }
 }
 
-pub(crate) fn detail_to_error(d: &wire::ErrorDetail) -> DomainError {
+/// A stored refusal as the domain error it was.
+#[must_use]
+pub fn detail_to_error(d: &wire::ErrorDetail) -> DomainError {
     let code = Code::from_wire(d.code).unwrap_or(Code::Internal);
     let mut e = DomainError::new(code, &d.reason);
     if !d.field.is_empty() {
