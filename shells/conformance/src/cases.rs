@@ -893,3 +893,137 @@ pub fn signals_cancel_queued_work_and_are_delivered_to_held_work(b: &mut dyn Bac
         "an ended command has no pending signal"
     );
 }
+
+// ---- stdin ------------------------------------------------------------------
+
+fn append_stdin(b: &mut dyn Backend, id: &[u8; 16], issue: &[u8; 16], data: &[u8]) -> OpResult {
+    op(
+        b,
+        StoreOp::AppendStdin {
+            request: rvbox_proto::v1::AppendStdinRequest {
+                request_id: text(id),
+                issue_uuid: text(issue),
+                data: data.to_vec(),
+                newline: rvbox_proto::v1::StdinNewline::Append as i32,
+            },
+            caller: Caller::local(),
+        },
+    )
+}
+
+fn stdin_response(r: &OpResult) -> rvbox_store_port::stdin::StdinOutcome {
+    match r {
+        Ok(Completion::Stdin(o)) => (**o).clone(),
+        other => panic!("stdin: {other:?}"),
+    }
+}
+
+/// Stdin is numbered writes: an append splits at 256 KiB with the newline
+/// last, a replay answers the same writes with their delivery as it is
+/// now, the client's acknowledgement settles a write, a close is a last
+/// write, and nothing is taken after it.
+pub fn stdin_writes_are_numbered_settled_by_acks_and_closed_once(b: &mut dyn Backend) {
+    use rvbox_proto::v1::{StdinAck, StdinDelivery};
+    use rvbox_store_port::stdin::StdinResponse;
+    let (issue, session) = running(b, CLIENT);
+    let first_id = new_id();
+    let first = stdin_response(&append_stdin(b, &first_id, &issue, b"hello"));
+    let StdinResponse::Append(r) = &first.response else {
+        panic!("{first:?}")
+    };
+    assert_eq!((r.first_write_seq, r.last_write_seq), (1, 1));
+    assert_eq!(r.delivery, StdinDelivery::Pending as i32);
+    assert!(!first.replayed);
+    assert_eq!(first.lifecycle, Lifecycle::Running);
+
+    let big = vec![b'x'; 600 * 1024];
+    let second = stdin_response(&append_stdin(b, &new_id(), &issue, &big));
+    let StdinResponse::Append(r) = &second.response else {
+        panic!("{second:?}")
+    };
+    assert_eq!((r.first_write_seq, r.last_write_seq), (2, 4));
+
+    let Ok(Completion::StdinWrites(pending)) = op(
+        b,
+        StoreOp::PendingStdin {
+            issue,
+            after_seq: 0,
+            max_bytes: 1 << 20,
+            max_writes: 16,
+        },
+    ) else {
+        panic!("PendingStdin")
+    };
+    assert_eq!(
+        pending
+            .writes
+            .iter()
+            .map(|w| (w.write_seq, w.raw_length, w.newline))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, 5, rvbox_proto::v1::StdinNewline::Append as i32),
+            (2, 262_144, rvbox_proto::v1::StdinNewline::Raw as i32),
+            (3, 262_144, rvbox_proto::v1::StdinNewline::Raw as i32),
+            (4, 90_112, rvbox_proto::v1::StdinNewline::Append as i32),
+        ]
+    );
+    assert!(!pending.more);
+
+    // the client wrote the first one
+    let ack = StdinAck {
+        write_seq: 1,
+        delivery: StdinDelivery::Written as i32,
+        ..Default::default()
+    };
+    let mut ev = lifecycle_event(&issue, 2, Lifecycle::Running);
+    ev.body = rvbox_store_port::events::EventBody::Other {
+        kind: rvbox_store_port::events::body_kind::STDIN_ACK,
+        encoded: prost::Message::encode_to_vec(&ack),
+    };
+    ev.session = Some(session);
+    let r = op(b, StoreOp::AppendEvents { events: vec![ev] });
+    assert_eq!(outcomes(&r), vec![EventOutcome::Appended]);
+    let replay = stdin_response(&append_stdin(b, &first_id, &issue, b"hello"));
+    assert!(replay.replayed);
+    let StdinResponse::Append(r) = &replay.response else {
+        panic!("{replay:?}")
+    };
+    assert_eq!(r.delivery, StdinDelivery::Written as i32, "as it is now");
+    let Ok(Completion::StdinWrites(pending)) = op(
+        b,
+        StoreOp::PendingStdin {
+            issue,
+            after_seq: 0,
+            max_bytes: 1 << 20,
+            max_writes: 16,
+        },
+    ) else {
+        panic!("PendingStdin")
+    };
+    assert_eq!(pending.writes.first().map(|w| w.write_seq), Some(2));
+
+    let close = op(
+        b,
+        StoreOp::CloseStdin {
+            request: rvbox_proto::v1::CloseStdinRequest {
+                request_id: text(&new_id()),
+                issue_uuid: text(&issue),
+            },
+            caller: Caller::local(),
+        },
+    );
+    let StdinResponse::Close(c) = stdin_response(&close).response else {
+        panic!("{close:?}")
+    };
+    assert_eq!(c.write_seq, 5);
+    assert_eq!(
+        refused(&append_stdin(b, &new_id(), &issue, b"late")),
+        Some(Code::FailedPrecondition),
+        "stdin is closed"
+    );
+    assert_eq!(
+        refused(&append_stdin(b, &first_id, &issue, b"other")),
+        Some(Code::Conflict),
+        "a request_id reused with other data"
+    );
+}

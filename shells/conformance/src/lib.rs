@@ -90,6 +90,7 @@ macro_rules! __every_case {
             expiry_lists_due_commands_and_the_pending_mark_ends_it,
             a_script_is_read_back_by_range,
             signals_cancel_queued_work_and_are_delivered_to_held_work,
+            stdin_writes_are_numbered_settled_by_acks_and_closed_once,
         );
     };
 }

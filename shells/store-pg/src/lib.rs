@@ -28,6 +28,7 @@ pub mod output;
 mod reads;
 mod sessions;
 mod signals;
+mod stdin;
 
 use postgres::{Client, IsolationLevel, NoTls, Transaction};
 use rvbox_store_port::ops::{Backend, Completion, OpResult, OpToken, PortError, StoreOp};
@@ -365,6 +366,12 @@ impl PgStore {
             StoreOp::SignalCommand { request, caller } => self
                 .signal_command(&request, &caller, wall_ms)
                 .map(Completion::Signal),
+            StoreOp::AppendStdin { request, caller } => self
+                .append_stdin(&request, &caller, wall_ms)
+                .map(|o| Completion::Stdin(Box::new(o))),
+            StoreOp::CloseStdin { request, caller } => self
+                .close_stdin(&request, &caller, wall_ms)
+                .map(|o| Completion::Stdin(Box::new(o))),
             StoreOp::AppendEvents { events } => self
                 .append_events(&events, wall_ms)
                 .map(Completion::Appended),

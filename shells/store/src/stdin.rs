@@ -58,10 +58,14 @@ fn delivery_of(v: i64) -> wire::StdinDelivery {
 }
 
 /// One write of a mutation, before it is numbered.
-struct Piece<'a> {
-    data: &'a [u8],
-    newline: bool,
-    close: bool,
+#[derive(Debug)]
+pub struct Piece<'a> {
+    /// Its raw bytes (at most 256 KiB).
+    pub data: &'a [u8],
+    /// A newline follows the bytes.
+    pub newline: bool,
+    /// Stdin closes after it.
+    pub close: bool,
 }
 
 /// The writes of an append: pieces of at most 256 KiB, the newline on the
@@ -87,13 +91,20 @@ fn split(data: &[u8], newline: bool) -> Vec<Piece<'_>> {
     pieces
 }
 
-/// What the two mutations share once their requests are checked.
-struct Mutation<'a> {
-    method: &'static str,
-    request_id: Uuid7,
-    issue: [u8; 16],
-    hash: rvbox_domain::hash::RequestHash,
-    pieces: Vec<Piece<'a>>,
+/// What the two mutations share once their requests are checked (pure:
+/// every store backend checks and splits stdin requests by it).
+#[derive(Debug)]
+pub struct Mutation<'a> {
+    /// `AppendStdin` or `CloseStdin`.
+    pub method: &'static str,
+    /// The request's id.
+    pub request_id: Uuid7,
+    /// The command.
+    pub issue: [u8; 16],
+    /// The request hash (idempotency).
+    pub hash: rvbox_domain::hash::RequestHash,
+    /// The writes it makes, in order.
+    pub pieces: Vec<Piece<'a>>,
 }
 
 /// The pending writes of a command, counted (bounded by
@@ -222,7 +233,12 @@ pub(crate) fn settle(
     Ok(n == 1)
 }
 
-fn encode_piece(data: &[u8]) -> Result<(i64, Vec<u8>), StoreError> {
+/// A write's stored form: (compression, bytes), compressed only when that
+/// wins.
+///
+/// # Errors
+/// When compression fails.
+pub fn encode_piece(data: &[u8]) -> Result<(i64, Vec<u8>), StoreError> {
     if data.len() >= COMPRESS_MIN_BYTES {
         let z =
             zstd::bulk::compress(data, 1).map_err(|e| StoreError::io("compress stdin", "", e))?;
@@ -559,7 +575,11 @@ pub fn usage_after_settle(usage: &Usage, freed: u64) -> Result<Usage, StoreError
     release(usage, freed, true).map_err(|e| StoreError::Integrity(e.to_string()))
 }
 
-fn append_mutation(req: &wire::AppendStdinRequest) -> Result<Mutation<'_>, DomainError> {
+/// An `AppendStdin` request checked and split into writes.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` or `TOO_LARGE` naming the field.
+pub fn append_mutation(req: &wire::AppendStdinRequest) -> Result<Mutation<'_>, DomainError> {
     let request_id = Uuid7::parse("request_id", &req.request_id)?;
     let issue = *Uuid7::parse("issue_uuid", &req.issue_uuid)?.as_bytes();
     let newline = match wire::StdinNewline::try_from(req.newline) {
@@ -608,7 +628,11 @@ fn append_mutation(req: &wire::AppendStdinRequest) -> Result<Mutation<'_>, Domai
     })
 }
 
-fn close_mutation(req: &wire::CloseStdinRequest) -> Result<Mutation<'static>, DomainError> {
+/// A `CloseStdin` request checked: one close-only write.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` naming the field.
+pub fn close_mutation(req: &wire::CloseStdinRequest) -> Result<Mutation<'static>, DomainError> {
     let request_id = Uuid7::parse("request_id", &req.request_id)?;
     let issue = *Uuid7::parse("issue_uuid", &req.issue_uuid)?.as_bytes();
     let canonical = wire::CloseStdinRequest {
@@ -628,7 +652,11 @@ fn close_mutation(req: &wire::CloseStdinRequest) -> Result<Mutation<'static>, Do
     })
 }
 
-fn decode_response(method: &str, bytes: &[u8]) -> Result<StdinResponse, OpError> {
+/// A stored stdin response, decoded.
+///
+/// # Errors
+/// When the stored bytes do not decode.
+pub fn decode_response(method: &str, bytes: &[u8]) -> Result<StdinResponse, OpError> {
     let bad = |_| StoreError::Integrity(format!("stored {method} response does not decode"));
     Ok(if method == "CloseStdin" {
         StdinResponse::Close(wire::CloseStdinResponse::decode(bytes).map_err(bad)?)
