@@ -1027,3 +1027,91 @@ pub fn stdin_writes_are_numbered_settled_by_acks_and_closed_once(b: &mut dyn Bac
         "a request_id reused with other data"
     );
 }
+
+// ---- takeover -----------------------------------------------------------------
+
+fn authorize(b: &mut dyn Backend, id: &[u8; 16], client_id: &str, instance: &[u8; 16]) -> OpResult {
+    op(
+        b,
+        StoreOp::AuthorizeTakeover {
+            request: rvbox_proto::v1::AuthorizeClientTakeoverRequest {
+                request_id: text(id),
+                client_id: client_id.into(),
+                client_instance_id: any_uuid_text(instance),
+            },
+            caller: Caller::local(),
+            ttl_ms: 60_000,
+        },
+    )
+}
+
+/// A takeover grant admits exactly the instance of the pending claim, once,
+/// until it expires; a grant for another instance is refused, and the
+/// refusal is the request's stored result.
+pub fn a_takeover_grant_admits_exactly_the_pending_claim_once(b: &mut dyn Backend) {
+    // instance ids are UUIDs of any version; these are v4 shaped
+    let claimant: [u8; 16] = {
+        let mut i = new_id();
+        i[6] = 0x40 | (i[6] & 0x0f);
+        i
+    };
+    let stranger: [u8; 16] = {
+        let mut i = new_id();
+        i[6] = 0x40 | (i[6] & 0x0f);
+        i
+    };
+    live_session(b, CLIENT);
+    let r = op(
+        b,
+        StoreOp::RecordPendingClaim {
+            client_id: CLIENT.into(),
+            instance_id: claimant,
+        },
+    );
+    assert_eq!(r, Ok(Completion::Done));
+
+    let refused_id = new_id();
+    let r = authorize(b, &refused_id, CLIENT, &stranger);
+    assert_eq!(refused(&r), Some(Code::FailedPrecondition), "{r:?}");
+    assert_eq!(
+        authorize(b, &refused_id, CLIENT, &stranger),
+        r,
+        "the refusal is the stored result"
+    );
+    assert_eq!(
+        refused(&authorize(b, &new_id(), "nobody-1", &claimant)),
+        Some(Code::NotFound)
+    );
+
+    let id = new_id();
+    let r = authorize(b, &id, CLIENT, &claimant);
+    let Ok(Completion::Takeover(response)) = &r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(
+        response.grant_expiry_time.as_ref().map(|t| t.seconds),
+        Some((NOW + 60_000) / 1000)
+    );
+    assert_eq!(authorize(b, &id, CLIENT, &claimant), r, "a replay");
+    let rec = client(b, CLIENT).unwrap();
+    let grant = rec.grant.unwrap();
+    assert_eq!(grant.instance_id, claimant);
+    assert_eq!(grant.expires_ms, NOW + 60_000);
+
+    let mut reg = registration(CLIENT, claimant, Some(&rec));
+    reg.consume_grant = Some(grant.id);
+    assert_eq!(
+        op(b, StoreOp::Register(reg.clone())),
+        Ok(Completion::Registered { generation: 2 })
+    );
+    let rec = client(b, CLIENT).unwrap();
+    assert_eq!(rec.grant, None, "consumed");
+    assert_eq!(rec.instance_id, Some(claimant));
+    // the same grant admits nobody again
+    let mut again = registration(CLIENT, claimant, Some(&rec));
+    again.consume_grant = Some(grant.id);
+    assert_eq!(
+        refused(&op(b, StoreOp::Register(again))),
+        Some(Code::Conflict)
+    );
+}

@@ -37,6 +37,20 @@ pub fn text(id: &[u8; 16]) -> String {
         .unwrap_or_default()
 }
 
+/// The canonical text of any UUID (an instance id need not be v7).
+#[must_use]
+pub fn any_uuid_text(b: &[u8; 16]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
 /// A `RunCommand` request for `client` running `command`, id `id`.
 #[must_use]
 pub fn run_request(id: &[u8; 16], client: &str, command: &str) -> wire::RunCommandRequest {

@@ -372,6 +372,13 @@ impl PgStore {
             StoreOp::CloseStdin { request, caller } => self
                 .close_stdin(&request, &caller, wall_ms)
                 .map(|o| Completion::Stdin(Box::new(o))),
+            StoreOp::AuthorizeTakeover {
+                request,
+                caller,
+                ttl_ms,
+            } => self
+                .authorize_takeover(&request, &caller, ttl_ms, wall_ms)
+                .map(Completion::Takeover),
             StoreOp::AppendEvents { events } => self
                 .append_events(&events, wall_ms)
                 .map(Completion::Appended),

@@ -446,3 +446,146 @@ impl PgStore {
         })
     }
 }
+
+impl PgStore {
+    /// `AuthorizeClientTakeover`: a one-shot grant for exactly the
+    /// client's pending claim, replacing (voiding) an earlier live grant,
+    /// idempotent by `request_id`; a refusal is stored as the request's
+    /// result too. Audited with `caller`.
+    pub(crate) fn authorize_takeover(
+        &mut self,
+        req: &rvbox_proto::v1::AuthorizeClientTakeoverRequest,
+        caller: &rvbox_store_port::audit::Caller,
+        ttl_ms: u64,
+        now_ms: i64,
+    ) -> Result<rvbox_proto::v1::AuthorizeClientTakeoverResponse, Fail> {
+        let caller = crate::stdin::operator(caller);
+        let mut rec = AuditRecord::control(&caller, "AuthorizeClientTakeover", now_ms);
+        rec.client_id = Some(req.client_id.clone());
+        let result = self.authorize_takeover_in(req, &rec, ttl_ms, now_ms);
+        if !matches!(&result, Ok((_, true))) {
+            self.audit_alone(&rec, &result);
+        }
+        let (grant, _) = result?;
+        Ok(rvbox_proto::v1::AuthorizeClientTakeoverResponse {
+            client_id: req.client_id.clone(),
+            client_instance_id: req.client_instance_id.clone(),
+            grant_expiry_time: Some(prost_types::Timestamp {
+                seconds: grant.expires_ms.div_euclid(1000),
+                nanos: i32::try_from(grant.expires_ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
+            }),
+        })
+    }
+
+    /// The grant, and whether this call wrote it (and its audit record).
+    fn authorize_takeover_in(
+        &mut self,
+        req: &rvbox_proto::v1::AuthorizeClientTakeoverRequest,
+        rec: &AuditRecord,
+        ttl_ms: u64,
+        now_ms: i64,
+    ) -> Result<(TakeoverGrant, bool), Fail> {
+        use rvbox_domain::error::DomainError;
+        use rvbox_store::mutations::{Assigned, Owner, Stored};
+        let request_id = rvbox_domain::ids::Uuid7::parse("request_id", &req.request_id)
+            .map_err(DomainError::from)?;
+        let instance =
+            rvbox_domain::ids::InstanceId::parse("client_instance_id", &req.client_instance_id)
+                .map_err(DomainError::from)?;
+        let instance_id = *instance.as_bytes();
+        let client_id = req.client_id.as_str();
+        let canonical = rvbox_proto::v1::AuthorizeClientTakeoverRequest {
+            request_id: String::new(),
+            client_id: client_id.to_owned(),
+            client_instance_id: instance.to_string(),
+        };
+        let hash = rvbox_domain::hash::request_hash("AuthorizeClientTakeover", &canonical);
+        let outcome = self.in_tx("authorize takeover", |tx, _| {
+            let owner = Owner::Client(client_id);
+            if let Some(stored) =
+                crate::mutations::lookup(tx, &request_id, "AuthorizeClientTakeover", &hash, owner)?
+            {
+                return Ok(match stored {
+                    Ok(bytes) => Ok((
+                        rvbox_store::sessions::decode_grant(&bytes)
+                            .map_err(|e| Fail::Integrity(e.to_string()))?,
+                        false,
+                    )),
+                    Err(detail) => Err(rvbox_store::incidents::detail_to_error(&detail)),
+                });
+            }
+            let Some(record) = load(tx, client_id, true)? else {
+                return Err(DomainError::new(Code::NotFound, "no such client")
+                    .with_field("client_id")
+                    .into());
+            };
+            if record.pending_claim.map(|p| p.0) != Some(instance_id) {
+                // never broadened to "the next instance"; the refusal is
+                // the request's stored result
+                let refusal = DomainError::new(
+                    Code::FailedPrecondition,
+                    "client_instance_id is not the client's pending claim",
+                )
+                .with_field("client_instance_id");
+                let stored: Stored = Err(refusal.to_detail());
+                crate::mutations::record(
+                    tx,
+                    &request_id,
+                    "AuthorizeClientTakeover",
+                    &hash,
+                    owner,
+                    &stored,
+                    Assigned::default(),
+                    now_ms,
+                )?;
+                return Ok(Err(refusal));
+            }
+            tx.execute(
+                "UPDATE takeover_authorizations SET voided_ms = $2
+                 WHERE client_id = $1 AND consumed_ms IS NULL AND voided_ms IS NULL",
+                &[&client_id, &now_ms],
+            )
+            .map_err(Fail::db("void earlier grant"))?;
+            let expires = now_ms.saturating_add(i64::try_from(ttl_ms).unwrap_or(i64::MAX).max(1));
+            let id: i64 = tx
+                .query_one(
+                    "INSERT INTO takeover_authorizations (client_id, instance_id, created_ms,
+                         expires_ms, request_id)
+                     VALUES ($1, $2, $3, $4, $5) RETURNING id",
+                    &[
+                        &client_id,
+                        &instance_id.as_slice(),
+                        &now_ms,
+                        &expires,
+                        &request_id.as_bytes().as_slice(),
+                    ],
+                )
+                .map_err(Fail::db("insert takeover grant"))?
+                .get(0);
+            let grant = TakeoverGrant {
+                id,
+                instance_id,
+                created_ms: now_ms,
+                expires_ms: expires,
+            };
+            let stored: Stored = Ok(rvbox_store::sessions::encode_grant(&grant));
+            crate::mutations::record(
+                tx,
+                &request_id,
+                "AuthorizeClientTakeover",
+                &hash,
+                owner,
+                &stored,
+                Assigned::default(),
+                now_ms,
+            )?;
+            write_in(tx, rec, Ok(()))?;
+            Ok(Ok((grant, true)))
+        })?;
+        let (grant, fresh) = outcome.map_err(Fail::Refused)?;
+        if fresh {
+            tracing::info!(client_id, "takeover grant stored");
+        }
+        Ok((grant, fresh))
+    }
+}

@@ -674,7 +674,8 @@ impl Store {
 }
 
 /// The stored result of a grant: id, instance, created, expires.
-fn encode_grant(g: &TakeoverGrant) -> Vec<u8> {
+#[must_use]
+pub fn encode_grant(g: &TakeoverGrant) -> Vec<u8> {
     let mut out = Vec::with_capacity(40);
     out.extend_from_slice(&g.id.to_le_bytes());
     out.extend_from_slice(&g.instance_id);
@@ -683,7 +684,11 @@ fn encode_grant(g: &TakeoverGrant) -> Vec<u8> {
     out
 }
 
-fn decode_grant(b: &[u8]) -> Result<TakeoverGrant, OpError> {
+/// A stored grant, decoded.
+///
+/// # Errors
+/// When the stored bytes are malformed.
+pub fn decode_grant(b: &[u8]) -> Result<TakeoverGrant, OpError> {
     let bad = || {
         OpError::Store(StoreError::Integrity(
             "stored takeover grant is malformed".into(),
