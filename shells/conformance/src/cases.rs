@@ -1115,3 +1115,51 @@ pub fn a_takeover_grant_admits_exactly_the_pending_claim_once(b: &mut dyn Backen
         Some(Code::Conflict)
     );
 }
+
+// ---- incidents ----------------------------------------------------------------
+
+/// An incident request names what is wrong with it before anything is
+/// looked up: its ids, then the note; an id with no incident is
+/// `NOT_FOUND`.
+pub fn incident_requests_name_what_is_wrong(b: &mut dyn Backend) {
+    let repair = |request_id: String, incident_id: String| StoreOp::RepairIncident {
+        request: rvbox_proto::v1::RepairStorageIncidentRequest {
+            request_id,
+            incident_id,
+        },
+        caller: Caller::local(),
+    };
+    let acknowledge = |incident_id: String, note: &str| StoreOp::AcknowledgeIncident {
+        request: rvbox_proto::v1::AcknowledgeStorageIncidentRequest {
+            request_id: text(&new_id()),
+            incident_id,
+            note: note.into(),
+        },
+        caller: Caller::local(),
+    };
+    let field = |r: &OpResult| match r {
+        Err(PortError::Refused(e)) => (e.code(), e.field().to_owned()),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        field(&op(b, repair("x".into(), text(&new_id())))),
+        (Code::InvalidArgument, "request_id".into())
+    );
+    assert_eq!(
+        field(&op(b, repair(text(&new_id()), "not-an-id".into()))),
+        (Code::InvalidArgument, "incident_id".into())
+    );
+    assert_eq!(
+        field(&op(b, repair(text(&new_id()), text(&new_id())))),
+        (Code::NotFound, "incident_id".into())
+    );
+    assert_eq!(
+        field(&op(b, acknowledge(text(&new_id()), ""))).0,
+        Code::InvalidArgument,
+        "an empty note"
+    );
+    assert_eq!(
+        field(&op(b, acknowledge(text(&new_id()), "seen, accepted"))),
+        (Code::NotFound, "incident_id".into())
+    );
+}

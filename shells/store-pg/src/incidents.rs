@@ -5,10 +5,22 @@
 //! listed, and gates nothing until the PostgreSQL store has that view.
 
 use postgres::Transaction;
-use rvbox_store::incidents::{Resolution, resolution};
+use prost::Message as _;
+use rvbox_domain::error::{Code, DomainError};
+use rvbox_domain::hash::request_hash;
+use rvbox_domain::ids::Uuid7;
+use rvbox_domain::validate::check_incident_note;
+use rvbox_proto::v1 as wire;
+use rvbox_store::audit::AuditRecord;
+use rvbox_store::incidents::{
+    Incident, Resolution, SafeRepair, already_resolved, detail_to_error, resolution,
+};
+use rvbox_store::mutations::{Assigned, Owner, Stored};
+use rvbox_store_port::audit::Caller;
 use rvbox_store_port::incidents::NewIncident;
 
-use crate::Fail;
+use crate::audit::write_in;
+use crate::{Fail, PgStore};
 
 /// Records an incident in the caller's transaction.
 pub(crate) fn insert(
@@ -62,4 +74,245 @@ pub(crate) fn open(tx: &mut Transaction<'_>, new: &NewIncident) -> Result<bool, 
         )
         .map_err(Fail::db("find open incident"))?
         .is_some())
+}
+
+const COLUMNS: &str = "incident_id, kind, state, scope_kind, scope_key, client_id, issue_uuid,
+    detected_ms, resolved_ms, summary, evidence, repairable, data_loss, note";
+
+fn from_row(r: &postgres::Row) -> Result<Incident, Fail> {
+    use rvbox_proto::v1 as wire;
+    let blob = |v: Vec<u8>| {
+        <[u8; 16]>::try_from(v.as_slice()).map_err(|_| Fail::Integrity("incident id length".into()))
+    };
+    let int = |i: usize| i32::try_from(r.get::<_, i64>(i)).unwrap_or(0);
+    Ok(Incident {
+        id: blob(r.get(0))?,
+        kind: wire::IncidentKind::try_from(int(1)).unwrap_or(wire::IncidentKind::Unspecified),
+        state: wire::IncidentState::try_from(int(2)).unwrap_or(wire::IncidentState::Unspecified),
+        scope_kind: wire::ScopeKind::try_from(int(3)).unwrap_or(wire::ScopeKind::Unspecified),
+        scope_key: r.get(4),
+        client_id: r.get(5),
+        issue_uuid: r.get::<_, Option<Vec<u8>>>(6).map(blob).transpose()?,
+        detected_ms: r.get(7),
+        resolved_ms: r.get(8),
+        summary: r.get(9),
+        evidence: r.get(10),
+        repairable: r.get(11),
+        data_loss: r.get(12),
+        note: r.get(13),
+    })
+}
+
+/// One incident, locked for the resolution being decided.
+fn load_locked(tx: &mut Transaction<'_>, id: &[u8; 16]) -> Result<Option<Incident>, Fail> {
+    let sql = format!("SELECT {COLUMNS} FROM storage_incidents WHERE incident_id = $1 FOR UPDATE");
+    tx.query_opt(sql.as_str(), &[&id.as_slice()])
+        .map_err(Fail::db("load incident"))?
+        .map(|r| from_row(&r))
+        .transpose()
+}
+
+/// Which resolution an incident request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resolve {
+    Repair,
+    Acknowledge,
+}
+
+impl PgStore {
+    /// `RepairStorageIncident`: the kind's safe repair, or a stored
+    /// `REQUIRES_ACKNOWLEDGEMENT` refusal, audited, idempotent.
+    pub(crate) fn repair_incident(
+        &mut self,
+        req: &wire::RepairStorageIncidentRequest,
+        caller: &Caller,
+        now_ms: i64,
+    ) -> Result<wire::StorageIncident, Fail> {
+        let mut canonical = req.clone();
+        canonical.request_id.clear();
+        let hash = request_hash("RepairStorageIncident", &canonical);
+        self.resolve_incident(
+            Resolve::Repair,
+            &req.request_id,
+            &req.incident_id,
+            "",
+            &hash,
+            caller,
+            now_ms,
+        )
+    }
+
+    /// `AcknowledgeStorageIncident`: the loss accepted with the operator's
+    /// note, audited, idempotent.
+    pub(crate) fn acknowledge_incident(
+        &mut self,
+        req: &wire::AcknowledgeStorageIncidentRequest,
+        caller: &Caller,
+        now_ms: i64,
+    ) -> Result<wire::StorageIncident, Fail> {
+        let mut canonical = req.clone();
+        canonical.request_id.clear();
+        let hash = request_hash("AcknowledgeStorageIncident", &canonical);
+        self.resolve_incident(
+            Resolve::Acknowledge,
+            &req.request_id,
+            &req.incident_id,
+            &req.note,
+            &hash,
+            caller,
+            now_ms,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn resolve_incident(
+        &mut self,
+        how: Resolve,
+        request_id: &str,
+        incident_id: &str,
+        note: &str,
+        hash: &rvbox_domain::hash::RequestHash,
+        caller: &Caller,
+        now_ms: i64,
+    ) -> Result<wire::StorageIncident, Fail> {
+        let method = match how {
+            Resolve::Repair => "RepairStorageIncident",
+            Resolve::Acknowledge => "AcknowledgeStorageIncident",
+        };
+        let mut rec = AuditRecord::control(&crate::stdin::operator(caller), method, now_ms);
+        rec.detail = format!("incident {incident_id}");
+        let result = (|| {
+            let request_id = Uuid7::parse("request_id", request_id).map_err(DomainError::from)?;
+            let id = *Uuid7::parse("incident_id", incident_id)
+                .map_err(DomainError::from)?
+                .as_bytes();
+            if how == Resolve::Acknowledge {
+                check_incident_note(note)?;
+            }
+            self.in_tx(method, |tx, _| {
+                let incident = load_locked(tx, &id)?.ok_or_else(|| {
+                    Fail::Refused(
+                        DomainError::new(
+                            Code::NotFound,
+                            format!("no storage incident {incident_id}"),
+                        )
+                        .with_field("incident_id"),
+                    )
+                })?;
+                let owner = Owner::Incident(&id);
+                if let Some(stored) = crate::mutations::lookup(tx, &request_id, method, hash, owner)? {
+                    return Ok((
+                        match stored {
+                            Ok(bytes) => decode(how, &bytes),
+                            Err(detail) => Err(Fail::Refused(detail_to_error(&detail))),
+                        },
+                        false,
+                    ));
+                }
+                let outcome: Result<(), DomainError> = if incident.state
+                    != wire::IncidentState::Open
+                {
+                    Err(already_resolved(&incident))
+                } else {
+                    match (how, resolution(incident.kind, incident.data_loss)) {
+                        (Resolve::Acknowledge, _) => {
+                            tx.execute(
+                                "UPDATE storage_incidents SET state = 3, resolved_ms = $2, note = $3
+                                 WHERE incident_id = $1",
+                                &[&id.as_slice(), &now_ms, &note],
+                            )
+                            .map_err(Fail::db("mark incident acknowledged"))?;
+                            Ok(())
+                        }
+                        (Resolve::Repair, Resolution::AcknowledgeOnly) => Err(DomainError::new(
+                            Code::RequiresAcknowledgement,
+                            "repairing this incident would discard committed data or rewrite recorded history; acknowledge it with a note instead",
+                        )
+                        .with_incident(incident_id.to_owned())),
+                        (Resolve::Repair, Resolution::Repair(kind)) => {
+                            // none of these arises on PostgreSQL yet: there
+                            // are no segment files or local disk conditions,
+                            // and the counter recount comes with the scrub
+                            return Err(Fail::Unsupported(match kind {
+                                SafeRepair::TruncateTail => "repair: truncate tail",
+                                SafeRepair::RebuildCounters => "repair: rebuild counters",
+                                SafeRepair::RollForwardEviction => "repair: roll forward eviction",
+                                SafeRepair::RecheckCondition => "repair: recheck condition",
+                            }));
+                        }
+                    }
+                };
+                if outcome.is_ok() && how == Resolve::Repair {
+                    tx.execute(
+                        "UPDATE storage_incidents SET state = 2, resolved_ms = $2 WHERE incident_id = $1",
+                        &[&id.as_slice(), &now_ms],
+                    )
+                    .map_err(Fail::db("mark incident repaired"))?;
+                }
+                let after = load_locked(tx, &id)?
+                    .ok_or_else(|| Fail::Integrity("incident vanished".into()))?
+                    .to_wire();
+                let stored: Stored = match &outcome {
+                    Ok(()) => Ok(encode(how, &after)),
+                    Err(e) => Err(e.to_detail()),
+                };
+                write_in(tx, &rec, outcome.as_ref().map(|_| ()))?;
+                crate::mutations::record(
+                    tx,
+                    &request_id,
+                    method,
+                    hash,
+                    owner,
+                    &stored,
+                    Assigned::default(),
+                    now_ms,
+                )?;
+                Ok((outcome.map(|()| after).map_err(Fail::Refused), true))
+            })
+        })();
+        match result {
+            Ok((outcome, audited)) => {
+                if !audited {
+                    self.audit_alone(&rec, &outcome);
+                } else if outcome.is_ok() {
+                    tracing::info!(method, "storage incident resolved");
+                }
+                outcome
+            }
+            Err(e) => {
+                self.audit_alone(&rec, &Err::<(), _>(Fail::Integrity(e.to_string())));
+                Err(e)
+            }
+        }
+    }
+}
+
+fn encode(how: Resolve, incident: &wire::StorageIncident) -> Vec<u8> {
+    match how {
+        Resolve::Repair => wire::RepairStorageIncidentResponse {
+            incident: Some(incident.clone()),
+        }
+        .encode_to_vec(),
+        Resolve::Acknowledge => wire::AcknowledgeStorageIncidentResponse {
+            incident: Some(incident.clone()),
+        }
+        .encode_to_vec(),
+    }
+}
+
+fn decode(how: Resolve, bytes: &[u8]) -> Result<wire::StorageIncident, Fail> {
+    let bad = || Fail::Integrity("stored incident result does not decode".into());
+    let incident = match how {
+        Resolve::Repair => {
+            wire::RepairStorageIncidentResponse::decode(bytes)
+                .map_err(|_| bad())?
+                .incident
+        }
+        Resolve::Acknowledge => {
+            wire::AcknowledgeStorageIncidentResponse::decode(bytes)
+                .map_err(|_| bad())?
+                .incident
+        }
+    };
+    incident.ok_or_else(bad)
 }

@@ -379,6 +379,12 @@ impl PgStore {
             } => self
                 .authorize_takeover(&request, &caller, ttl_ms, wall_ms)
                 .map(Completion::Takeover),
+            StoreOp::RepairIncident { request, caller } => self
+                .repair_incident(&request, &caller, wall_ms)
+                .map(|i| Completion::Incident(Box::new(i))),
+            StoreOp::AcknowledgeIncident { request, caller } => self
+                .acknowledge_incident(&request, &caller, wall_ms)
+                .map(|i| Completion::Incident(Box::new(i))),
             StoreOp::AppendEvents { events } => self
                 .append_events(&events, wall_ms)
                 .map(Completion::Appended),

@@ -327,7 +327,9 @@ fn load_open(tx: &Transaction<'_>, id: &[u8; 16], text: &str) -> Result<Incident
     Ok(incident)
 }
 
-fn already_resolved(incident: &Incident) -> DomainError {
+/// The refusal of a repair or an acknowledgement of a resolved incident.
+#[must_use]
+pub fn already_resolved(incident: &Incident) -> DomainError {
     let state = match incident.state {
         wire::IncidentState::Repaired => "repaired",
         wire::IncidentState::Acknowledged => "acknowledged",
