@@ -26,6 +26,7 @@ mod incidents;
 mod mutations;
 pub mod output;
 mod reads;
+mod replicas;
 mod sessions;
 mod signals;
 mod stdin;
@@ -45,6 +46,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "postgres",
         include_str!("../migrations/0002_postgres.sql"),
+    ),
+    (
+        3,
+        "replicas",
+        include_str!("../migrations/0003_replicas.sql"),
     ),
 ];
 
@@ -73,6 +79,10 @@ pub struct PgStore {
     opts: StoreOptions,
     output: Box<dyn output::OutputStore>,
     entropy: std::sync::Arc<dyn rvbox_store::entropy::Entropy>,
+    /// This process as a replica, once joined: the owner of the sessions
+    /// it registers.
+    replica: Option<rvbox_store_port::replica::ReplicaId>,
+    lease_times: rvbox_store_port::replica::LeaseTimes,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -97,6 +107,8 @@ impl PgStore {
             opts,
             output: Box::new(output::DatabaseChunks),
             entropy: std::sync::Arc::new(rvbox_store::entropy::OsEntropy),
+            replica: None,
+            lease_times: rvbox_store_port::replica::LeaseTimes::default(),
         };
         store.migrate()?;
         Ok(store)

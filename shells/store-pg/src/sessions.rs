@@ -223,6 +223,7 @@ impl PgStore {
         reg: &Registration,
         now_ms: i64,
     ) -> Result<u64, Fail> {
+        let owner = self.replica;
         let next = self.in_tx("register session", |tx, opts| {
             // the client's row, locked: a concurrent registration of the
             // same client waits here and then sees this one's generation
@@ -304,14 +305,17 @@ impl PgStore {
             )
             .map_err(Fail::db("update client registration"))?;
             tx.execute(
-                "INSERT INTO sessions (session_id, client_id, instance_id, generation, opened_ms, live)
-                 VALUES ($1, $2, $3, $4, $5, true)",
+                "INSERT INTO sessions (session_id, client_id, instance_id, generation, opened_ms,
+                     live, owner_replica, owner_epoch)
+                 VALUES ($1, $2, $3, $4, $5, true, $6, $7)",
                 &[
                     &reg.session_id.as_slice(),
                     &reg.client_id,
                     &reg.instance_id.as_slice(),
                     &to_i64(next),
                     &now_ms,
+                    &owner.map(|r| r.id.to_vec()),
+                    &owner.map(|r| to_i64(r.epoch)),
                 ],
             )
             .map_err(Fail::db("install session"))?;

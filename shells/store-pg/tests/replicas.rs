@@ -1,0 +1,93 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+//! Replica leases on the database clock, single-runner duties, and the
+//! janitor that ends the sessions of a lost replica, with two replicas on
+//! one private PostgreSQL (short leases, so a lost lease ends within the
+//! test).
+
+use std::time::Duration;
+
+use rvbox_conformance::support::{client, live_session};
+use rvbox_store_pg::{PgStore, StoreOptions};
+use rvbox_store_port::replica::{Duty, LeaseTimes};
+use rvbox_testkit::Postgres;
+
+const TIMES: LeaseTimes = LeaseTimes {
+    lease_ms: 1_500,
+    renew_every_ms: 300,
+    self_fence_ms: 1_000,
+};
+
+fn two(pg: &Postgres) -> (PgStore, PgStore) {
+    pg.psql("postgres", "CREATE DATABASE replicas");
+    let mut a = PgStore::connect(&pg.conninfo("replicas"), StoreOptions::default()).unwrap();
+    let mut b = PgStore::connect(&pg.conninfo("replicas"), StoreOptions::default()).unwrap();
+    let ra = a.join(Some("10.0.0.1:7443"), TIMES).unwrap();
+    let rb = b.join(Some("10.0.0.2:7443"), TIMES).unwrap();
+    assert_ne!(ra.id, rb.id);
+    assert!(rb.epoch > ra.epoch, "epochs from one sequence");
+    (a, b)
+}
+
+/// Renews `live` for a little longer than one lease, so every other
+/// replica's lease ends meanwhile.
+fn renew_through_a_lease(live: &mut PgStore) {
+    let deadline = std::time::Instant::now() + Duration::from_millis(TIMES.lease_ms + 300);
+    while std::time::Instant::now() < deadline {
+        assert!(live.renew().unwrap());
+        std::thread::sleep(Duration::from_millis(TIMES.renew_every_ms));
+    }
+}
+
+#[test]
+fn a_duty_runs_on_one_replica_until_its_lease_ends_then_on_another() {
+    assert!(TIMES.is_sound());
+    let pg = Postgres::start();
+    let (mut a, mut b) = two(&pg);
+    for duty in Duty::ALL {
+        assert!(a.hold_duty(duty).unwrap(), "{duty:?} free");
+        assert!(!b.hold_duty(duty).unwrap(), "{duty:?} is a's");
+    }
+    // a renews and keeps its duties
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(TIMES.renew_every_ms));
+        assert!(a.renew().unwrap());
+        assert!(b.renew().unwrap());
+        assert!(a.hold_duty(Duty::Expiry).unwrap());
+        assert!(!b.hold_duty(Duty::Expiry).unwrap());
+    }
+    // a stops renewing (paused, partitioned, killed): its lease ends,
+    // while b renews its own
+    renew_through_a_lease(&mut b);
+    assert!(b.hold_duty(Duty::Expiry).unwrap(), "b takes a lost duty");
+    assert!(!a.renew().unwrap(), "an ended lease is never renewed");
+    assert!(!a.hold_duty(Duty::Expiry).unwrap(), "a lost it");
+    assert!(
+        !a.hold_duty(Duty::Maintenance).unwrap(),
+        "a replica whose own lease ended takes no duty, even a free one"
+    );
+    // a joins again, with a new epoch, and waits for the duty like anyone
+    let again = a.join(None, TIMES).unwrap();
+    assert!(again.epoch > b.replica().unwrap().epoch);
+    assert!(!a.hold_duty(Duty::Expiry).unwrap());
+}
+
+#[test]
+fn the_janitor_ends_the_sessions_of_a_lost_replica_and_no_other() {
+    let pg = Postgres::start();
+    let (mut a, mut b) = two(&pg);
+    live_session(&mut a, "on-a");
+    live_session(&mut b, "on-b");
+    assert_eq!(b.end_sessions_of_lost_replicas(0).unwrap(), 0, "both live");
+    // a is lost; b renews its own lease throughout
+    renew_through_a_lease(&mut b);
+    assert!(b.hold_duty(Duty::Janitor).unwrap());
+    assert_eq!(b.end_sessions_of_lost_replicas(0).unwrap(), 1);
+    assert_eq!(client(&mut b, "on-a").unwrap().live, None);
+    assert!(client(&mut b, "on-b").unwrap().live.is_some());
+    assert_eq!(b.end_sessions_of_lost_replicas(0).unwrap(), 0, "once");
+}
