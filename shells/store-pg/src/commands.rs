@@ -494,6 +494,7 @@ impl PgStore {
             };
             let stored: Stored = Ok(response.encode_to_vec());
             write_in(tx, record, Ok(()))?;
+            crate::notify::client(tx, client_id)?;
             mutations::record(
                 tx,
                 &valid.issue_uuid,

@@ -603,6 +603,11 @@ fn write(
             )?;
         }
     }
+    // the followers of each command that has new events, on any replica
+    let touched: BTreeSet<[u8; 16]> = plan.accepted.iter().map(|a| a.issue).collect();
+    for issue in &touched {
+        crate::notify::command(tx, issue)?;
+    }
     for (client, (before, after)) in &plan.owners {
         let d = to_i64(*after).saturating_sub(to_i64(*before));
         if d != 0 {

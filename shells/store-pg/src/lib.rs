@@ -24,6 +24,7 @@ mod error;
 mod events;
 mod incidents;
 mod mutations;
+pub mod notify;
 pub mod output;
 mod reads;
 mod replicas;

@@ -176,6 +176,9 @@ impl PgStore {
             };
             let stored: Stored = Ok(response.encode_to_vec());
             write_in(tx, rec, Ok(()))?;
+            if deliver.is_some() {
+                crate::notify::client(tx, &view.client_id)?;
+            }
             mutations::record(
                 tx,
                 &request_id,

@@ -301,6 +301,7 @@ impl PgStore {
                 StdinResponse::Close(r) => r.encode_to_vec(),
             });
             write_in(tx, rec, Ok(()))?;
+            crate::notify::client(tx, &view.client_id)?;
             mutations::record(
                 tx,
                 &m.request_id,

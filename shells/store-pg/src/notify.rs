@@ -1,0 +1,110 @@
+//! Wake-ups between replicas (docs/scaleout.md): a write that gives work
+//! to a client sends `NOTIFY rvbox_client, '<client_id>'`, and an append
+//! group sends `NOTIFY rvbox_command, '<issue_uuid>'` once per command it
+//! touched, each in the writing transaction, so it is delivered only if
+//! that transaction commits. A replica listens on both ([`Listener`]):
+//! the replica holding the client's socket looks for the client's work
+//! at once, and `FollowCommand` on any replica reads the new events.
+//!
+//! Notifications are a hint, never the only path: a listener that was
+//! not connected misses them, so the replica also polls (every second)
+//! for the work of its live clients and for the commands it follows.
+
+use std::time::Duration;
+
+use postgres::{Client, NoTls, Transaction};
+
+use crate::Fail;
+
+/// The channel of clients that have new work (commands, signals, stdin).
+pub const CLIENT_CHANNEL: &str = "rvbox_client";
+/// The channel of commands that have new events.
+pub const COMMAND_CHANNEL: &str = "rvbox_command";
+
+/// Queues a wake-up for `client_id`, delivered when `tx` commits.
+pub(crate) fn client(tx: &mut Transaction<'_>, client_id: &str) -> Result<(), Fail> {
+    tx.execute("SELECT pg_notify($1, $2)", &[&CLIENT_CHANNEL, &client_id])
+        .map_err(Fail::db("notify a client's replica"))?;
+    Ok(())
+}
+
+/// Queues a wake-up for the followers of `issue`, delivered when `tx`
+/// commits.
+pub(crate) fn command(tx: &mut Transaction<'_>, issue: &[u8; 16]) -> Result<(), Fail> {
+    let text = rvbox_domain::ids::Uuid7::from_bytes("issue_uuid", *issue)
+        .map(|u| u.to_string())
+        .unwrap_or_default();
+    tx.execute("SELECT pg_notify($1, $2)", &[&COMMAND_CHANNEL, &text])
+        .map_err(Fail::db("notify a command's followers"))?;
+    Ok(())
+}
+
+/// A wake-up as a listener receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WakeUp {
+    /// A client has new work.
+    Client(String),
+    /// A command has new events (its canonical id).
+    Command(String),
+}
+
+/// A connection that listens on both channels.
+pub struct Listener {
+    client: Client,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener").finish_non_exhaustive()
+    }
+}
+
+impl Listener {
+    /// Connects and listens.
+    ///
+    /// # Errors
+    /// When the database cannot be reached.
+    pub fn connect(conninfo: &str) -> Result<Self, Fail> {
+        let mut client =
+            Client::connect(conninfo, NoTls).map_err(Fail::db("connect a listener"))?;
+        client
+            .batch_execute(&format!(
+                "LISTEN {CLIENT_CHANNEL}; LISTEN {COMMAND_CHANNEL}"
+            ))
+            .map_err(Fail::db("listen"))?;
+        Ok(Self { client })
+    }
+
+    /// The wake-ups that arrive within `wait` (at most `max`); empty when
+    /// none did. A closed connection is an error: the caller connects
+    /// again (and polls meanwhile).
+    ///
+    /// # Errors
+    /// When the connection failed or closed.
+    pub fn wait(&mut self, wait: Duration, max: usize) -> Result<Vec<WakeUp>, Fail> {
+        let mut out = Vec::new();
+        {
+            let mut notes = self.client.notifications();
+            let mut it = notes.timeout_iter(wait);
+            while out.len() < max {
+                match postgres::fallible_iterator::FallibleIterator::next(&mut it) {
+                    Ok(Some(n)) => out.push(match n.channel() {
+                        CLIENT_CHANNEL => WakeUp::Client(n.payload().to_owned()),
+                        _ => WakeUp::Command(n.payload().to_owned()),
+                    }),
+                    Ok(None) => break,
+                    Err(e) => {
+                        return Err(Fail::Db {
+                            context: "wait for notifications",
+                            source: e,
+                        });
+                    }
+                }
+            }
+        }
+        if out.is_empty() && self.client.is_closed() {
+            return Err(Fail::Integrity("the listener's connection closed".into()));
+        }
+        Ok(out)
+    }
+}

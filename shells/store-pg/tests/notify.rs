@@ -1,0 +1,92 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+//! Wake-ups between replicas: delivered to a listener on another
+//! connection when the writing transaction commits, and never for one
+//! that did not.
+
+use std::time::Duration;
+
+use rvbox_conformance::support::{
+    NOW, live_session, op, outcomes, output_event, run, run_request, running, text,
+};
+use rvbox_store_pg::notify::{Listener, WakeUp};
+use rvbox_store_pg::{PgStore, StoreOptions};
+use rvbox_store_port::audit::Caller;
+use rvbox_store_port::events::EventOutcome;
+use rvbox_store_port::ops::{Backend, StoreOp};
+use rvbox_testkit::Postgres;
+
+const WAIT: Duration = Duration::from_millis(500);
+
+#[test]
+fn a_committed_write_wakes_the_other_replicas_and_a_refused_one_does_not() {
+    let pg = Postgres::start();
+    pg.psql("postgres", "CREATE DATABASE notify");
+    let mut s = PgStore::connect(&pg.conninfo("notify"), StoreOptions::default()).unwrap();
+    let mut listener = Listener::connect(&pg.conninfo("notify")).unwrap();
+    assert!(
+        listener
+            .wait(Duration::from_millis(100), 10)
+            .unwrap()
+            .is_empty()
+    );
+
+    let issue = run(&mut s, "web-1");
+    assert_eq!(
+        listener.wait(WAIT, 10).unwrap(),
+        vec![WakeUp::Client("web-1".into())],
+        "the new command's client"
+    );
+    // a refused request commits nothing and wakes nobody
+    let r = op(
+        &mut s,
+        StoreOp::RunCommand {
+            request: run_request(&issue, "web-1", "something else"),
+            caller: Caller::local(),
+        },
+    );
+    assert!(r.is_err());
+    assert!(
+        listener
+            .wait(Duration::from_millis(300), 10)
+            .unwrap()
+            .is_empty()
+    );
+
+    let (cmd, session) = running(&mut s, "web-2");
+    let wakes = listener.wait(WAIT, 10).unwrap();
+    assert!(wakes.contains(&WakeUp::Client("web-2".into())), "{wakes:?}");
+    assert!(wakes.contains(&WakeUp::Command(text(&cmd))), "{wakes:?}");
+    // one wake-up per command of an append group, however many events
+    let events: Vec<_> = (2..6)
+        .map(|seq| {
+            let mut ev = output_event(&cmd, seq, b"line\n");
+            ev.session = Some(session);
+            ev
+        })
+        .collect();
+    let r = s.perform(NOW, StoreOp::AppendEvents { events });
+    assert_eq!(outcomes(&r), vec![EventOutcome::Appended; 4]);
+    assert_eq!(
+        listener.wait(WAIT, 10).unwrap(),
+        vec![WakeUp::Command(text(&cmd))]
+    );
+    // a stale session's event is refused: nothing committed, no wake-up
+    let stale = live_session(&mut s, "web-2");
+    let _ = listener.wait(Duration::from_millis(200), 10).unwrap();
+    let mut ev = output_event(&cmd, 6, b"late\n");
+    ev.session = Some(session);
+    let r = s.perform(NOW, StoreOp::AppendEvents { events: vec![ev] });
+    assert!(matches!(outcomes(&r)[0], EventOutcome::Refused(_)));
+    assert!(
+        listener
+            .wait(Duration::from_millis(300), 10)
+            .unwrap()
+            .is_empty()
+    );
+    assert_ne!(stale, session);
+}
