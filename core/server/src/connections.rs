@@ -85,6 +85,15 @@ pub(crate) struct ClientState {
 
 impl ServerCore {
     pub(crate) fn connect(&mut self, conn: ConnId) {
+        if !self.serving {
+            // a replica that lost its lease takes no client until it has
+            // joined again: the client goes to another replica
+            self.out.push_back(Output::Close {
+                conn,
+                reason: wire::CloseReason::ServiceRestart,
+            });
+            return;
+        }
         if self.conns.len() >= MAX_CONNECTIONS || self.conns.contains_key(&conn) {
             tracing::warn!(
                 conn,

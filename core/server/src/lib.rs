@@ -225,6 +225,19 @@ pub enum Input {
     /// The timer armed at [`ServerCore::poll_timeout`] fired (or any
     /// wake-up: handling it early is harmless).
     Timeout,
+    /// The single-runner duties this server now holds (on one box all of
+    /// them, which is also the start; on several replicas, those whose
+    /// lease it holds: docs/scaleout.md).
+    Duties {
+        /// The duties held.
+        held: Vec<rvbox_store_port::replica::Duty>,
+    },
+    /// Whether this server serves clients: a replica whose lease ended
+    /// stops until it has joined again (`SERVICE_RESTART` to every connection, new ones refused, no duty).
+    Serving {
+        /// Serving.
+        serving: bool,
+    },
 }
 
 /// Something the caller must do, in order.
@@ -481,6 +494,11 @@ pub struct ServerCore {
     audits: audit::AuditLimiter,
     /// Monotonic time of the last queue-expiry pass.
     last_expiry_ms: Option<u64>,
+    /// The single-runner duties this server runs: all of them on one box;
+    /// on several replicas, those whose lease it holds (docs/scaleout.md).
+    duties: std::collections::BTreeSet<rvbox_store_port::replica::Duty>,
+    /// Whether clients are served: false while a replica's lease is lost.
+    serving: bool,
     /// An expiry read is in flight.
     expiry_running: bool,
     /// Monotonic time of the last maintenance pass.
@@ -527,6 +545,8 @@ impl ServerCore {
             stats: EngineStats::default(),
             audits: audit::AuditLimiter::default(),
             last_expiry_ms: None,
+            duties: rvbox_store_port::replica::Duty::ALL.into_iter().collect(),
+            serving: true,
             expiry_running: false,
             last_maintenance_ms: None,
             maintenance_running: false,
@@ -581,12 +601,58 @@ impl ServerCore {
         self.out.pop_front()
     }
 
+    /// Sets the single-runner duties this server runs (by default all of
+    /// them). A duty it does not hold is never started here: its timer
+    /// neither fires nor wakes the core. One already running finishes.
+    fn set_duties(&mut self, held: &[rvbox_store_port::replica::Duty]) {
+        let held: std::collections::BTreeSet<_> = held.iter().copied().collect();
+        if held != self.duties {
+            tracing::info!(
+                duties = ?held.iter().map(|d| d.name()).collect::<Vec<_>>(),
+                "single-runner duties changed"
+            );
+            self.duties = held;
+        }
+    }
+
+    /// Whether this server serves clients. A replica whose lease ended
+    /// (docs/scaleout.md) stops: every connection closes with
+    /// `SERVICE_RESTART` (its clients reconnect, through nginx, to another
+    /// replica) and new ones are refused, until it has joined again. It
+    /// runs no duty meanwhile.
+    fn set_serving(&mut self, serving: bool) {
+        if serving == self.serving {
+            return;
+        }
+        self.serving = serving;
+        if serving {
+            tracing::info!("serving clients again");
+            return;
+        }
+        self.duties.clear();
+        let conns: Vec<ConnId> = self.conns.keys().copied().collect();
+        tracing::error!(
+            connections = conns.len(),
+            "the replica lease is lost: closing every connection and running no duty"
+        );
+        for conn in conns {
+            self.close(conn, wire::CloseReason::ServiceRestart);
+        }
+    }
+
+    /// Whether this server runs `duty`.
+    #[must_use]
+    pub fn runs(&self, duty: rvbox_store_port::replica::Duty) -> bool {
+        self.duties.contains(&duty)
+    }
+
     /// The earliest monotonic deadline: a session timer, the next queue
     /// expiry pass, or the end of a dispatch backoff.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<u64> {
+        use rvbox_store_port::replica::Duty;
         let sessions = self.conns.earliest();
-        let expiry = if self.expiry_running {
+        let expiry = if self.expiry_running || !self.runs(Duty::Expiry) {
             None
         } else {
             Some(
@@ -598,7 +664,7 @@ impl ServerCore {
             let wait = u64::try_from(w.saturating_sub(self.wall_ms)).unwrap_or(0);
             self.now_ms.saturating_add(wait)
         });
-        let maintenance = if self.maintenance_running {
+        let maintenance = if self.maintenance_running || !self.runs(Duty::Maintenance) {
             None
         } else {
             Some(self.last_maintenance_ms.map_or(self.now_ms, |t| {
@@ -606,8 +672,11 @@ impl ServerCore {
             }))
         };
         let group = self.group_due_at();
-        let scrub = (!self.scrub_running).then(|| self.scrub_due_at());
-        let fleet = self.fleet.due_at(self.now_ms);
+        let scrub = (!self.scrub_running && self.runs(Duty::Scrub)).then(|| self.scrub_due_at());
+        let fleet = self
+            .fleet
+            .due_at(self.now_ms)
+            .filter(|_| self.runs(Duty::FleetPump));
         [sessions, expiry, wake, maintenance, group, scrub, fleet]
             .into_iter()
             .flatten()
@@ -648,6 +717,8 @@ impl ServerCore {
                 call,
             } => self.control(request, caller, call),
             Input::Timeout => self.timeout(),
+            Input::Duties { held } => self.set_duties(&held),
+            Input::Serving { serving } => self.set_serving(serving),
         }
         // every session effect the input caused, then a fair dispatch turn
         // for each client that became ready (a turn only issues reads), and
@@ -730,12 +801,14 @@ impl ServerCore {
     }
 
     fn timeout(&mut self) {
+        use rvbox_store_port::replica::Duty;
         let now = self.now_ms;
         let due: Vec<ConnId> = self.conns.due(now);
         for conn in due {
             self.session_input(conn, rvbox_session::Input::Timeout);
         }
         if !self.expiry_running
+            && self.runs(Duty::Expiry)
             && self
                 .last_expiry_ms
                 .is_none_or(|t| now >= t.saturating_add(EXPIRY_INTERVAL_MS))
@@ -750,6 +823,7 @@ impl ServerCore {
             );
         }
         if !self.maintenance_running
+            && self.runs(Duty::Maintenance)
             && self
                 .last_maintenance_ms
                 .is_none_or(|t| now >= t.saturating_add(self.maintenance_interval()))
@@ -762,11 +836,13 @@ impl ServerCore {
             self.last_maintenance_ms = Some(now);
             self.maintenance_running = self.store(StoreOp::Maintain, Pending::Maintenance);
         }
-        if !self.scrub_running && now >= self.scrub_due_at() {
+        if !self.scrub_running && self.runs(Duty::Scrub) && now >= self.scrub_due_at() {
             self.last_scrub_ms = Some(now);
             self.scrub_running = self.store(StoreOp::Scrub, Pending::Scrub);
         }
-        self.fleet_timeout();
+        if self.runs(Duty::FleetPump) {
+            self.fleet_timeout();
+        }
         self.wake_backoffs();
     }
 

@@ -215,6 +215,25 @@ impl Engine {
         self.input(now_ms, wall_ms, Input::Disconnected { conn });
     }
 
+    /// The single-runner duties this engine runs (see
+    /// [`Input::Duties`]).
+    pub fn set_duties(&mut self, held: &[rvbox_store_port::replica::Duty]) {
+        let (now, wall) = self.last;
+        self.input(
+            now,
+            wall,
+            Input::Duties {
+                held: held.to_vec(),
+            },
+        );
+    }
+
+    /// Whether this engine serves clients (see [`Input::Serving`]).
+    pub fn set_serving(&mut self, serving: bool) {
+        let (now, wall) = self.last;
+        self.input(now, wall, Input::Serving { serving });
+    }
+
     /// Timers: session deadlines due at `now_ms`, queue expiry, backoff
     /// wake-ups and a dispatch pass.
     pub fn tick(&mut self, now_ms: u64, wall_ms: i64) {

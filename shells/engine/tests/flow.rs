@@ -546,3 +546,75 @@ fn a_write_for_a_session_another_replica_replaced_is_refused_and_closes_it() {
     assert_eq!(after.generation, rec.generation + 1);
     assert!(after.live.is_some());
 }
+
+/// A duty this server does not hold (on several replicas, another one
+/// holds it) never runs here: a command past its queue TTL stays queued
+/// until the duty comes back.
+#[test]
+fn a_duty_not_held_never_runs_and_runs_again_once_held() {
+    use rvbox_store_port::replica::Duty;
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path());
+    let id = new_id();
+    let req = wire::RunCommandRequest {
+        request_id: Engine::uuid_text(&id),
+        client_id: "web-1".into(),
+        spec: Some(wire::ExecutionSpec {
+            source: Some(wire::execution_spec::Source::CommandText("make".into())),
+            ..Default::default()
+        }),
+        script: Vec::new(),
+        queue_ttl: Some(prost_types::Duration {
+            seconds: 1,
+            nanos: 0,
+        }),
+    };
+    e.run_command(&req, WALL).unwrap();
+    let held: Vec<Duty> = Duty::ALL
+        .into_iter()
+        .filter(|d| *d != Duty::Expiry)
+        .collect();
+    e.set_duties(&held);
+    for t in 1..10u64 {
+        e.tick(t * 10_000, WALL + i64::try_from(t * 10_000).unwrap());
+        drain(&mut e);
+    }
+    assert_eq!(e.command(&id).unwrap().lifecycle, Lifecycle::Queued);
+    e.set_duties(&Duty::ALL);
+    e.tick(100_000, WALL + 100_000);
+    drain(&mut e);
+    assert_eq!(e.command(&id).unwrap().lifecycle, Lifecycle::Expired);
+}
+
+/// A replica that lost its lease closes every connection and takes no new
+/// one until it serves again; its session rows end.
+#[test]
+fn a_replica_that_lost_its_lease_closes_its_connections_and_takes_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path());
+    let cmd = new_id();
+    accepted_command(&mut e, &cmd);
+    e.set_serving(false);
+    let (_, closes) = drain(&mut e);
+    assert_eq!(closes, vec![(1, wire::CloseReason::ServiceRestart)]);
+    assert_eq!(e.connections(), 0);
+    assert_eq!(
+        e.store().client_record("web-1").unwrap().unwrap().live,
+        None,
+        "the session row ended"
+    );
+    e.connect(10, 2);
+    let (_, closes) = drain(&mut e);
+    assert_eq!(closes, vec![(2, wire::CloseReason::ServiceRestart)]);
+    e.set_serving(true);
+    e.connect(20, 3);
+    e.frame(21, WALL, 3, hello(INSTANCE_A));
+    let (frames, closes) = drain(&mut e);
+    assert!(closes.is_empty(), "{closes:?}");
+    assert!(
+        frames
+            .iter()
+            .any(|(c, f)| *c == 3 && matches!(f.payload, Some(Payload::ServerWelcome(_)))),
+        "{frames:?}"
+    );
+}
