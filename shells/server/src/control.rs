@@ -26,7 +26,7 @@ use rvbox_proto::v1 as wire;
 use rvbox_server_core::{Caller, ControlAnswer, ControlCall};
 use rvbox_store::mutations::OpError;
 use rvbox_store::output::HistoryItem;
-use rvbox_store::reader::{ReadHandle, StoreReader};
+use rvbox_store::reader::{ControlReads, ReaderSource};
 use rvbox_store_port::fleet::{FleetAction, FleetAnswer};
 use rvbox_store_port::ops::PortError;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
@@ -83,15 +83,15 @@ fn unavailable(why: &str) -> Status {
 /// A small pool of read-only connections.
 #[derive(Debug)]
 pub(crate) struct Readers {
-    handle: ReadHandle,
-    idle: Mutex<Vec<StoreReader>>,
+    source: Arc<dyn ReaderSource>,
+    idle: Mutex<Vec<Box<dyn ControlReads>>>,
     permits: Semaphore,
 }
 
 impl Readers {
-    pub(crate) fn new(handle: ReadHandle) -> Self {
+    pub(crate) fn new(source: Arc<dyn ReaderSource>) -> Self {
         Self {
-            handle,
+            source,
             idle: Mutex::new(Vec::new()),
             permits: Semaphore::new(READERS),
         }
@@ -100,7 +100,7 @@ impl Readers {
     /// Runs one read on a pooled connection, off the async threads.
     pub(crate) async fn read<T: Send + 'static>(
         self: &Arc<Self>,
-        f: impl FnOnce(&StoreReader) -> Result<T, OpError> + Send + 'static,
+        f: impl FnOnce(&mut dyn ControlReads) -> Result<T, OpError> + Send + 'static,
     ) -> Result<T, Status> {
         let _permit = self
             .permits
@@ -109,14 +109,14 @@ impl Readers {
             .map_err(|_| unavailable("the server is stopping"))?;
         let this = Arc::clone(self);
         tokio::task::spawn_blocking(move || {
-            let reader = match this.idle.lock().ok().and_then(|mut v| v.pop()) {
+            let mut reader = match this.idle.lock().ok().and_then(|mut v| v.pop()) {
                 Some(r) => r,
                 None => this
-                    .handle
-                    .open()
+                    .source
+                    .open_reader()
                     .map_err(|e| op_status(OpError::Store(e)))?,
             };
-            let out = f(&reader).map_err(op_status);
+            let out = f(reader.as_mut()).map_err(op_status);
             if let Ok(mut v) = this.idle.lock() {
                 v.push(reader);
             }
@@ -139,7 +139,7 @@ pub(crate) struct ControlService {
 impl ControlService {
     pub(crate) fn new(
         shared: Arc<Shared>,
-        reads: ReadHandle,
+        reads: Arc<dyn ReaderSource>,
         changes: watch::Receiver<u64>,
         stop: watch::Receiver<bool>,
     ) -> Self {

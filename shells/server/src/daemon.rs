@@ -201,7 +201,7 @@ async fn serve(config: ServerConfig) -> i32 {
     tracing::info!(path = %config.control.socket_path.display(), mode = "0600", "control socket listening");
     let service = crate::control::ControlService::new(
         Arc::clone(&shared),
-        store.read_handle(),
+        Arc::new(store.read_handle()),
         changes_rx,
         stop_rx.clone(),
     );

@@ -376,6 +376,200 @@ impl crate::Store {
     }
 }
 
+/// The reads the control service makes, the same for every store backend:
+/// the SQLite store's [`StoreReader`] answers them, and a PostgreSQL
+/// reader will. Each reader is used by one thread at a time.
+pub trait ControlReads: Send {
+    /// `ListClients`: one page by client id.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a bad page size or token, or a store failure.
+    fn list_clients(
+        &mut self,
+        req: &wire::ListClientsRequest,
+    ) -> Result<wire::ListClientsResponse, OpError>;
+    /// `GetClient`.
+    ///
+    /// # Errors
+    /// `NOT_FOUND`, or a store failure.
+    fn get_client(
+        &mut self,
+        client_id: &str,
+        now_ms: i64,
+    ) -> Result<wire::GetClientResponse, OpError>;
+    /// `ListCommands`: one page.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a bad page size or token, or a store failure.
+    fn list_commands(
+        &mut self,
+        req: &wire::ListCommandsRequest,
+    ) -> Result<wire::ListCommandsResponse, OpError>;
+    /// `GetCommand`.
+    ///
+    /// # Errors
+    /// `NOT_FOUND`, or a store failure.
+    fn command_record(&mut self, issue: &[u8; 16]) -> Result<wire::CommandRecord, OpError>;
+    /// `GetOutput`: one page of a command's raw output.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT`, `NOT_FOUND`, or a store failure.
+    fn get_output(
+        &mut self,
+        req: &wire::GetOutputRequest,
+    ) -> Result<wire::GetOutputResponse, OpError>;
+    /// `FollowCommand` history after `after_event_seq`, at most `limit`.
+    ///
+    /// # Errors
+    /// `NOT_FOUND`, or a store failure.
+    fn events_after(
+        &mut self,
+        issue: &[u8; 16],
+        after_event_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<HistoryItem>, OpError>;
+    /// `ListStorageIncidents`: one page, newest first.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT`, or a store failure.
+    fn incident_page(
+        &mut self,
+        req: &wire::ListStorageIncidentsRequest,
+    ) -> Result<wire::ListStorageIncidentsResponse, OpError>;
+    /// `GetFleetRun`.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT`, `NOT_FOUND`, or a store failure.
+    fn get_fleet_run(
+        &mut self,
+        req: &wire::GetFleetRunRequest,
+    ) -> Result<wire::GetFleetRunResponse, OpError>;
+    /// `ListFleetRuns`: one page, newest first.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT`, or a store failure.
+    fn list_fleet_runs(
+        &mut self,
+        req: &wire::ListFleetRunsRequest,
+    ) -> Result<wire::ListFleetRunsResponse, OpError>;
+    /// `ListFleetTargets`: one page by client id.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT`, `NOT_FOUND`, or a store failure.
+    fn list_fleet_targets(
+        &mut self,
+        req: &wire::ListFleetTargetsRequest,
+    ) -> Result<wire::ListFleetTargetsResponse, OpError>;
+    /// A fleet run's record and its targets changed after `after_seq`.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT`, `NOT_FOUND`, or a store failure.
+    fn fleet_changes(
+        &mut self,
+        run: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<(wire::FleetRunRecord, Vec<wire::FleetTarget>), OpError>;
+}
+
+/// What opens [`ControlReads`] readers of one store.
+pub trait ReaderSource: Send + Sync {
+    /// A new reader.
+    ///
+    /// # Errors
+    /// When the store cannot be opened for reading.
+    fn open_reader(&self) -> Result<Box<dyn ControlReads>, StoreError>;
+}
+
+impl std::fmt::Debug for dyn ReaderSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReaderSource")
+    }
+}
+
+impl std::fmt::Debug for dyn ControlReads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ControlReads")
+    }
+}
+
+impl ReaderSource for ReadHandle {
+    fn open_reader(&self) -> Result<Box<dyn ControlReads>, StoreError> {
+        Ok(Box::new(self.open()?))
+    }
+}
+
+impl ControlReads for StoreReader {
+    fn list_clients(
+        &mut self,
+        req: &wire::ListClientsRequest,
+    ) -> Result<wire::ListClientsResponse, OpError> {
+        StoreReader::list_clients(self, req)
+    }
+    fn get_client(
+        &mut self,
+        client_id: &str,
+        now_ms: i64,
+    ) -> Result<wire::GetClientResponse, OpError> {
+        StoreReader::get_client(self, client_id, now_ms)
+    }
+    fn list_commands(
+        &mut self,
+        req: &wire::ListCommandsRequest,
+    ) -> Result<wire::ListCommandsResponse, OpError> {
+        StoreReader::list_commands(self, req)
+    }
+    fn command_record(&mut self, issue: &[u8; 16]) -> Result<wire::CommandRecord, OpError> {
+        StoreReader::command_record(self, issue)
+    }
+    fn get_output(
+        &mut self,
+        req: &wire::GetOutputRequest,
+    ) -> Result<wire::GetOutputResponse, OpError> {
+        StoreReader::get_output(self, req)
+    }
+    fn events_after(
+        &mut self,
+        issue: &[u8; 16],
+        after_event_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<HistoryItem>, OpError> {
+        StoreReader::events_after(self, issue, after_event_seq, limit)
+    }
+    fn incident_page(
+        &mut self,
+        req: &wire::ListStorageIncidentsRequest,
+    ) -> Result<wire::ListStorageIncidentsResponse, OpError> {
+        StoreReader::incident_page(self, req)
+    }
+    fn get_fleet_run(
+        &mut self,
+        req: &wire::GetFleetRunRequest,
+    ) -> Result<wire::GetFleetRunResponse, OpError> {
+        StoreReader::get_fleet_run(self, req)
+    }
+    fn list_fleet_runs(
+        &mut self,
+        req: &wire::ListFleetRunsRequest,
+    ) -> Result<wire::ListFleetRunsResponse, OpError> {
+        StoreReader::list_fleet_runs(self, req)
+    }
+    fn list_fleet_targets(
+        &mut self,
+        req: &wire::ListFleetTargetsRequest,
+    ) -> Result<wire::ListFleetTargetsResponse, OpError> {
+        StoreReader::list_fleet_targets(self, req)
+    }
+    fn fleet_changes(
+        &mut self,
+        run: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<(wire::FleetRunRecord, Vec<wire::FleetTarget>), OpError> {
+        StoreReader::fleet_changes(self, run, after_seq, limit)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
