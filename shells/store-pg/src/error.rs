@@ -44,6 +44,23 @@ impl Fail {
         }
     }
 
+    /// Whether the connection itself was lost (closed, terminated by the
+    /// server or an administrator, a failover): nothing sent after it
+    /// reached the database.
+    #[must_use]
+    pub fn is_connection_lost(&self) -> bool {
+        match self {
+            Self::Db { source, .. } => {
+                source.is_closed()
+                    || source.code().is_some_and(|c| {
+                        let code = c.code();
+                        code.starts_with("08") || code.starts_with("57P")
+                    })
+            }
+            _ => false,
+        }
+    }
+
     /// The port's view: a refusal stays one; anything else is
     /// `UNAVAILABLE` with the detail for logs.
     #[must_use]

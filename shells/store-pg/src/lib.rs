@@ -172,6 +172,7 @@ impl PgStore {
     /// # Errors
     /// A database failure.
     pub fn backend_pid(&mut self) -> Result<i32, Fail> {
+        self.ensure_connected()?;
         Ok(self
             .client
             .query_one("SELECT pg_backend_pid()", &[])
@@ -207,6 +208,9 @@ impl PgStore {
         loop {
             attempt += 1;
             let hook = std::sync::Arc::clone(&self.hook);
+            // set once COMMIT is sent: from then on the outcome of a lost
+            // connection is unknown, and the transaction never runs again
+            let mut committing = false;
             let result: Result<T, Fail> = (|| {
                 let mut tx = self
                     .client
@@ -216,6 +220,7 @@ impl PgStore {
                     .map_err(Fail::db(what))?;
                 let v = f(&mut tx, &self.opts)?;
                 hook.at(points::BEFORE_COMMIT);
+                committing = true;
                 tx.commit().map_err(Fail::db(what))?;
                 hook.at(points::AFTER_COMMIT);
                 Ok(v)
@@ -223,6 +228,12 @@ impl PgStore {
             match result {
                 Err(e) if e.is_retryable() && attempt < MAX_ATTEMPTS => {
                     tracing::debug!(what, attempt, error = %e, "transaction aborted by a conflict; running it again");
+                }
+                Err(e) if !committing && e.is_connection_lost() && attempt < MAX_ATTEMPTS => {
+                    // nothing was committed: connect again and run it again
+                    tracing::warn!(what, error = %e, "connection lost before the commit; running the transaction again on a new one");
+                    self.client =
+                        Client::connect(&self.conninfo, NoTls).map_err(Fail::db("reconnect"))?;
                 }
                 other => return other,
             }
