@@ -462,13 +462,94 @@ fn decode_inline(
 // Rows
 // ---------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Copy)]
-struct CommandView {
-    last_event_seq: u64,
-    terminal: bool,
+/// A command as the output readers see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputCommand {
+    /// Its last stored event.
+    pub last_event_seq: u64,
+    /// Whether it ended.
+    pub terminal: bool,
 }
 
-fn load_command(conn: &Connection, issue: &Uuid7) -> Result<CommandView, OpError> {
+/// Where the output read rules (the pages of `GetOutput`, the history of
+/// `FollowCommand`, removed ranges and resume points) find their rows and
+/// bytes: one implementation of the rules, one source per store backend.
+/// The SQLite store's source reads its database and segment files; the
+/// PostgreSQL store's reads its tables and output chunks. A source reads
+/// one snapshot for the whole read.
+pub trait OutputSource {
+    /// The command (`NOT_FOUND`, saying whether its history was reclaimed,
+    /// when it is gone or being reclaimed).
+    ///
+    /// # Errors
+    /// `NOT_FOUND`, or a store failure.
+    fn command(&mut self, issue: &Uuid7) -> Result<OutputCommand, OpError>;
+    /// Event rows with sequences in `[first, last]`, in order, at most
+    /// `limit`; inline bodies of every kind with `all_bodies`, else only of
+    /// output markers.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn events(
+        &mut self,
+        issue: &[u8; 16],
+        first: u64,
+        last: u64,
+        all_bodies: bool,
+        limit: usize,
+    ) -> Result<Vec<EventRow>, StoreError>;
+    /// The removed range containing `seq` (the one starting last at or
+    /// before it), or with `after` the first starting after it.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn removed(
+        &mut self,
+        issue: &[u8; 16],
+        seq: u64,
+        after: bool,
+    ) -> Result<Option<RemovedRow>, StoreError>;
+    /// The streams of the output events in `[first, last]` (bit 1 stdout,
+    /// bit 2 stderr; 0 when there are none).
+    ///
+    /// # Errors
+    /// A store failure.
+    fn output_streams(&mut self, issue: &[u8; 16], first: u64, last: u64)
+    -> Result<u8, StoreError>;
+    /// The first event in `[first, last]` that is not output.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn first_non_output(
+        &mut self,
+        issue: &[u8; 16],
+        first: u64,
+        last: u64,
+    ) -> Result<Option<u64>, StoreError>;
+    /// The first (or with `last_one` the last) output event in `[first,
+    /// last]` of a stream in `sel`.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn output_event(
+        &mut self,
+        issue: &[u8; 16],
+        first: u64,
+        last: u64,
+        sel: u8,
+        last_one: bool,
+    ) -> Result<Option<u64>, StoreError>;
+    /// An output event's bytes, read back and verified against its row.
+    ///
+    /// # Errors
+    /// [`StoreError::Integrity`] naming the event when they fail.
+    fn output(&mut self, issue: &[u8; 16], row: &EventRow) -> Result<Verified, StoreError>;
+}
+
+/// Rows a source returns per call while a read walks the events.
+const EVENT_ROWS_PER_FETCH: usize = 512;
+
+fn load_command(conn: &Connection, issue: &Uuid7) -> Result<OutputCommand, OpError> {
     let row: Option<(i64, i64, String)> = conn
         .query_row_cached(
             "SELECT last_event_seq, lifecycle, retention FROM commands WHERE issue_uuid = ?1",
@@ -478,7 +559,7 @@ fn load_command(conn: &Connection, issue: &Uuid7) -> Result<CommandView, OpError
         .optional()
         .map_err(|e| StoreError::sqlite("load command for output", e))?;
     match row {
-        Some((last, lifecycle, retention)) if retention == "retained" => Ok(CommandView {
+        Some((last, lifecycle, retention)) if retention == "retained" => Ok(OutputCommand {
             last_event_seq: u64_of(last),
             terminal: Lifecycle::from_wire(i32::try_from(lifecycle).unwrap_or(0))
                 .is_ok_and(Lifecycle::is_terminal),
@@ -513,27 +594,37 @@ fn load_command(conn: &Connection, issue: &Uuid7) -> Result<CommandView, OpError
 
 /// One `command_events` row.
 #[derive(Debug, Clone)]
-struct EventRow {
-    seq: u64,
-    observed_ms: i64,
-    receipt_ms: i64,
-    kind: u8,
-    stream: u8,
-    raw_len: u64,
-    stored_len: u64,
-    digest: Vec<u8>,
-    segment: Option<(u32, u64)>,
-    inline: Option<Vec<u8>>,
+pub struct EventRow {
+    /// Sequence.
+    pub seq: u64,
+    /// Client-observed time (Unix ms).
+    pub observed_ms: i64,
+    /// Server receipt time (Unix ms).
+    pub receipt_ms: i64,
+    /// Body kind.
+    pub kind: u8,
+    /// Stream code of output.
+    pub stream: u8,
+    /// Raw length.
+    pub raw_len: u64,
+    /// Stored length.
+    pub stored_len: u64,
+    /// Content SHA-256.
+    pub digest: Vec<u8>,
+    /// Where a segment holds the output record (SQLite store).
+    pub segment: Option<(u32, u64)>,
+    /// The inline body, when fetched.
+    pub inline: Option<Vec<u8>>,
 }
 
-/// Event rows in `[?2, ?3]`; `inline_body` only for the kinds `?4` selects
-/// (`0` = all, else output markers only), so skipped bodies are never
-/// fetched.
+/// Event rows in `[?2, ?3]`, at most `?5`; `inline_body` only for the
+/// kinds `?4` selects (`0` = all, else output markers only), so skipped
+/// bodies are never fetched.
 const EVENTS_SQL: &str = "SELECT event_seq, observed_ms, receipt_ms, body_kind, stream, raw_len,
         stored_len, content_sha256, segment_ordinal, segment_offset,
         CASE WHEN ?4 = 0 OR body_kind IN (6, 7) THEN inline_body END
      FROM command_events WHERE issue_uuid = ?1 AND event_seq >= ?2 AND event_seq <= ?3
-     ORDER BY event_seq";
+     ORDER BY event_seq LIMIT ?5";
 
 fn event_row(r: &Row<'_>) -> rusqlite::Result<EventRow> {
     let ordinal: Option<u32> = r.get(8)?;
@@ -555,7 +646,9 @@ fn event_row(r: &Row<'_>) -> rusqlite::Result<EventRow> {
 const REMOVED_COLUMNS: &str = "source, first_seq, last_seq, stream_mask, raw_bytes, stored_bytes,
         recorded_ms, reason, incident_id";
 
-type RemovedRow = (
+/// One removed range as stored: source, first and last sequence, stream
+/// mask, raw and stored bytes, when, reason, incident.
+pub type RemovedRow = (
     i32,
     i64,
     i64,
@@ -582,46 +675,48 @@ fn removed_row(r: &Row<'_>) -> rusqlite::Result<RemovedRow> {
 }
 
 /// Walks a command's removed ranges (non-overlapping, ordered by start) in
-/// step with an event walk, fetching one row at a time.
-struct RemovedWalk<'c> {
-    conn: &'c Connection,
+/// step with an event walk, fetching one row at a time from the source.
+struct RemovedWalk {
     issue: [u8; 16],
     next: Option<RemovedRange>,
     current: Option<RemovedRange>,
 }
 
-impl<'c> RemovedWalk<'c> {
+impl RemovedWalk {
     /// Starts at the range containing `seq`, or the first one after it.
-    fn new(conn: &'c Connection, issue: [u8; 16], seq: u64) -> Result<Self, StoreError> {
+    fn new(src: &mut dyn OutputSource, issue: [u8; 16], seq: u64) -> Result<Self, StoreError> {
         let mut walk = Self {
-            conn,
             issue,
             next: None,
             current: None,
         };
-        walk.next = match walk.containing(seq)? {
+        walk.next = match walk.containing(src, seq)? {
             Some(r) => Some(r),
-            None => walk.first_after(seq)?,
+            None => walk.first_after(src, seq)?,
         };
         Ok(walk)
     }
 
-    fn fetch(&self, sql: &str, seq: u64) -> Result<Option<RemovedRange>, StoreError> {
-        let row: Option<RemovedRow> = self
-            .conn
-            .prepare_cached(sql)
-            .and_then(|mut st| {
-                st.query_row(params![self.issue.as_slice(), i64_of(seq)], removed_row)
-                    .optional()
-            })
-            .map_err(|e| StoreError::sqlite("read output truncations", e))?;
-        let Some((source, first, last, mask, raw, stored, recorded, reason, incident)) = row else {
+    fn fetch(
+        &self,
+        src: &mut dyn OutputSource,
+        seq: u64,
+        after: bool,
+    ) -> Result<Option<RemovedRange>, StoreError> {
+        let Some((source, first, last, mask, raw, stored, recorded, reason, incident)) =
+            src.removed(&self.issue, seq, after)?
+        else {
             return Ok(None);
         };
         let (first_seq, last_seq) = (u64_of(first), u64_of(last));
         let mask = match mask.and_then(|m| u8::try_from(m & i64::from(BOTH)).ok()) {
             Some(m) if m != 0 => m,
-            _ => self.removed_streams(first_seq, last_seq)?,
+            // the streams of the output events it removed; both when none
+            // tells
+            _ => match src.output_streams(&self.issue, first_seq, last_seq)? & BOTH {
+                0 => BOTH,
+                m => m,
+            },
         };
         Ok(Some(RemovedRange {
             source: wire::TruncationSource::try_from(source)
@@ -637,56 +732,36 @@ impl<'c> RemovedWalk<'c> {
         }))
     }
 
-    /// Streams of the output events a range removed (both when none tells).
-    fn removed_streams(&self, first: u64, last: u64) -> Result<u8, StoreError> {
-        let m: i64 = self
-            .conn
-            .prepare_cached(
-                "SELECT COALESCE(MAX(stream = 1), 0) | (COALESCE(MAX(stream = 2), 0) << 1)
-                 FROM command_events WHERE issue_uuid = ?1 AND event_seq >= ?2 AND event_seq <= ?3
-                   AND body_kind = 4",
-            )
-            .and_then(|mut st| {
-                st.query_row(
-                    params![self.issue.as_slice(), i64_of(first), i64_of(last)],
-                    |r| r.get(0),
-                )
-            })
-            .map_err(|e| StoreError::sqlite("read removed streams", e))?;
-        Ok(match u8::try_from(m & i64::from(BOTH)).unwrap_or(0) {
-            0 => BOTH,
-            m => m,
-        })
+    fn containing(
+        &self,
+        src: &mut dyn OutputSource,
+        seq: u64,
+    ) -> Result<Option<RemovedRange>, StoreError> {
+        Ok(self.fetch(src, seq, false)?.filter(|r| r.last_seq >= seq))
     }
 
-    fn containing(&self, seq: u64) -> Result<Option<RemovedRange>, StoreError> {
-        let sql = format!(
-            "SELECT {REMOVED_COLUMNS} FROM output_truncations
-             WHERE issue_uuid = ?1 AND first_seq IS NOT NULL AND first_seq <= ?2
-             ORDER BY first_seq DESC LIMIT 1"
-        );
-        Ok(self.fetch(&sql, seq)?.filter(|r| r.last_seq >= seq))
-    }
-
-    fn first_after(&self, seq: u64) -> Result<Option<RemovedRange>, StoreError> {
-        let sql = format!(
-            "SELECT {REMOVED_COLUMNS} FROM output_truncations
-             WHERE issue_uuid = ?1 AND first_seq IS NOT NULL AND first_seq > ?2
-             ORDER BY first_seq LIMIT 1"
-        );
-        self.fetch(&sql, seq)
+    fn first_after(
+        &self,
+        src: &mut dyn OutputSource,
+        seq: u64,
+    ) -> Result<Option<RemovedRange>, StoreError> {
+        self.fetch(src, seq, true)
     }
 
     /// The ranges that start at or before `seq` and were not passed yet,
     /// in order (each becomes the current range).
-    fn advance_to(&mut self, seq: u64) -> Result<Vec<RemovedRange>, StoreError> {
+    fn advance_to(
+        &mut self,
+        src: &mut dyn OutputSource,
+        seq: u64,
+    ) -> Result<Vec<RemovedRange>, StoreError> {
         let mut out = Vec::new();
         while let Some(next) = self.next.take() {
             if next.first_seq > seq {
                 self.next = Some(next);
                 break;
             }
-            self.next = self.first_after(next.last_seq)?;
+            self.next = self.first_after(src, next.last_seq)?;
             out.push(next.clone());
             self.current = Some(next);
         }
@@ -710,12 +785,17 @@ impl<'c> RemovedWalk<'c> {
 
 /// An output record read back and verified.
 #[derive(Debug)]
-struct Verified {
-    stream: Stream,
-    compression: Compression,
-    raw_len: u32,
-    stored: Vec<u8>,
-    raw: Vec<u8>,
+pub struct Verified {
+    /// Its stream.
+    pub stream: Stream,
+    /// How `stored` is encoded.
+    pub compression: Compression,
+    /// Raw length.
+    pub raw_len: u32,
+    /// The bytes as stored.
+    pub stored: Vec<u8>,
+    /// The raw bytes.
+    pub raw: Vec<u8>,
 }
 
 struct SegmentReader<'s> {
@@ -726,10 +806,10 @@ struct SegmentReader<'s> {
 }
 
 impl<'s> SegmentReader<'s> {
-    fn new(store: &'s ReadSide<'s>, issue: [u8; 16]) -> Result<Self, StoreError> {
+    fn new(store: &'s ReadSide<'s>) -> Result<Self, StoreError> {
         Ok(Self {
             store,
-            issue,
+            issue: [0; 16],
             files: BTreeMap::new(),
             dctx: zstd::bulk::Decompressor::new()
                 .map_err(|e| StoreError::io("create zstd context", "", e))?,
@@ -790,8 +870,12 @@ impl<'s> SegmentReader<'s> {
             .ok_or_else(|| integrity(&self.issue, seq, format_args!("segment {ordinal} not open")))
     }
 
-    /// Reads and verifies the record of an output event.
-    fn read(&mut self, row: &EventRow) -> Result<Verified, StoreError> {
+    /// Reads and verifies the record of an output event of `issue`.
+    fn read(&mut self, issue: &[u8; 16], row: &EventRow) -> Result<Verified, StoreError> {
+        if *issue != self.issue {
+            self.files.clear();
+            self.issue = *issue;
+        }
         let issue = self.issue;
         let seq = row.seq;
         let fail = |what: &dyn std::fmt::Display| integrity(&issue, seq, what);
@@ -857,6 +941,158 @@ impl<'s> SegmentReader<'s> {
             stored: rec.payload.to_vec(),
             raw,
         })
+    }
+}
+
+/// The SQLite store's [`OutputSource`]: its database (the caller's read
+/// transaction) and its segment files.
+struct SqliteSource<'s> {
+    conn: &'s Connection,
+    segments: SegmentReader<'s>,
+}
+
+impl<'s> SqliteSource<'s> {
+    fn new(side: &'s ReadSide<'s>) -> Result<Self, StoreError> {
+        Ok(Self {
+            conn: side.conn,
+            segments: SegmentReader::new(side)?,
+        })
+    }
+
+    fn probe(&self, sql: &str, p: impl rusqlite::Params) -> Result<Option<u64>, StoreError> {
+        self.conn
+            .prepare_cached(sql)
+            .and_then(|mut st| st.query_row(p, |r| r.get::<_, i64>(0)).optional())
+            .map(|v| v.map(u64_of))
+            .map_err(|e| StoreError::sqlite("read output events", e))
+    }
+}
+
+impl OutputSource for SqliteSource<'_> {
+    fn command(&mut self, issue: &Uuid7) -> Result<OutputCommand, OpError> {
+        load_command(self.conn, issue)
+    }
+
+    fn events(
+        &mut self,
+        issue: &[u8; 16],
+        first: u64,
+        last: u64,
+        all_bodies: bool,
+        limit: usize,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let bad = |e| StoreError::sqlite("read output events", e);
+        let mut stmt = self.conn.prepare_cached(EVENTS_SQL).map_err(bad)?;
+        let rows = stmt
+            .query_map(
+                params![
+                    issue.as_slice(),
+                    i64_of(first),
+                    i64_of(last),
+                    i64::from(!all_bodies),
+                    i64_of(limit as u64)
+                ],
+                event_row,
+            )
+            .map_err(bad)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(bad)
+    }
+
+    fn removed(
+        &mut self,
+        issue: &[u8; 16],
+        seq: u64,
+        after: bool,
+    ) -> Result<Option<RemovedRow>, StoreError> {
+        let sql = if after {
+            format!(
+                "SELECT {REMOVED_COLUMNS} FROM output_truncations
+                 WHERE issue_uuid = ?1 AND first_seq IS NOT NULL AND first_seq > ?2
+                 ORDER BY first_seq LIMIT 1"
+            )
+        } else {
+            format!(
+                "SELECT {REMOVED_COLUMNS} FROM output_truncations
+                 WHERE issue_uuid = ?1 AND first_seq IS NOT NULL AND first_seq <= ?2
+                 ORDER BY first_seq DESC LIMIT 1"
+            )
+        };
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut st| {
+                st.query_row(params![issue.as_slice(), i64_of(seq)], removed_row)
+                    .optional()
+            })
+            .map_err(|e| StoreError::sqlite("read output truncations", e))
+    }
+
+    fn output_streams(
+        &mut self,
+        issue: &[u8; 16],
+        first: u64,
+        last: u64,
+    ) -> Result<u8, StoreError> {
+        let m: i64 = self
+            .conn
+            .prepare_cached(
+                "SELECT COALESCE(MAX(stream = 1), 0) | (COALESCE(MAX(stream = 2), 0) << 1)
+                 FROM command_events WHERE issue_uuid = ?1 AND event_seq >= ?2 AND event_seq <= ?3
+                   AND body_kind = 4",
+            )
+            .and_then(|mut st| {
+                st.query_row(
+                    params![issue.as_slice(), i64_of(first), i64_of(last)],
+                    |r| r.get(0),
+                )
+            })
+            .map_err(|e| StoreError::sqlite("read removed streams", e))?;
+        Ok(u8::try_from(m & i64::from(BOTH)).unwrap_or(0))
+    }
+
+    fn first_non_output(
+        &mut self,
+        issue: &[u8; 16],
+        first: u64,
+        last: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        self.probe(
+            "SELECT event_seq FROM command_events
+             WHERE issue_uuid = ?1 AND event_seq >= ?2 AND event_seq <= ?3 AND body_kind <> 4
+             ORDER BY event_seq LIMIT 1",
+            params![issue.as_slice(), i64_of(first), i64_of(last)],
+        )
+    }
+
+    fn output_event(
+        &mut self,
+        issue: &[u8; 16],
+        first: u64,
+        last: u64,
+        sel: u8,
+        last_one: bool,
+    ) -> Result<Option<u64>, StoreError> {
+        let sql = if last_one {
+            "SELECT event_seq FROM command_events
+             WHERE issue_uuid = ?1 AND event_seq >= ?2 AND event_seq <= ?3 AND body_kind = 4
+               AND (stream & ?4) <> 0 ORDER BY event_seq DESC LIMIT 1"
+        } else {
+            "SELECT event_seq FROM command_events
+             WHERE issue_uuid = ?1 AND event_seq >= ?2 AND event_seq <= ?3 AND body_kind = 4
+               AND (stream & ?4) <> 0 ORDER BY event_seq LIMIT 1"
+        };
+        self.probe(
+            sql,
+            params![
+                issue.as_slice(),
+                i64_of(first),
+                i64_of(last),
+                i64::from(sel)
+            ],
+        )
+    }
+
+    fn output(&mut self, issue: &[u8; 16], row: &EventRow) -> Result<Verified, StoreError> {
+        self.segments.read(issue, row)
     }
 }
 
@@ -950,136 +1186,153 @@ impl ReadSide<'_> {
         TokenCodec::new(TokenKey::new(self.token_key))
     }
 
-    /// `GetOutput`: one page of a command's raw output (see the module
-    /// docs). Items come in event order: `Data` (raw bytes of one event of
-    /// a selected stream, or the part of it that fits, with its offset and
-    /// the observed and receipt times), `Marker` (the client's
-    /// `OutputTruncation`/`OutputIncomplete` events touching a selected
-    /// stream), and `Retention` (server removals touching a selected stream,
-    /// before the events they precede). `retained_range` is the first and
-    /// last event of a selected stream whose output is still held, up to the
-    /// snapshot boundary (`0, 0` when none is).
+    /// `GetOutput` (see [`output_page`]) on this store, in one read
+    /// transaction.
     ///
     /// # Errors
-    /// `INVALID_ARGUMENT` for a bad request or a refused `page_token`
-    /// (malformed, altered, from another data directory, another kind, or
-    /// other filters), `NOT_FOUND` for an unknown or reclaimed command, and
-    /// [`OpError::Store`] when the store failed or a stored record failed
-    /// verification.
+    /// As [`output_page`].
     pub(crate) fn get_output(
         &self,
         req: &wire::GetOutputRequest,
     ) -> Result<wire::GetOutputResponse, OpError> {
-        let q = check_get_output(req)?;
-        let issue = *q.issue_uuid.as_bytes();
-        let filters = output_filters(&issue, q.stream_mask);
-        let codec = self.output_codec();
-        let position = match &q.page_token {
-            None => None,
-            Some(t) => {
-                let bytes = codec
-                    .open(TokenKind::Output, &filters, t)
-                    .map_err(DomainError::from)?;
-                let p = OutputPosition::decode(&bytes).map_err(DomainError::from)?;
-                if p.issue_uuid != issue {
-                    return Err(bad_token("page_token was issued for another command"));
-                }
-                Some(p)
-            }
-        };
         let tx = self
             .conn
             .unchecked_transaction()
             .map_err(|e| StoreError::sqlite("begin output read", e))?;
-        let cmd = load_command(self.conn, &q.issue_uuid)?;
-        let start = match position {
-            None => Start {
-                seq: 1,
-                offset: 0,
-                snapshot: cmd.last_event_seq,
-            },
-            Some(p) => {
-                if p.event_seq == 0
-                    || p.snapshot_seq > cmd.last_event_seq
-                    || p.event_seq > cmd.last_event_seq.saturating_add(1)
-                    || (p.event_seq > p.snapshot_seq && p.byte_offset != 0)
-                {
-                    return Err(bad_token(
-                        "page_token does not match this command's stored history",
-                    ));
-                }
-                if p.event_seq > p.snapshot_seq {
-                    // the previous pass ended at its boundary: a new pass
-                    // starts after it with a fresh boundary
-                    Start {
-                        seq: p.event_seq,
-                        offset: 0,
-                        snapshot: cmd.last_event_seq,
-                    }
-                } else {
-                    Start {
-                        seq: p.event_seq,
-                        offset: p.byte_offset,
-                        snapshot: p.snapshot_seq,
-                    }
-                }
-            }
-        };
-        let page = self.read_page(&q, start)?;
-        let retained = retained_range(self.conn, &issue, start.snapshot, q.stream_mask)?;
+        let mut src = SqliteSource::new(self)?;
+        let out = output_page(&mut src, &self.output_codec(), req);
         drop(tx);
-        let next_page_token = match page.resume {
-            Some((seq, offset)) => seal(&codec, &filters, &issue, seq, offset, start.snapshot)?,
-            None if cmd.terminal && start.snapshot >= cmd.last_event_seq => String::new(),
-            None => seal(
-                &codec,
-                &filters,
-                &issue,
-                page.continue_at,
-                0,
-                start.snapshot,
-            )?,
-        };
-        Ok(wire::GetOutputResponse {
-            items: page.items,
-            retained_range: Some(retained),
-            next_page_token,
-        })
+        out
     }
 
-    fn read_page(&self, q: &OutputQuery, start: Start) -> Result<Page, OpError> {
-        use wire::output_item::Item;
-        let issue = *q.issue_uuid.as_bytes();
-        let sel = q.stream_mask;
-        let mut page = Page {
-            items: Vec::new(),
-            resume: None,
-            continue_at: start.seq,
-        };
-        if start.seq > start.snapshot {
-            return Ok(page);
-        }
-        let mut reader = SegmentReader::new(self, issue)?;
-        let mut removed = RemovedWalk::new(self.conn, issue, start.seq)?;
-        let mut budget = q.max_bytes;
-        let mut scanned = 0u64;
-        let mut stmt = self
+    /// History for `FollowCommand` (see [`history`]) on this store, in one
+    /// read transaction.
+    ///
+    /// # Errors
+    /// As [`history`].
+    pub(crate) fn events_after(
+        &self,
+        issue: &[u8; 16],
+        after_event_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<HistoryItem>, OpError> {
+        let tx = self
             .conn
-            .prepare_cached(EVENTS_SQL)
-            .map_err(|e| StoreError::sqlite("read output events", e))?;
-        let mut rows = stmt
-            .query(params![
-                issue.as_slice(),
-                i64_of(start.seq),
-                i64_of(start.snapshot),
-                1
-            ])
-            .map_err(|e| StoreError::sqlite("read output events", e))?;
-        while let Some(r) = rows
-            .next()
-            .map_err(|e| StoreError::sqlite("read output events", e))?
-        {
-            let row = event_row(r).map_err(|e| StoreError::sqlite("read output events", e))?;
+            .unchecked_transaction()
+            .map_err(|e| StoreError::sqlite("begin history read", e))?;
+        let mut src = SqliteSource::new(self)?;
+        let out = history(&mut src, issue, after_event_seq, limit);
+        drop(tx);
+        out
+    }
+}
+
+/// `GetOutput`: one page of a command's raw output (see the module
+/// docs). Items come in event order: `Data` (raw bytes of one event of
+/// a selected stream, or the part of it that fits, with its offset and
+/// the observed and receipt times), `Marker` (the client's
+/// `OutputTruncation`/`OutputIncomplete` events touching a selected
+/// stream), and `Retention` (server removals touching a selected stream,
+/// before the events they precede). `retained_range` is the first and
+/// last event of a selected stream whose output is still held, up to the
+/// snapshot boundary (`0, 0` when none is).
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a bad request or a refused `page_token`
+/// (malformed, altered, from another data directory, another kind, or
+/// other filters), `NOT_FOUND` for an unknown or reclaimed command, and
+/// [`OpError::Store`] when the store failed or a stored record failed
+/// verification.
+pub fn output_page(
+    src: &mut dyn OutputSource,
+    codec: &TokenCodec,
+    req: &wire::GetOutputRequest,
+) -> Result<wire::GetOutputResponse, OpError> {
+    let q = check_get_output(req)?;
+    let issue = *q.issue_uuid.as_bytes();
+    let filters = output_filters(&issue, q.stream_mask);
+    let position = match &q.page_token {
+        None => None,
+        Some(t) => {
+            let bytes = codec
+                .open(TokenKind::Output, &filters, t)
+                .map_err(DomainError::from)?;
+            let p = OutputPosition::decode(&bytes).map_err(DomainError::from)?;
+            if p.issue_uuid != issue {
+                return Err(bad_token("page_token was issued for another command"));
+            }
+            Some(p)
+        }
+    };
+    let cmd = src.command(&q.issue_uuid)?;
+    let start = match position {
+        None => Start {
+            seq: 1,
+            offset: 0,
+            snapshot: cmd.last_event_seq,
+        },
+        Some(p) => {
+            if p.event_seq == 0
+                || p.snapshot_seq > cmd.last_event_seq
+                || p.event_seq > cmd.last_event_seq.saturating_add(1)
+                || (p.event_seq > p.snapshot_seq && p.byte_offset != 0)
+            {
+                return Err(bad_token(
+                    "page_token does not match this command's stored history",
+                ));
+            }
+            if p.event_seq > p.snapshot_seq {
+                // the previous pass ended at its boundary: a new pass
+                // starts after it with a fresh boundary
+                Start {
+                    seq: p.event_seq,
+                    offset: 0,
+                    snapshot: cmd.last_event_seq,
+                }
+            } else {
+                Start {
+                    seq: p.event_seq,
+                    offset: p.byte_offset,
+                    snapshot: p.snapshot_seq,
+                }
+            }
+        }
+    };
+    let page = read_page(src, &q, start)?;
+    let retained = retained_range(src, &issue, start.snapshot, q.stream_mask)?;
+    let next_page_token = match page.resume {
+        Some((seq, offset)) => seal(codec, &filters, &issue, seq, offset, start.snapshot)?,
+        None if cmd.terminal && start.snapshot >= cmd.last_event_seq => String::new(),
+        None => seal(codec, &filters, &issue, page.continue_at, 0, start.snapshot)?,
+    };
+    Ok(wire::GetOutputResponse {
+        items: page.items,
+        retained_range: Some(retained),
+        next_page_token,
+    })
+}
+
+fn read_page(src: &mut dyn OutputSource, q: &OutputQuery, start: Start) -> Result<Page, OpError> {
+    use wire::output_item::Item;
+    let issue = *q.issue_uuid.as_bytes();
+    let sel = q.stream_mask;
+    let mut page = Page {
+        items: Vec::new(),
+        resume: None,
+        continue_at: start.seq,
+    };
+    if start.seq > start.snapshot {
+        return Ok(page);
+    }
+    let mut removed = RemovedWalk::new(src, issue, start.seq)?;
+    let mut budget = q.max_bytes;
+    let mut scanned = 0u64;
+    let mut next = start.seq;
+    'rows: loop {
+        let batch = src.events(&issue, next, start.snapshot, false, EVENT_ROWS_PER_FETCH)?;
+        let fetched = batch.len();
+        for row in batch {
+            next = row.seq.saturating_add(1);
             let offset = if row.seq == start.seq {
                 start.offset
             } else {
@@ -1087,10 +1340,10 @@ impl ReadSide<'_> {
             };
             if budget == 0 || page.items.len() >= MAX_PAGE_ITEMS || scanned >= MAX_PAGE_SCAN_ROWS {
                 page.resume = Some((row.seq, offset));
-                break;
+                break 'rows;
             }
             scanned += 1;
-            for range in removed.advance_to(row.seq)? {
+            for range in removed.advance_to(src, row.seq)? {
                 if range.stream_mask & sel != 0 {
                     page.items.push(wire::OutputItem {
                         item: Some(Item::Retention(range.to_wire())),
@@ -1102,7 +1355,7 @@ impl ReadSide<'_> {
                     if removed.covers(row.seq) || row.stream & sel == 0 {
                         continue;
                     }
-                    let v = reader.read(&row)?;
+                    let v = src.output(&issue, &row)?;
                     let len = v.raw.len() as u64;
                     if len == 0 {
                         continue; // an empty chunk holds no bytes to return
@@ -1135,7 +1388,7 @@ impl ReadSide<'_> {
                     budget -= take;
                     if end < len {
                         page.resume = Some((row.seq, end));
-                        break;
+                        break 'rows;
                     }
                 }
                 body_kind::TRUNCATION | body_kind::INCOMPLETE => {
@@ -1167,148 +1420,139 @@ impl ReadSide<'_> {
                 _ => {}
             }
         }
-        drop(rows);
-        if page.resume.is_none() {
-            // ranges after the last row read, up to the pass's boundary: no
-            // row follows them to bring them up (rotated and dropped events
-            // keep no row), so they are reported here, as many as the page
-            // holds; the next page starts at the first one left
-            while let Some(first) = removed.next_start().filter(|f| *f <= start.snapshot) {
-                if page.items.len() >= MAX_PAGE_ITEMS {
-                    page.resume = Some((first, 0));
-                    break;
-                }
-                for range in removed.advance_to(first)? {
-                    if range.stream_mask & sel != 0 {
-                        page.items.push(wire::OutputItem {
-                            item: Some(Item::Retention(range.to_wire())),
-                        });
-                    }
+        if fetched < EVENT_ROWS_PER_FETCH {
+            break;
+        }
+    }
+    if page.resume.is_none() {
+        // ranges after the last row read, up to the pass's boundary: no
+        // row follows them to bring them up (rotated and dropped events
+        // keep no row), so they are reported here, as many as the page
+        // holds; the next page starts at the first one left
+        while let Some(first) = removed.next_start().filter(|f| *f <= start.snapshot) {
+            if page.items.len() >= MAX_PAGE_ITEMS {
+                page.resume = Some((first, 0));
+                break;
+            }
+            for range in removed.advance_to(src, first)? {
+                if range.stream_mask & sel != 0 {
+                    page.items.push(wire::OutputItem {
+                        item: Some(Item::Retention(range.to_wire())),
+                    });
                 }
             }
         }
-        // never resume inside a removed range this page already reported
-        // (that would report it again): skip its removed output events
-        page.resume = match page.resume {
-            Some((seq, 0)) => Some((resume_point(self.conn, &removed, seq)?, 0)),
-            other => other,
-        };
-        page.continue_at = resume_point(self.conn, &removed, start.snapshot.saturating_add(1))?;
-        Ok(page)
     }
+    // never resume inside a removed range this page already reported
+    // (that would report it again): skip its removed output events
+    page.resume = match page.resume {
+        Some((seq, 0)) => Some((resume_point(src, &removed, seq)?, 0)),
+        other => other,
+    };
+    page.continue_at = resume_point(src, &removed, start.snapshot.saturating_add(1))?;
+    Ok(page)
+}
 
-    /// History for `FollowCommand`: the client events after
-    /// `after_event_seq`, in order, at most `limit` of them (clamped to
-    /// 1..=[`MAX_HISTORY_EVENTS`], and the batch also stops once its bodies
-    /// reach [`MAX_HISTORY_BYTES`]). Output bodies are the stored bytes
-    /// (verified, still compressed); other bodies are the stored encoded
-    /// messages (verified against their digest).
-    ///
-    /// Server removals come as [`HistoryItem::Retention`] right before the
-    /// first event at or after their start; a removed output event itself is
-    /// not returned (its range says what was lost), and a cursor inside a
-    /// removed range gets that range first. Retention items never move the
-    /// cursor: the caller continues after the last [`HistoryItem::Event`].
-    /// A cursor ahead of the log gets a [`HistoryItem::Reset`] naming where
-    /// the history continues. A batch that reached the command's last event
-    /// ends with [`HistoryItem::CaughtUp`].
-    ///
-    /// # Errors
-    /// `NOT_FOUND` for an unknown or reclaimed command; [`OpError::Store`]
-    /// when the store failed or a stored record failed verification.
-    pub(crate) fn events_after(
-        &self,
-        issue: &[u8; 16],
-        after_event_seq: u64,
-        limit: usize,
-    ) -> Result<Vec<HistoryItem>, OpError> {
-        let id = Uuid7::from_bytes("issue_uuid", *issue).map_err(DomainError::from)?;
-        let limit = limit.clamp(1, MAX_HISTORY_EVENTS);
-        let tx = self
-            .conn
-            .unchecked_transaction()
-            .map_err(|e| StoreError::sqlite("begin history read", e))?;
-        let cmd = load_command(self.conn, &id)?;
-        let last = cmd.last_event_seq;
-        let mut items = Vec::new();
-        if after_event_seq > last {
-            items.push(HistoryItem::Reset(CursorReset {
+/// History for `FollowCommand`: the client events after
+/// `after_event_seq`, in order, at most `limit` of them (clamped to
+/// 1..=[`MAX_HISTORY_EVENTS`], and the batch also stops once its bodies
+/// reach [`MAX_HISTORY_BYTES`]). Output bodies are the stored bytes
+/// (verified, still compressed); other bodies are the stored encoded
+/// messages (verified against their digest).
+///
+/// Server removals come as [`HistoryItem::Retention`] right before the
+/// first event at or after their start; a removed output event itself is
+/// not returned (its range says what was lost), and a cursor inside a
+/// removed range gets that range first. Retention items never move the
+/// cursor: the caller continues after the last [`HistoryItem::Event`].
+/// A cursor ahead of the log gets a [`HistoryItem::Reset`] naming where
+/// the history continues. A batch that reached the command's last event
+/// ends with [`HistoryItem::CaughtUp`].
+///
+/// # Errors
+/// `NOT_FOUND` for an unknown or reclaimed command; [`OpError::Store`]
+/// when the store failed or a stored record failed verification.
+pub fn history(
+    src: &mut dyn OutputSource,
+    issue: &[u8; 16],
+    after_event_seq: u64,
+    limit: usize,
+) -> Result<Vec<HistoryItem>, OpError> {
+    let id = Uuid7::from_bytes("issue_uuid", *issue).map_err(DomainError::from)?;
+    let limit = limit.clamp(1, MAX_HISTORY_EVENTS);
+    let cmd = src.command(&id)?;
+    let last = cmd.last_event_seq;
+    let mut items = Vec::new();
+    if after_event_seq > last {
+        items.push(HistoryItem::Reset(CursorReset {
                 requested_after_event_seq: after_event_seq,
                 resumed_after_event_seq: last,
                 reason: format!(
                     "the cursor {after_event_seq} is ahead of the command's stored events (last {last}); continuing after {last}"
                 ),
             }));
-            items.push(HistoryItem::CaughtUp {
-                last_event_seq: last,
-            });
-            drop(tx);
-            return Ok(items);
-        }
-        let first = after_event_seq.saturating_add(1);
-        let mut reader = SegmentReader::new(self, *issue)?;
-        let mut removed = RemovedWalk::new(self.conn, *issue, first)?;
-        let (mut events, mut bytes, mut stopped) = (0usize, 0u64, false);
-        {
-            let mut stmt = self
-                .conn
-                .prepare_cached(EVENTS_SQL)
-                .map_err(|e| StoreError::sqlite("read history events", e))?;
-            let mut rows = stmt
-                .query(params![issue.as_slice(), i64_of(first), i64_of(last), 0])
-                .map_err(|e| StoreError::sqlite("read history events", e))?;
-            while let Some(r) = rows
-                .next()
-                .map_err(|e| StoreError::sqlite("read history events", e))?
-            {
-                let row = event_row(r).map_err(|e| StoreError::sqlite("read history events", e))?;
-                if events >= limit || bytes >= MAX_HISTORY_BYTES {
-                    stopped = true;
-                    break;
-                }
-                for range in removed.advance_to(row.seq)? {
-                    items.push(HistoryItem::Retention(range));
-                }
-                let body = if row.kind == body_kind::OUTPUT {
-                    if removed.covers(row.seq) {
-                        continue;
-                    }
-                    let v = reader.read(&row)?;
-                    bytes = bytes.saturating_add(v.stored.len() as u64);
-                    HistoryBody::Output {
-                        stream: v.stream,
-                        compression: v.compression,
-                        raw_len: v.raw_len,
-                        stored: v.stored,
-                    }
-                } else {
-                    let body = verified_inline(issue, &row)?.to_vec();
-                    bytes = bytes.saturating_add(body.len() as u64);
-                    HistoryBody::Inline {
-                        kind: row.kind,
-                        encoded: body,
-                    }
-                };
-                items.push(HistoryItem::Event(HistoryEvent {
-                    event_seq: row.seq,
-                    observed_ms: row.observed_ms,
-                    receipt_ms: row.receipt_ms,
-                    body,
-                }));
-                events += 1;
+        items.push(HistoryItem::CaughtUp {
+            last_event_seq: last,
+        });
+        return Ok(items);
+    }
+    let first = after_event_seq.saturating_add(1);
+    let mut removed = RemovedWalk::new(src, *issue, first)?;
+    let (mut events, mut bytes, mut stopped) = (0usize, 0u64, false);
+    let mut next = first;
+    'rows: loop {
+        let batch = src.events(issue, next, last, true, EVENT_ROWS_PER_FETCH)?;
+        let fetched = batch.len();
+        for row in batch {
+            next = row.seq.saturating_add(1);
+            if events >= limit || bytes >= MAX_HISTORY_BYTES {
+                stopped = true;
+                break 'rows;
             }
-        }
-        if !stopped {
-            for range in removed.advance_to(last)? {
+            for range in removed.advance_to(src, row.seq)? {
                 items.push(HistoryItem::Retention(range));
             }
-            items.push(HistoryItem::CaughtUp {
-                last_event_seq: last,
-            });
+            let body = if row.kind == body_kind::OUTPUT {
+                if removed.covers(row.seq) {
+                    continue;
+                }
+                let v = src.output(issue, &row)?;
+                bytes = bytes.saturating_add(v.stored.len() as u64);
+                HistoryBody::Output {
+                    stream: v.stream,
+                    compression: v.compression,
+                    raw_len: v.raw_len,
+                    stored: v.stored,
+                }
+            } else {
+                let body = verified_inline(issue, &row)?.to_vec();
+                bytes = bytes.saturating_add(body.len() as u64);
+                HistoryBody::Inline {
+                    kind: row.kind,
+                    encoded: body,
+                }
+            };
+            items.push(HistoryItem::Event(HistoryEvent {
+                event_seq: row.seq,
+                observed_ms: row.observed_ms,
+                receipt_ms: row.receipt_ms,
+                body,
+            }));
+            events += 1;
         }
-        drop(tx);
-        Ok(items)
+        if fetched < EVENT_ROWS_PER_FETCH {
+            break;
+        }
     }
+    if !stopped {
+        for range in removed.advance_to(src, last)? {
+            items.push(HistoryItem::Retention(range));
+        }
+        items.push(HistoryItem::CaughtUp {
+            last_event_seq: last,
+        });
+    }
+    Ok(items)
 }
 
 #[derive(Debug)]
@@ -1323,25 +1567,16 @@ struct Page {
 /// `seq`, or when it lies inside the removed range the walk reported
 /// last, the first event after it that the range did not remove (an
 /// inline event inside the range, or the event after the range).
-fn resume_point(conn: &Connection, walk: &RemovedWalk<'_>, seq: u64) -> Result<u64, StoreError> {
+fn resume_point(
+    src: &mut dyn OutputSource,
+    walk: &RemovedWalk,
+    seq: u64,
+) -> Result<u64, StoreError> {
     let Some(range) = walk.current.as_ref().filter(|r| r.covers(seq)) else {
         return Ok(seq);
     };
-    let inline: Option<i64> = conn
-        .prepare_cached(
-            "SELECT event_seq FROM command_events
-             WHERE issue_uuid = ?1 AND event_seq >= ?2 AND event_seq <= ?3 AND body_kind <> 4
-             ORDER BY event_seq LIMIT 1",
-        )
-        .and_then(|mut st| {
-            st.query_row(
-                params![walk.issue.as_slice(), i64_of(seq), i64_of(range.last_seq)],
-                |r| r.get(0),
-            )
-            .optional()
-        })
-        .map_err(|e| StoreError::sqlite("find resume point", e))?;
-    Ok(inline.map_or(range.last_seq.saturating_add(1), u64_of))
+    let inline = src.first_non_output(&walk.issue, seq, range.last_seq)?;
+    Ok(inline.unwrap_or(range.last_seq.saturating_add(1)))
 }
 
 fn seal(
@@ -1367,7 +1602,7 @@ fn seal(
 /// output is still held (`0, 0` when none is). Each step jumps a whole
 /// removed range, so the cost is bounded by the number of ranges.
 fn retained_range(
-    conn: &Connection,
+    src: &mut dyn OutputSource,
     issue: &[u8; 16],
     snapshot: u64,
     sel: u8,
@@ -1377,45 +1612,26 @@ fn retained_range(
         last_event_seq: 0,
     };
     let walk = RemovedWalk {
-        conn,
         issue: *issue,
         next: None,
         current: None,
     };
-    let probe = |sql: &str, a: u64, b: u64| -> Result<Option<u64>, StoreError> {
-        conn.prepare_cached(sql)
-            .and_then(|mut st| {
-                st.query_row(
-                    params![issue.as_slice(), i64_of(a), i64_of(b), i64::from(sel)],
-                    |r| r.get::<_, i64>(0),
-                )
-                .optional()
-            })
-            .map(|v| v.map(u64_of))
-            .map_err(|e| StoreError::sqlite("read retained range", e))
-    };
-    const FIRST: &str = "SELECT event_seq FROM command_events
-        WHERE issue_uuid = ?1 AND event_seq >= ?2 AND event_seq <= ?3 AND body_kind = 4
-          AND (stream & ?4) <> 0 ORDER BY event_seq LIMIT 1";
-    const LAST: &str = "SELECT event_seq FROM command_events
-        WHERE issue_uuid = ?1 AND event_seq >= ?2 AND event_seq <= ?3 AND body_kind = 4
-          AND (stream & ?4) <> 0 ORDER BY event_seq DESC LIMIT 1";
     let mut cur = 1u64;
     let first = loop {
-        let Some(e) = probe(FIRST, cur, snapshot)? else {
+        let Some(e) = src.output_event(issue, cur, snapshot, sel, false)? else {
             return Ok(none);
         };
-        match walk.containing(e)? {
+        match walk.containing(src, e)? {
             Some(r) => cur = r.last_seq.saturating_add(1),
             None => break e,
         }
     };
     let mut cur = snapshot;
     let last = loop {
-        let Some(e) = probe(LAST, first, cur)? else {
+        let Some(e) = src.output_event(issue, first, cur, sel, true)? else {
             break first;
         };
-        match walk.containing(e)? {
+        match walk.containing(src, e)? {
             Some(r) => cur = r.first_seq.saturating_sub(1),
             None => break e,
         }
