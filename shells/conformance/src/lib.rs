@@ -24,6 +24,7 @@
 )]
 
 pub mod cases;
+pub mod reads;
 pub mod support;
 
 pub use rvbox_store_port::ops::Backend;
@@ -112,4 +113,60 @@ macro_rules! __cases_as {
     (run [$fresh:expr]; $($case:ident),* $(,)?) => {
         $crate::run_cases!($fresh; $($case),*)
     };
+}
+
+/// Every case over the control reads, each its own `#[test]` function over
+/// `$fresh()` (a backend with its reads, [`reads::WithReads`]).
+#[macro_export]
+macro_rules! read_suite {
+    ($fresh:path) => {
+        $crate::__every_read_case!(tests[$fresh]);
+    };
+}
+
+/// Runs every case over the control reads, as [`run_suite!`] does.
+#[macro_export]
+macro_rules! run_read_suite {
+    ($fresh:expr) => {
+        $crate::__every_read_case!(run[$fresh])
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __every_read_case {
+    ($how:ident [$($fresh:tt)+]) => {
+        $crate::__read_cases_as!(
+            $how [$($fresh)+];
+            output_pages_return_every_byte_once_and_end_for_an_ended_command,
+            follow_history_continues_after_any_cursor,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __read_cases_as {
+    (tests [$fresh:path]; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                let mut backend = $fresh();
+                $crate::reads::$case(&mut backend);
+            }
+        )*
+    };
+    (run [$fresh:expr]; $($case:ident),* $(,)?) => {{
+        let mut failed: Vec<&str> = Vec::new();
+        $(
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut backend = $fresh();
+                $crate::reads::$case(&mut backend);
+            }));
+            if ran.is_err() {
+                failed.push(stringify!($case));
+            }
+        )*
+        assert!(failed.is_empty(), "conformance cases failed: {failed:?}");
+    }};
 }

@@ -8,9 +8,11 @@ mod support;
 use rvbox_engine::Executor;
 use rvbox_store_port::ops::{Backend, OpResult, OpToken, StoreOp};
 
-/// A fresh store in its own temporary directory.
+/// A fresh store in its own temporary directory, with a reader beside
+/// its writer (as the server's control reads have).
 struct Sqlite {
     exec: Executor,
+    reader: Box<dyn rvbox_store::reader::ControlReads>,
     _dir: tempfile::TempDir,
 }
 
@@ -23,10 +25,23 @@ impl Backend for Sqlite {
 fn fresh() -> Sqlite {
     let dir = tempfile::tempdir().expect("temporary directory");
     let store = support::open(dir.path());
+    let reader = Box::new(store.read_handle().open().expect("a reader"));
     Sqlite {
         exec: Executor::new(store),
+        reader,
         _dir: dir,
     }
 }
 
+impl rvbox_conformance::reads::WithReads for Sqlite {
+    fn reads(&mut self) -> &mut dyn rvbox_store::reader::ControlReads {
+        self.reader.as_mut()
+    }
+}
+
 rvbox_conformance::suite!(fresh);
+
+mod reads {
+    use super::fresh;
+    rvbox_conformance::read_suite!(fresh);
+}

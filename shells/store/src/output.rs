@@ -559,18 +559,7 @@ fn load_command(conn: &Connection, issue: &Uuid7) -> Result<OutputCommand, OpErr
         .optional()
         .map_err(|e| StoreError::sqlite("load command for output", e))?;
     match row {
-        Some((last, lifecycle, retention)) if retention == "retained" => Ok(OutputCommand {
-            last_event_seq: u64_of(last),
-            terminal: Lifecycle::from_wire(i32::try_from(lifecycle).unwrap_or(0))
-                .is_ok_and(Lifecycle::is_terminal),
-        }),
-        Some(_) => Err(DomainError::new(
-            Code::NotFound,
-            "the command's history is being reclaimed by retention",
-        )
-        .with_field("issue_uuid")
-        .with_issue(*issue)
-        .into()),
+        Some((last, lifecycle, retention)) => output_command(issue, last, lifecycle, &retention),
         None => {
             let reclaimed: bool = conn
                 .query_row_cached(
@@ -579,17 +568,51 @@ fn load_command(conn: &Connection, issue: &Uuid7) -> Result<OutputCommand, OpErr
                     |r| r.get(0),
                 )
                 .map_err(|e| StoreError::sqlite("check tombstone", e))?;
-            let reason = if reclaimed {
-                "the command's history was reclaimed by retention"
-            } else {
-                "no such command"
-            };
-            Err(DomainError::new(Code::NotFound, reason)
-                .with_field("issue_uuid")
-                .with_issue(*issue)
-                .into())
+            Err(missing_command(issue, reclaimed))
         }
     }
+}
+
+/// A command row as the output readers see it (`NOT_FOUND` while its
+/// history is being reclaimed). Every source reads a command so.
+///
+/// # Errors
+/// `NOT_FOUND` while retention reclaims it.
+pub fn output_command(
+    issue: &Uuid7,
+    last_event_seq: i64,
+    lifecycle: i64,
+    retention: &str,
+) -> Result<OutputCommand, OpError> {
+    if retention != "retained" {
+        return Err(DomainError::new(
+            Code::NotFound,
+            "the command's history is being reclaimed by retention",
+        )
+        .with_field("issue_uuid")
+        .with_issue(*issue)
+        .into());
+    }
+    Ok(OutputCommand {
+        last_event_seq: u64_of(last_event_seq),
+        terminal: Lifecycle::from_wire(i32::try_from(lifecycle).unwrap_or(0))
+            .is_ok_and(Lifecycle::is_terminal),
+    })
+}
+
+/// The refusal for a command with no row: reclaimed (it has a tombstone)
+/// or never known.
+#[must_use]
+pub fn missing_command(issue: &Uuid7, reclaimed: bool) -> OpError {
+    let reason = if reclaimed {
+        "the command's history was reclaimed by retention"
+    } else {
+        "no such command"
+    };
+    DomainError::new(Code::NotFound, reason)
+        .with_field("issue_uuid")
+        .with_issue(*issue)
+        .into()
 }
 
 /// One `command_events` row.

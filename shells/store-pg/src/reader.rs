@@ -1,0 +1,466 @@
+//! Control reads on PostgreSQL: the same output rules as the SQLite store
+//! (`rvbox_store::output::{output_page, history}`) over a source that
+//! reads this database's event rows, removed ranges and output chunks, in
+//! one read-only REPEATABLE READ transaction (one snapshot per read).
+//!
+//! Page tokens are sealed with the database's token key (in `store_meta`,
+//! created once by the first replica), so a page token from one replica is
+//! honoured by every other.
+
+use postgres::{Client, IsolationLevel, NoTls, Transaction};
+use rvbox_domain::ids::Uuid7;
+use rvbox_domain::token::{TokenCodec, TokenKey};
+use rvbox_proto::v1 as wire;
+use rvbox_segment::{Compression, Stream};
+use rvbox_store::StoreError;
+use rvbox_store::identity::TOKEN_KEY_LEN;
+use rvbox_store::mutations::OpError;
+use rvbox_store::output::{
+    EventRow, HistoryItem, OutputCommand, OutputSource, RemovedRow, Verified, history,
+    missing_command, output_command, output_page,
+};
+use rvbox_store::reader::{ControlReads, ReaderSource};
+
+use crate::output::OutputChunk;
+use crate::sessions::{to_i64, to_u64};
+use crate::{Fail, PgStore};
+
+fn store_error(e: Fail) -> StoreError {
+    StoreError::Integrity(e.to_string())
+}
+
+fn op_error(e: Fail) -> OpError {
+    match e {
+        Fail::Refused(d) => OpError::Refused(d),
+        other => OpError::Store(store_error(other)),
+    }
+}
+
+fn db(context: &'static str) -> impl Fn(postgres::Error) -> StoreError {
+    move |e| store_error(Fail::Db { context, source: e })
+}
+
+/// The database's token key, created by the first caller.
+pub(crate) fn token_key(client: &mut Client) -> Result<[u8; TOKEN_KEY_LEN], Fail> {
+    let mut fresh = [0u8; TOKEN_KEY_LEN];
+    rvbox_store::entropy::Entropy::fill(&rvbox_store::entropy::OsEntropy, &mut fresh)
+        .map_err(|e| Fail::Integrity(format!("random token key: {e}")))?;
+    client
+        .execute(
+            "INSERT INTO store_meta (key, value) VALUES ('token_key', $1)
+             ON CONFLICT (key) DO NOTHING",
+            &[&fresh.as_slice()],
+        )
+        .map_err(Fail::db("create the token key"))?;
+    let v: Vec<u8> = client
+        .query_one("SELECT value FROM store_meta WHERE key = 'token_key'", &[])
+        .map_err(Fail::db("read the token key"))?
+        .get(0);
+    <[u8; TOKEN_KEY_LEN]>::try_from(v.as_slice()).map_err(|_| {
+        Fail::Integrity(format!(
+            "the token key is {} bytes, expected {TOKEN_KEY_LEN}",
+            v.len()
+        ))
+    })
+}
+
+/// The output source over one read transaction.
+struct PgSource<'a, 't> {
+    tx: &'a mut Transaction<'t>,
+}
+
+impl OutputSource for PgSource<'_, '_> {
+    fn command(&mut self, issue: &Uuid7) -> Result<OutputCommand, OpError> {
+        let id = issue.as_bytes().as_slice();
+        let row = self
+            .tx
+            .query_opt(
+                "SELECT last_event_seq, lifecycle, retention FROM commands WHERE issue_uuid = $1",
+                &[&id],
+            )
+            .map_err(db("load command for output"))?;
+        match row {
+            Some(r) => output_command(issue, r.get(0), r.get(1), &r.get::<_, String>(2)),
+            None => {
+                let reclaimed = self
+                    .tx
+                    .query_opt(
+                        "SELECT 1 FROM command_tombstones WHERE issue_uuid = $1",
+                        &[&id],
+                    )
+                    .map_err(db("check tombstone"))?
+                    .is_some();
+                Err(missing_command(issue, reclaimed))
+            }
+        }
+    }
+
+    fn events(
+        &mut self,
+        issue: &[u8; 16],
+        first: u64,
+        last: u64,
+        all_bodies: bool,
+        limit: usize,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let rows = self
+            .tx
+            .query(
+                "SELECT event_seq, observed_ms, receipt_ms, body_kind, stream, raw_len, stored_len,
+                        content_sha256,
+                        CASE WHEN $4 OR body_kind IN (6, 7) THEN inline_body END
+                 FROM command_events WHERE issue_uuid = $1 AND event_seq >= $2 AND event_seq <= $3
+                 ORDER BY event_seq LIMIT $5",
+                &[
+                    &issue.as_slice(),
+                    &to_i64(first),
+                    &to_i64(last),
+                    &all_bodies,
+                    &to_i64(limit as u64),
+                ],
+            )
+            .map_err(db("read output events"))?;
+        Ok(rows
+            .iter()
+            .map(|r| EventRow {
+                seq: to_u64(r.get(0)),
+                observed_ms: r.get(1),
+                receipt_ms: r.get(2),
+                kind: u8::try_from(r.get::<_, i64>(3)).unwrap_or(0),
+                stream: u8::try_from(r.get::<_, i64>(4)).unwrap_or(0),
+                raw_len: to_u64(r.get(5)),
+                stored_len: to_u64(r.get(6)),
+                digest: r.get(7),
+                segment: None,
+                inline: r.get(8),
+            })
+            .collect())
+    }
+
+    fn removed(
+        &mut self,
+        issue: &[u8; 16],
+        seq: u64,
+        after: bool,
+    ) -> Result<Option<RemovedRow>, StoreError> {
+        let sql = if after {
+            "SELECT source, first_seq, last_seq, stream_mask, raw_bytes, stored_bytes, recorded_ms,
+                    reason, incident_id
+             FROM output_truncations
+             WHERE issue_uuid = $1 AND first_seq IS NOT NULL AND first_seq > $2
+             ORDER BY first_seq LIMIT 1"
+        } else {
+            "SELECT source, first_seq, last_seq, stream_mask, raw_bytes, stored_bytes, recorded_ms,
+                    reason, incident_id
+             FROM output_truncations
+             WHERE issue_uuid = $1 AND first_seq IS NOT NULL AND first_seq <= $2
+             ORDER BY first_seq DESC LIMIT 1"
+        };
+        Ok(self
+            .tx
+            .query_opt(sql, &[&issue.as_slice(), &to_i64(seq)])
+            .map_err(db("read output truncations"))?
+            .map(|r| {
+                (
+                    i32::try_from(r.get::<_, i64>(0)).unwrap_or(0),
+                    r.get(1),
+                    r.get(2),
+                    r.get(3),
+                    r.get(4),
+                    r.get(5),
+                    r.get(6),
+                    r.get(7),
+                    r.get(8),
+                )
+            }))
+    }
+
+    fn output_streams(
+        &mut self,
+        issue: &[u8; 16],
+        first: u64,
+        last: u64,
+    ) -> Result<u8, StoreError> {
+        let m: i32 = self
+            .tx
+            .query_one(
+                "SELECT (COALESCE(bool_or(stream = 1), false)::int
+                         | (COALESCE(bool_or(stream = 2), false)::int << 1))
+                 FROM command_events WHERE issue_uuid = $1 AND event_seq >= $2 AND event_seq <= $3
+                   AND body_kind = 4",
+                &[&issue.as_slice(), &to_i64(first), &to_i64(last)],
+            )
+            .map_err(db("read removed streams"))?
+            .get(0);
+        Ok(u8::try_from(m & 3).unwrap_or(0))
+    }
+
+    fn first_non_output(
+        &mut self,
+        issue: &[u8; 16],
+        first: u64,
+        last: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        Ok(self
+            .tx
+            .query_opt(
+                "SELECT event_seq FROM command_events
+                 WHERE issue_uuid = $1 AND event_seq >= $2 AND event_seq <= $3 AND body_kind <> 4
+                 ORDER BY event_seq LIMIT 1",
+                &[&issue.as_slice(), &to_i64(first), &to_i64(last)],
+            )
+            .map_err(db("find resume point"))?
+            .map(|r| to_u64(r.get(0))))
+    }
+
+    fn output_event(
+        &mut self,
+        issue: &[u8; 16],
+        first: u64,
+        last: u64,
+        sel: u8,
+        last_one: bool,
+    ) -> Result<Option<u64>, StoreError> {
+        let sql = if last_one {
+            "SELECT event_seq FROM command_events
+             WHERE issue_uuid = $1 AND event_seq >= $2 AND event_seq <= $3 AND body_kind = 4
+               AND (stream & $4) <> 0 ORDER BY event_seq DESC LIMIT 1"
+        } else {
+            "SELECT event_seq FROM command_events
+             WHERE issue_uuid = $1 AND event_seq >= $2 AND event_seq <= $3 AND body_kind = 4
+               AND (stream & $4) <> 0 ORDER BY event_seq LIMIT 1"
+        };
+        Ok(self
+            .tx
+            .query_opt(
+                sql,
+                &[
+                    &issue.as_slice(),
+                    &to_i64(first),
+                    &to_i64(last),
+                    &i64::from(sel),
+                ],
+            )
+            .map_err(db("read retained range"))?
+            .map(|r| to_u64(r.get(0))))
+    }
+
+    fn output(&mut self, issue: &[u8; 16], row: &EventRow) -> Result<Verified, StoreError> {
+        let fail = |what: &str| {
+            StoreError::Integrity(format!(
+                "stored output of command {} event {} failed verification: {what}",
+                Uuid7::from_bytes("issue_uuid", *issue)
+                    .map(|u| u.to_string())
+                    .unwrap_or_default(),
+                row.seq
+            ))
+        };
+        let r = self
+            .tx
+            .query_opt(
+                "SELECT stream, compression, raw_len, sha256, stored FROM output_chunks
+                 WHERE issue_uuid = $1 AND event_seq = $2",
+                &[&issue.as_slice(), &to_i64(row.seq)],
+            )
+            .map_err(db("read output chunk"))?
+            .ok_or_else(|| fail("its output chunk is missing"))?;
+        let sha: Vec<u8> = r.get(3);
+        let chunk = OutputChunk {
+            issue_uuid: *issue,
+            event_seq: row.seq,
+            stream: u8::try_from(r.get::<_, i64>(0))
+                .ok()
+                .and_then(Stream::from_u8)
+                .ok_or_else(|| fail("unknown stream"))?,
+            compression: u8::try_from(r.get::<_, i64>(1))
+                .ok()
+                .and_then(Compression::from_u8)
+                .ok_or_else(|| fail("unknown compression"))?,
+            raw_len: u32::try_from(r.get::<_, i64>(2)).map_err(|_| fail("raw length"))?,
+            sha256: <[u8; 32]>::try_from(sha.as_slice()).map_err(|_| fail("digest length"))?,
+            stored: r.get(4),
+        };
+        if chunk.stream.as_u8() != row.stream
+            || u64::from(chunk.raw_len) != row.raw_len
+            || chunk.stored.len() as u64 != row.stored_len
+            || chunk.sha256.as_slice() != row.digest.as_slice()
+        {
+            return Err(fail("its output chunk does not match its event row"));
+        }
+        let raw = chunk.raw().map_err(store_error)?;
+        Ok(Verified {
+            stream: chunk.stream,
+            compression: chunk.compression,
+            raw_len: chunk.raw_len,
+            stored: chunk.stored,
+            raw,
+        })
+    }
+}
+
+/// A control reader on its own connection.
+pub struct PgReader {
+    client: Client,
+    codec: TokenCodec,
+}
+
+impl std::fmt::Debug for PgReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgReader").finish_non_exhaustive()
+    }
+}
+
+impl PgReader {
+    /// Connects a reader.
+    ///
+    /// # Errors
+    /// When the database cannot be reached or its token key is malformed.
+    pub fn connect(conninfo: &str) -> Result<Self, Fail> {
+        let mut client = Client::connect(conninfo, NoTls).map_err(Fail::db("connect a reader"))?;
+        let key = token_key(&mut client)?;
+        Ok(Self {
+            client,
+            codec: TokenCodec::new(TokenKey::new(key)),
+        })
+    }
+
+    /// Runs `read` in one read-only snapshot.
+    fn snapshot<T>(
+        &mut self,
+        read: impl FnOnce(&mut PgSource<'_, '_>, &TokenCodec) -> Result<T, OpError>,
+    ) -> Result<T, OpError> {
+        let mut tx = self
+            .client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(db("begin a read"))?;
+        let out = read(&mut PgSource { tx: &mut tx }, &self.codec);
+        // a read-only transaction: nothing to keep
+        drop(tx);
+        out
+    }
+}
+
+fn not_yet(what: &'static str) -> OpError {
+    op_error(Fail::Unsupported(what))
+}
+
+impl ControlReads for PgReader {
+    fn list_clients(
+        &mut self,
+        _req: &wire::ListClientsRequest,
+    ) -> Result<wire::ListClientsResponse, OpError> {
+        Err(not_yet("ListClients"))
+    }
+    fn get_client(
+        &mut self,
+        _client_id: &str,
+        _now_ms: i64,
+    ) -> Result<wire::GetClientResponse, OpError> {
+        Err(not_yet("GetClient"))
+    }
+    fn list_commands(
+        &mut self,
+        _req: &wire::ListCommandsRequest,
+    ) -> Result<wire::ListCommandsResponse, OpError> {
+        Err(not_yet("ListCommands"))
+    }
+    fn command_record(&mut self, _issue: &[u8; 16]) -> Result<wire::CommandRecord, OpError> {
+        Err(not_yet("GetCommand"))
+    }
+    fn get_output(
+        &mut self,
+        req: &wire::GetOutputRequest,
+    ) -> Result<wire::GetOutputResponse, OpError> {
+        self.snapshot(|src, codec| output_page(src, codec, req))
+    }
+    fn events_after(
+        &mut self,
+        issue: &[u8; 16],
+        after_event_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<HistoryItem>, OpError> {
+        self.snapshot(|src, _| history(src, issue, after_event_seq, limit))
+    }
+    fn incident_page(
+        &mut self,
+        _req: &wire::ListStorageIncidentsRequest,
+    ) -> Result<wire::ListStorageIncidentsResponse, OpError> {
+        Err(not_yet("ListStorageIncidents"))
+    }
+    fn get_fleet_run(
+        &mut self,
+        _req: &wire::GetFleetRunRequest,
+    ) -> Result<wire::GetFleetRunResponse, OpError> {
+        Err(not_yet("GetFleetRun"))
+    }
+    fn list_fleet_runs(
+        &mut self,
+        _req: &wire::ListFleetRunsRequest,
+    ) -> Result<wire::ListFleetRunsResponse, OpError> {
+        Err(not_yet("ListFleetRuns"))
+    }
+    fn list_fleet_targets(
+        &mut self,
+        _req: &wire::ListFleetTargetsRequest,
+    ) -> Result<wire::ListFleetTargetsResponse, OpError> {
+        Err(not_yet("ListFleetTargets"))
+    }
+    fn fleet_changes(
+        &mut self,
+        _run: &str,
+        _after_seq: u64,
+        _limit: usize,
+    ) -> Result<(wire::FleetRunRecord, Vec<wire::FleetTarget>), OpError> {
+        Err(not_yet("FollowFleetRun"))
+    }
+}
+
+/// Opens [`PgReader`]s on one database.
+pub struct PgReaders {
+    conninfo: String,
+}
+
+impl std::fmt::Debug for PgReaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgReaders").finish_non_exhaustive()
+    }
+}
+
+impl PgReaders {
+    /// Readers of the database `conninfo` names.
+    #[must_use]
+    pub fn new(conninfo: &str) -> Self {
+        Self {
+            conninfo: conninfo.to_owned(),
+        }
+    }
+}
+
+impl PgReaders {
+    /// A reader, as its own type.
+    ///
+    /// # Errors
+    /// As [`PgReader::connect`].
+    pub fn open_pg(&self) -> Result<PgReader, Fail> {
+        PgReader::connect(&self.conninfo)
+    }
+}
+
+impl ReaderSource for PgReaders {
+    fn open_reader(&self) -> Result<Box<dyn ControlReads>, StoreError> {
+        Ok(Box::new(
+            PgReader::connect(&self.conninfo).map_err(store_error)?,
+        ))
+    }
+}
+
+impl PgStore {
+    /// A reader source on this store's database.
+    #[must_use]
+    pub fn readers(&self) -> PgReaders {
+        PgReaders::new(&self.conninfo)
+    }
+}
