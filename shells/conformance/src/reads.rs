@@ -189,3 +189,63 @@ pub fn follow_history_continues_after_any_cursor(b: &mut dyn WithReads) {
     let raw = zstd::bulk::decompress(stored, *raw_len as usize).unwrap();
     assert_eq!(raw, chunks[0].1);
 }
+
+/// A command's record says what happened to it: its lifecycle, revision,
+/// times, exit, the stored range of its events, its spec, and a
+/// rejection's reason; an unknown id is `NOT_FOUND`.
+pub fn a_command_record_says_what_happened_to_it(b: &mut dyn WithReads) {
+    let chunks = chunks();
+    let done = command_with_output(b, &chunks, true);
+    let r = b.reads().command_record(&done).unwrap();
+    assert_eq!(r.issue_uuid, text(&done));
+    assert_eq!(r.client_id, "web-1");
+    assert_eq!(r.lifecycle, wire::Lifecycle::Succeeded as i32);
+    assert_eq!(r.last_event_seq, 2 + chunks.len() as u64);
+    let range = r.retained_range.unwrap();
+    assert_eq!(
+        (range.first_event_seq, range.last_event_seq),
+        (1, 2 + chunks.len() as u64)
+    );
+    assert_eq!(
+        r.exit_result.map(|e| e.lifecycle),
+        Some(wire::Lifecycle::Succeeded as i32)
+    );
+    assert!(r.terminal_time.is_some());
+    assert!(!r.terminal_output_incomplete);
+    assert_eq!(r.retention_status, wire::RetentionStatus::Complete as i32);
+    assert!(r.spec.is_some_and(|s| s.source.is_some()));
+    assert_eq!(r.request_hash.len(), 32);
+
+    let s = live_session(b, "web-2");
+    let rejected = run(b, "web-2");
+    dispatch(b, &rejected, s);
+    let op = b.perform(
+        NOW,
+        StoreOp::FinishByServer {
+            issue: rejected,
+            from: vec![Lifecycle::Dispatched],
+            revision: 1,
+            how: rvbox_store_port::commands::ServerTerminal::Rejected,
+            rejection: Some(wire::ErrorDetail {
+                code: wire::ErrorCode::Unsupported as i32,
+                reason: "no such shell".into(),
+                ..Default::default()
+            }),
+            session: Some(s),
+        },
+    );
+    assert!(op.is_ok(), "{op:?}");
+    let r = b.reads().command_record(&rejected).unwrap();
+    assert_eq!(r.lifecycle, wire::Lifecycle::Rejected as i32);
+    assert_eq!(
+        r.rejection.map(|d| d.reason),
+        Some("no such shell".to_owned())
+    );
+    assert_eq!(r.last_event_seq, 0);
+    assert_eq!(
+        r.retained_range
+            .map(|x| (x.first_event_seq, x.last_event_seq)),
+        Some((0, 0))
+    );
+    assert!(b.reads().command_record(&new_id()).is_err());
+}

@@ -8,6 +8,7 @@
 //! honoured by every other.
 
 use postgres::{Client, IsolationLevel, NoTls, Transaction};
+use rvbox_domain::error::{Code, DomainError};
 use rvbox_domain::ids::Uuid7;
 use rvbox_domain::token::{TokenCodec, TokenKey};
 use rvbox_proto::v1 as wire;
@@ -20,6 +21,7 @@ use rvbox_store::output::{
     missing_command, output_command, output_page,
 };
 use rvbox_store::reader::{ControlReads, ReaderSource};
+use rvbox_store::records::{Raw, RecordFacts, record_of};
 
 use crate::output::OutputChunk;
 use crate::sessions::{to_i64, to_u64};
@@ -298,6 +300,62 @@ impl OutputSource for PgSource<'_, '_> {
     }
 }
 
+/// `GetCommand`: one command's record, built by the same rule as the
+/// SQLite store's (`rvbox_store::records::record_of`). The PostgreSQL
+/// store gates no scope by incidents yet, so it lists no dirty scope.
+fn command_record(
+    tx: &mut Transaction<'_>,
+    issue: &[u8; 16],
+) -> Result<wire::CommandRecord, OpError> {
+    let id = issue.as_slice();
+    let r = tx
+        .query_opt(
+            "SELECT issue_uuid, client_id, lifecycle, revision, issue_time_ms, queue_expiry_ms,
+                    terminal_time_ms, exit_code, exit_signal, rejection, resolved_shell,
+                    last_event_seq, expired_pending, retention, request_hash, spec_zstd
+             FROM commands WHERE issue_uuid = $1",
+            &[&id],
+        )
+        .map_err(db("read command"))?
+        .ok_or_else(|| OpError::Refused(DomainError::new(Code::NotFound, "no such command")))?;
+    let narrow = |v: i64| i32::try_from(v).unwrap_or(0);
+    let raw = Raw {
+        issue: r.get(0),
+        client_id: r.get(1),
+        lifecycle: narrow(r.get(2)),
+        revision: r.get(3),
+        issue_ms: r.get(4),
+        expiry_ms: r.get(5),
+        terminal_ms: r.get(6),
+        exit_code: r.get(7),
+        exit_signal: r.get(8),
+        rejection: r.get(9),
+        resolved_shell: r.get::<_, Option<i64>>(10).map(narrow),
+        last_event_seq: r.get(11),
+        expired_pending: r.get(12),
+        retention: r.get(13),
+        request_hash: r.get(14),
+        spec_zstd: r.get(15),
+    };
+    let span = tx
+        .query_one(
+            "SELECT MIN(event_seq), MAX(event_seq),
+                    EXISTS (SELECT 1 FROM output_truncations WHERE issue_uuid = $1),
+                    EXISTS (SELECT 1 FROM command_events
+                            WHERE issue_uuid = $1 AND body_kind IN (6, 7))
+             FROM command_events WHERE issue_uuid = $1",
+            &[&id],
+        )
+        .map_err(db("read retained range"))?;
+    let facts = RecordFacts {
+        first_event_seq: span.get(0),
+        last_event_seq: span.get(1),
+        removed: span.get(2),
+        client_gap: span.get(3),
+    };
+    record_of(raw, facts, Vec::new()).map_err(OpError::Store)
+}
+
 /// A control reader on its own connection.
 pub struct PgReader {
     client: Client,
@@ -367,8 +425,8 @@ impl ControlReads for PgReader {
     ) -> Result<wire::ListCommandsResponse, OpError> {
         Err(not_yet("ListCommands"))
     }
-    fn command_record(&mut self, _issue: &[u8; 16]) -> Result<wire::CommandRecord, OpError> {
-        Err(not_yet("GetCommand"))
+    fn command_record(&mut self, issue: &[u8; 16]) -> Result<wire::CommandRecord, OpError> {
+        self.snapshot(|src, _| command_record(src.tx, issue))
     }
     fn get_output(
         &mut self,

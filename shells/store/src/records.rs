@@ -31,24 +31,57 @@ const RECORD_COLUMNS: &str = "c.issue_uuid, c.client_id, c.lifecycle, c.revision
      c.rejection, c.resolved_shell, c.last_event_seq, c.expired_pending, c.retention, \
      c.request_hash, c.spec_zstd";
 
-/// One `commands` row as read.
-struct Raw {
-    issue: Vec<u8>,
-    client_id: String,
-    lifecycle: i32,
-    revision: i64,
-    issue_ms: i64,
-    expiry_ms: Option<i64>,
-    terminal_ms: Option<i64>,
-    exit_code: Option<i64>,
-    exit_signal: Option<i64>,
-    rejection: Option<Vec<u8>>,
-    resolved_shell: Option<i32>,
-    last_event_seq: i64,
-    expired_pending: bool,
-    retention: String,
-    request_hash: Vec<u8>,
-    spec_zstd: Vec<u8>,
+/// One `commands` row as a record is built from it (every store backend
+/// reads these columns).
+#[derive(Debug, Clone)]
+pub struct Raw {
+    /// Id.
+    pub issue: Vec<u8>,
+    /// Client.
+    pub client_id: String,
+    /// Lifecycle (wire number).
+    pub lifecycle: i32,
+    /// Revision.
+    pub revision: i64,
+    /// Issue time.
+    pub issue_ms: i64,
+    /// Queue expiry.
+    pub expiry_ms: Option<i64>,
+    /// Terminal time.
+    pub terminal_ms: Option<i64>,
+    /// Exit code.
+    pub exit_code: Option<i64>,
+    /// Terminating signal.
+    pub exit_signal: Option<i64>,
+    /// Encoded rejection.
+    pub rejection: Option<Vec<u8>>,
+    /// The shell the client resolved.
+    pub resolved_shell: Option<i32>,
+    /// Last stored event.
+    pub last_event_seq: i64,
+    /// Expired pending reconciliation.
+    pub expired_pending: bool,
+    /// `retained` or `evicting`.
+    pub retention: String,
+    /// Request hash.
+    pub request_hash: Vec<u8>,
+    /// The compressed execution spec.
+    pub spec_zstd: Vec<u8>,
+}
+
+/// What a record needs besides its row: the first and last stored event,
+/// whether the server removed output, and whether the client reported a
+/// gap (a truncation or incomplete marker).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecordFacts {
+    /// First stored event.
+    pub first_event_seq: Option<i64>,
+    /// Last stored event.
+    pub last_event_seq: Option<i64>,
+    /// The server removed output.
+    pub removed: bool,
+    /// The client reported a gap (only asked of an ended command).
+    pub client_gap: bool,
 }
 
 fn raw_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
@@ -147,6 +180,47 @@ fn finish(conn: &Connection, health: &Health, raw: Raw) -> Result<wire::CommandR
     } else {
         false
     };
+    let key = uuid_text(&raw.issue);
+    let seg_prefix = format!("{}/", hex(&raw.issue));
+    let dirty_scopes = health.dirty_scopes(
+        |kind, k| match kind {
+            wire::ScopeKind::Command => k == key,
+            wire::ScopeKind::Segment => {
+                k.starts_with(&seg_prefix) || k.starts_with(&format!("{key}/"))
+            }
+            wire::ScopeKind::Client => k == raw.client_id,
+            wire::ScopeKind::GlobalStore => true,
+            _ => false,
+        },
+        MAX_DIRTY_SCOPES,
+    );
+    record_of(
+        raw,
+        RecordFacts {
+            first_event_seq: first,
+            last_event_seq: last,
+            removed,
+            client_gap,
+        },
+        dirty_scopes,
+    )
+}
+
+/// A command's record from its row, its facts and its dirty scopes (pure:
+/// every store backend builds records so).
+///
+/// # Errors
+/// [`StoreError::Integrity`] when the stored spec does not decode.
+pub fn record_of(
+    raw: Raw,
+    facts: RecordFacts,
+    dirty_scopes: Vec<wire::ScopeHealth>,
+) -> Result<wire::CommandRecord, StoreError> {
+    let lifecycle =
+        wire::Lifecycle::try_from(raw.lifecycle).unwrap_or(wire::Lifecycle::Unspecified);
+    let (first, last, removed) = (facts.first_event_seq, facts.last_event_seq, facts.removed);
+    let terminal = is_terminal(lifecycle);
+    let client_gap = terminal && !removed && facts.client_gap;
     let retention_status = if raw.retention == "evicting" {
         wire::RetentionStatus::Evicting
     } else if removed {
@@ -189,19 +263,6 @@ fn finish(conn: &Connection, health: &Health, raw: Raw) -> Result<wire::CommandR
             ))
         })?;
     let key = uuid_text(&raw.issue);
-    let seg_prefix = format!("{}/", hex(&raw.issue));
-    let dirty_scopes = health.dirty_scopes(
-        |kind, k| match kind {
-            wire::ScopeKind::Command => k == key,
-            wire::ScopeKind::Segment => {
-                k.starts_with(&seg_prefix) || k.starts_with(&format!("{key}/"))
-            }
-            wire::ScopeKind::Client => k == raw.client_id,
-            wire::ScopeKind::GlobalStore => true,
-            _ => false,
-        },
-        MAX_DIRTY_SCOPES,
-    );
     Ok(wire::CommandRecord {
         issue_uuid: key,
         client_id: raw.client_id,
