@@ -141,6 +141,7 @@ macro_rules! __every_read_case {
             output_pages_return_every_byte_once_and_end_for_an_ended_command,
             follow_history_continues_after_any_cursor,
             a_command_record_says_what_happened_to_it,
+            commands_are_listed_newest_first_page_by_page,
         );
     };
 }

@@ -249,3 +249,75 @@ pub fn a_command_record_says_what_happened_to_it(b: &mut dyn WithReads) {
     );
     assert!(b.reads().command_record(&new_id()).is_err());
 }
+
+/// Commands are listed newest first, page by page, every one exactly once,
+/// of one client or of all, and only of clients whose labels match a
+/// selector when one is given.
+pub fn commands_are_listed_newest_first_page_by_page(b: &mut dyn WithReads) {
+    let mut prod = registration("db-1", INSTANCE, None);
+    prod.labels = "env=prod".into();
+    assert!(b.perform(NOW, StoreOp::Register(prod)).is_ok());
+    let mut made: Vec<([u8; 16], &str)> = Vec::new();
+    for n in 0..7i64 {
+        let client = if n % 2 == 0 { "web-1" } else { "db-1" };
+        let id = new_id();
+        let r = b.perform(
+            NOW + n,
+            StoreOp::RunCommand {
+                request: run_request(&id, client, "true"),
+                caller: rvbox_store_port::audit::Caller::local(),
+            },
+        );
+        assert!(r.is_ok(), "{r:?}");
+        made.push((id, client));
+    }
+    let list = |b: &mut dyn WithReads, client: Option<&str>, selector: &str| {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        for _ in 0..20 {
+            let page = b
+                .reads()
+                .list_commands(&wire::ListCommandsRequest {
+                    client_id: client.map(str::to_owned),
+                    page_size: 2,
+                    page_token: token.clone(),
+                    selector: selector.into(),
+                    ..Default::default()
+                })
+                .unwrap();
+            assert!(page.commands.len() <= 2);
+            out.extend(page.commands.into_iter().map(|c| c.issue_uuid));
+            if page.next_page_token.is_empty() {
+                return out;
+            }
+            token = page.next_page_token;
+        }
+        panic!("pages never end");
+    };
+    let newest_first = |filter: &dyn Fn(&str) -> bool| -> Vec<String> {
+        made.iter()
+            .rev()
+            .filter(|(_, c)| filter(c))
+            .map(|(id, _)| text(id))
+            .collect()
+    };
+    assert_eq!(list(b, None, ""), newest_first(&|_| true));
+    assert_eq!(list(b, Some("web-1"), ""), newest_first(&|c| c == "web-1"));
+    assert_eq!(list(b, None, "env=prod"), newest_first(&|c| c == "db-1"));
+    // a token is bound to its filters
+    let first = b
+        .reads()
+        .list_commands(&wire::ListCommandsRequest {
+            client_id: None,
+            page_size: 2,
+            ..Default::default()
+        })
+        .unwrap();
+    let other = b.reads().list_commands(&wire::ListCommandsRequest {
+        client_id: Some("web-1".into()),
+        page_size: 2,
+        page_token: first.next_page_token,
+        ..Default::default()
+    });
+    assert!(other.is_err(), "{other:?}");
+}

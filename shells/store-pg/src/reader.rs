@@ -21,7 +21,7 @@ use rvbox_store::output::{
     missing_command, output_command, output_page,
 };
 use rvbox_store::reader::{ControlReads, ReaderSource};
-use rvbox_store::records::{Raw, RecordFacts, record_of};
+use rvbox_store::records::{Raw, RecordFacts, RecordSource, commands_page, record_of};
 
 use crate::output::OutputChunk;
 use crate::sessions::{to_i64, to_u64};
@@ -300,26 +300,13 @@ impl OutputSource for PgSource<'_, '_> {
     }
 }
 
-/// `GetCommand`: one command's record, built by the same rule as the
-/// SQLite store's (`rvbox_store::records::record_of`). The PostgreSQL
-/// store gates no scope by incidents yet, so it lists no dirty scope.
-fn command_record(
-    tx: &mut Transaction<'_>,
-    issue: &[u8; 16],
-) -> Result<wire::CommandRecord, OpError> {
-    let id = issue.as_slice();
-    let r = tx
-        .query_opt(
-            "SELECT issue_uuid, client_id, lifecycle, revision, issue_time_ms, queue_expiry_ms,
-                    terminal_time_ms, exit_code, exit_signal, rejection, resolved_shell,
-                    last_event_seq, expired_pending, retention, request_hash, spec_zstd
-             FROM commands WHERE issue_uuid = $1",
-            &[&id],
-        )
-        .map_err(db("read command"))?
-        .ok_or_else(|| OpError::Refused(DomainError::new(Code::NotFound, "no such command")))?;
+const RECORD_COLUMNS: &str = "issue_uuid, client_id, lifecycle, revision, issue_time_ms,
+    queue_expiry_ms, terminal_time_ms, exit_code, exit_signal, rejection, resolved_shell,
+    last_event_seq, expired_pending, retention, request_hash, spec_zstd";
+
+fn raw_of(r: &postgres::Row) -> Raw {
     let narrow = |v: i64| i32::try_from(v).unwrap_or(0);
-    let raw = Raw {
+    Raw {
         issue: r.get(0),
         client_id: r.get(1),
         lifecycle: narrow(r.get(2)),
@@ -336,7 +323,13 @@ fn command_record(
         retention: r.get(13),
         request_hash: r.get(14),
         spec_zstd: r.get(15),
-    };
+    }
+}
+
+/// A command's record, built by the same rule as the SQLite store's
+/// (`rvbox_store::records::record_of`). The PostgreSQL store gates no
+/// scope by incidents yet, so it lists no dirty scope.
+fn record(tx: &mut Transaction<'_>, raw: Raw) -> Result<wire::CommandRecord, StoreError> {
     let span = tx
         .query_one(
             "SELECT MIN(event_seq), MAX(event_seq),
@@ -344,7 +337,7 @@ fn command_record(
                     EXISTS (SELECT 1 FROM command_events
                             WHERE issue_uuid = $1 AND body_kind IN (6, 7))
              FROM command_events WHERE issue_uuid = $1",
-            &[&id],
+            &[&raw.issue],
         )
         .map_err(db("read retained range"))?;
     let facts = RecordFacts {
@@ -353,13 +346,100 @@ fn command_record(
         removed: span.get(2),
         client_gap: span.get(3),
     };
-    record_of(raw, facts, Vec::new()).map_err(OpError::Store)
+    record_of(raw, facts, Vec::new())
+}
+
+/// `GetCommand`: one command's record.
+fn command_record(
+    tx: &mut Transaction<'_>,
+    issue: &[u8; 16],
+) -> Result<wire::CommandRecord, OpError> {
+    let sql = format!("SELECT {RECORD_COLUMNS} FROM commands WHERE issue_uuid = $1");
+    let raw = tx
+        .query_opt(sql.as_str(), &[&issue.as_slice()])
+        .map_err(db("read command"))?
+        .map(|r| raw_of(&r))
+        .ok_or_else(|| OpError::Refused(DomainError::new(Code::NotFound, "no such command")))?;
+    record(tx, raw).map_err(OpError::Store)
+}
+
+impl RecordSource for PgSource<'_, '_> {
+    fn commands_after(
+        &mut self,
+        client: Option<&str>,
+        after_ms: i64,
+        after_id: &[u8; 16],
+        limit: usize,
+    ) -> Result<Vec<Raw>, StoreError> {
+        let sql = format!(
+            "SELECT {RECORD_COLUMNS} FROM commands
+             WHERE ($1::text IS NULL OR client_id = $1)
+               AND (issue_time_ms < $2 OR (issue_time_ms = $2 AND issue_uuid < $3))
+             ORDER BY issue_time_ms DESC, issue_uuid DESC LIMIT $4"
+        );
+        Ok(self
+            .tx
+            .query(
+                sql.as_str(),
+                &[
+                    &client,
+                    &after_ms,
+                    &after_id.as_slice(),
+                    &to_i64(limit as u64),
+                ],
+            )
+            .map_err(db("list commands"))?
+            .iter()
+            .map(raw_of)
+            .collect())
+    }
+
+    fn scan_commands(
+        &mut self,
+        client: Option<&str>,
+        after_ms: i64,
+        after_id: &[u8; 16],
+        max: usize,
+    ) -> Result<Vec<(i64, Vec<u8>, String)>, StoreError> {
+        Ok(self
+            .tx
+            .query(
+                "SELECT c.issue_time_ms, c.issue_uuid, COALESCE(cl.labels, '') FROM commands c
+                 LEFT JOIN clients cl ON cl.client_id = c.client_id
+                 WHERE ($1::text IS NULL OR c.client_id = $1)
+                   AND (c.issue_time_ms < $2 OR (c.issue_time_ms = $2 AND c.issue_uuid < $3))
+                 ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT $4",
+                &[
+                    &client,
+                    &after_ms,
+                    &after_id.as_slice(),
+                    &to_i64(max as u64),
+                ],
+            )
+            .map_err(db("scan commands"))?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect())
+    }
+
+    fn command_row(&mut self, id: &[u8]) -> Result<Raw, StoreError> {
+        let sql = format!("SELECT {RECORD_COLUMNS} FROM commands WHERE issue_uuid = $1");
+        self.tx
+            .query_one(sql.as_str(), &[&id])
+            .map(|r| raw_of(&r))
+            .map_err(db("read command"))
+    }
+
+    fn record(&mut self, raw: Raw) -> Result<wire::CommandRecord, StoreError> {
+        record(self.tx, raw)
+    }
 }
 
 /// A control reader on its own connection.
 pub struct PgReader {
     client: Client,
     codec: TokenCodec,
+    key: [u8; TOKEN_KEY_LEN],
 }
 
 impl std::fmt::Debug for PgReader {
@@ -379,6 +459,7 @@ impl PgReader {
         Ok(Self {
             client,
             codec: TokenCodec::new(TokenKey::new(key)),
+            key,
         })
     }
 
@@ -421,9 +502,10 @@ impl ControlReads for PgReader {
     }
     fn list_commands(
         &mut self,
-        _req: &wire::ListCommandsRequest,
+        req: &wire::ListCommandsRequest,
     ) -> Result<wire::ListCommandsResponse, OpError> {
-        Err(not_yet("ListCommands"))
+        let key = self.key;
+        self.snapshot(|src, _| commands_page(src, key, req))
     }
     fn command_record(&mut self, issue: &[u8; 16]) -> Result<wire::CommandRecord, OpError> {
         self.snapshot(|src, _| command_record(src.tx, issue))

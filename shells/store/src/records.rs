@@ -362,6 +362,145 @@ pub(crate) fn stored_labels(text: &str) -> Labels {
     })
 }
 
+/// Where the command listing finds its rows: one rule for the page,
+/// one source per store backend.
+pub trait RecordSource {
+    /// Rows after the position `(after_ms, after_id)` (newest first), of
+    /// `client` or of all, at most `limit`.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn commands_after(
+        &mut self,
+        client: Option<&str>,
+        after_ms: i64,
+        after_id: &[u8; 16],
+        limit: usize,
+    ) -> Result<Vec<Raw>, StoreError>;
+    /// The sort keys and client labels of the commands after the position,
+    /// at most `max` (a filtered page matches labels here, not in SQL).
+    ///
+    /// # Errors
+    /// A store failure.
+    fn scan_commands(
+        &mut self,
+        client: Option<&str>,
+        after_ms: i64,
+        after_id: &[u8; 16],
+        max: usize,
+    ) -> Result<Vec<(i64, Vec<u8>, String)>, StoreError>;
+    /// One command's row.
+    ///
+    /// # Errors
+    /// A store failure (the row must exist).
+    fn command_row(&mut self, id: &[u8]) -> Result<Raw, StoreError>;
+    /// The record of a row.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn record(&mut self, raw: Raw) -> Result<wire::CommandRecord, StoreError>;
+}
+
+struct SqliteRecords<'c> {
+    conn: &'c Connection,
+    health: &'c Health,
+}
+
+impl RecordSource for SqliteRecords<'_> {
+    fn commands_after(
+        &mut self,
+        client: Option<&str>,
+        after_ms: i64,
+        after_id: &[u8; 16],
+        limit: usize,
+    ) -> Result<Vec<Raw>, StoreError> {
+        let sql = if client.is_some() {
+            format!(
+                "SELECT {RECORD_COLUMNS} FROM commands c
+                 WHERE c.client_id = ?1
+                   AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
+                 ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
+            )
+        } else {
+            format!(
+                "SELECT {RECORD_COLUMNS} FROM commands c
+                 WHERE ?1 IS NULL
+                   AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
+                 ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
+            )
+        };
+        let mut st = self
+            .conn
+            .prepare_cached(&sql)
+            .map_err(sqlite("list commands"))?;
+        let it = st
+            .query_map(
+                params![
+                    client,
+                    after_ms,
+                    after_id.as_slice(),
+                    i64::try_from(limit).unwrap_or(i64::MAX)
+                ],
+                raw_of,
+            )
+            .map_err(sqlite("list commands"))?;
+        it.collect::<Result<_, _>>()
+            .map_err(sqlite("list commands"))
+    }
+
+    fn scan_commands(
+        &mut self,
+        client: Option<&str>,
+        after_ms: i64,
+        after_id: &[u8; 16],
+        max: usize,
+    ) -> Result<Vec<(i64, Vec<u8>, String)>, StoreError> {
+        let sql = if client.is_some() {
+            "SELECT c.issue_time_ms, c.issue_uuid, COALESCE(cl.labels, '') FROM commands c
+             LEFT JOIN clients cl ON cl.client_id = c.client_id
+             WHERE c.client_id = ?1
+               AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
+             ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
+        } else {
+            "SELECT c.issue_time_ms, c.issue_uuid, COALESCE(cl.labels, '') FROM commands c
+             LEFT JOIN clients cl ON cl.client_id = c.client_id
+             WHERE ?1 IS NULL
+               AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
+             ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
+        };
+        let mut st = self
+            .conn
+            .prepare_cached(sql)
+            .map_err(sqlite("scan commands"))?;
+        let it = st
+            .query_map(
+                params![
+                    client,
+                    after_ms,
+                    after_id.as_slice(),
+                    i64::try_from(max).unwrap_or(i64::MAX)
+                ],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .map_err(sqlite("scan commands"))?;
+        it.collect::<Result<_, _>>()
+            .map_err(sqlite("scan commands"))
+    }
+
+    fn command_row(&mut self, id: &[u8]) -> Result<Raw, StoreError> {
+        self.conn
+            .prepare_cached(&format!(
+                "SELECT {RECORD_COLUMNS} FROM commands c WHERE c.issue_uuid = ?1"
+            ))
+            .and_then(|mut st| st.query_row(params![id], raw_of))
+            .map_err(sqlite("read command"))
+    }
+
+    fn record(&mut self, raw: Raw) -> Result<wire::CommandRecord, StoreError> {
+        finish(self.conn, self.health, raw)
+    }
+}
+
 /// `ListCommands`: a page of commands, newest first, of one client or of
 /// all, optionally only of clients whose labels match a selector.
 ///
@@ -371,6 +510,18 @@ pub(crate) fn stored_labels(text: &str) -> Labels {
 pub fn list_commands(
     conn: &Connection,
     health: &Health,
+    key: [u8; 32],
+    req: &wire::ListCommandsRequest,
+) -> Result<wire::ListCommandsResponse, OpError> {
+    commands_page(&mut SqliteRecords { conn, health }, key, req)
+}
+
+/// [`list_commands`] over any [`RecordSource`].
+///
+/// # Errors
+/// As [`list_commands`].
+pub fn commands_page(
+    src: &mut dyn RecordSource,
     key: [u8; 32],
     req: &wire::ListCommandsRequest,
 ) -> Result<wire::ListCommandsResponse, OpError> {
@@ -397,68 +548,15 @@ pub fn list_commands(
     type Page = (Vec<Raw>, bool, Option<(i64, Vec<u8>)>);
     let (rows, more, last): Page = match &selector {
         None => {
-            let sql = if client.is_some() {
-                format!(
-                    "SELECT {RECORD_COLUMNS} FROM commands c
-                     WHERE c.client_id = ?1
-                       AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
-                     ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
-                )
-            } else {
-                format!(
-                    "SELECT {RECORD_COLUMNS} FROM commands c
-                     WHERE ?1 IS NULL
-                       AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
-                     ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
-                )
-            };
             // one more row than the page says whether another page follows
-            let mut rows: Vec<Raw> = {
-                let mut st = conn.prepare_cached(&sql).map_err(sqlite("list commands"))?;
-                let it = st
-                    .query_map(
-                        params![client, after_ms, after_id.as_slice(), i64::from(limit) + 1],
-                        raw_of,
-                    )
-                    .map_err(sqlite("list commands"))?;
-                it.collect::<Result<_, _>>()
-                    .map_err(sqlite("list commands"))?
-            };
+            let mut rows = src.commands_after(client, after_ms, &after_id, limit as usize + 1)?;
             let more = rows.len() > limit as usize;
             rows.truncate(limit as usize);
             let last = rows.last().map(|r| (r.issue_ms, r.issue.clone()));
             (rows, more, last)
         }
         Some(sel) => {
-            let sql = if client.is_some() {
-                "SELECT c.issue_time_ms, c.issue_uuid, COALESCE(cl.labels, '') FROM commands c
-                 LEFT JOIN clients cl ON cl.client_id = c.client_id
-                 WHERE c.client_id = ?1
-                   AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
-                 ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
-            } else {
-                "SELECT c.issue_time_ms, c.issue_uuid, COALESCE(cl.labels, '') FROM commands c
-                 LEFT JOIN clients cl ON cl.client_id = c.client_id
-                 WHERE ?1 IS NULL
-                   AND (c.issue_time_ms < ?2 OR (c.issue_time_ms = ?2 AND c.issue_uuid < ?3))
-                 ORDER BY c.issue_time_ms DESC, c.issue_uuid DESC LIMIT ?4"
-            };
-            let scanned: Vec<(i64, Vec<u8>, String)> = {
-                let mut st = conn.prepare_cached(sql).map_err(sqlite("scan commands"))?;
-                let it = st
-                    .query_map(
-                        params![
-                            client,
-                            after_ms,
-                            after_id.as_slice(),
-                            i64::try_from(MAX_FILTER_SCAN).unwrap_or(i64::MAX)
-                        ],
-                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-                    )
-                    .map_err(sqlite("scan commands"))?;
-                it.collect::<Result<_, _>>()
-                    .map_err(sqlite("scan commands"))?
-            };
+            let scanned = src.scan_commands(client, after_ms, &after_id, MAX_FILTER_SCAN)?;
             let exhausted = scanned.len() < MAX_FILTER_SCAN;
             let mut picked: Vec<(i64, Vec<u8>)> = Vec::new();
             let mut last = None;
@@ -480,25 +578,15 @@ pub fn list_commands(
                 more = true;
             }
             let mut rows = Vec::with_capacity(picked.len());
-            {
-                let mut st = conn
-                    .prepare_cached(&format!(
-                        "SELECT {RECORD_COLUMNS} FROM commands c WHERE c.issue_uuid = ?1"
-                    ))
-                    .map_err(sqlite("read command"))?;
-                for (_, id) in &picked {
-                    rows.push(
-                        st.query_row(params![id], raw_of)
-                            .map_err(sqlite("read command"))?,
-                    );
-                }
+            for (_, id) in &picked {
+                rows.push(src.command_row(id)?);
             }
             (rows, more, last)
         }
     };
     let mut commands = Vec::with_capacity(rows.len());
     for raw in rows {
-        commands.push(finish(conn, health, raw)?);
+        commands.push(src.record(raw)?);
     }
     let next_page_token = match (more, last) {
         (true, Some((ms, id))) => {
