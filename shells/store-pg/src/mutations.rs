@@ -13,26 +13,9 @@ use rvbox_domain::error::{Code, DomainError};
 use rvbox_domain::hash::RequestHash;
 use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
-use rvbox_store::mutations::{Assigned, Owner, Stored};
+use rvbox_store::mutations::{Assigned, Owner, Stored, owner_columns};
 
 use crate::Fail;
-
-/// The owner columns: command, incident, client, fleet run.
-type OwnerColumns<'a> = (
-    Option<&'a [u8]>,
-    Option<&'a [u8]>,
-    Option<&'a str>,
-    Option<&'a [u8]>,
-);
-
-fn owner_columns<'a>(owner: Owner<'a>) -> OwnerColumns<'a> {
-    match owner {
-        Owner::Command(u) => (Some(u.as_slice()), None, None, None),
-        Owner::Incident(i) => (None, Some(i.as_slice()), None, None),
-        Owner::Client(c) => (None, None, Some(c), None),
-        Owner::FleetRun(r) => (None, None, None, Some(r.as_slice())),
-    }
-}
 
 /// Looks `request_id` up: `None` is fresh, `Some` an exact replay.
 ///

@@ -4,16 +4,15 @@
 //! command row, bounded by the pending-write caps, charged, and audited,
 //! in one transaction.
 
-use prost::Message as _;
 use rvbox_domain::error::{Code, DomainError};
 use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
 use rvbox_retention::{CHARGE_VERSION, ChargeKind, Class, Usage, charge, reserve};
 use rvbox_store::audit::AuditRecord;
 use rvbox_store::incidents::detail_to_error;
-use rvbox_store::mutations::{Assigned, Owner, Stored};
+use rvbox_store::mutations::{Assigned, Owner};
 use rvbox_store::stdin::{
-    Mutation, append_mutation, close_mutation, decode_response, encode_piece,
+    Mutation, append_mutation, close_mutation, decode_response, encode_piece, fresh_response,
 };
 use rvbox_store_port::audit::Caller;
 use rvbox_store_port::stdin::{
@@ -24,12 +23,6 @@ use crate::audit::write_in;
 use crate::commands::load_view;
 use crate::sessions::{global_charged, to_i64, to_u64};
 use crate::{Fail, PgStore, mutations};
-
-fn uuid_text(b: &[u8; 16]) -> String {
-    Uuid7::from_bytes("issue_uuid", *b)
-        .map(|u| u.to_string())
-        .unwrap_or_default()
-}
 
 fn delivery_of(v: i64) -> wire::StdinDelivery {
     match v {
@@ -282,24 +275,7 @@ impl PgStore {
                 seq = seq.saturating_add(1);
             }
             let last_seq = seq.saturating_sub(1);
-            let response = if m.method == "CloseStdin" {
-                StdinResponse::Close(wire::CloseStdinResponse {
-                    issue_uuid: uuid_text(&m.issue),
-                    write_seq: last_seq,
-                    delivery: wire::StdinDelivery::Pending as i32,
-                })
-            } else {
-                StdinResponse::Append(wire::AppendStdinResponse {
-                    issue_uuid: uuid_text(&m.issue),
-                    first_write_seq: first,
-                    last_write_seq: last_seq,
-                    delivery: wire::StdinDelivery::Pending as i32,
-                })
-            };
-            let stored: Stored = Ok(match &response {
-                StdinResponse::Append(r) => r.encode_to_vec(),
-                StdinResponse::Close(r) => r.encode_to_vec(),
-            });
+            let (response, stored) = fresh_response(m, first, last_seq);
             write_in(tx, rec, Ok(()))?;
             crate::notify::client(tx, &view.client_id)?;
             mutations::record(

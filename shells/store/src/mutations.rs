@@ -84,14 +84,17 @@ impl OpError {
 pub type Stored = Result<Vec<u8>, wire::ErrorDetail>;
 
 /// The owner columns: command, incident, client, fleet run.
-type OwnerColumns<'a> = (
+pub type OwnerColumns<'a> = (
     Option<&'a [u8]>,
     Option<&'a [u8]>,
     Option<&'a str>,
     Option<&'a [u8]>,
 );
 
-fn owner_columns<'a>(owner: Owner<'a>) -> OwnerColumns<'a> {
+/// The owner's columns of a `control_mutations` row (every store backend
+/// keeps them so).
+#[must_use]
+pub fn owner_columns<'a>(owner: Owner<'a>) -> OwnerColumns<'a> {
     match owner {
         Owner::Command(u) => (Some(u.as_slice()), None, None, None),
         Owner::Incident(i) => (None, Some(i.as_slice()), None, None),

@@ -449,24 +449,7 @@ impl Store {
             seq = seq.saturating_add(1);
         }
         let last_seq = seq.saturating_sub(1);
-        let response = if m.method == "CloseStdin" {
-            StdinResponse::Close(wire::CloseStdinResponse {
-                issue_uuid: uuid_text(&m.issue),
-                write_seq: last_seq,
-                delivery: wire::StdinDelivery::Pending as i32,
-            })
-        } else {
-            StdinResponse::Append(wire::AppendStdinResponse {
-                issue_uuid: uuid_text(&m.issue),
-                first_write_seq: first,
-                last_write_seq: last_seq,
-                delivery: wire::StdinDelivery::Pending as i32,
-            })
-        };
-        let stored: Stored = Ok(match &response {
-            StdinResponse::Append(r) => r.encode_to_vec(),
-            StdinResponse::Close(r) => r.encode_to_vec(),
-        });
+        let (response, stored) = fresh_response(m, first, last_seq);
         intent.write_in(&tx, Ok(()))?;
         mutations::record(
             &tx,
@@ -650,6 +633,30 @@ pub fn close_mutation(req: &wire::CloseStdinRequest) -> Result<Mutation<'static>
             close: true,
         }],
     })
+}
+
+/// The response of a mutation that numbered writes `first..=last`, and
+/// its stored form (pure: every store backend answers so).
+pub fn fresh_response(m: &Mutation<'_>, first: u64, last: u64) -> (StdinResponse, Stored) {
+    let response = if m.method == "CloseStdin" {
+        StdinResponse::Close(wire::CloseStdinResponse {
+            issue_uuid: uuid_text(&m.issue),
+            write_seq: last,
+            delivery: wire::StdinDelivery::Pending as i32,
+        })
+    } else {
+        StdinResponse::Append(wire::AppendStdinResponse {
+            issue_uuid: uuid_text(&m.issue),
+            first_write_seq: first,
+            last_write_seq: last,
+            delivery: wire::StdinDelivery::Pending as i32,
+        })
+    };
+    let stored: Stored = Ok(match &response {
+        StdinResponse::Append(r) => r.encode_to_vec(),
+        StdinResponse::Close(r) => r.encode_to_vec(),
+    });
+    (response, stored)
 }
 
 /// A stored stdin response, decoded.
