@@ -308,6 +308,7 @@ pub mod defaults {
 }
 
 const SYNC_CHOICES: &[&str] = &["full", "extra"];
+const STORE_CHOICES: &[&str] = &["sqlite", "postgres"];
 const LOG_LEVELS: &[&str] = &["error", "warn", "info", "debug", "trace"];
 const LOG_FORMATS: &[&str] = &["text", "json"];
 /// Shell names accepted by `shells.default`.
@@ -324,6 +325,13 @@ pub static SERVER_KEYS: &[KeyDef] = &[
     KeyDef::list("server.allowed_origins", Kind::TextList, &[],
         "Origins (scheme://host[:port]) allowed on a WebSocket upgrade. Agents send no Origin header; an upgrade that carries an Origin not listed here is refused.")
         .max(defaults::MAX_ALLOWED_ORIGINS),
+    KeyDef::text("server.store", Kind::Choice(STORE_CHOICES), "sqlite",
+        "Where the server stores everything: sqlite (one server, storage.data_dir) or postgres (one of several replicas sharing the database named by postgres.conninfo; docs/scaleout.md)."),
+    // [postgres]
+    KeyDef::text("postgres.conninfo", Kind::Text, "",
+        "PostgreSQL connection string (key=value, e.g. \"host=/run/postgresql dbname=rvbox user=rvbox\"), required when server.store = \"postgres\". It must not hold a password: name a file in postgres.password_file."),
+    KeyDef::text("postgres.password_file", Kind::OptionalPath, "",
+        "File holding the PostgreSQL password (its first line), readable by the server alone (mode 0600 or 0400); \"\" for none (peer or certificate authentication)."),
     // [storage]
     KeyDef::text("storage.data_dir", Kind::Path, defaults::SERVER_DATA_DIR,
         "Private directory holding the SQLite database (db/), output segments (segments/) and audit segments (audit/)."),

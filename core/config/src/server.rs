@@ -27,6 +27,106 @@ pub struct AgentConfig {
     pub allowed_origins: Vec<String>,
 }
 
+/// Where the server stores everything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreBackend {
+    /// One server on SQLite and segment files in `storage.data_dir`.
+    Sqlite,
+    /// One of several replicas on a shared PostgreSQL database.
+    Postgres(PostgresConfig),
+}
+
+/// `[postgres]`: the shared database of replicas.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PostgresConfig {
+    /// The connection string, without a password.
+    pub conninfo: String,
+    /// The file holding the password, if any.
+    pub password_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("conninfo", &self.conninfo)
+            .field("password_file", &self.password_file)
+            .finish()
+    }
+}
+
+/// Checks a PostgreSQL connection string: `key=value` pairs (values may
+/// be single-quoted), no password among them.
+///
+/// # Errors
+/// What is wrong, naming the key.
+pub fn check_conninfo(text: &str) -> Result<(), String> {
+    if text.trim().is_empty() {
+        return Err("is required when server.store = \"postgres\"".into());
+    }
+    for scheme in ["postgres://", "postgresql://"] {
+        if let Some(rest) = text.strip_prefix(scheme) {
+            let authority = rest.split(['/', '?']).next().unwrap_or("");
+            let userinfo = authority.rsplit_once('@').map_or("", |(u, _)| u);
+            let query = rest.split_once('?').map_or("", |(_, q)| q);
+            if userinfo.contains(':')
+                || query
+                    .split('&')
+                    .any(|kv| kv.to_ascii_lowercase().starts_with("password="))
+            {
+                return Err("holds a password; put it in postgres.password_file".into());
+            }
+            return Ok(());
+        }
+    }
+    for pair in conninfo_keys(text)? {
+        if pair.eq_ignore_ascii_case("password") {
+            return Err("holds a password; put it in postgres.password_file".into());
+        }
+    }
+    Ok(())
+}
+
+/// The keys of a `key=value` connection string.
+fn conninfo_keys(text: &str) -> Result<Vec<String>, String> {
+    let mut keys = Vec::new();
+    let mut rest = text.trim_start();
+    while !rest.is_empty() {
+        let Some(eq) = rest.find('=') else {
+            return Err(format!("{rest:?} is not key=value"));
+        };
+        let key = rest[..eq].trim();
+        if key.is_empty() || key.contains(char::is_whitespace) {
+            return Err(format!("{:?} is not key=value", &rest[..eq]));
+        }
+        keys.push(key.to_owned());
+        rest = rest[eq + 1..].trim_start();
+        if let Some(quoted) = rest.strip_prefix('\'') {
+            // a quoted value; \' and \\ are escapes
+            let mut end = None;
+            let mut escaped = false;
+            for (i, c) in quoted.char_indices() {
+                if escaped {
+                    escaped = false;
+                } else if c == '\\' {
+                    escaped = true;
+                } else if c == '\'' {
+                    end = Some(i);
+                    break;
+                }
+            }
+            let Some(end) = end else {
+                return Err(format!("the value of {key} has no closing quote"));
+            };
+            rest = quoted[end + 1..].trim_start();
+        } else {
+            let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+            rest = rest[end..].trim_start();
+        }
+    }
+    Ok(keys)
+}
+
 /// SQLite synchronous mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SqliteSynchronous {
@@ -197,6 +297,8 @@ impl JsonRpcConfig {
 pub struct ServerConfig {
     /// `[server]`.
     pub agent: AgentConfig,
+    /// `server.store` and `[postgres]`.
+    pub store: StoreBackend,
     /// `[storage]`.
     pub storage: StorageConfig,
     /// `[audit]`.
@@ -424,6 +526,21 @@ pub fn load_server(
         e,
     );
 
+    // server.store and [postgres]
+    let store = if r.text("server.store") == "postgres" {
+        let conninfo = r.text("postgres.conninfo");
+        if let Err(msg) = check_conninfo(&conninfo) {
+            e.push(r.error("postgres.conninfo", msg));
+        }
+        let file = r.text("postgres.password_file");
+        StoreBackend::Postgres(PostgresConfig {
+            conninfo,
+            password_file: (!file.is_empty()).then(|| PathBuf::from(file)),
+        })
+    } else {
+        StoreBackend::Sqlite
+    };
+
     // [jsonrpc]
     let jsonrpc_listen = socket_addr(&r, "jsonrpc.listen", e);
     let observability = observability(&r, e);
@@ -452,6 +569,7 @@ pub fn load_server(
             path,
             allowed_origins,
         },
+        store,
         storage: StorageConfig {
             data_dir,
             db_dir,
@@ -612,4 +730,32 @@ fn socket_path(probe: &dyn HostProbe, text: &str, runtime_dir: &Path) -> Result<
         ));
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod conninfo_tests {
+    use super::check_conninfo;
+
+    #[test]
+    fn a_password_in_the_connection_string_is_refused_by_name() {
+        for ok in [
+            "host=/run/postgresql dbname=rvbox user=rvbox",
+            "host=db.example port=5432 dbname='rv box' user=rvbox sslmode=require",
+            "postgres://rvbox@db.example/rvbox?sslmode=require",
+        ] {
+            assert_eq!(check_conninfo(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "host=db password=hunter2 dbname=rvbox",
+            "host=db PASSWORD = 'a b' dbname=rvbox",
+            "postgres://rvbox:hunter2@db/rvbox",
+            "postgresql://rvbox@db/rvbox?sslmode=require&password=x",
+        ] {
+            let e = check_conninfo(bad).unwrap_err();
+            assert!(e.contains("password_file"), "{bad}: {e}");
+        }
+        assert!(check_conninfo("").unwrap_err().contains("required"));
+        assert!(check_conninfo("host").unwrap_err().contains("key=value"));
+        assert!(check_conninfo("dbname='x").unwrap_err().contains("quote"));
+    }
 }

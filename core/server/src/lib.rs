@@ -238,6 +238,19 @@ pub enum Input {
         /// Serving.
         serving: bool,
     },
+    /// Another replica wrote work for `client` (a command, or with
+    /// `issue` a signal or stdin of that command): if this server holds
+    /// the client's connection it looks for the work at once
+    /// (docs/scaleout.md). Harmless when nothing is new.
+    Wake {
+        /// The client.
+        client: String,
+        /// The command whose signal or stdin is new.
+        issue: Option<[u8; 16]>,
+    },
+    /// Wake-ups may have been missed (the listener reconnected, or the
+    /// periodic poll): every connected client looks for its work.
+    WakeAll,
 }
 
 /// Something the caller must do, in order.
@@ -315,6 +328,8 @@ pub struct EngineStats {
     /// them: their session was no longer live (a newer one replaced it,
     /// on this server or another replica).
     pub writes_fenced: u64,
+    /// Wake-ups from other replicas for a client connected here.
+    pub wakeups: u64,
     /// Reconciliation rounds written.
     pub reconciled: u64,
     /// Reconciliation snapshots refused (invalid, or client store not ready).
@@ -640,6 +655,39 @@ impl ServerCore {
         }
     }
 
+    /// Work written elsewhere for `client` (see [`Input::Wake`]).
+    fn wake(&mut self, client: &str, issue: Option<[u8; 16]>) {
+        let Some(conn) = self.clients.get(client).and_then(|st| st.conn) else {
+            return;
+        };
+        self.stats.wakeups += 1;
+        self.mark_ready(client);
+        if let Some(issue) = issue {
+            self.store(
+                StoreOp::PendingSignals {
+                    issues: vec![issue],
+                },
+                Pending::Signal(crate::signals::Pending::Resend { conn }),
+            );
+            if let Ok(id) = rvbox_domain::ids::Uuid7::from_bytes("issue_uuid", issue) {
+                self.wake_stdin(conn, id);
+            }
+        }
+    }
+
+    /// Every connected client looks for its work (see [`Input::WakeAll`]).
+    fn wake_all(&mut self) {
+        let ready: Vec<String> = self
+            .clients
+            .iter()
+            .filter(|(_, st)| st.conn.is_some())
+            .map(|(c, _)| c.clone())
+            .collect();
+        for client in &ready {
+            self.mark_ready(client);
+        }
+    }
+
     /// Whether this server runs `duty`.
     #[must_use]
     pub fn runs(&self, duty: rvbox_store_port::replica::Duty) -> bool {
@@ -719,6 +767,8 @@ impl ServerCore {
             Input::Timeout => self.timeout(),
             Input::Duties { held } => self.set_duties(&held),
             Input::Serving { serving } => self.set_serving(serving),
+            Input::Wake { client, issue } => self.wake(&client, issue),
+            Input::WakeAll => self.wake_all(),
         }
         // every session effect the input caused, then a fair dispatch turn
         // for each client that became ready (a turn only issues reads), and

@@ -73,7 +73,15 @@ pub(crate) struct NetConfig {
     urls: Vec<String>,
     tls: Option<Arc<rustls::ClientConfig>>,
     ws: WebSocketConfig,
+    /// Sent as [`CLIENT_HEADER`] on the upgrade, so a proxy in front of
+    /// several server replicas can keep a client on one (nginx `hash
+    /// $http_x_rvbox_client consistent`). The session's identity is still
+    /// the `ClientHello`'s; the header only routes.
+    client_id: String,
 }
+
+/// The upgrade request header naming the client, for routing only.
+pub(crate) const CLIENT_HEADER: &str = "x-rvbox-client";
 
 fn load_roots(path: &Path) -> Result<rustls::RootCertStore, NetError> {
     use rustls::pki_types::CertificateDer;
@@ -152,6 +160,7 @@ impl NetConfig {
             urls: cfg.client.server_urls.clone(),
             tls,
             ws,
+            client_id: cfg.client.client_id.clone(),
         })
     }
 }
@@ -337,8 +346,16 @@ async fn dial(cfg: &NetConfig, url: &str) -> Result<Ws, String> {
     } else {
         Some(Connector::Plain)
     };
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+    let mut request = url
+        .into_client_request()
+        .map_err(|e| format!("server URL {url}: {e}"))?;
+    // client ids are ASCII letters, digits, '.', '-' and '_'
+    if let Ok(v) = tungstenite::http::HeaderValue::from_str(&cfg.client_id) {
+        request.headers_mut().insert(CLIENT_HEADER, v);
+    }
     let attempt =
-        tokio_tungstenite::connect_async_tls_with_config(url, Some(cfg.ws), true, connector);
+        tokio_tungstenite::connect_async_tls_with_config(request, Some(cfg.ws), true, connector);
     match tokio::time::timeout(DIAL_TIMEOUT, attempt).await {
         Ok(Ok((ws, _response))) => Ok(ws),
         Ok(Err(tungstenite::Error::Http(r))) => {

@@ -234,6 +234,19 @@ impl Engine {
         self.input(now, wall, Input::Serving { serving });
     }
 
+    /// Another replica wrote work for `client` (see [`Input::Wake`]).
+    pub fn wake(&mut self, client: &str, issue: Option<[u8; 16]>) {
+        let (now, wall) = self.last;
+        self.input(
+            now,
+            wall,
+            Input::Wake {
+                client: client.to_owned(),
+                issue,
+            },
+        );
+    }
+
     /// Timers: session deadlines due at `now_ms`, queue expiry, backoff
     /// wake-ups and a dispatch pass.
     pub fn tick(&mut self, now_ms: u64, wall_ms: i64) {

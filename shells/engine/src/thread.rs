@@ -14,8 +14,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::thread::JoinHandle;
 
 use rvbox_store::Store;
-use rvbox_store::reader::ReadHandle;
-use rvbox_store_port::ops::{OpResult, OpToken, StoreOp};
+use rvbox_store_port::ops::{Backend, OpResult, OpToken, StoreOp};
 
 use crate::Executor;
 
@@ -43,34 +42,35 @@ impl CompletionSink for SyncSender<Vec<(OpToken, OpResult)>> {
     }
 }
 
-/// The executor thread.
+/// The executor thread, over any backend of the store port (the SQLite
+/// [`Executor`] by default; the PostgreSQL store on replicas).
 #[derive(Debug)]
-pub struct ExecutorThread {
+pub struct ExecutorThread<B = Executor> {
     tx: SyncSender<Batch>,
-    thread: JoinHandle<Executor>,
-    reads: ReadHandle,
+    thread: JoinHandle<B>,
 }
 
-impl ExecutorThread {
-    /// Starts the thread over a recovered store.
+impl ExecutorThread<Executor> {
+    /// Starts the thread over a recovered SQLite store.
     ///
     /// # Errors
     /// When the thread cannot be spawned.
     pub fn spawn(store: Store, sink: impl CompletionSink) -> std::io::Result<Self> {
+        Self::spawn_backend(Executor::new(store), sink)
+    }
+}
+
+impl<B: Backend + Send + 'static> ExecutorThread<B> {
+    /// Starts the thread over `backend`.
+    ///
+    /// # Errors
+    /// When the thread cannot be spawned.
+    pub fn spawn_backend(backend: B, sink: impl CompletionSink) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::sync_channel(EXECUTOR_QUEUE);
-        let reads = store.read_handle();
         let thread = std::thread::Builder::new()
             .name("rvbox-store-executor".into())
-            .spawn(move || run(Executor::new(store), &rx, sink))?;
-        Ok(Self { tx, thread, reads })
-    }
-
-    /// What opens read-only connections for control reads (`GetCommand`,
-    /// `FollowCommand` history, `GetOutput`, incident lists): they are
-    /// served beside the executor, never queued behind its writes.
-    #[must_use]
-    pub fn read_handle(&self) -> ReadHandle {
-        self.reads.clone()
+            .spawn(move || run(backend, &rx, sink))?;
+        Ok(Self { tx, thread })
     }
 
     /// Hands a batch to the executor. Blocks only while its queue is full.
@@ -82,11 +82,11 @@ impl ExecutorThread {
     }
 
     /// Stops taking work, performs what is queued, and returns the
-    /// executor (with its store).
+    /// backend (the SQLite executor with its store).
     ///
     /// # Errors
     /// When the thread panicked.
-    pub fn stop(self) -> Result<Executor, String> {
+    pub fn stop(self) -> Result<B, String> {
         drop(self.tx);
         self.thread
             .join()
@@ -94,7 +94,7 @@ impl ExecutorThread {
     }
 }
 
-fn run(mut exec: Executor, rx: &Receiver<Batch>, mut sink: impl CompletionSink) -> Executor {
+fn run<B: Backend>(mut exec: B, rx: &Receiver<Batch>, mut sink: impl CompletionSink) -> B {
     while let Ok(first) = rx.recv() {
         let mut ops = first;
         // everything queued meanwhile joins this pass: appends arriving

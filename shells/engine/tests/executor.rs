@@ -185,8 +185,9 @@ fn control_reads_are_served_beside_the_executor_thread_not_behind_it() {
     let (park, reached, release) = Park::at(rvbox_store::crash::points::EVENT_AFTER_FSYNC);
     store.set_crash_hook(park);
     let (done_tx, done_rx) = std::sync::mpsc::sync_channel(16);
+    let reads = store.read_handle();
     let exec = ExecutorThread::spawn(store, done_tx).unwrap();
-    let reader = exec.read_handle().open().unwrap();
+    let reader = reads.open().unwrap();
     exec.submit(vec![(
         OpToken(1),
         NOW,

@@ -107,8 +107,9 @@ fn env(session: &str, generation: u64, p: Payload) -> Vec<u8> {
     .encode_to_vec()
 }
 
-fn run(e: &mut Engine, id: &[u8; 16]) {
-    let req = wire::RunCommandRequest {
+/// `make` for `web-1`, with a queue TTL when given.
+fn run_request(id: &[u8; 16], queue_ttl: Option<prost_types::Duration>) -> wire::RunCommandRequest {
+    wire::RunCommandRequest {
         request_id: Engine::uuid_text(id),
         client_id: "web-1".into(),
         spec: Some(wire::ExecutionSpec {
@@ -116,9 +117,12 @@ fn run(e: &mut Engine, id: &[u8; 16]) {
             ..Default::default()
         }),
         script: Vec::new(),
-        queue_ttl: None,
-    };
-    e.run_command(&req, WALL).unwrap();
+        queue_ttl,
+    }
+}
+
+fn run(e: &mut Engine, id: &[u8; 16]) {
+    e.run_command(&run_request(id, None), WALL).unwrap();
 }
 
 fn new_id() -> [u8; 16] {
@@ -556,19 +560,13 @@ fn a_duty_not_held_never_runs_and_runs_again_once_held() {
     let dir = tempfile::tempdir().unwrap();
     let mut e = engine(dir.path());
     let id = new_id();
-    let req = wire::RunCommandRequest {
-        request_id: Engine::uuid_text(&id),
-        client_id: "web-1".into(),
-        spec: Some(wire::ExecutionSpec {
-            source: Some(wire::execution_spec::Source::CommandText("make".into())),
-            ..Default::default()
-        }),
-        script: Vec::new(),
-        queue_ttl: Some(prost_types::Duration {
+    let req = run_request(
+        &id,
+        Some(prost_types::Duration {
             seconds: 1,
             nanos: 0,
         }),
-    };
+    );
     e.run_command(&req, WALL).unwrap();
     let held: Vec<Duty> = Duty::ALL
         .into_iter()
@@ -617,4 +615,43 @@ fn a_replica_that_lost_its_lease_closes_its_connections_and_takes_none() {
             .any(|(c, f)| *c == 3 && matches!(f.payload, Some(Payload::ServerWelcome(_)))),
         "{frames:?}"
     );
+}
+
+/// A command another replica stored for a client connected here (written
+/// straight into the store, behind this engine's back) is dispatched when
+/// the wake-up arrives, and not before: the engine never polls the store
+/// on its own.
+#[test]
+fn work_another_replica_stored_is_dispatched_on_its_wake_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path());
+    let first = new_id();
+    let (_, _) = accepted_command(&mut e, &first);
+    let other = new_id();
+    e.store_mut()
+        .run_command(&run_request(&other, None), WALL)
+        .unwrap();
+    for t in 6..10u64 {
+        e.tick(t, WALL);
+        let (frames, _) = drain(&mut e);
+        assert!(
+            !frames
+                .iter()
+                .any(|(_, f)| matches!(f.payload, Some(Payload::Dispatch(_)))),
+            "nothing dispatched without a wake-up: {frames:?}"
+        );
+    }
+    assert_eq!(e.command(&other).unwrap().lifecycle, Lifecycle::Queued);
+    e.wake("web-1", None);
+    let (frames, _) = drain(&mut e);
+    assert!(
+        frames
+            .iter()
+            .any(|(_, f)| matches!(&f.payload, Some(Payload::Dispatch(d)) if d.issue_uuid == Engine::uuid_text(&other))),
+        "dispatched on the wake-up: {frames:?}"
+    );
+    assert_eq!(e.stats().wakeups, 1);
+    // a wake-up for a client not connected here does nothing
+    e.wake("web-2", None);
+    assert_eq!(e.stats().wakeups, 1);
 }

@@ -21,7 +21,7 @@ use rvbox_proto::v1 as wire;
 use rvbox_server_core::{
     Caller, ConnId, ControlAnswer, ControlCall, Input, Output, RequestId, ServerCore, WRITER_WINDOW,
 };
-use rvbox_store_port::ops::{OpResult, OpToken};
+use rvbox_store_port::ops::{Backend, OpResult, OpToken};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::ServerMetrics;
@@ -79,6 +79,11 @@ pub(crate) enum ToCore {
         /// Where the answer goes.
         reply: oneshot::Sender<ControlAnswer>,
     },
+    /// An input from the replica machinery (docs/scaleout.md): duties
+    /// held, serving or not, a wake-up for a client's work.
+    Replica(Input),
+    /// Another replica stored events: followers read again.
+    Changed,
     /// Stop: close every connection with 1012, finish the store
     /// operations in flight (bounded), and answer `done`.
     Shutdown {
@@ -149,17 +154,18 @@ pub(crate) struct CoreThread {
 }
 
 impl CoreThread {
-    /// Starts the executor thread over `store` and the core's thread.
-    pub(crate) fn spawn(
+    /// Starts the executor thread over `backend` (the SQLite executor,
+    /// or the PostgreSQL store of a replica) and the core's thread.
+    pub(crate) fn spawn<B: Backend + Send + 'static>(
         core: ServerCore,
-        store: rvbox_store::Store,
+        backend: B,
         clock: Clock,
         metrics: Arc<ServerMetrics>,
         changes: tokio::sync::watch::Sender<u64>,
     ) -> std::io::Result<Self> {
         let (tx, inbox) = mpsc::channel(INBOX);
         let (ctx, completions) = mpsc::channel(2 * rvbox_engine::thread::EXECUTOR_QUEUE);
-        let exec = ExecutorThread::spawn(store, Completions(ctx))?;
+        let exec = ExecutorThread::spawn_backend(backend, Completions(ctx))?;
         let (ended_tx, ended) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("rvbox-server-core".into())
@@ -217,9 +223,9 @@ impl CoreThread {
     }
 }
 
-struct Loop {
+struct Loop<B> {
     core: ServerCore,
-    exec: Option<ExecutorThread>,
+    exec: Option<ExecutorThread<B>>,
     clock: Clock,
     writers: BTreeMap<ConnId, WriterTx<ToWriter>>,
     replies: BTreeMap<RequestId, oneshot::Sender<ControlAnswer>>,
@@ -232,7 +238,7 @@ struct Loop {
     executor_failed: bool,
 }
 
-impl Loop {
+impl<B: Backend + Send + 'static> Loop<B> {
     async fn run(
         &mut self,
         mut inbox: mpsc::Receiver<ToCore>,
@@ -321,6 +327,8 @@ impl Loop {
                     call,
                 });
             }
+            ToCore::Replica(input) => self.input(input),
+            ToCore::Changed => self.changes.send_modify(|n| *n = n.wrapping_add(1)),
             ToCore::Shutdown { done } => return Some(done),
         }
         None
@@ -491,7 +499,8 @@ impl Loop {
     fn stop_executor(&mut self) {
         if let Some(exec) = self.exec.take() {
             match exec.stop() {
-                Ok(executor) => drop(executor.into_store()),
+                // the SQLite store checkpoints as it drops
+                Ok(backend) => drop(backend),
                 Err(e) => tracing::error!(error = %e, "store executor"),
             }
         }

@@ -16,15 +16,18 @@
 
 use std::sync::Arc;
 
-use rvbox_config::ServerConfig;
+use rvbox_config::{ServerConfig, StoreBackend};
 use rvbox_domain::ids::Uuid7;
 use rvbox_engine::{ServerSettings, server_settings};
-use rvbox_server_core::ServerCore;
+use rvbox_server_core::{Input, ServerCore};
 use rvbox_session::ServerIdentity;
 use rvbox_store::entropy::OsEntropy;
 use rvbox_store::fs::RealFs;
 use rvbox_store::layout::Layout;
+use rvbox_store::reader::ReaderSource;
 use rvbox_store::{Store, StoreError};
+use rvbox_store_pg::PgReaders;
+use rvbox_store_port::replica::LeaseTimes;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 
@@ -153,7 +156,6 @@ async fn serve(config: ServerConfig) -> i32 {
             return EXIT_START;
         }
     };
-    let data_dir = config.storage.data_dir.clone();
     let store_opts = settings.store.clone();
     let mut signals = match Signals::new() {
         Ok(s) => s,
@@ -162,17 +164,51 @@ async fn serve(config: ServerConfig) -> i32 {
             return EXIT_START;
         }
     };
-    // opening takes the instance lock and applies migrations (short);
-    // recovery scans segments (long) and runs while liveness answers and
-    // the control socket serves reads and incident inspection
-    let opened =
-        tokio::task::spawn_blocking(move || open_store(Layout::new(data_dir), store_opts)).await;
-    let mut store = match opened {
-        Ok(Ok(store)) => store,
+    // SQLite: opening takes the instance lock and applies migrations
+    // (short); recovery scans segments (long) and runs while liveness
+    // answers and the control socket serves reads and incident inspection.
+    // PostgreSQL: connecting applies migrations once, under their lock;
+    // the replica joins with a fresh epoch; the database's own recovery
+    // is all there is.
+    let opened = match &config.store {
+        StoreBackend::Sqlite => {
+            let layout = Layout::new(config.storage.data_dir.clone());
+            tokio::task::spawn_blocking(move || {
+                open_store(layout, store_opts)
+                    .map(|s| Opened::Sqlite(Box::new(s)))
+                    .map_err(|e| e.to_string())
+            })
+            .await
+        }
+        StoreBackend::Postgres(pg) => {
+            let conninfo = match crate::replica::conninfo(pg) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "the PostgreSQL password could not be read");
+                    eprintln!("rvbox-server: {e}");
+                    return EXIT_START;
+                }
+            };
+            let peer = local.clone();
+            tokio::task::spawn_blocking(move || {
+                crate::replica::join(
+                    &conninfo,
+                    store_opts,
+                    &peer,
+                    LeaseTimes::default(),
+                    Clock::wall_ms(),
+                )
+                .map(|started| Opened::Postgres(Box::new(started), conninfo))
+            })
+            .await
+        }
+    };
+    let opened = match opened {
+        Ok(Ok(o)) => o,
         Ok(Err(e)) => {
             tracing::error!(error = %e, "the store could not be opened");
             eprintln!("rvbox-server: {e}");
-            shared.set_failed(e.to_string());
+            shared.set_failed(e);
             let _ = stop_tx.send(true);
             let _ = agent.await;
             return EXIT_START;
@@ -184,8 +220,20 @@ async fn serve(config: ServerConfig) -> i32 {
             return EXIT_START;
         }
     };
-    shared.set_health(store.health());
-    shared.register(|r| store.metrics().register(r));
+    let readers: Arc<dyn ReaderSource> = match &opened {
+        Opened::Sqlite(store) => {
+            shared.set_health(store.health());
+            shared.register(|r| store.metrics().register(r));
+            Arc::new(store.read_handle())
+        }
+        Opened::Postgres(started, conninfo) => {
+            tracing::info!(epoch = started.epoch, "serving as a replica on PostgreSQL");
+            let health = rvbox_store::health::Health::default();
+            health.ready_without_recovery();
+            shared.set_health(health);
+            Arc::new(PgReaders::new(conninfo))
+        }
+    };
     let (changes_tx, changes_rx) = watch::channel(0u64);
     let control =
         match crate::control::bind(&config.control.runtime_dir, &config.control.socket_path) {
@@ -201,7 +249,7 @@ async fn serve(config: ServerConfig) -> i32 {
     tracing::info!(path = %config.control.socket_path.display(), mode = "0600", "control socket listening");
     let service = crate::control::ControlService::new(
         Arc::clone(&shared),
-        Arc::new(store.read_handle()),
+        readers,
         changes_rx,
         stop_rx.clone(),
     );
@@ -244,61 +292,71 @@ async fn serve(config: ServerConfig) -> i32 {
         stop_rx.clone(),
     ));
 
-    // the bounded part of recovery; the integrity check goes on beside
-    // the core, and global readiness waits for it (docs/storage.md)
-    let recovering = tokio::task::spawn_blocking(move || {
-        let wall = Clock::wall_ms();
-        let report = store.begin_recovery(wall);
-        (store, report)
-    });
-    // a stop signal during recovery waits for recovery to end (it holds
-    // the store), then stops without serving
-    let recovered = tokio::select! {
-        r = recovering => r,
-        () = signals.wait() => {
-            tracing::info!("stop requested during recovery; stopping");
-            let _ = stop_tx.send(true);
-            let _ = agent.await;
-            let _ = control_task.await;
-            return EXIT_OK;
+    let replica_metrics = Arc::new(crate::replica::ReplicaMetrics::default());
+    let (thread, fatal, keeper) = match opened {
+        Opened::Sqlite(store) => {
+            let (store, startup_check) = match recover(*store, &mut signals, &shared).await {
+                Ok(r) => r,
+                Err(status) => {
+                    let _ = stop_tx.send(true);
+                    let _ = agent.await;
+                    let _ = control_task.await;
+                    return status;
+                }
+            };
+            let core = match build_core(store.server_id(), &mut settings) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "the server core could not start");
+                    return EXIT_START;
+                }
+            };
+            // the start-up integrity check: a finding leaves the store
+            // unavailable (incident inspection goes on); a failure to read
+            // the database stops the server so a supervisor starts it again
+            let fatal: Fatal = Box::pin(async move {
+                match tokio::task::spawn_blocking(move || startup_check.wait()).await {
+                    Ok(Err(e)) => format!("recovery: {e}"),
+                    Ok(Ok(_)) | Err(_) => std::future::pending::<String>().await,
+                }
+            });
+            let thread = CoreThread::spawn(
+                core,
+                rvbox_engine::Executor::new(store),
+                Clock::new(),
+                Arc::clone(&shared.metrics),
+                changes_tx,
+            );
+            (thread, fatal, None)
+        }
+        Opened::Postgres(started, conninfo) => {
+            let started = *started;
+            let core = match build_core(started.server_id, &mut settings) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "the server core could not start");
+                    return EXIT_START;
+                }
+            };
+            shared.register(|r| replica_metrics.register(r));
+            let (lost_tx, lost_rx) = oneshot::channel::<String>();
+            let fatal: Fatal = Box::pin(async move {
+                match lost_rx.await {
+                    Ok(why) => format!("replica lease lost: {why}"),
+                    Err(_) => std::future::pending::<String>().await,
+                }
+            });
+            let thread = CoreThread::spawn(
+                core,
+                started.store,
+                Clock::new(),
+                Arc::clone(&shared.metrics),
+                changes_tx,
+            );
+            (thread, fatal, Some((started.keeper, conninfo, lost_tx)))
         }
     };
-    let (store, startup_check) = match recovered {
-        Ok((store, Ok((report, check)))) => {
-            tracing::info!(report = ?report, "store scopes recovered");
-            (store, check)
-        }
-        Ok((_, Err(e))) => {
-            tracing::error!(error = %e, "store recovery failed");
-            eprintln!("rvbox-server: recovery: {e}");
-            shared.set_failed(e.to_string());
-            let _ = stop_tx.send(true);
-            let _ = agent.await;
-            let _ = control_task.await;
-            return EXIT_START;
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "the recovery task failed");
-            let _ = stop_tx.send(true);
-            let _ = agent.await;
-            let _ = control_task.await;
-            return EXIT_START;
-        }
-    };
-    let core = match build_core(&store, &mut settings) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(error = %e, "the server core could not start");
-            return EXIT_START;
-        }
-    };
-    let mut thread = match CoreThread::spawn(
-        core,
-        store,
-        Clock::new(),
-        Arc::clone(&shared.metrics),
-        changes_tx,
-    ) {
+    let mut thread = match thread {
         Ok(t) => t,
         Err(e) => {
             tracing::error!(error = %e, "the server core's thread could not start");
@@ -306,18 +364,34 @@ async fn serve(config: ServerConfig) -> i32 {
         }
     };
     let core_tx = thread.sender();
-    shared.set_core(Some(core_tx.clone()));
-    tracing::info!("serving");
-
-    // the start-up integrity check: a finding leaves the store unavailable
-    // (incident inspection goes on); a failure to read the database stops
-    // the server so a supervisor starts it again
-    let integrity_failed = async move {
-        match tokio::task::spawn_blocking(move || startup_check.wait()).await {
-            Ok(Err(e)) => e.to_string(),
-            Ok(Ok(_)) | Err(_) => std::future::pending::<String>().await,
+    // a replica holds no duty until its keeper has taken one
+    let replica = match keeper {
+        None => None,
+        Some((keeper, conninfo, lost_tx)) => {
+            if core_tx
+                .send(ToCore::Replica(Input::Duties { held: Vec::new() }))
+                .await
+                .is_err()
+            {
+                return EXIT_START;
+            }
+            match crate::replica::spawn(
+                keeper,
+                conninfo,
+                core_tx.clone(),
+                Arc::clone(&replica_metrics),
+                lost_tx,
+            ) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::error!(error = %e, "the replica threads could not start");
+                    return EXIT_START;
+                }
+            }
         }
     };
+    shared.set_core(Some(core_tx.clone()));
+    tracing::info!("serving");
     let mut status = EXIT_OK;
     let ended = thread.ended();
     let core_ended = async {
@@ -341,9 +415,9 @@ async fn serve(config: ServerConfig) -> i32 {
             shared.set_failed("the store executor failed".into());
             status = EXIT_START;
         }
-        e = integrity_failed => {
-            tracing::error!(error = %e, "the start-up integrity check could not read the database; exiting so a supervisor restarts the server");
-            eprintln!("rvbox-server: recovery: {e}");
+        e = fatal => {
+            tracing::error!(error = %e, "exiting so a supervisor restarts the server");
+            eprintln!("rvbox-server: {e}");
             shared.set_failed(e);
             status = EXIT_START;
         }
@@ -386,6 +460,9 @@ async fn serve(config: ServerConfig) -> i32 {
             );
         }
     }
+    if let Some(r) = replica {
+        let _ = tokio::task::spawn_blocking(move || r.stop()).await;
+    }
     // the core's thread stops the executor, and the store checkpoints as
     // it closes
     let join = tokio::task::spawn_blocking(move || thread.join());
@@ -404,8 +481,63 @@ fn open_store(layout: Layout, opts: rvbox_store::StoreOptions) -> Result<Store, 
     )
 }
 
-fn build_core(store: &Store, settings: &mut ServerSettings) -> Result<ServerCore, String> {
-    settings.session.identity = identity(store.server_id())?;
+/// A failure after the start that ends the daemon (the SQLite start-up
+/// integrity check could not read the database; a replica lost its
+/// lease), as its message.
+type Fatal = std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>>;
+
+/// The opened store.
+enum Opened {
+    Sqlite(Box<Store>),
+    /// The replica as joined, and its connection string (it may hold a
+    /// password: never logged).
+    Postgres(Box<crate::replica::Started>, String),
+}
+
+/// The bounded part of SQLite recovery; the integrity check goes on
+/// beside the core, and global readiness waits for it
+/// (docs/storage.md). Otherwise the exit status: a stop was asked
+/// ([`EXIT_OK`]), or recovery failed ([`EXIT_START`]).
+async fn recover(
+    mut store: Store,
+    signals: &mut Signals,
+    shared: &Arc<Shared>,
+) -> Result<(Store, rvbox_store::recovery::StartupCheck), i32> {
+    let recovering = tokio::task::spawn_blocking(move || {
+        let wall = Clock::wall_ms();
+        let report = store.begin_recovery(wall);
+        (store, report)
+    });
+    // a stop signal during recovery waits for recovery to end (it holds
+    // the store), then stops without serving
+    let recovered = tokio::select! {
+        r = recovering => r,
+        () = signals.wait() => {
+            tracing::info!("stop requested during recovery; stopping");
+            return Err(EXIT_OK);
+        }
+    };
+    match recovered {
+        Ok((store, Ok((report, check)))) => {
+            tracing::info!(report = ?report, "store scopes recovered");
+            Ok((store, check))
+        }
+        Ok((_, Err(e))) => {
+            tracing::error!(error = %e, "store recovery failed");
+            eprintln!("rvbox-server: recovery: {e}");
+            shared.set_failed(e.to_string());
+            Err(EXIT_START)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the recovery task failed");
+            shared.set_failed(e.to_string());
+            Err(EXIT_START)
+        }
+    }
+}
+
+fn build_core(server_id: [u8; 16], settings: &mut ServerSettings) -> Result<ServerCore, String> {
+    settings.session.identity = identity(server_id)?;
     settings
         .session
         .validate()

@@ -13,6 +13,7 @@ mod fleet_follow;
 mod jsonrpc;
 mod metrics;
 mod repair;
+mod replica;
 mod state;
 mod writer_queue;
 

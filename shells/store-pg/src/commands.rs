@@ -494,7 +494,7 @@ impl PgStore {
             };
             let stored: Stored = Ok(response.encode_to_vec());
             write_in(tx, record, Ok(()))?;
-            crate::notify::client(tx, client_id)?;
+            crate::notify::client(tx, client_id, None)?;
             mutations::record(
                 tx,
                 &valid.issue_uuid,

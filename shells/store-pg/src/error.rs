@@ -20,6 +20,8 @@ pub enum Fail {
     Integrity(String),
     /// The operation is not implemented on PostgreSQL yet.
     Unsupported(&'static str),
+    /// This replica may not write now (its lease ended).
+    Fenced(&'static str),
 }
 
 impl Fail {
@@ -92,6 +94,7 @@ impl std::fmt::Display for Fail {
                 None => write!(f, "{context}: {source}"),
             },
             Self::Integrity(s) => write!(f, "stored data is inconsistent: {s}"),
+            Self::Fenced(why) => write!(f, "{why}"),
             Self::Unsupported(op) => {
                 write!(f, "the operation {op} is not implemented on PostgreSQL yet")
             }

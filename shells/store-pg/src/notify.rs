@@ -1,5 +1,7 @@
 //! Wake-ups between replicas (docs/scaleout.md): a write that gives work
-//! to a client sends `NOTIFY rvbox_client, '<client_id>'`, and an append
+//! to a client sends `NOTIFY rvbox_client, '<client_id>'` (a new command)
+//! or `'<client_id> <issue_uuid>'` (a signal or stdin of that command;
+//! client ids never hold a space), and an append
 //! group sends `NOTIFY rvbox_command, '<issue_uuid>'` once per command it
 //! touched, each in the writing transaction, so it is delivered only if
 //! that transaction commits. A replica listens on both ([`Listener`]):
@@ -21,11 +23,36 @@ pub const CLIENT_CHANNEL: &str = "rvbox_client";
 /// The channel of commands that have new events.
 pub const COMMAND_CHANNEL: &str = "rvbox_command";
 
-/// Queues a wake-up for `client_id`, delivered when `tx` commits.
-pub(crate) fn client(tx: &mut Transaction<'_>, client_id: &str) -> Result<(), Fail> {
-    tx.execute("SELECT pg_notify($1, $2)", &[&CLIENT_CHANNEL, &client_id])
+/// Queues a wake-up for `client_id` (about `issue` when given: its signal
+/// or stdin), delivered when `tx` commits.
+pub(crate) fn client(
+    tx: &mut Transaction<'_>,
+    client_id: &str,
+    issue: Option<&[u8; 16]>,
+) -> Result<(), Fail> {
+    let payload = match issue.map(|i| rvbox_domain::ids::Uuid7::from_bytes("issue_uuid", *i)) {
+        Some(Ok(id)) => format!("{client_id} {id}"),
+        _ => client_id.to_owned(),
+    };
+    tx.execute("SELECT pg_notify($1, $2)", &[&CLIENT_CHANNEL, &payload])
         .map_err(Fail::db("notify a client's replica"))?;
     Ok(())
+}
+
+/// A client wake-up's payload: the client, and the command when given.
+fn parse_client(payload: &str) -> WakeUp {
+    match payload.split_once(' ') {
+        Some((client, issue)) => WakeUp::Client {
+            client: client.to_owned(),
+            issue: rvbox_domain::ids::Uuid7::parse("issue_uuid", issue)
+                .ok()
+                .map(|u| *u.as_bytes()),
+        },
+        None => WakeUp::Client {
+            client: payload.to_owned(),
+            issue: None,
+        },
+    }
 }
 
 /// Queues a wake-up for the followers of `issue`, delivered when `tx`
@@ -42,8 +69,14 @@ pub(crate) fn command(tx: &mut Transaction<'_>, issue: &[u8; 16]) -> Result<(), 
 /// A wake-up as a listener receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WakeUp {
-    /// A client has new work.
-    Client(String),
+    /// A client has new work: a command, or with `issue` a signal or
+    /// stdin of that command.
+    Client {
+        /// The client.
+        client: String,
+        /// The command whose signal or stdin is new.
+        issue: Option<[u8; 16]>,
+    },
     /// A command has new events (its canonical id).
     Command(String),
 }
@@ -89,7 +122,7 @@ impl Listener {
             while out.len() < max {
                 match postgres::fallible_iterator::FallibleIterator::next(&mut it) {
                     Ok(Some(n)) => out.push(match n.channel() {
-                        CLIENT_CHANNEL => WakeUp::Client(n.payload().to_owned()),
+                        CLIENT_CHANNEL => parse_client(n.payload()),
                         _ => WakeUp::Command(n.payload().to_owned()),
                     }),
                     Ok(None) => break,

@@ -136,6 +136,38 @@ impl PgStore {
         Ok(ended)
     }
 
+    /// Takes on the identity another connection of this process joined
+    /// with (the lease keeper joins; the executor's store writes the
+    /// sessions it owns).
+    pub fn adopt_replica(&mut self, replica: ReplicaId, times: LeaseTimes) {
+        self.replica = Some(replica);
+        self.lease_times = times;
+    }
+
+    /// The server id every replica of this database shares (clients see
+    /// one server), minted by the first caller.
+    ///
+    /// # Errors
+    /// A database failure, or a stored id that is not 16 bytes.
+    pub fn server_id(&mut self, now_ms: i64) -> Result<[u8; 16], Fail> {
+        let fresh = rvbox_store::entropy::uuid_v7(&*self.entropy, now_ms)
+            .map_err(|e| Fail::Integrity(format!("random server id: {e}")))?;
+        let v: Vec<u8> = self.in_tx("read the server id", |tx, _| {
+            tx.execute(
+                "INSERT INTO store_meta (key, value) VALUES ('server_id', $1)
+                 ON CONFLICT (key) DO NOTHING",
+                &[&fresh.as_slice()],
+            )
+            .map_err(Fail::db("record the server id"))?;
+            Ok(tx
+                .query_one("SELECT value FROM store_meta WHERE key = 'server_id'", &[])
+                .map_err(Fail::db("read the server id"))?
+                .get(0))
+        })?;
+        <[u8; 16]>::try_from(v.as_slice())
+            .map_err(|_| Fail::Integrity("store_meta.server_id is not 16 bytes".into()))
+    }
+
     /// This replica, once joined.
     #[must_use]
     pub fn replica(&self) -> Option<ReplicaId> {

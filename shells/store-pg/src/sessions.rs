@@ -190,15 +190,27 @@ pub(crate) fn check_fence(
     let Some(fence) = fence else {
         return Ok(());
     };
-    let owner: Option<String> = tx
+    // the session row is locked against a registration that would fence
+    // it; a session owned by a replica counts only while that replica's
+    // lease is live (a paused replica that wakes past its lease commits
+    // nothing for its old sessions, even before the janitor ends them)
+    let owner: Option<(String, bool)> = tx
         .query_opt(
-            "SELECT client_id FROM sessions WHERE session_id = $1 AND live FOR SHARE",
+            "SELECT s.client_id,
+                    s.owner_replica IS NULL OR EXISTS (
+                        SELECT 1 FROM replicas r
+                        WHERE r.replica_id = s.owner_replica AND r.epoch = s.owner_epoch
+                          AND r.lease_expires > now())
+             FROM sessions s WHERE s.session_id = $1 AND s.live FOR SHARE OF s",
             &[&fence.session_id.as_slice()],
         )
         .map_err(Fail::db("check the write's session"))?
-        .map(|r| r.get(0));
+        .map(|r| (r.get(0), r.get(1)));
     let refusal = match owner {
-        Some(owner) if owner == client_id => return Ok(()),
+        Some((owner, true)) if owner == client_id => return Ok(()),
+        Some((owner, false)) if owner == client_id => {
+            "the write's session belongs to a server replica whose lease ended"
+        }
         Some(_) => "the write's session belongs to another client",
         None => "the write's session is no longer its client's live session",
     };
@@ -225,6 +237,22 @@ impl PgStore {
     ) -> Result<u64, Fail> {
         let owner = self.replica;
         let next = self.in_tx("register session", |tx, opts| {
+            // a replica registers only while its lease is live
+            if let Some(r) = owner {
+                let live = tx
+                    .query_opt(
+                        "SELECT 1 FROM replicas
+                         WHERE replica_id = $1 AND epoch = $2 AND lease_expires > now()",
+                        &[&r.id.as_slice(), &to_i64(r.epoch)],
+                    )
+                    .map_err(Fail::db("check the replica lease"))?
+                    .is_some();
+                if !live {
+                    return Err(Fail::Fenced(
+                        "this server replica's lease ended; it registers no session",
+                    ));
+                }
+            }
             // the client's row, locked: a concurrent registration of the
             // same client waits here and then sees this one's generation
             let current = load(tx, &reg.client_id, true)?;

@@ -177,7 +177,7 @@ impl PgStore {
             let stored: Stored = Ok(response.encode_to_vec());
             write_in(tx, rec, Ok(()))?;
             if deliver.is_some() {
-                crate::notify::client(tx, &view.client_id)?;
+                crate::notify::client(tx, &view.client_id, Some(&issue))?;
             }
             mutations::record(
                 tx,

@@ -277,7 +277,7 @@ impl PgStore {
             let last_seq = seq.saturating_sub(1);
             let (response, stored) = fresh_response(m, first, last_seq);
             write_in(tx, rec, Ok(()))?;
-            crate::notify::client(tx, &view.client_id)?;
+            crate::notify::client(tx, &view.client_id, Some(&m.issue))?;
             mutations::record(
                 tx,
                 &m.request_id,

@@ -38,7 +38,10 @@ fn a_committed_write_wakes_the_other_replicas_and_a_refused_one_does_not() {
     let issue = run(&mut s, "web-1");
     assert_eq!(
         listener.wait(WAIT, 10).unwrap(),
-        vec![WakeUp::Client("web-1".into())],
+        vec![WakeUp::Client {
+            client: "web-1".into(),
+            issue: None
+        }],
         "the new command's client"
     );
     // a refused request commits nothing and wakes nobody
@@ -59,7 +62,13 @@ fn a_committed_write_wakes_the_other_replicas_and_a_refused_one_does_not() {
 
     let (cmd, session) = running(&mut s, "web-2");
     let wakes = listener.wait(WAIT, 10).unwrap();
-    assert!(wakes.contains(&WakeUp::Client("web-2".into())), "{wakes:?}");
+    assert!(
+        wakes.contains(&WakeUp::Client {
+            client: "web-2".into(),
+            issue: None
+        }),
+        "{wakes:?}"
+    );
     assert!(wakes.contains(&WakeUp::Command(text(&cmd))), "{wakes:?}");
     // one wake-up per command of an append group, however many events
     let events: Vec<_> = (2..6)
@@ -89,4 +98,25 @@ fn a_committed_write_wakes_the_other_replicas_and_a_refused_one_does_not() {
             .is_empty()
     );
     assert_ne!(stale, session);
+    // a signal names its command, so the replica holding the client
+    // delivers it at once
+    let r = op(
+        &mut s,
+        StoreOp::SignalCommand {
+            request: rvbox_proto::v1::SignalCommandRequest {
+                request_id: text(&rvbox_conformance::support::new_id()),
+                issue_uuid: text(&cmd),
+                signal: rvbox_proto::v1::SignalKind::Term as i32,
+            },
+            caller: Caller::local(),
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(
+        listener.wait(WAIT, 10).unwrap(),
+        vec![WakeUp::Client {
+            client: "web-2".into(),
+            issue: Some(cmd)
+        }]
+    );
 }

@@ -91,3 +91,46 @@ fn the_janitor_ends_the_sessions_of_a_lost_replica_and_no_other() {
     assert!(client(&mut b, "on-b").unwrap().live.is_some());
     assert_eq!(b.end_sessions_of_lost_replicas(0).unwrap(), 0, "once");
 }
+
+/// A replica paused past its lease wakes to find its own sessions fenced
+/// (before any janitor or reconnection ended them) and its registrations
+/// refused; the other replica's sessions write on.
+#[test]
+fn a_replica_past_its_lease_commits_nothing_for_its_sessions_and_registers_none() {
+    use rvbox_conformance::support::{accept, dispatch, op, refused, registration, run};
+    use rvbox_domain::error::Code;
+    use rvbox_store_port::ops::StoreOp;
+    let pg = Postgres::start();
+    let (mut a, mut b) = two(&pg);
+    let on_a = live_session(&mut a, "on-a");
+    let on_b = live_session(&mut b, "on-b");
+    let cmd_a = run(&mut a, "on-a");
+    let cmd_b = run(&mut b, "on-b");
+    // while a's lease is live its session writes
+    dispatch(&mut a, &cmd_a, on_a);
+    renew_through_a_lease(&mut b);
+    // a "wakes": its lease ended; its session row is still live
+    assert!(client(&mut b, "on-a").unwrap().live.is_some());
+    let revision = rvbox_conformance::support::view(&mut a, &cmd_a).revision;
+    let r = op(
+        &mut a,
+        StoreOp::RecordAccepted {
+            issue: cmd_a,
+            revision,
+            resolved_shell: rvbox_proto::v1::ShellType::Sh as i32,
+            session: on_a,
+        },
+    );
+    assert_eq!(refused(&r), Some(Code::StaleSession), "{r:?}");
+    // b's session writes on
+    dispatch(&mut b, &cmd_b, on_b);
+    accept(&mut b, &cmd_b, on_b);
+    // a registers nothing any more
+    let reg = registration("fresh", [7; 16], None);
+    let r = op(&mut a, StoreOp::Register(reg));
+    assert!(r.is_err(), "{r:?}");
+    assert!(
+        a.renew().is_ok_and(|renewed| !renewed),
+        "and is not renewed"
+    );
+}

@@ -150,6 +150,18 @@ impl Health {
         tracing::info!(state = "recovering", "store scope state");
     }
 
+    /// Marks a store whose recovery is its database's own (PostgreSQL:
+    /// what committed is there, what did not is not) as recovered, with
+    /// no scope dirty.
+    pub fn ready_without_recovery(&self) {
+        let mut s = lock(&self.state);
+        s.scopes_recovered = true;
+        s.integrity = IntegrityState::Passed;
+        s.audit = ScopeState::Ready;
+        settle(&mut s);
+        tracing::info!(state = "ready", "store scope state");
+    }
+
     /// Marks the database unusable (integrity failure).
     pub fn set_unavailable(&self) {
         let mut s = lock(&self.state);

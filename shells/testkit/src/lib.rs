@@ -450,6 +450,36 @@ impl Nginx {
     /// Starts nginx in `dir` proxying `wss://localhost:PORT/rvbox/agent`
     /// to the agent endpoint on `agent_port`.
     pub fn start(dir: &Path, agent_port: u16) -> Self {
+        Self::start_shipped(
+            dir,
+            &shipped_nginx_conf(),
+            vec![(
+                "server 127.0.0.1:7700;".into(),
+                format!("server 127.0.0.1:{agent_port};"),
+            )],
+        )
+    }
+
+    /// Starts nginx in `dir` with the shipped replicas configuration
+    /// (`deploy/nginx/rvbox-replicas.conf`): a consistent hash on the
+    /// client over the agent endpoints on `agent_ports` (three).
+    pub fn start_replicas(dir: &Path, agent_ports: &[u16; 3]) -> Self {
+        let conf =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nginx/rvbox-replicas.conf");
+        let upstreams = agent_ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                (
+                    format!("server 127.0.0.1:{} max_fails", 7701 + i),
+                    format!("server 127.0.0.1:{p} max_fails"),
+                )
+            })
+            .collect();
+        Self::start_shipped(dir, &conf, upstreams)
+    }
+
+    fn start_shipped(dir: &Path, shipped_conf: &Path, upstreams: Vec<(String, String)>) -> Self {
         let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
             .into_iter()
             .map(PathBuf::from)
@@ -509,35 +539,36 @@ impl Nginx {
         );
         let port = free_port();
         // the shipped server block, with this test's addresses and files
-        let shipped = std::fs::read_to_string(shipped_nginx_conf()).unwrap();
+        let shipped = std::fs::read_to_string(shipped_conf).unwrap();
         let site = [
-            ("    listen [::]:443 ssl;\n", String::new()),
-            ("listen 443 ssl;", format!("listen 127.0.0.1:{port} ssl;")),
+            ("    listen [::]:443 ssl;\n".to_owned(), String::new()),
             (
-                "server_name rvbox.example.net;",
+                "listen 443 ssl;".into(),
+                format!("listen 127.0.0.1:{port} ssl;"),
+            ),
+            (
+                "server_name rvbox.example.net;".into(),
                 "server_name localhost;".into(),
             ),
             (
-                "server 127.0.0.1:7700;",
-                format!("server 127.0.0.1:{agent_port};"),
-            ),
-            (
-                "/etc/nginx/tls/rvbox.crt",
+                "/etc/nginx/tls/rvbox.crt".into(),
                 d.join("server.crt").display().to_string(),
             ),
             (
-                "/etc/nginx/tls/rvbox.key",
+                "/etc/nginx/tls/rvbox.key".into(),
                 d.join("server.key").display().to_string(),
             ),
         ]
         .into_iter()
+        .chain(upstreams)
         .fold(shipped, |text, (from, to)| {
             assert_eq!(
-                text.matches(from).count(),
+                text.matches(from.as_str()).count(),
                 1,
-                "deploy/nginx/rvbox.conf no longer has `{from}` exactly once; update the test kit"
+                "{} no longer has `{from}` exactly once; update the test kit",
+                shipped_conf.display()
             );
-            text.replace(from, &to)
+            text.replace(from.as_str(), &to)
         });
         std::fs::write(d.join("rvbox.conf"), site).unwrap();
         let conf = format!(
