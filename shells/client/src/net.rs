@@ -36,7 +36,11 @@ use crate::daemon::ToRuntime;
 /// Inputs the runtime thread's inbox holds before the reader waits.
 pub(crate) const RUNTIME_INBOX: usize = 4096;
 /// A dial (TCP, TLS and the WebSocket handshake) that takes longer fails.
-pub(crate) const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longer than the 25 s nginx's replicas configuration
+/// (deploy/nginx/rvbox-replicas.conf) waits for a stalled replica's
+/// upgrade answer before it tries the next replica, so a client whose
+/// replica is paused lands on another one within one dial.
+pub(crate) const DIAL_TIMEOUT: Duration = Duration::from_secs(30);
 /// A frame not written within this long ends the connection.
 pub(crate) const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 /// Most frames one writer burst takes before it flushes.

@@ -54,7 +54,12 @@ pub(crate) const CALL_DEADLINE: Duration = Duration::from_secs(30);
 /// A lazily dialed control connection.
 #[derive(Debug)]
 pub(crate) struct Control {
-    socket: String,
+    /// The control sockets to try, in order: one server, or several
+    /// replicas of one database (`--socket A,B,C`); a failure moves to the
+    /// next.
+    sockets: Vec<String>,
+    /// The one in use.
+    at: usize,
     client: Option<ControlClient<Channel>>,
     said_reconnecting: bool,
     /// A connection succeeded once: a missing socket is then a server
@@ -141,9 +146,20 @@ pub(crate) fn retryable(s: &Status) -> bool {
 }
 
 impl Control {
+    /// `socket` is one path, or several separated by commas (replicas).
     pub(crate) fn new(socket: &str) -> Self {
+        let mut sockets: Vec<String> = socket
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if sockets.is_empty() {
+            sockets.push(socket.to_owned());
+        }
         Self {
-            socket: socket.to_owned(),
+            sockets,
+            at: 0,
             client: None,
             said_reconnecting: false,
             connected_once: false,
@@ -160,14 +176,14 @@ impl Control {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
-        let path = self.socket.clone();
+        let path = self.socket().to_owned();
         let sent = self.sent.clone();
         match std::fs::symlink_metadata(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let message = format!(
                     "no control socket at {path}; is rvbox-server running? (set --socket or RVC_SOCKET)"
                 );
-                return Err(if self.connected_once {
+                return Err(if self.connected_once || self.sockets.len() > 1 {
                     Failure::retry(message)
                 } else {
                     Failure::unreachable(message)
@@ -187,7 +203,7 @@ impl Control {
                 }
             }))
             .await
-            .map_err(|e| Failure::retry(format!("{}: {e}", self.socket)))?;
+            .map_err(|e| Failure::retry(format!("{}: {e}", self.socket())))?;
         let client = ControlClient::new(channel)
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
@@ -199,14 +215,23 @@ impl Control {
     /// Says once that rvc is reconnecting.
     pub(crate) fn reconnecting(&mut self) {
         if !self.said_reconnecting {
-            eprintln!("rvc: lost the server at {}; reconnecting…", self.socket);
+            eprintln!("rvc: lost the server at {}; reconnecting…", self.socket());
             self.said_reconnecting = true;
         }
     }
 
-    /// Forgets the connection (the next call dials again).
+    /// The control socket in use.
+    fn socket(&self) -> &str {
+        self.sockets.get(self.at).map_or("", String::as_str)
+    }
+
+    /// Forgets the connection after a failure: the next call dials again,
+    /// the next socket of several (another replica).
     pub(crate) fn reset(&mut self) {
         self.client = None;
+        if self.sockets.len() > 1 {
+            self.at = (self.at + 1) % self.sockets.len();
+        }
     }
 
     /// Runs `call` until it answers, fails for good, or the retry window
@@ -242,7 +267,10 @@ impl Control {
                         ))
                     }
                 },
-                Err(f) if f.is_retry() => f,
+                Err(f) if f.is_retry() => {
+                    self.reset();
+                    f
+                }
                 Err(f) => return Err(f),
             };
             if Instant::now() >= give_up {

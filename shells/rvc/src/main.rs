@@ -46,7 +46,8 @@ const DEFAULT_SOCKET: &str = "/run/rvbox-server/control.sock";
     max_term_width = 80
 )]
 struct Cli {
-    /// Path of rvbox-server's control socket.
+    /// Path of rvbox-server's control socket; several, separated by commas,
+    /// for replicas of one database (a call that fails moves to the next).
     #[arg(long, global = true, value_name = "PATH", env = "RVC_SOCKET", default_value = DEFAULT_SOCKET)]
     socket: String,
     /// Idempotency key of this invocation's mutation (canonical UUIDv7);
