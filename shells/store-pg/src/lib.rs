@@ -73,6 +73,26 @@ const MIGRATION_LOCK: i64 = 0x5256_424f_5800_0001;
 /// again before the operation fails `UNAVAILABLE`.
 const MAX_ATTEMPTS: u32 = 8;
 
+/// How long the database lets a write transaction of this store sit idle
+/// (its process paused or wedged between two statements) before it ends
+/// the session and releases its locks: the rows it locked `FOR SHARE`
+/// (a client's session) would otherwise hold back the registration of
+/// that client on another replica for as long as the pause lasts. The
+/// store's own transactions never wait between statements.
+pub const IDLE_IN_TRANSACTION: &str = "5s";
+
+/// Connects a write session: its transactions may sit idle for at most
+/// [`IDLE_IN_TRANSACTION`].
+fn open_session(conninfo: &str, what: &'static str) -> Result<Client, Fail> {
+    let mut client = Client::connect(conninfo, NoTls).map_err(Fail::db(what))?;
+    client
+        .batch_execute(&format!(
+            "SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'"
+        ))
+        .map_err(Fail::db("set the idle transaction limit"))?;
+    Ok(client)
+}
+
 /// The store on PostgreSQL.
 pub struct PgStore {
     client: Client,
@@ -102,7 +122,7 @@ impl PgStore {
     /// # Errors
     /// When the database cannot be reached or a migration fails.
     pub fn connect(conninfo: &str, opts: StoreOptions) -> Result<Self, Fail> {
-        let client = Client::connect(conninfo, NoTls).map_err(Fail::db("connect"))?;
+        let client = open_session(conninfo, "connect")?;
         let mut store = Self {
             client,
             conninfo: conninfo.to_owned(),
@@ -192,7 +212,7 @@ impl PgStore {
             return Ok(());
         }
         tracing::warn!("PostgreSQL connection lost; connecting again");
-        self.client = Client::connect(&self.conninfo, NoTls).map_err(Fail::db("reconnect"))?;
+        self.client = open_session(&self.conninfo, "reconnect")?;
         Ok(())
     }
 
@@ -234,8 +254,7 @@ impl PgStore {
                 Err(e) if !committing && e.is_connection_lost() && attempt < MAX_ATTEMPTS => {
                     // nothing was committed: connect again and run it again
                     tracing::warn!(what, error = %e, "connection lost before the commit; running the transaction again on a new one");
-                    self.client =
-                        Client::connect(&self.conninfo, NoTls).map_err(Fail::db("reconnect"))?;
+                    self.client = open_session(&self.conninfo, "reconnect")?;
                 }
                 other => return other,
             }

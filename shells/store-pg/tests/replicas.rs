@@ -134,3 +134,55 @@ fn a_replica_past_its_lease_commits_nothing_for_its_sessions_and_registers_none(
         "and is not renewed"
     );
 }
+
+/// A replica paused in the middle of a write for a client's session
+/// (its row locked `FOR SHARE`) holds back that client's registration on
+/// another replica only until the database ends the idle transaction; the
+/// paused write then commits nothing.
+#[test]
+fn a_write_paused_mid_transaction_holds_back_another_replicas_registration_only_briefly() {
+    use rvbox_conformance::support::{output_event, running, view};
+    use rvbox_store_port::ops::{Backend, StoreOp};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Sleeps once at the commit point, as a paused process would.
+    #[derive(Debug)]
+    struct PauseOnce(AtomicBool);
+    impl rvbox_store::crash::CrashHook for PauseOnce {
+        fn at(&self, point: &str) {
+            if point == rvbox_store_pg::points::BEFORE_COMMIT
+                && self.0.swap(false, Ordering::SeqCst)
+            {
+                std::thread::sleep(Duration::from_secs(9));
+            }
+        }
+    }
+
+    let pg = Postgres::start();
+    let (mut a, mut b) = two(&pg);
+    let (cmd, session) = running(&mut a, "web-1");
+    a.set_crash_hook(Arc::new(PauseOnce(AtomicBool::new(true))));
+    let paused = std::thread::spawn(move || {
+        let mut ev = output_event(&cmd, 2, b"paused\n");
+        ev.session = Some(session);
+        a.perform(0, StoreOp::AppendEvents { events: vec![ev] })
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let started = std::time::Instant::now();
+    let moved = live_session(&mut b, "web-1");
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(8),
+        "the registration waited {waited:?} for the paused transaction"
+    );
+    assert_ne!(moved, session);
+    let r = paused.join().unwrap();
+    // the database ended the paused session: the write is answered
+    // UNAVAILABLE (its sender retries on its next connection)
+    assert!(
+        matches!(r, Err(rvbox_store_port::ops::PortError::Unavailable(_))),
+        "the paused write: {r:?}"
+    );
+    assert_eq!(view(&mut b, &cmd).last_event_seq, 1, "nothing of it stored");
+}
