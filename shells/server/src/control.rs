@@ -116,11 +116,14 @@ impl Readers {
                     .open_reader()
                     .map_err(|e| op_status(OpError::Store(e)))?,
             };
-            let out = f(reader.as_mut()).map_err(op_status);
-            if let Ok(mut v) = this.idle.lock() {
+            let out = f(reader.as_mut());
+            // a reader whose store failed (a lost database connection) is
+            // dropped; the next read opens a fresh one
+            let healthy = !matches!(out, Err(OpError::Store(_)));
+            if healthy && let Ok(mut v) = this.idle.lock() {
                 v.push(reader);
             }
-            out
+            out.map_err(op_status)
         })
         .await
         .map_err(|_| unavailable("a control read failed"))?
