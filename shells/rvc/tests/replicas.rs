@@ -533,3 +533,95 @@ fn r25_a_replica_paused_past_its_lease_commits_nothing_for_clients_that_moved() 
             .count();
     eprintln!("writes the resumed replica made and the database refused: {fenced}");
 }
+
+/// The database goes silent under a replica (a blackhole between them: no
+/// answer, no close), so its lease keeper hangs in a renewal that never
+/// returns. The replica still fences itself on time, 7 s after the start
+/// of its last good renewal, and exits 1.
+#[test]
+fn r25_a_replica_whose_database_goes_silent_fences_itself_on_time() {
+    let pg = Postgres::start();
+    pg.psql("postgres", "CREATE DATABASE rvbox");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let proxy_port = free_port();
+    let control = d.join("fp.sock");
+    let mut proxy = Command::new(bin("rvbox-faultproxy"))
+        .arg("run")
+        .arg("--route")
+        .arg(format!("pg,127.0.0.1:{proxy_port},127.0.0.1:{}", pg.port))
+        .arg("--control")
+        .arg(&control)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.join("proxy.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", proxy_port)).is_err() {
+        assert!(Instant::now() < until, "the fault proxy did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let port = free_port();
+    std::fs::write(
+        d.join("server.toml"),
+        format!(
+            "[server]\nagent_listen = \"127.0.0.1:{port}\"\nstore = \"postgres\"\n[postgres]\nconninfo = \"host=127.0.0.1 port={proxy_port} user={} dbname=rvbox\"\n[storage]\ndata_dir = \"{}\"\n[control]\nruntime_dir = \"{}\"\nsocket_path = \"{}\"\n",
+            pg.user,
+            d.join("data").display(),
+            d.join("run").display(),
+            d.join("run/control.sock").display(),
+        ),
+    )
+    .unwrap();
+    let mut server = Command::new(bin("rvbox-server"))
+        .arg("--config")
+        .arg(d.join("server.toml"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.join("server.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(d.join("server.log")).unwrap_or_default();
+    let until = Instant::now() + Duration::from_secs(60);
+    while http_get(port, "/readyz").is_none_or(|(code, _)| code != 200) {
+        assert!(Instant::now() < until, "not ready: {}", log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // a few renewals go through
+    std::thread::sleep(Duration::from_secs(4));
+    let ctl = Command::new(bin("rvbox-faultproxy"))
+        .arg("ctl")
+        .arg("--control")
+        .arg(&control)
+        .args(["pg", "blackhole", "both"])
+        .output()
+        .unwrap();
+    assert!(ctl.status.success(), "{}", text(&ctl.stderr));
+    let silent = Instant::now();
+    let status = loop {
+        if let Some(s) = server.try_wait().unwrap() {
+            break s;
+        }
+        if silent.elapsed() > Duration::from_secs(20) {
+            let _ = server.kill();
+            let _ = server.wait();
+            let _ = proxy.kill();
+            panic!("the replica went on with its database silent\n{}", log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = silent.elapsed();
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    assert_eq!(status.code(), Some(1), "{}", log());
+    assert!(
+        log().contains("no lease renewal succeeded within the self-fence time"),
+        "{}",
+        log()
+    );
+    // the last good renewal started at most one renewal period (3 s)
+    // before the silence: the fence comes 7 s after it
+    assert!(
+        took <= Duration::from_secs(8),
+        "fenced {took:?} after the silence"
+    );
+}

@@ -66,7 +66,11 @@ pub(crate) fn run(config: ServerConfig) -> i32 {
             return EXIT_START;
         }
     };
-    rt.block_on(serve(config))
+    let status = rt.block_on(serve(config));
+    // blocking tasks still running (a read on a database that went
+    // silent) are not waited for long
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    status
 }
 
 /// The soft and hard limits on open file descriptors.
@@ -420,6 +424,15 @@ async fn serve(config: ServerConfig) -> i32 {
             eprintln!("rvbox-server: {e}");
             shared.set_failed(e);
             status = EXIT_START;
+            if replica.is_some() {
+                // a replica whose lease is lost has closed every connection
+                // already, and whatever its store is still doing is fenced
+                // by the database; its executor may be stuck in a call to a
+                // database that went silent, so nothing is waited for
+                shared.set_core(None);
+                let _ = stop_tx.send(true);
+                return status;
+            }
         }
     }
     // no new work: mutations answer UNAVAILABLE (rvc retries with the
@@ -461,7 +474,7 @@ async fn serve(config: ServerConfig) -> i32 {
         }
     }
     if let Some(r) = replica {
-        let _ = tokio::task::spawn_blocking(move || r.stop()).await;
+        r.stop();
     }
     // the core's thread stops the executor, and the store checkpoints as
     // it closes

@@ -44,6 +44,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 const WAKE_BATCH: usize = 512;
 /// The longest the keeper sleeps between looks at its stop flag.
 const KEEPER_SLICE: Duration = Duration::from_millis(200);
+/// How often the watchdog looks at the fence deadline.
+const WATCHDOG_SLICE: Duration = Duration::from_millis(50);
 
 /// The replica's metrics (bounded labels: an outcome, a kind, a duty).
 #[derive(Debug, Default)]
@@ -176,8 +178,9 @@ pub(crate) struct Started {
     pub(crate) store: PgStore,
     /// The server id every replica shares.
     pub(crate) server_id: [u8; 16],
-    /// The keeper's own connection and the lease as joined, for [`spawn`].
-    pub(crate) keeper: (PgStore, LeaseKeeper),
+    /// The keeper's own connection, the lease as joined and the instant
+    /// its times count from, for [`spawn`].
+    pub(crate) keeper: (PgStore, LeaseKeeper, Instant),
     /// The epoch the database gave this replica.
     pub(crate) epoch: u64,
 }
@@ -215,7 +218,7 @@ pub(crate) fn join(
     Ok(Started {
         store,
         server_id,
-        keeper: (keeper_store, keeper),
+        keeper: (keeper_store, keeper, start),
         epoch: replica.epoch,
     })
 }
@@ -231,14 +234,13 @@ pub(crate) struct Threads {
 }
 
 impl Threads {
-    /// Stops both threads and waits for them.
+    /// Tells the threads to stop. They are not waited for: one may be in a
+    /// database call on a connection to a host that went silent, and the
+    /// daemon's exit must not wait for that; what they do is only ever
+    /// inputs to a core that has stopped.
     pub(crate) fn stop(self) {
         self.stop.store(true, Ordering::SeqCst);
-        for h in self.handles {
-            if h.join().is_err() {
-                tracing::error!("a replica thread panicked");
-            }
-        }
+        drop(self.handles);
     }
 }
 
@@ -246,7 +248,7 @@ impl Threads {
 /// lease state come from [`join`]; `lost` is answered once when the lease
 /// is lost.
 pub(crate) fn spawn(
-    keeper: (PgStore, LeaseKeeper),
+    keeper: (PgStore, LeaseKeeper, Instant),
     conninfo: String,
     core: mpsc::Sender<ToCore>,
     metrics: Arc<ReplicaMetrics>,
@@ -254,12 +256,28 @@ pub(crate) fn spawn(
 ) -> std::io::Result<Threads> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
-    let (store, keeper) = keeper;
-    let (s, c, m) = (Arc::clone(&stop), core.clone(), Arc::clone(&metrics));
+    let (store, keeper, origin) = keeper;
+    let deadline = Arc::new(Deadline {
+        origin,
+        fence_at_ms: std::sync::atomic::AtomicU64::new(keeper.fences_at().unwrap_or(0)),
+        refused: AtomicBool::new(false),
+    });
+    let (s, c, m, d) = (
+        Arc::clone(&stop),
+        core.clone(),
+        Arc::clone(&metrics),
+        Arc::clone(&deadline),
+    );
     handles.push(
         std::thread::Builder::new()
             .name("rvbox-replica-lease".into())
-            .spawn(move || keep_lease(store, keeper, &s, &c, &m, lost))?,
+            .spawn(move || keep_lease(store, keeper, &s, &c, &m, &d))?,
+    );
+    let (s, c, m) = (Arc::clone(&stop), core.clone(), Arc::clone(&metrics));
+    handles.push(
+        std::thread::Builder::new()
+            .name("rvbox-replica-fence".into())
+            .spawn(move || watch_fence(&deadline, &s, &c, &m, lost))?,
     );
     let (s, m) = (Arc::clone(&stop), metrics);
     handles.push(
@@ -275,39 +293,41 @@ fn send(core: &mpsc::Sender<ToCore>, msg: ToCore) -> bool {
     core.blocking_send(msg).is_ok()
 }
 
-/// Renews the lease on time, fences the replica when no renewal
-/// succeeded in time, takes and keeps duties, and runs the janitor.
+/// When the replica must consider itself fenced, shared by the keeper
+/// (which moves it after each renewal) and the watchdog (which acts on
+/// it): a keeper stuck in a database call, on a connection to a host that
+/// went silent, cannot delay the fence.
+struct Deadline {
+    origin: Instant,
+    /// Milliseconds after `origin`; 0 once the database refused a renewal.
+    fence_at_ms: std::sync::atomic::AtomicU64,
+    refused: AtomicBool,
+}
+
+impl Deadline {
+    fn now(&self) -> u64 {
+        ms_since(self.origin, Instant::now())
+    }
+}
+
+/// Renews the lease on time, takes and keeps duties, runs the janitor,
+/// and moves the fence deadline the watchdog enforces.
 fn keep_lease(
     mut store: PgStore,
     mut keeper: LeaseKeeper,
     stop: &AtomicBool,
     core: &mpsc::Sender<ToCore>,
     metrics: &ReplicaMetrics,
-    lost: oneshot::Sender<String>,
+    deadline: &Deadline,
 ) {
-    let origin = Instant::now();
-    let now = || ms_since(origin, Instant::now());
+    let now = || deadline.now();
     let times = keeper.times();
     // duties held, with the start of their last successful hold
     let mut held: BTreeMap<Duty, u64> = BTreeMap::new();
     let mut told: Vec<Duty> = Vec::new();
-    metrics.serving.set(1);
-    let fenced = |why: String, metrics: &ReplicaMetrics| {
-        metrics.serving.set(0);
-        metrics.duties.set(0);
-        tracing::error!(reason = %why, "replica lease lost: closing every connection and stopping");
-        let _ = send(core, ToCore::Replica(Input::Serving { serving: false }));
-        why
-    };
-    let why = loop {
-        if stop.load(Ordering::SeqCst) {
+    loop {
+        if stop.load(Ordering::SeqCst) || keeper.state(now()) == LeaseState::Fenced {
             return;
-        }
-        if keeper.state(now()) == LeaseState::Fenced {
-            break fenced(
-                "no lease renewal succeeded within the self-fence time".into(),
-                metrics,
-            );
         }
         if now() >= keeper.next_renewal() {
             let started = now();
@@ -315,13 +335,15 @@ fn keep_lease(
                 Ok(true) => {
                     keeper.renewed(started);
                     metrics.renewal("renewed");
+                    deadline
+                        .fence_at_ms
+                        .store(keeper.fences_at().unwrap_or(0), Ordering::SeqCst);
                 }
                 Ok(false) => {
                     metrics.renewal("refused");
-                    break fenced(
-                        "the database says this replica's lease had ended".into(),
-                        metrics,
-                    );
+                    deadline.refused.store(true, Ordering::SeqCst);
+                    deadline.fence_at_ms.store(0, Ordering::SeqCst);
+                    return;
                 }
                 Err(e) => {
                     metrics.renewal("failed");
@@ -362,6 +384,10 @@ fn keep_lease(
                 metrics
                     .duties
                     .set(i64::try_from(now_held.len()).unwrap_or(0));
+                tracing::info!(
+                    duties = ?now_held.iter().map(|d| d.name()).collect::<Vec<_>>(),
+                    "replica duties held"
+                );
                 if !send(
                     core,
                     ToCore::Replica(Input::Duties {
@@ -378,8 +404,42 @@ fn keep_lease(
             .min(keeper.fences_at().unwrap_or(u64::MAX));
         let wait = Duration::from_millis(until.saturating_sub(now()));
         std::thread::sleep(wait.min(KEEPER_SLICE));
+    }
+}
+
+/// Fences the replica at its deadline, whatever the keeper is doing:
+/// the core closes every connection and runs no duty, and `lost` tells
+/// the daemon to exit.
+fn watch_fence(
+    deadline: &Deadline,
+    stop: &AtomicBool,
+    core: &mpsc::Sender<ToCore>,
+    metrics: &ReplicaMetrics,
+    lost: oneshot::Sender<String>,
+) {
+    metrics.serving.set(1);
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if deadline.now() >= deadline.fence_at_ms.load(Ordering::SeqCst) {
+            break;
+        }
+        std::thread::sleep(WATCHDOG_SLICE);
+    }
+    let why = if deadline.refused.load(Ordering::SeqCst) {
+        "the database says this replica's lease had ended"
+    } else {
+        "no lease renewal succeeded within the self-fence time"
     };
-    let _ = lost.send(why);
+    metrics.serving.set(0);
+    metrics.duties.set(0);
+    tracing::error!(
+        reason = why,
+        "replica lease lost: closing every connection and stopping"
+    );
+    let _ = send(core, ToCore::Replica(Input::Serving { serving: false }));
+    let _ = lost.send(why.to_owned());
 }
 
 /// Listens for wake-ups and passes them to the core; polls while the
