@@ -142,6 +142,9 @@ macro_rules! __every_read_case {
             follow_history_continues_after_any_cursor,
             a_command_record_says_what_happened_to_it,
             commands_are_listed_newest_first_page_by_page,
+            clients_are_listed_by_id_page_by_page,
+            a_client_is_read_with_its_session_claim_and_grant,
+            incidents_are_listed_newest_first_page_by_page,
         );
     };
 }

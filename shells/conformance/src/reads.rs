@@ -1,8 +1,11 @@
-//! Cases over the control reads as well as the operations: output pages
-//! and follow history, the same on every backend.
+//! Cases over the control reads as well as the operations: output pages,
+//! follow history, command records and listings, clients and storage
+//! incidents, the same on every backend.
 
+use rvbox_domain::error::Code;
 use rvbox_domain::lifecycle::Lifecycle;
 use rvbox_proto::v1 as wire;
+use rvbox_store::mutations::OpError;
 use rvbox_store::output::HistoryItem;
 use rvbox_store::reader::ControlReads;
 use rvbox_store_port::events::EventOutcome;
@@ -320,4 +323,426 @@ pub fn commands_are_listed_newest_first_page_by_page(b: &mut dyn WithReads) {
         ..Default::default()
     });
     assert!(other.is_err(), "{other:?}");
+}
+
+/// The refusal code of a read, if it is one.
+fn read_refused<T: std::fmt::Debug>(r: &Result<T, OpError>) -> Option<Code> {
+    match r {
+        Err(OpError::Refused(e)) => Some(e.code()),
+        _ => None,
+    }
+}
+
+/// Registers `client_id` with `labels` on a new live session (fencing its
+/// live one).
+fn labelled_session(
+    b: &mut dyn WithReads,
+    client_id: &str,
+    labels: &str,
+) -> rvbox_store_port::sessions::SessionFence {
+    let seen = client(b, client_id);
+    let mut reg = registration(client_id, INSTANCE, seen.as_ref());
+    reg.labels = labels.into();
+    let session_id = reg.session_id;
+    let r = b.perform(NOW, StoreOp::Register(reg));
+    assert!(r.is_ok(), "{r:?}");
+    rvbox_store_port::sessions::SessionFence { session_id }
+}
+
+/// The value of a client's label.
+fn label<'a>(c: &'a wire::ClientSummary, key: &str) -> Option<&'a str> {
+    c.labels
+        .iter()
+        .find(|l| l.key == key)
+        .map(|l| l.value.as_str())
+}
+
+/// Every page of a client listing with `selector` and `glob`, `size` at a
+/// time: the ids in order.
+fn list_clients(b: &mut dyn WithReads, selector: &str, glob: &str, size: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    for _ in 0..20 {
+        let page = b
+            .reads()
+            .list_clients(&wire::ListClientsRequest {
+                page_size: size,
+                page_token: token.clone(),
+                selector: selector.into(),
+                client_glob: glob.into(),
+                ..Default::default()
+            })
+            .unwrap();
+        // 0 asks for the default size
+        assert!(size == 0 || page.clients.len() <= size as usize, "{page:?}");
+        out.extend(page.clients.into_iter().map(|c| c.client_id));
+        if page.next_page_token.is_empty() {
+            return out;
+        }
+        token = page.next_page_token;
+    }
+    panic!("pages never end");
+}
+
+/// Clients are listed by id, page by page, every one exactly once, with
+/// their generation and whether they are connected; a label selector and
+/// a client-id glob narrow the listing, and a page token is good only
+/// with the filters it was made for.
+pub fn clients_are_listed_by_id_page_by_page(b: &mut dyn WithReads) {
+    labelled_session(b, "web-2", "env=dev,role=web");
+    labelled_session(b, "web-1", "env=prod,role=web");
+    labelled_session(b, "web-1", "env=prod,role=web");
+    labelled_session(b, "db-1", "env=prod,role=db");
+    labelled_session(b, "web-3", "env=prod,role=web");
+    let s = labelled_session(b, "db-2", "");
+    let r = b.perform(
+        NOW,
+        StoreOp::CloseSession {
+            session_id: s.session_id,
+            reason: "connection lost".into(),
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    // a command for a client that never registered makes its row
+    run(b, "lone-1");
+
+    let all = ["db-1", "db-2", "lone-1", "web-1", "web-2", "web-3"];
+    assert_eq!(list_clients(b, "", "", 2), all);
+    assert_eq!(list_clients(b, "", "", 4), all);
+    assert_eq!(list_clients(b, "", "", 0), all, "the default page size");
+    assert_eq!(
+        list_clients(b, "env=prod", "", 1),
+        ["db-1", "web-1", "web-3"]
+    );
+    assert_eq!(list_clients(b, "", "web-*", 2), ["web-1", "web-2", "web-3"]);
+    assert_eq!(list_clients(b, "env=prod", "web-?", 1), ["web-1", "web-3"]);
+    assert!(list_clients(b, "env=test", "", 2).is_empty());
+
+    let page = b
+        .reads()
+        .list_clients(&wire::ListClientsRequest::default())
+        .unwrap();
+    let summary = |id: &str| {
+        page.clients
+            .iter()
+            .find(|c| c.client_id == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} is listed: {page:?}"))
+    };
+    let web1 = summary("web-1");
+    assert_eq!((web1.generation, web1.connected), (2, true));
+    assert_eq!(web1.client_instance_id, any_uuid_text(&INSTANCE));
+    assert_eq!(label(&web1, "env"), Some("prod"), "{web1:?}");
+    assert!(web1.connected_time.is_some());
+    let db2 = summary("db-2");
+    assert_eq!((db2.generation, db2.connected), (1, false), "closed");
+    let lone = summary("lone-1");
+    assert_eq!((lone.generation, lone.connected), (0, false));
+    assert_eq!(lone.client_instance_id, "", "never registered");
+
+    // a token is bound to its filters
+    let first = |b: &mut dyn WithReads, selector: &str, glob: &str| {
+        let page = b
+            .reads()
+            .list_clients(&wire::ListClientsRequest {
+                page_size: 1,
+                selector: selector.into(),
+                client_glob: glob.into(),
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(!page.next_page_token.is_empty(), "{page:?}");
+        page.next_page_token
+    };
+    for (made_for, used_with) in [
+        (("", ""), ("env=prod", "")),
+        (("", "web-*"), ("", "db-*")),
+        (("env=prod", ""), ("env=prod", "web-*")),
+        (("env=prod", "web-*"), ("", "")),
+    ] {
+        let token = first(b, made_for.0, made_for.1);
+        let r = b.reads().list_clients(&wire::ListClientsRequest {
+            page_size: 1,
+            page_token: token,
+            selector: used_with.0.into(),
+            client_glob: used_with.1.into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            read_refused(&r),
+            Some(Code::InvalidArgument),
+            "a token made for {made_for:?} used with {used_with:?}: {r:?}"
+        );
+    }
+    for bad in [
+        wire::ListClientsRequest {
+            client_glob: "web/*".into(),
+            ..Default::default()
+        },
+        wire::ListClientsRequest {
+            page_token: "not a token".into(),
+            ..Default::default()
+        },
+        wire::ListClientsRequest {
+            page_size: 1_000_000,
+            ..Default::default()
+        },
+    ] {
+        let r = b.reads().list_clients(&bad);
+        assert_eq!(
+            read_refused(&r),
+            Some(Code::InvalidArgument),
+            "{bad:?}: {r:?}"
+        );
+    }
+}
+
+/// A client is read with its generation, whether it is connected, a
+/// refused live claim and the expiry of a live takeover grant; an unknown
+/// client is `NOT_FOUND`.
+pub fn a_client_is_read_with_its_session_claim_and_grant(b: &mut dyn WithReads) {
+    let r = b.reads().get_client("nobody-1", NOW);
+    assert_eq!(read_refused(&r), Some(Code::NotFound), "{r:?}");
+
+    let s = labelled_session(b, "web-1", "env=prod");
+    let got = b.reads().get_client("web-1", NOW).unwrap();
+    let c = got.client.clone().unwrap();
+    assert_eq!(c.client_id, "web-1");
+    assert_eq!((c.generation, c.connected), (1, true));
+    assert_eq!(c.client_instance_id, any_uuid_text(&INSTANCE));
+    assert_eq!(label(&c, "env"), Some("prod"));
+    assert_eq!(
+        c.capabilities.map(|k| k.software_version),
+        Some("1.0.0".to_owned())
+    );
+    assert_eq!(got.pending_claim, None);
+    assert_eq!(got.takeover_grant_expiry_time, None);
+    assert!(got.dirty_scopes.is_empty(), "{got:?}");
+
+    let r = b.perform(
+        NOW,
+        StoreOp::CloseSession {
+            session_id: s.session_id,
+            reason: "connection lost".into(),
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    let c = b.reads().get_client("web-1", NOW).unwrap().client.unwrap();
+    assert_eq!((c.generation, c.connected), (1, false), "closed");
+
+    labelled_session(b, "web-1", "env=prod");
+    let claimant: [u8; 16] = {
+        let mut i = new_id();
+        i[6] = 0x40 | (i[6] & 0x0f);
+        i
+    };
+    let r = b.perform(
+        NOW,
+        StoreOp::RecordPendingClaim {
+            client_id: "web-1".into(),
+            instance_id: claimant,
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    let r = b.perform(
+        NOW,
+        StoreOp::AuthorizeTakeover {
+            request: wire::AuthorizeClientTakeoverRequest {
+                request_id: text(&new_id()),
+                client_id: "web-1".into(),
+                client_instance_id: any_uuid_text(&claimant),
+            },
+            caller: rvbox_store_port::audit::Caller::local(),
+            ttl_ms: 60_000,
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    let got = b.reads().get_client("web-1", NOW).unwrap();
+    let c = got.client.clone().unwrap();
+    assert_eq!((c.generation, c.connected), (2, true));
+    let claim = got.pending_claim.unwrap();
+    assert_eq!(claim.client_instance_id, any_uuid_text(&claimant));
+    assert_eq!(
+        claim.observed_time.map(|t| t.seconds),
+        Some(NOW / 1000),
+        "seen now"
+    );
+    assert_eq!(
+        got.takeover_grant_expiry_time.map(|t| t.seconds),
+        Some((NOW + 60_000) / 1000)
+    );
+    let later = b.reads().get_client("web-1", NOW + 60_000).unwrap();
+    assert_eq!(later.takeover_grant_expiry_time, None, "expired");
+}
+
+/// Every page of an incident listing in `state`, `size` at a time.
+fn list_incidents(
+    b: &mut dyn WithReads,
+    state: Option<wire::IncidentState>,
+    size: u32,
+) -> Vec<wire::StorageIncident> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    for _ in 0..20 {
+        let page = b
+            .reads()
+            .incident_page(&wire::ListStorageIncidentsRequest {
+                state: state.map(|s| s as i32),
+                page_size: size,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(page.incidents.len() <= size as usize, "{page:?}");
+        out.extend(page.incidents);
+        if page.next_page_token.is_empty() {
+            return out;
+        }
+        token = page.next_page_token;
+    }
+    panic!("pages never end");
+}
+
+/// Storage incidents are listed newest first (then by id, descending),
+/// page by page, every one exactly once, optionally in one state; a page
+/// token is good only for the state it was made for.
+pub fn incidents_are_listed_newest_first_page_by_page(b: &mut dyn WithReads) {
+    let issue = run(b, "web-1");
+    // two at the same time: the page boundary falls between them
+    let times = [0i64, 1, 2, 2, 3];
+    for (n, dt) in times.iter().enumerate() {
+        let r = b.perform(
+            NOW + dt,
+            StoreOp::RecordIncident(rvbox_store_port::incidents::NewIncident {
+                kind: wire::IncidentKind::LateAfterExpiry,
+                scope_kind: wire::ScopeKind::Command,
+                scope_key: text(&issue),
+                client_id: Some("web-1".into()),
+                issue_uuid: Some(issue),
+                summary: format!("incident {n}"),
+                evidence: Vec::new(),
+                data_loss: false,
+            }),
+        );
+        assert!(r.is_ok(), "{r:?}");
+    }
+    let key = |i: &wire::StorageIncident| {
+        let t = i.detected_time.unwrap_or_default();
+        (t.seconds, t.nanos, i.incident_id.clone())
+    };
+    let all = list_incidents(b, None, 2);
+    assert_eq!(all.len(), times.len(), "{all:?}");
+    let mut sorted = all.clone();
+    sorted.sort_by_key(|i| std::cmp::Reverse(key(i)));
+    assert_eq!(all, sorted, "newest first, then by id");
+    let summaries: Vec<&str> = all.iter().map(|i| i.summary.as_str()).collect();
+    assert_eq!(summaries.first(), Some(&"incident 4"));
+    assert_eq!(summaries.last(), Some(&"incident 0"));
+    let mut seen = summaries.clone();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        [
+            "incident 0",
+            "incident 1",
+            "incident 2",
+            "incident 3",
+            "incident 4"
+        ]
+    );
+    assert_eq!(list_incidents(b, None, 100), all, "one page says the same");
+    let first = all.last().unwrap();
+    assert_eq!(first.kind, wire::IncidentKind::LateAfterExpiry as i32);
+    assert_eq!(first.state, wire::IncidentState::Open as i32);
+    assert_eq!(first.scope_kind, wire::ScopeKind::Command as i32);
+    assert_eq!(first.scope_key, text(&issue));
+    assert_eq!(
+        first.detected_time,
+        Some(prost_types::Timestamp {
+            seconds: NOW / 1000,
+            nanos: 0
+        })
+    );
+    assert_eq!(first.resolved_time, None);
+
+    // acknowledged ones leave the open listing
+    let acknowledged: Vec<String> = [1usize, 3]
+        .iter()
+        .map(|n| all[*n].incident_id.clone())
+        .collect();
+    for id in &acknowledged {
+        let r = b.perform(
+            NOW + 10,
+            StoreOp::AcknowledgeIncident {
+                request: wire::AcknowledgeStorageIncidentRequest {
+                    request_id: text(&new_id()),
+                    incident_id: id.clone(),
+                    note: "seen, accepted".into(),
+                },
+                caller: rvbox_store_port::audit::Caller::local(),
+            },
+        );
+        assert!(r.is_ok(), "{r:?}");
+    }
+    let ids = |v: &[wire::StorageIncident]| -> Vec<String> {
+        v.iter().map(|i| i.incident_id.clone()).collect()
+    };
+    let open = list_incidents(b, Some(wire::IncidentState::Open), 2);
+    assert_eq!(
+        ids(&open),
+        [0usize, 2, 4]
+            .iter()
+            .map(|n| all[*n].incident_id.clone())
+            .collect::<Vec<_>>()
+    );
+    let acked = list_incidents(b, Some(wire::IncidentState::Acknowledged), 1);
+    assert_eq!(ids(&acked), acknowledged);
+    for i in &acked {
+        assert_eq!(i.state, wire::IncidentState::Acknowledged as i32);
+        assert_eq!(i.acknowledgement_note, "seen, accepted");
+        assert!(i.resolved_time.is_some());
+    }
+    assert!(list_incidents(b, Some(wire::IncidentState::Repaired), 2).is_empty());
+
+    // a token is bound to its state
+    for (made_for, used_with) in [
+        (None, Some(wire::IncidentState::Open)),
+        (Some(wire::IncidentState::Open), None),
+        (
+            Some(wire::IncidentState::Open),
+            Some(wire::IncidentState::Acknowledged),
+        ),
+    ] {
+        let page = b
+            .reads()
+            .incident_page(&wire::ListStorageIncidentsRequest {
+                state: made_for.map(|s| s as i32),
+                page_size: 1,
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(!page.next_page_token.is_empty(), "{page:?}");
+        let r = b.reads().incident_page(&wire::ListStorageIncidentsRequest {
+            state: used_with.map(|s| s as i32),
+            page_size: 1,
+            page_token: page.next_page_token,
+            ..Default::default()
+        });
+        assert_eq!(
+            read_refused(&r),
+            Some(Code::InvalidArgument),
+            "a token made for {made_for:?} used with {used_with:?}: {r:?}"
+        );
+    }
+    for state in [0, 99] {
+        let r = b.reads().incident_page(&wire::ListStorageIncidentsRequest {
+            state: Some(state),
+            ..Default::default()
+        });
+        assert_eq!(
+            read_refused(&r),
+            Some(Code::InvalidArgument),
+            "state {state}"
+        );
+    }
 }

@@ -76,13 +76,18 @@ pub(crate) fn open(tx: &mut Transaction<'_>, new: &NewIncident) -> Result<bool, 
         .is_some())
 }
 
-const COLUMNS: &str = "incident_id, kind, state, scope_kind, scope_key, client_id, issue_uuid,
-    detected_ms, resolved_ms, summary, evidence, repairable, data_loss, note";
+/// The columns [`from_row`] reads, in order.
+pub(crate) const COLUMNS: &str = "incident_id, kind, state, scope_kind, scope_key, client_id,
+    issue_uuid, detected_ms, resolved_ms, summary, evidence, repairable, data_loss, note";
 
-fn from_row(r: &postgres::Row) -> Result<Incident, Fail> {
+/// An incident from a row of [`COLUMNS`].
+pub(crate) fn from_row(r: &postgres::Row) -> Result<Incident, Fail> {
     use rvbox_proto::v1 as wire;
     let blob = |v: Vec<u8>| {
-        <[u8; 16]>::try_from(v.as_slice()).map_err(|_| Fail::Integrity("incident id length".into()))
+        let n = v.len();
+        <[u8; 16]>::try_from(v.as_slice()).map_err(|_| {
+            Fail::Integrity(format!("a stored incident id is {n} bytes, expected 16"))
+        })
     };
     let int = |i: usize| i32::try_from(r.get::<_, i64>(i)).unwrap_or(0);
     Ok(Incident {

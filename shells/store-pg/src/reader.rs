@@ -1,7 +1,10 @@
-//! Control reads on PostgreSQL: the same output rules as the SQLite store
-//! (`rvbox_store::output::{output_page, history}`) over a source that
-//! reads this database's event rows, removed ranges and output chunks, in
-//! one read-only REPEATABLE READ transaction (one snapshot per read).
+//! Control reads on PostgreSQL: the same rules as the SQLite store, each
+//! over a source that reads this database, in one read-only REPEATABLE
+//! READ transaction (one snapshot per read): output pages and follow
+//! history (`rvbox_store::output::{output_page, history}` over event rows,
+//! removed ranges and output chunks), command records and listings
+//! (`record_of`, `commands_page`), clients (`clients_page`,
+//! `client_detail`) and incidents (`incidents_page`).
 //!
 //! Page tokens are sealed with the database's token key (in `store_meta`,
 //! created once by the first replica), so a page token from one replica is
@@ -15,13 +18,17 @@ use rvbox_proto::v1 as wire;
 use rvbox_segment::{Compression, Stream};
 use rvbox_store::StoreError;
 use rvbox_store::identity::TOKEN_KEY_LEN;
+use rvbox_store::incidents::Incident;
 use rvbox_store::mutations::OpError;
 use rvbox_store::output::{
     EventRow, HistoryItem, OutputCommand, OutputSource, RemovedRow, Verified, history,
     missing_command, output_command, output_page,
 };
 use rvbox_store::reader::{ControlReads, ReaderSource};
-use rvbox_store::records::{Raw, RecordFacts, RecordSource, commands_page, record_of};
+use rvbox_store::records::{
+    ClientRow, ClientSource, IncidentSource, Raw, RecordFacts, RecordSource, client_detail,
+    clients_page, commands_page, incidents_page, record_of,
+};
 
 use crate::output::OutputChunk;
 use crate::sessions::{to_i64, to_u64};
@@ -435,6 +442,121 @@ impl RecordSource for PgSource<'_, '_> {
     }
 }
 
+const CLIENT_COLUMNS: &str = "c.client_id, c.instance_id, c.generation, c.capabilities,
+    c.cwd_policy, c.connected_ms, c.last_seen_ms, c.pending_instance_id, c.pending_seen_ms,
+    EXISTS (SELECT 1 FROM sessions s WHERE s.client_id = c.client_id AND s.live), c.labels";
+
+fn client_row_of(r: &postgres::Row) -> ClientRow {
+    ClientRow {
+        client_id: r.get(0),
+        instance_id: r.get(1),
+        generation: r.get(2),
+        capabilities: r.get(3),
+        cwd_policy: r.get(4),
+        connected_ms: r.get(5),
+        last_seen_ms: r.get(6),
+        pending_instance_id: r.get(7),
+        pending_seen_ms: r.get(8),
+        live: r.get(9),
+        labels: r.get(10),
+    }
+}
+
+impl ClientSource for PgSource<'_, '_> {
+    fn clients_after(&mut self, after: &str, limit: usize) -> Result<Vec<ClientRow>, StoreError> {
+        let sql = format!(
+            "SELECT {CLIENT_COLUMNS} FROM clients c WHERE c.client_id > $1
+             ORDER BY c.client_id LIMIT $2"
+        );
+        Ok(self
+            .tx
+            .query(sql.as_str(), &[&after, &to_i64(limit as u64)])
+            .map_err(db("list clients"))?
+            .iter()
+            .map(client_row_of)
+            .collect())
+    }
+
+    fn scan_clients(
+        &mut self,
+        after: &str,
+        max: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        Ok(self
+            .tx
+            .query(
+                "SELECT client_id, labels FROM clients WHERE client_id > $1
+                 ORDER BY client_id LIMIT $2",
+                &[&after, &to_i64(max as u64)],
+            )
+            .map_err(db("scan clients"))?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect())
+    }
+
+    fn client(&mut self, client_id: &str) -> Result<Option<ClientRow>, StoreError> {
+        let sql = format!("SELECT {CLIENT_COLUMNS} FROM clients c WHERE c.client_id = $1");
+        Ok(self
+            .tx
+            .query_opt(sql.as_str(), &[&client_id])
+            .map_err(db("read client"))?
+            .map(|r| client_row_of(&r)))
+    }
+
+    fn takeover_grant(&mut self, client_id: &str, now_ms: i64) -> Result<Option<i64>, StoreError> {
+        Ok(self
+            .tx
+            .query_opt(
+                "SELECT expires_ms FROM takeover_authorizations
+                 WHERE client_id = $1 AND consumed_ms IS NULL AND voided_ms IS NULL
+                   AND expires_ms > $2",
+                &[&client_id, &now_ms],
+            )
+            .map_err(db("read takeover grant"))?
+            .map(|r| r.get(0)))
+    }
+
+    /// None: the PostgreSQL store gates no scope by open incidents yet
+    /// (as for a command's record), and a dirty scope says that unsafe
+    /// mutations of it are refused, which here they are not.
+    fn dirty_scopes(&mut self, _client_id: &str) -> Result<Vec<wire::ScopeHealth>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+impl IncidentSource for PgSource<'_, '_> {
+    fn incidents_after(
+        &mut self,
+        state: Option<wire::IncidentState>,
+        after: Option<(i64, [u8; 16])>,
+        limit: u32,
+    ) -> Result<Vec<Incident>, StoreError> {
+        let (after_ms, after_id) = after.unwrap_or((i64::MAX, [0xff; 16]));
+        let sql = format!(
+            "SELECT {} FROM storage_incidents
+             WHERE (detected_ms < $1 OR (detected_ms = $1 AND incident_id < $2))
+               AND ($3::bigint IS NULL OR state = $3)
+             ORDER BY detected_ms DESC, incident_id DESC LIMIT $4",
+            crate::incidents::COLUMNS
+        );
+        self.tx
+            .query(
+                sql.as_str(),
+                &[
+                    &after_ms,
+                    &after_id.as_slice(),
+                    &state.map(|s| i64::from(s as i32)),
+                    &i64::from(limit),
+                ],
+            )
+            .map_err(db("list incidents"))?
+            .iter()
+            .map(|r| crate::incidents::from_row(r).map_err(store_error))
+            .collect()
+    }
+}
+
 /// A control reader on its own connection.
 pub struct PgReader {
     client: Client,
@@ -489,16 +611,17 @@ fn not_yet(what: &'static str) -> OpError {
 impl ControlReads for PgReader {
     fn list_clients(
         &mut self,
-        _req: &wire::ListClientsRequest,
+        req: &wire::ListClientsRequest,
     ) -> Result<wire::ListClientsResponse, OpError> {
-        Err(not_yet("ListClients"))
+        let key = self.key;
+        self.snapshot(|src, _| clients_page(src, key, req))
     }
     fn get_client(
         &mut self,
-        _client_id: &str,
-        _now_ms: i64,
+        client_id: &str,
+        now_ms: i64,
     ) -> Result<wire::GetClientResponse, OpError> {
-        Err(not_yet("GetClient"))
+        self.snapshot(|src, _| client_detail(src, client_id, now_ms))
     }
     fn list_commands(
         &mut self,
@@ -526,9 +649,10 @@ impl ControlReads for PgReader {
     }
     fn incident_page(
         &mut self,
-        _req: &wire::ListStorageIncidentsRequest,
+        req: &wire::ListStorageIncidentsRequest,
     ) -> Result<wire::ListStorageIncidentsResponse, OpError> {
-        Err(not_yet("ListStorageIncidents"))
+        let key = self.key;
+        self.snapshot(|src, _| incidents_page(src, key, req))
     }
     fn get_fleet_run(
         &mut self,

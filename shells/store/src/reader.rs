@@ -229,7 +229,7 @@ impl StoreReader {
         &self,
         req: &wire::ListClientsRequest,
     ) -> Result<wire::ListClientsResponse, OpError> {
-        self.snapshot(|c| crate::records::list_clients(c, self.token_key, req))
+        self.snapshot(|c| crate::records::list_clients(c, &self.health, self.token_key, req))
     }
 
     /// `ListStorageIncidents`: one page, newest first.
@@ -377,8 +377,8 @@ impl crate::Store {
 }
 
 /// The reads the control service makes, the same for every store backend:
-/// the SQLite store's [`StoreReader`] answers them, and a PostgreSQL
-/// reader will. Each reader is used by one thread at a time.
+/// the SQLite store's [`StoreReader`] answers them, and so does the
+/// PostgreSQL store's reader. Each reader is used by one thread at a time.
 pub trait ControlReads: Send {
     /// `ListClients`: one page by client id.
     ///

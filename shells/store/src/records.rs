@@ -326,8 +326,6 @@ pub(crate) fn selector_of(text: &str) -> Result<Option<Selector>, OpError> {
     })
 }
 
-/// The labels a `clients` row keeps. A row that does not parse (never
-/// written so) matches no selector term that needs a label.
 /// One page of a filtered scan: from `scanned` (ids in order, each with
 /// what the filter reads; at most [`MAX_FILTER_SCAN`] of them), the first
 /// `limit` ids that `hit`, whether a further page may hold more, and the
@@ -355,6 +353,8 @@ pub(crate) fn pick_page<T>(
     (picked, more || !exhausted, last)
 }
 
+/// The labels a `clients` row keeps. A row that does not parse (never
+/// written so) matches no selector term that needs a label.
 pub(crate) fn stored_labels(text: &str) -> Labels {
     Labels::parse_stored(text).unwrap_or_else(|e| {
         tracing::error!(error = %e, "stored client labels do not parse");
@@ -611,38 +611,187 @@ const CLIENT_COLUMNS: &str = "c.client_id, c.instance_id, c.generation, c.capabi
      c.cwd_policy, c.connected_ms, c.last_seen_ms, c.pending_instance_id, c.pending_seen_ms, \
      EXISTS (SELECT 1 FROM sessions s WHERE s.client_id = c.client_id AND s.live = 1), c.labels";
 
-struct ClientRaw {
-    summary: wire::ClientSummary,
-    pending: Option<wire::PendingClaim>,
+/// One `clients` row as a client summary is built from it (every store
+/// backend reads these columns).
+#[derive(Debug, Clone, Default)]
+pub struct ClientRow {
+    /// Client id.
+    pub client_id: String,
+    /// The registered instance.
+    pub instance_id: Option<Vec<u8>>,
+    /// Registration generation.
+    pub generation: i64,
+    /// Encoded `Capabilities`.
+    pub capabilities: Option<Vec<u8>>,
+    /// Encoded `CwdPolicy`.
+    pub cwd_policy: Option<Vec<u8>>,
+    /// When the client last registered.
+    pub connected_ms: Option<i64>,
+    /// When the client was last heard from.
+    pub last_seen_ms: Option<i64>,
+    /// The instance of a refused live claim.
+    pub pending_instance_id: Option<Vec<u8>>,
+    /// When that claim was seen.
+    pub pending_seen_ms: Option<i64>,
+    /// Whether the client has a live session.
+    pub live: bool,
+    /// The stored labels text.
+    pub labels: String,
 }
 
-fn client_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClientRaw> {
-    let instance: Option<Vec<u8>> = r.get(1)?;
-    let caps: Option<Vec<u8>> = r.get(3)?;
-    let cwd: Option<Vec<u8>> = r.get(4)?;
-    let pending: Option<Vec<u8>> = r.get(7)?;
-    let pending_ms: Option<i64> = r.get(8)?;
-    Ok(ClientRaw {
-        summary: wire::ClientSummary {
-            client_id: r.get(0)?,
-            connected: r.get(9)?,
-            connected_time: r.get::<_, Option<i64>>(5)?.map(to_timestamp),
-            last_seen_time: r.get::<_, Option<i64>>(6)?.map(to_timestamp),
-            client_instance_id: instance.as_deref().map(uuid_text).unwrap_or_default(),
-            generation: to_u64(r.get(2)?),
-            capabilities: caps
-                .as_deref()
-                .and_then(|b| <wire::Capabilities as prost::Message>::decode(b).ok()),
-            cwd_policy: cwd
-                .as_deref()
-                .and_then(|b| <wire::CwdPolicy as prost::Message>::decode(b).ok()),
-            labels: stored_labels(&r.get::<_, String>(10)?).to_wire(),
-        },
-        pending: pending.map(|p| wire::PendingClaim {
-            client_instance_id: uuid_text(&p),
-            observed_time: pending_ms.map(to_timestamp),
-        }),
+fn client_row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClientRow> {
+    Ok(ClientRow {
+        client_id: r.get(0)?,
+        instance_id: r.get(1)?,
+        generation: r.get(2)?,
+        capabilities: r.get(3)?,
+        cwd_policy: r.get(4)?,
+        connected_ms: r.get(5)?,
+        last_seen_ms: r.get(6)?,
+        pending_instance_id: r.get(7)?,
+        pending_seen_ms: r.get(8)?,
+        live: r.get(9)?,
+        labels: r.get(10)?,
     })
+}
+
+/// A client's summary and its pending claim, from its row.
+fn client_of(row: ClientRow) -> (wire::ClientSummary, Option<wire::PendingClaim>) {
+    let summary = wire::ClientSummary {
+        client_id: row.client_id,
+        connected: row.live,
+        connected_time: row.connected_ms.map(to_timestamp),
+        last_seen_time: row.last_seen_ms.map(to_timestamp),
+        client_instance_id: row
+            .instance_id
+            .as_deref()
+            .map(uuid_text)
+            .unwrap_or_default(),
+        generation: to_u64(row.generation),
+        capabilities: row
+            .capabilities
+            .as_deref()
+            .and_then(|b| <wire::Capabilities as prost::Message>::decode(b).ok()),
+        cwd_policy: row
+            .cwd_policy
+            .as_deref()
+            .and_then(|b| <wire::CwdPolicy as prost::Message>::decode(b).ok()),
+        labels: stored_labels(&row.labels).to_wire(),
+    };
+    let pending = row.pending_instance_id.map(|p| wire::PendingClaim {
+        client_instance_id: uuid_text(&p),
+        observed_time: row.pending_seen_ms.map(to_timestamp),
+    });
+    (summary, pending)
+}
+
+/// Where the client reads find their rows: one rule for `ListClients` and
+/// `GetClient`, one source per store backend.
+pub trait ClientSource {
+    /// The rows of the clients whose id sorts after `after` (bytewise), in
+    /// id order, at most `limit`.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn clients_after(&mut self, after: &str, limit: usize) -> Result<Vec<ClientRow>, StoreError>;
+    /// The ids and stored labels of the clients after `after`, in id
+    /// order, at most `max` (a filtered page matches them here, not in
+    /// SQL).
+    ///
+    /// # Errors
+    /// A store failure.
+    fn scan_clients(
+        &mut self,
+        after: &str,
+        max: usize,
+    ) -> Result<Vec<(String, String)>, StoreError>;
+    /// One client's row, if it exists.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn client(&mut self, client_id: &str) -> Result<Option<ClientRow>, StoreError>;
+    /// When the client's live takeover grant (neither consumed nor voided)
+    /// expires, if it has one still live at `now_ms`.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn takeover_grant(&mut self, client_id: &str, now_ms: i64) -> Result<Option<i64>, StoreError>;
+    /// The dirty scopes that concern the client: its own and the store's
+    /// global one, at most [`MAX_DIRTY_SCOPES`].
+    ///
+    /// # Errors
+    /// A store failure.
+    fn dirty_scopes(&mut self, client_id: &str) -> Result<Vec<wire::ScopeHealth>, StoreError>;
+}
+
+impl ClientSource for SqliteRecords<'_> {
+    fn clients_after(&mut self, after: &str, limit: usize) -> Result<Vec<ClientRow>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {CLIENT_COLUMNS} FROM clients c WHERE c.client_id > ?1
+                         ORDER BY c.client_id LIMIT ?2"
+            ))
+            .map_err(sqlite("list clients"))?;
+        let it = st
+            .query_map(
+                params![after, i64::try_from(limit).unwrap_or(i64::MAX)],
+                client_row_of,
+            )
+            .map_err(sqlite("list clients"))?;
+        it.collect::<Result<_, _>>().map_err(sqlite("list clients"))
+    }
+
+    fn scan_clients(
+        &mut self,
+        after: &str,
+        max: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT client_id, labels FROM clients WHERE client_id > ?1
+                         ORDER BY client_id LIMIT ?2",
+            )
+            .map_err(sqlite("scan clients"))?;
+        let it = st
+            .query_map(
+                params![after, i64::try_from(max).unwrap_or(i64::MAX)],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(sqlite("scan clients"))?;
+        it.collect::<Result<_, _>>().map_err(sqlite("scan clients"))
+    }
+
+    fn client(&mut self, client_id: &str) -> Result<Option<ClientRow>, StoreError> {
+        self.conn
+            .prepare_cached(&format!(
+                "SELECT {CLIENT_COLUMNS} FROM clients c WHERE c.client_id = ?1"
+            ))
+            .and_then(|mut st| st.query_row(params![client_id], client_row_of).optional())
+            .map_err(sqlite("read client"))
+    }
+
+    fn takeover_grant(&mut self, client_id: &str, now_ms: i64) -> Result<Option<i64>, StoreError> {
+        self.conn
+            .prepare_cached(
+                "SELECT expires_ms FROM takeover_authorizations
+             WHERE client_id = ?1 AND consumed_ms IS NULL AND voided_ms IS NULL AND expires_ms > ?2",
+            )
+            .and_then(|mut st| st.query_row(params![client_id, now_ms], |r| r.get(0)).optional())
+            .map_err(sqlite("read takeover grant"))
+    }
+
+    fn dirty_scopes(&mut self, client_id: &str) -> Result<Vec<wire::ScopeHealth>, StoreError> {
+        Ok(self.health.dirty_scopes(
+            |kind, k| match kind {
+                wire::ScopeKind::Client => k == client_id,
+                wire::ScopeKind::GlobalStore => true,
+                _ => false,
+            },
+            MAX_DIRTY_SCOPES,
+        ))
+    }
 }
 
 /// `ListClients`: a page of clients by id, optionally only those whose
@@ -653,6 +802,20 @@ fn client_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClientRaw> {
 /// store failure.
 pub fn list_clients(
     conn: &Connection,
+    health: &Health,
+    key: [u8; 32],
+    req: &wire::ListClientsRequest,
+) -> Result<wire::ListClientsResponse, OpError> {
+    clients_page(&mut SqliteRecords { conn, health }, key, req)
+}
+
+/// [`list_clients`] over any [`ClientSource`]: pages in id order, the
+/// page token sealed with `key` and bound to the selector and the glob.
+///
+/// # Errors
+/// As [`list_clients`].
+pub fn clients_page(
+    src: &mut dyn ClientSource,
     key: [u8; 32],
     req: &wire::ListClientsRequest,
 ) -> Result<wire::ListClientsResponse, OpError> {
@@ -687,44 +850,18 @@ pub fn list_clients(
     };
     let (clients, more, last): (Vec<wire::ClientSummary>, bool, Option<String>) =
         if selector.is_none() && req.client_glob.is_empty() {
-            let rows: Vec<ClientRaw> = {
-                let mut st = conn
-                    .prepare_cached(&format!(
-                        "SELECT {CLIENT_COLUMNS} FROM clients c WHERE c.client_id > ?1
-                         ORDER BY c.client_id LIMIT ?2"
-                    ))
-                    .map_err(sqlite("list clients"))?;
-                let it = st
-                    .query_map(params![after, i64::from(limit) + 1], client_of)
-                    .map_err(sqlite("list clients"))?;
-                it.collect::<Result<_, _>>()
-                    .map_err(sqlite("list clients"))?
-            };
+            // one more row than the page says whether another page follows
+            let rows = src.clients_after(&after, limit as usize + 1)?;
             let more = rows.len() > limit as usize;
             let clients: Vec<wire::ClientSummary> = rows
                 .into_iter()
                 .take(limit as usize)
-                .map(|c| c.summary)
+                .map(|c| client_of(c).0)
                 .collect();
             let last = clients.last().map(|c| c.client_id.clone());
             (clients, more, last)
         } else {
-            let scanned: Vec<(String, String)> = {
-                let mut st = conn
-                    .prepare_cached(
-                        "SELECT client_id, labels FROM clients WHERE client_id > ?1
-                         ORDER BY client_id LIMIT ?2",
-                    )
-                    .map_err(sqlite("scan clients"))?;
-                let it = st
-                    .query_map(
-                        params![after, i64::try_from(MAX_FILTER_SCAN).unwrap_or(i64::MAX)],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .map_err(sqlite("scan clients"))?;
-                it.collect::<Result<_, _>>()
-                    .map_err(sqlite("scan clients"))?
-            };
+            let scanned = src.scan_clients(&after, MAX_FILTER_SCAN)?;
             let (picked, more, last) = pick_page(scanned, limit as usize, |id, labels| {
                 (req.client_glob.is_empty() || glob_match(&req.client_glob, id))
                     && selector
@@ -732,17 +869,13 @@ pub fn list_clients(
                         .is_none_or(|s| s.matches(&stored_labels(labels)))
             });
             let mut clients = Vec::with_capacity(picked.len());
-            let mut st = conn
-                .prepare_cached(&format!(
-                    "SELECT {CLIENT_COLUMNS} FROM clients c WHERE c.client_id = ?1"
-                ))
-                .map_err(sqlite("read client"))?;
             for id in &picked {
-                clients.push(
-                    st.query_row(params![id], client_of)
-                        .map_err(sqlite("read client"))?
-                        .summary,
-                );
+                let row = src.client(id)?.ok_or_else(|| {
+                    StoreError::Integrity(format!(
+                        "client {id} was scanned but has no row in the same snapshot"
+                    ))
+                })?;
+                clients.push(client_of(row).0);
             }
             (clients, more, last)
         };
@@ -769,34 +902,62 @@ pub fn get_client(
     client_id: &str,
     now_ms: i64,
 ) -> Result<wire::GetClientResponse, OpError> {
-    let raw = conn
-        .prepare_cached(&format!(
-            "SELECT {CLIENT_COLUMNS} FROM clients c WHERE c.client_id = ?1"
-        ))
-        .and_then(|mut st| st.query_row(params![client_id], client_of).optional())
-        .map_err(sqlite("read client"))?
+    client_detail(&mut SqliteRecords { conn, health }, client_id, now_ms)
+}
+
+/// [`get_client`] over any [`ClientSource`].
+///
+/// # Errors
+/// As [`get_client`].
+pub fn client_detail(
+    src: &mut dyn ClientSource,
+    client_id: &str,
+    now_ms: i64,
+) -> Result<wire::GetClientResponse, OpError> {
+    let row = src
+        .client(client_id)?
         .ok_or_else(|| OpError::Refused(DomainError::new(Code::NotFound, "no such client")))?;
-    let grant: Option<i64> = conn
-        .prepare_cached(
-            "SELECT expires_ms FROM takeover_authorizations
-             WHERE client_id = ?1 AND consumed_ms IS NULL AND voided_ms IS NULL AND expires_ms > ?2",
-        )
-        .and_then(|mut st| st.query_row(params![client_id, now_ms], |r| r.get(0)).optional())
-        .map_err(sqlite("read takeover grant"))?;
-    let dirty_scopes = health.dirty_scopes(
-        |kind, k| match kind {
-            wire::ScopeKind::Client => k == client_id,
-            wire::ScopeKind::GlobalStore => true,
-            _ => false,
-        },
-        MAX_DIRTY_SCOPES,
-    );
+    let (summary, pending) = client_of(row);
+    let grant = src.takeover_grant(client_id, now_ms)?;
+    let dirty_scopes = src.dirty_scopes(client_id)?;
     Ok(wire::GetClientResponse {
-        client: Some(raw.summary),
-        pending_claim: raw.pending,
+        client: Some(summary),
+        pending_claim: pending,
         takeover_grant_expiry_time: grant.map(to_timestamp),
         dirty_scopes,
     })
+}
+
+/// Where the incident listing finds its rows: one rule for the page, one
+/// source per store backend.
+pub trait IncidentSource {
+    /// Incidents newest first by `(detected_ms, id)`, strictly after
+    /// `after` (the last row of the previous page), optionally in one
+    /// state only, at most `limit`.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn incidents_after(
+        &mut self,
+        state: Option<wire::IncidentState>,
+        after: Option<(i64, [u8; 16])>,
+        limit: u32,
+    ) -> Result<Vec<crate::incidents::Incident>, StoreError>;
+}
+
+struct SqliteIncidents<'c> {
+    conn: &'c Connection,
+}
+
+impl IncidentSource for SqliteIncidents<'_> {
+    fn incidents_after(
+        &mut self,
+        state: Option<wire::IncidentState>,
+        after: Option<(i64, [u8; 16])>,
+        limit: u32,
+    ) -> Result<Vec<crate::incidents::Incident>, StoreError> {
+        crate::incidents::list(self.conn, state, after, limit)
+    }
 }
 
 /// `ListStorageIncidents`: a page of incidents, newest first, optionally
@@ -807,6 +968,18 @@ pub fn get_client(
 /// failure.
 pub fn list_incidents(
     conn: &Connection,
+    key: [u8; 32],
+    req: &wire::ListStorageIncidentsRequest,
+) -> Result<wire::ListStorageIncidentsResponse, OpError> {
+    incidents_page(&mut SqliteIncidents { conn }, key, req)
+}
+
+/// [`list_incidents`] over any [`IncidentSource`].
+///
+/// # Errors
+/// As [`list_incidents`].
+pub fn incidents_page(
+    src: &mut dyn IncidentSource,
     key: [u8; 32],
     req: &wire::ListStorageIncidentsRequest,
 ) -> Result<wire::ListStorageIncidentsResponse, OpError> {
@@ -854,7 +1027,9 @@ pub fn list_incidents(
             .ok_or_else(malformed)?;
         Some((ms, id))
     };
-    let mut rows = crate::incidents::list(conn, state, after, limit.saturating_add(1))
+    // one more row than the page says whether another page follows
+    let mut rows = src
+        .incidents_after(state, after, limit.saturating_add(1))
         .map_err(OpError::Store)?;
     let more = rows.len() > limit as usize;
     rows.truncate(limit as usize);
