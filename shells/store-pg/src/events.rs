@@ -28,7 +28,6 @@ use rvbox_retention::{
 };
 use rvbox_store::events::{MAX_INLINE_BODY_BYTES, check_output, other_digest};
 use rvbox_store_port::events::{AppendReport, EventAppend, EventBody, EventOutcome, body_kind};
-use rvbox_store_port::sessions::SessionFence;
 
 use crate::output::{OutputChunk, OutputStore};
 use crate::sessions::{global_charged, to_i64, to_u64};
@@ -78,15 +77,15 @@ fn lock_views(
     issues: &BTreeSet<[u8; 16]>,
 ) -> Result<BTreeMap<[u8; 16], CmdView>, Fail> {
     let ids: Vec<&[u8]> = issues.iter().map(<[u8; 16]>::as_slice).collect();
-    let rows = tx
-        .query(
-            "SELECT issue_uuid, client_id, lifecycle, last_event_seq, charged_bytes,
+    let rows = crate::prep::query(
+        tx,
+        "SELECT issue_uuid, client_id, lifecycle, last_event_seq, charged_bytes,
                     output_charged, closeout_held, request_hash, essential_trusted
              FROM commands WHERE issue_uuid = ANY($1)
              ORDER BY issue_uuid FOR UPDATE",
-            &[&ids],
-        )
-        .map_err(Fail::db("lock the group's commands"))?;
+        &[&ids],
+    )
+    .map_err(Fail::db("lock the group's commands"))?;
     let mut out = BTreeMap::new();
     for r in rows {
         let id: Vec<u8> = r.get(0);
@@ -110,15 +109,55 @@ fn lock_views(
     Ok(out)
 }
 
-/// The live owner of a session, locked `FOR SHARE` (`None`: not live).
-fn session_owner(tx: &mut Transaction<'_>, fence: &SessionFence) -> Result<Option<String>, Fail> {
-    Ok(tx
-        .query_opt(
-            "SELECT client_id FROM sessions WHERE session_id = $1 AND live FOR SHARE",
-            &[&fence.session_id.as_slice()],
-        )
-        .map_err(Fail::db("check the event's session"))?
-        .map(|r| r.get(0)))
+/// The live sessions among `fences`, locked `FOR SHARE` in id order: each
+/// with its client, and whether it counts for writes (its replica's lease
+/// is live, or it belongs to no replica), as `check_fence` decides for
+/// one write.
+fn live_sessions(
+    tx: &mut Transaction<'_>,
+    fences: &BTreeSet<[u8; 16]>,
+) -> Result<BTreeMap<[u8; 16], (String, bool)>, Fail> {
+    if fences.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let ids: Vec<&[u8]> = fences.iter().map(<[u8; 16]>::as_slice).collect();
+    let rows = crate::prep::query(
+        tx,
+        "SELECT s.session_id, s.client_id,
+                    s.owner_replica IS NULL OR EXISTS (
+                        SELECT 1 FROM replicas r
+                        WHERE r.replica_id = s.owner_replica AND r.epoch = s.owner_epoch
+                          AND r.lease_expires > now())
+             FROM sessions s WHERE s.session_id = ANY($1) AND s.live
+             ORDER BY s.session_id FOR SHARE OF s",
+        &[&ids],
+    )
+    .map_err(Fail::db("check the events' sessions"))?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let id = <[u8; 16]>::try_from(r.get::<_, Vec<u8>>(0).as_slice()).ok()?;
+            Some((id, (r.get(1), r.get(2))))
+        })
+        .collect())
+}
+
+/// The charged bytes of `clients`, by client.
+fn client_usage(
+    tx: &mut Transaction<'_>,
+    clients: &BTreeSet<&str>,
+) -> Result<BTreeMap<String, u64>, Fail> {
+    let ids: Vec<&str> = clients.iter().copied().collect();
+    let rows = crate::prep::query(
+        tx,
+        "SELECT client_id, charged_bytes FROM clients WHERE client_id = ANY($1)",
+        &[&ids],
+    )
+    .map_err(Fail::db("read client usage"))?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get::<_, String>(0), to_u64(r.get(1))))
+        .collect())
 }
 
 fn stored_digest(
@@ -126,13 +165,13 @@ fn stored_digest(
     issue: &[u8; 16],
     seq: u64,
 ) -> Result<Option<[u8; 32]>, Fail> {
-    Ok(tx
-        .query_opt(
-            "SELECT content_sha256 FROM command_events WHERE issue_uuid = $1 AND event_seq = $2",
-            &[&issue.as_slice(), &to_i64(seq)],
-        )
-        .map_err(Fail::db("load event digest"))?
-        .and_then(|r| <[u8; 32]>::try_from(r.get::<_, Vec<u8>>(0).as_slice()).ok()))
+    Ok(crate::prep::query_opt(
+        tx,
+        "SELECT content_sha256 FROM command_events WHERE issue_uuid = $1 AND event_seq = $2",
+        &[&issue.as_slice(), &to_i64(seq)],
+    )
+    .map_err(Fail::db("load event digest"))?
+    .and_then(|r| <[u8; 32]>::try_from(r.get::<_, Vec<u8>>(0).as_slice()).ok()))
 }
 
 /// A `StdinAck` checked against its write: the write's stored length
@@ -152,12 +191,12 @@ fn check_ack(
             "stdin_ack.delivery must be WRITTEN or DISCARDED",
         )));
     }
-    let row = tx
-        .query_opt(
-            "SELECT delivery, stored_len FROM stdin_writes WHERE issue_uuid = $1 AND write_seq = $2",
-            &[&issue.as_slice(), &to_i64(ack.write_seq)],
-        )
-        .map_err(Fail::db("read stdin write"))?;
+    let row = crate::prep::query_opt(
+        tx,
+        "SELECT delivery, stored_len FROM stdin_writes WHERE issue_uuid = $1 AND write_seq = $2",
+        &[&issue.as_slice(), &to_i64(ack.write_seq)],
+    )
+    .map_err(Fail::db("read stdin write"))?;
     Ok(match row {
         None => Err(DomainError::new(
             Code::ProtocolError,
@@ -199,8 +238,17 @@ fn plan(
     let mut views = lock_views(tx, &issues)?;
     let global_before = global_charged(tx)?;
     let mut global = global_before;
-    let mut owners: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    let mut sessions_seen: BTreeMap<[u8; 16], Option<String>> = BTreeMap::new();
+    // every session and client of the group, read once each
+    let fences: BTreeSet<[u8; 16]> = batch
+        .iter()
+        .filter_map(|e| e.session.map(|f| f.session_id))
+        .collect();
+    let sessions = live_sessions(tx, &fences)?;
+    let clients: BTreeSet<&str> = views.values().map(|v| v.client_id.as_str()).collect();
+    let mut owners: BTreeMap<String, (u64, u64)> = client_usage(tx, &clients)?
+        .into_iter()
+        .map(|(c, v)| (c, (v, v)))
+        .collect();
     let mut batch_digests: BTreeMap<([u8; 16], u64), [u8; 32]> = BTreeMap::new();
     let mut stdin_settled: BTreeSet<([u8; 16], u64)> = BTreeSet::new();
     let mut outcomes = Vec::with_capacity(batch.len());
@@ -220,16 +268,11 @@ fn plan(
             continue;
         }
         if let Some(fence) = &ev.session {
-            let owner = match sessions_seen.get(&fence.session_id) {
-                Some(o) => o.clone(),
-                None => {
-                    let o = session_owner(tx, fence)?;
-                    sessions_seen.insert(fence.session_id, o.clone());
-                    o
+            let refusal = match sessions.get(&fence.session_id) {
+                Some((o, true)) if *o == view.client_id => None,
+                Some((o, false)) if *o == view.client_id => {
+                    Some("the write's session belongs to a server replica whose lease ended")
                 }
-            };
-            let refusal = match owner {
-                Some(o) if o == view.client_id => None,
                 Some(_) => Some("the write's session belongs to another client"),
                 None => Some("the write's session is no longer its client's live session"),
             };
@@ -361,20 +404,7 @@ fn plan(
             }
         };
         let charged = charge(CHARGE_VERSION, charge_kind, bytes).map_err(integrity)?;
-        let owner_used = match owners.get(&view.client_id) {
-            Some(v) => v.1,
-            None => {
-                let v: i64 = tx
-                    .query_opt(
-                        "SELECT charged_bytes FROM clients WHERE client_id = $1",
-                        &[&view.client_id],
-                    )
-                    .map_err(Fail::db("read client usage"))?
-                    .map_or(0, |r| r.get(0));
-                owners.insert(view.client_id.clone(), (to_u64(v), to_u64(v)));
-                to_u64(v)
-            }
-        };
+        let owner_used = owners.entry(view.client_id.clone()).or_insert((0, 0)).1;
         let usage = Usage {
             command: view.charged,
             held_closeout: view.held_closeout,
@@ -486,35 +516,40 @@ fn write(
     now_ms: i64,
     tombstone_cap: u64,
 ) -> Result<(), Fail> {
-    let insert = tx
-        .prepare(
+    // the group's events in one statement
+    let acc = &plan.accepted;
+    let ids: Vec<&[u8]> = acc.iter().map(|a| a.issue.as_slice()).collect();
+    let seqs: Vec<i64> = acc.iter().map(|a| to_i64(a.seq)).collect();
+    let observed: Vec<i64> = acc.iter().map(|a| a.observed_ms).collect();
+    let kinds: Vec<i64> = acc.iter().map(|a| i64::from(a.kind)).collect();
+    let streams: Vec<i64> = acc.iter().map(|a| i64::from(a.stream)).collect();
+    let raw: Vec<i64> = acc.iter().map(|a| to_i64(a.raw_len)).collect();
+    let stored: Vec<i64> = acc.iter().map(|a| to_i64(a.stored_len)).collect();
+    let digests: Vec<&[u8]> = acc.iter().map(|a| a.digest.as_slice()).collect();
+    let inline: Vec<Option<&[u8]>> = acc.iter().map(|a| a.inline.as_deref()).collect();
+    if !acc.is_empty() {
+        crate::prep::execute(
+            tx,
             "INSERT INTO command_events (issue_uuid, event_seq, observed_ms, receipt_ms, body_kind,
                  stream, raw_len, stored_len, content_sha256, inline_body)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        )
-        .map_err(Fail::db("prepare event insert"))?;
-    for a in &plan.accepted {
-        tx.execute(
-            &insert,
+             SELECT u.i, u.s, u.o, $4, u.k, u.st, u.rl, u.sl, u.d, u.b
+             FROM UNNEST($1::bytea[], $2::int8[], $3::int8[], $5::int8[], $6::int8[],
+                         $7::int8[], $8::int8[], $9::bytea[], $10::bytea[])
+                  AS u(i, s, o, k, st, rl, sl, d, b)",
             &[
-                &a.issue.as_slice(),
-                &to_i64(a.seq),
-                &a.observed_ms,
-                &now_ms,
-                &i64::from(a.kind),
-                &i64::from(a.stream),
-                &to_i64(a.raw_len),
-                &to_i64(a.stored_len),
-                &a.digest.as_slice(),
-                &a.inline,
+                &ids, &seqs, &observed, &now_ms, &kinds, &streams, &raw, &stored, &digests, &inline,
             ],
         )
-        .map_err(Fail::db("insert event"))?;
+        .map_err(Fail::db("insert events"))?;
+    }
+    // lifecycle changes and stdin acknowledgements (few), in order
+    for a in acc {
         if let Some((to, code, signal)) = a.lifecycle {
             let terminal = to.is_terminal().then_some(now_ms);
             // a terminal time never before the issue time; a non-terminal
             // lifecycle keeps the one it has
-            tx.execute(
+            crate::prep::execute(
+                tx,
                 "UPDATE commands SET lifecycle = $2,
                      terminal_time_ms = CASE WHEN $3::bigint IS NULL THEN terminal_time_ms
                                              ELSE GREATEST($3, issue_time_ms) END,
@@ -530,7 +565,8 @@ fn write(
             )
             .map_err(Fail::db("apply lifecycle"))?;
             if to.is_terminal() {
-                tx.execute(
+                crate::prep::execute(
+                    tx,
                     "UPDATE stdin_writes SET delivery = 3, payload = '\\x'::bytea
                      WHERE issue_uuid = $1 AND delivery = 1",
                     &[&a.issue.as_slice()],
@@ -544,7 +580,8 @@ fn write(
             } else {
                 3
             };
-            tx.execute(
+            crate::prep::execute(
+                tx,
                 "UPDATE stdin_writes SET delivery = $3, payload = '\\x'::bytea
                  WHERE issue_uuid = $1 AND write_seq = $2 AND delivery = 1",
                 &[&a.issue.as_slice(), &to_i64(write_seq), &to],
@@ -555,8 +592,11 @@ fn write(
     output.put(tx, &plan.chunks)?;
     let mut global = plan.global;
     let touched: BTreeSet<[u8; 16]> = plan.accepted.iter().map(|a| a.issue).collect();
-    for issue in touched {
-        let Some(v) = plan.views.get(&issue) else {
+    // every touched command's counters in one statement
+    let mut rows: Vec<([u8; 16], i64, i64, i64, i64)> = Vec::with_capacity(touched.len());
+    let mut terminal: Vec<[u8; 16]> = Vec::new();
+    for issue in &touched {
+        let Some(v) = plan.views.get(issue) else {
             continue;
         };
         let (mut charged, mut held) = (v.charged, v.held_closeout);
@@ -579,22 +619,39 @@ fn write(
                 global = after.global;
             }
         }
-        tx.execute(
-            "UPDATE commands SET last_event_seq = $2, charged_bytes = $3, output_charged = $4,
-                 closeout_held = $5 WHERE issue_uuid = $1",
-            &[
-                &issue.as_slice(),
-                &to_i64(v.last_seq),
-                &to_i64(charged),
-                &to_i64(v.output_charged.min(charged)),
-                &to_i64(held),
-            ],
-        )
-        .map_err(Fail::db("update command"))?;
+        rows.push((
+            *issue,
+            to_i64(v.last_seq),
+            to_i64(charged),
+            to_i64(v.output_charged.min(charged)),
+            to_i64(held),
+        ));
         if v.lifecycle.is_terminal() {
+            terminal.push(*issue);
+        }
+    }
+    if !rows.is_empty() {
+        let ids: Vec<&[u8]> = rows.iter().map(|r| r.0.as_slice()).collect();
+        let last: Vec<i64> = rows.iter().map(|r| r.1).collect();
+        let charged: Vec<i64> = rows.iter().map(|r| r.2).collect();
+        let output: Vec<i64> = rows.iter().map(|r| r.3).collect();
+        let held: Vec<i64> = rows.iter().map(|r| r.4).collect();
+        crate::prep::execute(
+            tx,
+            "UPDATE commands c SET last_event_seq = u.l, charged_bytes = u.c,
+                 output_charged = u.o, closeout_held = u.h
+             FROM UNNEST($1::bytea[], $2::int8[], $3::int8[], $4::int8[], $5::int8[])
+                  AS u(i, l, c, o, h)
+             WHERE c.issue_uuid = u.i",
+            &[&ids, &last, &charged, &output, &held],
+        )
+        .map_err(Fail::db("update commands"))?;
+    }
+    for issue in &terminal {
+        if let Some(v) = plan.views.get(issue) {
             crate::commands::insert_tombstone(
                 tx,
-                &issue,
+                issue,
                 &v.request_hash,
                 &v.client_id,
                 v.lifecycle,
@@ -604,23 +661,30 @@ fn write(
         }
     }
     // the followers of each command that has new events, on any replica
-    let touched: BTreeSet<[u8; 16]> = plan.accepted.iter().map(|a| a.issue).collect();
-    for issue in &touched {
-        crate::notify::command(tx, issue)?;
-    }
+    crate::notify::commands(tx, &touched)?;
+    let mut clients: Vec<&str> = Vec::new();
+    let mut deltas: Vec<i64> = Vec::new();
     for (client, (before, after)) in &plan.owners {
         let d = to_i64(*after).saturating_sub(to_i64(*before));
         if d != 0 {
-            tx.execute(
-                "UPDATE clients SET charged_bytes = charged_bytes + $2 WHERE client_id = $1",
-                &[client, &d],
-            )
-            .map_err(Fail::db("update client usage"))?;
+            clients.push(client);
+            deltas.push(d);
         }
+    }
+    if !clients.is_empty() {
+        crate::prep::execute(
+            tx,
+            "UPDATE clients c SET charged_bytes = c.charged_bytes + u.d
+             FROM UNNEST($1::text[], $2::int8[]) AS u(i, d)
+             WHERE c.client_id = u.i",
+            &[&clients, &deltas],
+        )
+        .map_err(Fail::db("update client usage"))?;
     }
     let d = to_i64(global).saturating_sub(to_i64(plan.global_before));
     if d != 0 {
-        tx.execute(
+        crate::prep::execute(
+            tx,
             "UPDATE quota_totals SET command_charged = command_charged + $1 WHERE id = 1",
             &[&d],
         )

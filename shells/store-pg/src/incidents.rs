@@ -85,9 +85,8 @@ pub(crate) fn from_row(r: &postgres::Row) -> Result<Incident, Fail> {
     use rvbox_proto::v1 as wire;
     let blob = |v: Vec<u8>| {
         let n = v.len();
-        <[u8; 16]>::try_from(v.as_slice()).map_err(|_| {
-            Fail::Integrity(format!("a stored incident id is {n} bytes, expected 16"))
-        })
+        <[u8; 16]>::try_from(v.as_slice())
+            .map_err(|_| Fail::Integrity(format!("a stored incident id is {n} bytes, expected 16")))
     };
     let int = |i: usize| i32::try_from(r.get::<_, i64>(i)).unwrap_or(0);
     Ok(Incident {

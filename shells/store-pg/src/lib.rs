@@ -93,9 +93,105 @@ fn open_session(conninfo: &str, what: &'static str) -> Result<Client, Fail> {
     Ok(client)
 }
 
+/// Prepared statements of the hot paths, per connection and thread: a
+/// statement sent as text costs a round trip to prepare it and one to run
+/// it; a cached one costs one. Each store connection has its own id (a
+/// new one after a reconnect), set for the thread by [`PgStore::in_tx`],
+/// so a statement is only ever run on the connection that prepared it.
+pub(crate) mod prep {
+    use std::cell::{Cell, RefCell};
+    use std::collections::HashMap;
+
+    use postgres::{Statement, Transaction};
+
+    /// Most statements kept per thread; past it the cache starts over.
+    const MAX: usize = 256;
+
+    thread_local! {
+        static CURRENT: Cell<u64> = const { Cell::new(0) };
+        static CACHE: RefCell<HashMap<(u64, &'static str), Statement>> =
+            RefCell::new(HashMap::new());
+    }
+
+    /// The connection the thread's transactions run on from now on.
+    pub(crate) fn enter(conn: u64) {
+        CURRENT.set(conn);
+    }
+
+    /// Forgets the statements of `conn` (after a failure on it).
+    pub(crate) fn forget(conn: u64) {
+        CACHE.with_borrow_mut(|c| c.retain(|(k, _), _| *k != conn));
+    }
+
+    /// Runs `sql` (prepared once) and returns its rows.
+    pub(crate) fn query(
+        tx: &mut Transaction<'_>,
+        sql: &'static str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<postgres::Row>, postgres::Error> {
+        let s = stmt(tx, sql)?;
+        tx.query(&s, params)
+    }
+
+    /// Runs `sql` (prepared once) and returns its one row or none.
+    pub(crate) fn query_opt(
+        tx: &mut Transaction<'_>,
+        sql: &'static str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Option<postgres::Row>, postgres::Error> {
+        let s = stmt(tx, sql)?;
+        tx.query_opt(&s, params)
+    }
+
+    /// Runs `sql` (prepared once) and returns its one row.
+    pub(crate) fn query_one(
+        tx: &mut Transaction<'_>,
+        sql: &'static str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<postgres::Row, postgres::Error> {
+        let s = stmt(tx, sql)?;
+        tx.query_one(&s, params)
+    }
+
+    /// Runs `sql` (prepared once) and returns the rows it changed.
+    pub(crate) fn execute(
+        tx: &mut Transaction<'_>,
+        sql: &'static str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<u64, postgres::Error> {
+        let s = stmt(tx, sql)?;
+        tx.execute(&s, params)
+    }
+
+    /// `sql` prepared on the current connection, once.
+    fn stmt(tx: &mut Transaction<'_>, sql: &'static str) -> Result<Statement, postgres::Error> {
+        let conn = CURRENT.get();
+        if let Some(s) = CACHE.with_borrow(|c| c.get(&(conn, sql)).cloned()) {
+            return Ok(s);
+        }
+        let s = tx.prepare(sql)?;
+        CACHE.with_borrow_mut(|c| {
+            if c.len() >= MAX {
+                c.clear();
+            }
+            c.insert((conn, sql), s.clone());
+        });
+        Ok(s)
+    }
+}
+
+/// Ids of store connections (see [`prep`]).
+static NEXT_CONN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_conn() -> u64 {
+    NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The store on PostgreSQL.
 pub struct PgStore {
     client: Client,
+    /// This connection's id for the statement cache ([`prep`]).
+    conn_id: u64,
     /// Kept to reconnect after the connection was lost; never logged.
     conninfo: String,
     hook: std::sync::Arc<dyn rvbox_store::crash::CrashHook>,
@@ -125,6 +221,7 @@ impl PgStore {
         let client = open_session(conninfo, "connect")?;
         let mut store = Self {
             client,
+            conn_id: next_conn(),
             conninfo: conninfo.to_owned(),
             hook: std::sync::Arc::new(rvbox_store::crash::NoCrash),
             opts,
@@ -213,6 +310,7 @@ impl PgStore {
         }
         tracing::warn!("PostgreSQL connection lost; connecting again");
         self.client = open_session(&self.conninfo, "reconnect")?;
+        self.conn_id = next_conn();
         Ok(())
     }
 
@@ -229,6 +327,7 @@ impl PgStore {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            prep::enter(self.conn_id);
             let hook = std::sync::Arc::clone(&self.hook);
             // set once COMMIT is sent: from then on the outcome of a lost
             // connection is unknown, and the transaction never runs again
@@ -247,6 +346,10 @@ impl PgStore {
                 hook.at(points::AFTER_COMMIT);
                 Ok(v)
             })();
+            if result.is_err() {
+                // a cached statement may be what failed
+                prep::forget(self.conn_id);
+            }
             match result {
                 Err(e) if e.is_retryable() && attempt < MAX_ATTEMPTS => {
                     tracing::debug!(what, attempt, error = %e, "transaction aborted by a conflict; running it again");
@@ -255,6 +358,7 @@ impl PgStore {
                     // nothing was committed: connect again and run it again
                     tracing::warn!(what, error = %e, "connection lost before the commit; running the transaction again on a new one");
                     self.client = open_session(&self.conninfo, "reconnect")?;
+                    self.conn_id = next_conn();
                 }
                 other => return other,
             }

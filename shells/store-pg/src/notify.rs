@@ -34,7 +34,7 @@ pub(crate) fn client(
         Some(Ok(id)) => format!("{client_id} {id}"),
         _ => client_id.to_owned(),
     };
-    tx.execute("SELECT pg_notify($1, $2)", &[&CLIENT_CHANNEL, &payload])
+    crate::prep::execute(tx, "SELECT pg_notify($1, $2)", &[&CLIENT_CHANNEL, &payload])
         .map_err(Fail::db("notify a client's replica"))?;
     Ok(())
 }
@@ -55,14 +55,26 @@ fn parse_client(payload: &str) -> WakeUp {
     }
 }
 
-/// Queues a wake-up for the followers of `issue`, delivered when `tx`
-/// commits.
-pub(crate) fn command(tx: &mut Transaction<'_>, issue: &[u8; 16]) -> Result<(), Fail> {
-    let text = rvbox_domain::ids::Uuid7::from_bytes("issue_uuid", *issue)
+/// Queues one wake-up per command of `issues` for their followers,
+/// delivered when `tx` commits (one statement for the whole group).
+pub(crate) fn commands(
+    tx: &mut Transaction<'_>,
+    issues: &std::collections::BTreeSet<[u8; 16]>,
+) -> Result<(), Fail> {
+    let texts: Vec<String> = issues
+        .iter()
+        .filter_map(|i| rvbox_domain::ids::Uuid7::from_bytes("issue_uuid", *i).ok())
         .map(|u| u.to_string())
-        .unwrap_or_default();
-    tx.execute("SELECT pg_notify($1, $2)", &[&COMMAND_CHANNEL, &text])
-        .map_err(Fail::db("notify a command's followers"))?;
+        .collect();
+    if texts.is_empty() {
+        return Ok(());
+    }
+    crate::prep::execute(
+        tx,
+        "SELECT pg_notify($1, t) FROM unnest($2::text[]) AS t",
+        &[&COMMAND_CHANNEL, &texts],
+    )
+    .map_err(Fail::db("notify the commands' followers"))?;
     Ok(())
 }
 

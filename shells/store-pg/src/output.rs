@@ -101,28 +101,29 @@ impl OutputStore for DatabaseChunks {
         if chunks.is_empty() {
             return Ok(());
         }
-        let stmt = tx
-            .prepare(
-                "INSERT INTO output_chunks (issue_uuid, event_seq, stream, compression, raw_len,
-                     sha256, stored)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            )
-            .map_err(Fail::db("prepare output chunk"))?;
-        for c in chunks {
-            tx.execute(
-                &stmt,
-                &[
-                    &c.issue_uuid.as_slice(),
-                    &i64::try_from(c.event_seq).unwrap_or(i64::MAX),
-                    &i64::from(c.stream.as_u8()),
-                    &i64::from(c.compression.as_u8()),
-                    &i64::from(c.raw_len),
-                    &c.sha256.as_slice(),
-                    &c.stored,
-                ],
-            )
-            .map_err(Fail::db("store output chunk"))?;
-        }
+        let ids: Vec<&[u8]> = chunks.iter().map(|c| c.issue_uuid.as_slice()).collect();
+        let seqs: Vec<i64> = chunks
+            .iter()
+            .map(|c| i64::try_from(c.event_seq).unwrap_or(i64::MAX))
+            .collect();
+        let streams: Vec<i64> = chunks.iter().map(|c| i64::from(c.stream.as_u8())).collect();
+        let comps: Vec<i64> = chunks
+            .iter()
+            .map(|c| i64::from(c.compression.as_u8()))
+            .collect();
+        let raw: Vec<i64> = chunks.iter().map(|c| i64::from(c.raw_len)).collect();
+        let digests: Vec<&[u8]> = chunks.iter().map(|c| c.sha256.as_slice()).collect();
+        let stored: Vec<&[u8]> = chunks.iter().map(|c| c.stored.as_slice()).collect();
+        // the group's chunks in one statement
+        crate::prep::execute(
+            tx,
+            "INSERT INTO output_chunks (issue_uuid, event_seq, stream, compression, raw_len,
+                 sha256, stored)
+             SELECT * FROM UNNEST($1::bytea[], $2::int8[], $3::int8[], $4::int8[], $5::int8[],
+                                  $6::bytea[], $7::bytea[])",
+            &[&ids, &seqs, &streams, &comps, &raw, &digests, &stored],
+        )
+        .map_err(Fail::db("store output chunks"))?;
         Ok(())
     }
 
@@ -133,18 +134,18 @@ impl OutputStore for DatabaseChunks {
         from_seq: u64,
         max: usize,
     ) -> Result<Vec<OutputChunk>, Fail> {
-        let rows = tx
-            .query(
-                "SELECT event_seq, stream, compression, raw_len, sha256, stored
+        let rows = crate::prep::query(
+            tx,
+            "SELECT event_seq, stream, compression, raw_len, sha256, stored
                  FROM output_chunks WHERE issue_uuid = $1 AND event_seq >= $2
                  ORDER BY event_seq LIMIT $3",
-                &[
-                    &issue.as_slice(),
-                    &i64::try_from(from_seq).unwrap_or(i64::MAX),
-                    &i64::try_from(max).unwrap_or(i64::MAX),
-                ],
-            )
-            .map_err(Fail::db("read output chunks"))?;
+            &[
+                &issue.as_slice(),
+                &i64::try_from(from_seq).unwrap_or(i64::MAX),
+                &i64::try_from(max).unwrap_or(i64::MAX),
+            ],
+        )
+        .map_err(Fail::db("read output chunks"))?;
         rows.iter()
             .map(|r| {
                 let sha: Vec<u8> = r.get(4);

@@ -102,28 +102,21 @@ fn load(
     }))
 }
 
-/// The registry's charge against the server-wide tier (its maintained
-/// row counts at their fixed row charges).
-fn registry_charged(tx: &mut Transaction<'_>) -> Result<u64, Fail> {
-    let row = tx
-        .query_one(
-            "SELECT clients, sessions FROM quota_totals WHERE id = 1",
-            &[],
-        )
-        .map_err(Fail::db("read registry counts"))?;
-    let (c, s): (i64, i64) = (row.get(0), row.get(1));
-    Ok(to_u64(c)
-        .saturating_mul(CLIENT_ROW_CHARGE)
-        .saturating_add(to_u64(s).saturating_mul(SESSION_ROW_CHARGE)))
-}
-
 /// Everything charged against the server-wide tier.
 pub(crate) fn global_charged(tx: &mut Transaction<'_>) -> Result<u64, Fail> {
-    let v: i64 = tx
-        .query_one("SELECT command_charged FROM quota_totals WHERE id = 1", &[])
-        .map_err(Fail::db("read global usage"))?
-        .get(0);
-    Ok(to_u64(v).saturating_add(registry_charged(tx)?))
+    // one read of the totals row: the commands' bytes and the registry's
+    let row = crate::prep::query_one(
+        tx,
+        "SELECT command_charged, clients, sessions FROM quota_totals WHERE id = 1",
+        &[],
+    )
+    .map_err(Fail::db("read global usage"))?;
+    let (v, c, s): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    Ok(to_u64(v).saturating_add(
+        to_u64(c)
+            .saturating_mul(CLIENT_ROW_CHARGE)
+            .saturating_add(to_u64(s).saturating_mul(SESSION_ROW_CHARGE)),
+    ))
 }
 
 /// Makes sure the client's row exists, admitting a new client only within
