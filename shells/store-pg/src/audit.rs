@@ -19,7 +19,8 @@ pub(crate) fn write_in(
     let mut rec = rec.clone();
     set_outcome(&mut rec, outcome);
     let raw = rec.bounded().fit(MAX_OUTBOX_RECORD_BYTES).encode();
-    tx.execute(
+    crate::prep::execute(
+        tx,
         "INSERT INTO audit_log (time_ms, record) VALUES ($1, $2)",
         &[&rec_time(&raw), &raw],
     )

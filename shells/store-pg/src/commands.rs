@@ -94,7 +94,8 @@ fn expect(view: &CommandView, lifecycle: &[Lifecycle], revision: u64) -> Result<
 }
 
 fn set_lifecycle(tx: &mut Transaction<'_>, issue: &[u8; 16], to: Lifecycle) -> Result<(), Fail> {
-    tx.execute(
+    crate::prep::execute(
+        tx,
         "UPDATE commands SET lifecycle = $2 WHERE issue_uuid = $1",
         &[&issue.as_slice(), &wire_lifecycle(to)],
     )
@@ -110,14 +111,16 @@ fn add_charges(
     global_delta: i64,
 ) -> Result<(), Fail> {
     if owner_delta != 0 {
-        tx.execute(
+        crate::prep::execute(
+            tx,
             "UPDATE clients SET charged_bytes = charged_bytes + $2 WHERE client_id = $1",
             &[&client_id, &owner_delta],
         )
         .map_err(Fail::db("update client usage"))?;
     }
     if global_delta != 0 {
-        tx.execute(
+        crate::prep::execute(
+            tx,
             "UPDATE quota_totals SET command_charged = command_charged + $1 WHERE id = 1",
             &[&global_delta],
         )
@@ -127,13 +130,13 @@ fn add_charges(
 }
 
 fn client_charged(tx: &mut Transaction<'_>, client_id: &str) -> Result<u64, Fail> {
-    Ok(tx
-        .query_opt(
-            "SELECT charged_bytes FROM clients WHERE client_id = $1",
-            &[&client_id],
-        )
-        .map_err(Fail::db("read client usage"))?
-        .map_or(0, |r| to_u64(r.get(0))))
+    Ok(crate::prep::query_opt(
+        tx,
+        "SELECT charged_bytes FROM clients WHERE client_id = $1",
+        &[&client_id],
+    )
+    .map_err(Fail::db("read client usage"))?
+    .map_or(0, |r| to_u64(r.get(0))))
 }
 
 fn delta(after: u64, before: u64) -> i64 {
@@ -152,12 +155,12 @@ pub(crate) fn finish_in(
     cap: u64,
 ) -> Result<(), Fail> {
     let issue = view.issue_uuid;
-    let row = tx
-        .query_one(
-            "SELECT charged_bytes, closeout_held FROM commands WHERE issue_uuid = $1",
-            &[&issue.as_slice()],
-        )
-        .map_err(Fail::db("load command usage"))?;
+    let row = crate::prep::query_one(
+        tx,
+        "SELECT charged_bytes, closeout_held FROM commands WHERE issue_uuid = $1",
+        &[&issue.as_slice()],
+    )
+    .map_err(Fail::db("load command usage"))?;
     let usage = Usage {
         command: to_u64(row.get(0)),
         held_closeout: to_u64(row.get(1)),
@@ -166,7 +169,8 @@ pub(crate) fn finish_in(
         free_space: 0,
     };
     let after = release_closeout(&usage).map_err(|e| Fail::Integrity(e.to_string()))?;
-    tx.execute(
+    crate::prep::execute(
+        tx,
         "UPDATE commands SET lifecycle = $2, terminal_time_ms = GREATEST($3, issue_time_ms),
                  rejection = COALESCE($4, rejection), charged_bytes = $5, closeout_held = 0,
                  output_charged = LEAST(output_charged, $5)
@@ -180,7 +184,8 @@ pub(crate) fn finish_in(
         ],
     )
     .map_err(Fail::db("finish command"))?;
-    tx.execute(
+    crate::prep::execute(
+        tx,
         "UPDATE stdin_writes SET delivery = 3, payload = '\\x'::bytea
          WHERE issue_uuid = $1 AND delivery = 1",
         &[&issue.as_slice()],
@@ -215,18 +220,19 @@ fn requeue_in(
 ) -> Result<Lifecycle, Fail> {
     expect(view, &[Lifecycle::Dispatched], revision)?;
     let issue = view.issue_uuid;
-    tx.execute(
+    crate::prep::execute(
+        tx,
         "UPDATE commands SET expired_pending = false WHERE issue_uuid = $1",
         &[&issue.as_slice()],
     )
     .map_err(Fail::db("clear expired pending"))?;
-    let signalled = tx
-        .query_opt(
-            "SELECT 1 FROM command_signals WHERE issue_uuid = $1 LIMIT 1",
-            &[&issue.as_slice()],
-        )
-        .map_err(Fail::db("look up pending signals"))?
-        .is_some();
+    let signalled = crate::prep::query_opt(
+        tx,
+        "SELECT 1 FROM command_signals WHERE issue_uuid = $1 LIMIT 1",
+        &[&issue.as_slice()],
+    )
+    .map_err(Fail::db("look up pending signals"))?
+    .is_some();
     if signalled {
         finish_in(tx, view, Lifecycle::Cancelled, None, now_ms, cap)?;
         return Ok(Lifecycle::Cancelled);
@@ -245,8 +251,7 @@ pub(crate) fn insert_tombstone(
     now_ms: i64,
     cap: u64,
 ) -> Result<(), Fail> {
-    tx.execute(
-        "INSERT INTO command_tombstones (issue_uuid, request_hash, client_id, lifecycle, terminal_ms)
+    crate::prep::execute(tx, "INSERT INTO command_tombstones (issue_uuid, request_hash, client_id, lifecycle, terminal_ms)
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT (issue_uuid) DO NOTHING",
         &[
             &issue.as_slice(),
@@ -257,13 +262,14 @@ pub(crate) fn insert_tombstone(
         ],
     )
     .map_err(Fail::db("insert tombstone"))?;
-    let count: i64 = tx
-        .query_one("SELECT tombstones FROM quota_totals WHERE id = 1", &[])
-        .map_err(Fail::db("read tombstone count"))?
-        .get(0);
+    let count: i64 =
+        crate::prep::query_one(tx, "SELECT tombstones FROM quota_totals WHERE id = 1", &[])
+            .map_err(Fail::db("read tombstone count"))?
+            .get(0);
     let drop = tombstones_to_drop(to_u64(count), cap);
     if drop > 0 {
-        tx.execute(
+        crate::prep::execute(
+            tx,
             "DELETE FROM command_tombstones WHERE seq IN
                  (SELECT seq FROM command_tombstones ORDER BY seq LIMIT $1)",
             &[&to_i64(drop)],
@@ -299,17 +305,17 @@ fn check_queue_limits(
     client: &str,
     opts: &StoreOptions,
 ) -> Result<(), Fail> {
-    let per_client: i64 = tx
-        .query_one(
-            "SELECT COALESCE((SELECT queued FROM queued_by_client WHERE client_id = $1), 0)::bigint",
-            &[&client],
-        )
-        .map_err(Fail::db("read queued commands"))?
-        .get(0);
-    let total: i64 = tx
-        .query_one("SELECT queued FROM quota_totals WHERE id = 1", &[])
-        .map_err(Fail::db("read queued commands"))?
-        .get(0);
+    let per_client: i64 = crate::prep::query_one(
+        tx,
+        "SELECT COALESCE((SELECT queued FROM queued_by_client WHERE client_id = $1), 0)::bigint",
+        &[&client],
+    )
+    .map_err(Fail::db("read queued commands"))?
+    .get(0);
+    let total: i64 =
+        crate::prep::query_one(tx, "SELECT queued FROM quota_totals WHERE id = 1", &[])
+            .map_err(Fail::db("read queued commands"))?
+            .get(0);
     Ok(rvbox_store::store::queue_room(
         to_u64(per_client),
         to_u64(total),
@@ -386,9 +392,7 @@ impl PgStore {
             {
                 return Ok((true, decode_stored(stored)));
             }
-            let tombstoned = tx
-                .query_opt(
-                    "SELECT 1 FROM command_tombstones WHERE issue_uuid = $1",
+            let tombstoned = crate::prep::query_opt(tx, "SELECT 1 FROM command_tombstones WHERE issue_uuid = $1",
                     &[&issue.as_slice()],
                 )
                 .map_err(Fail::db("check tombstone"))?
@@ -401,9 +405,7 @@ impl PgStore {
                 .with_field("request_id")
                 .into());
             }
-            let exists = tx
-                .query_opt(
-                    "SELECT 1 FROM commands WHERE issue_uuid = $1",
+            let exists = crate::prep::query_opt(tx, "SELECT 1 FROM commands WHERE issue_uuid = $1",
                     &[&issue.as_slice()],
                 )
                 .map_err(Fail::db("check command"))?
@@ -455,8 +457,7 @@ impl PgStore {
                 &to_i64(r.held_closeout_after),
                 &i64::from(CHARGE_VERSION),
             ];
-            tx.execute(
-                "INSERT INTO commands (issue_uuid, client_id, issue_time_ms, queue_expiry_ms,
+            crate::prep::execute(tx, "INSERT INTO commands (issue_uuid, client_id, issue_time_ms, queue_expiry_ms,
                      lifecycle, revision, request_hash, spec_zstd, spec_raw_len, charged_bytes,
                      closeout_held, charge_version)
                  VALUES ($1, $2, $3, $4, 1, 1, $5, $6, $7, $8, $9, $10)",
@@ -465,8 +466,7 @@ impl PgStore {
             .map_err(Fail::db("insert command"))?;
             if let Some(wire::execution_spec::Source::Script(_)) = &valid.spec.source {
                 for (ordinal, (raw_len, z, sha)) in script.iter().enumerate() {
-                    tx.execute(
-                        "INSERT INTO command_payloads (issue_uuid, kind, ordinal, compression,
+                    crate::prep::execute(tx, "INSERT INTO command_payloads (issue_uuid, kind, ordinal, compression,
                              raw_len, stored_len, sha256, inline_bytes)
                          VALUES ($1, $2, $3, 1, $4, $5, $6, $7)",
                         &[
@@ -530,13 +530,13 @@ impl PgStore {
         // the client of the command decides whose session must be live;
         // read it unlocked first (it never changes), lock the session,
         // then the command
-        let client: Option<String> = tx
-            .query_opt(
-                "SELECT client_id FROM commands WHERE issue_uuid = $1",
-                &[&issue.as_slice()],
-            )
-            .map_err(Fail::db("load command"))?
-            .map(|r| r.get(0));
+        let client: Option<String> = crate::prep::query_opt(
+            tx,
+            "SELECT client_id FROM commands WHERE issue_uuid = $1",
+            &[&issue.as_slice()],
+        )
+        .map_err(Fail::db("load command"))?
+        .map(|r| r.get(0));
         let Some(client) = client else {
             return Err(Fail::refused(Code::NotFound, "no such command"));
         };
@@ -565,13 +565,13 @@ impl PgStore {
                     "the command changed since the dispatch decision",
                 ));
             }
-            let spec: Vec<u8> = tx
-                .query_one(
-                    "SELECT spec_zstd FROM commands WHERE issue_uuid = $1",
-                    &[&issue.as_slice()],
-                )
-                .map_err(Fail::db("read execution spec"))?
-                .get(0);
+            let spec: Vec<u8> = crate::prep::query_one(
+                tx,
+                "SELECT spec_zstd FROM commands WHERE issue_uuid = $1",
+                &[&issue.as_slice()],
+            )
+            .map_err(Fail::db("read execution spec"))?
+            .get(0);
             Ok(spec)
         })?;
         if write {
@@ -595,7 +595,8 @@ impl PgStore {
         self.in_tx("record acceptance", |tx, _| {
             let view = Self::begin_on(tx, Some(session), issue)?;
             expect(&view, &[Lifecycle::Dispatched], revision)?;
-            tx.execute(
+            crate::prep::execute(
+                tx,
                 "UPDATE commands SET lifecycle = $2, resolved_shell = $3 WHERE issue_uuid = $1",
                 &[
                     &issue.as_slice(),
@@ -672,7 +673,8 @@ impl PgStore {
                 .revision
                 .checked_add(1)
                 .ok_or_else(|| Fail::Integrity("revision overflow".into()))?;
-            tx.execute(
+            crate::prep::execute(
+                tx,
                 "UPDATE commands SET lifecycle = $2, resolved_shell = $3, revision = $4
                  WHERE issue_uuid = $1",
                 &[
@@ -683,7 +685,8 @@ impl PgStore {
                 ],
             )
             .map_err(Fail::db("record late acceptance"))?;
-            tx.execute(
+            crate::prep::execute(
+                tx,
                 "INSERT INTO command_signals (issue_uuid, signal, revision, created_ms)
                  VALUES ($1, $2, $3, $4)
                  ON CONFLICT (issue_uuid, signal) DO UPDATE

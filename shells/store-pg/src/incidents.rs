@@ -31,7 +31,8 @@ pub(crate) fn insert(
 ) -> Result<(), Fail> {
     let repairable = matches!(resolution(new.kind, new.data_loss), Resolution::Repair(_));
     let summary = rvbox_domain::error::bound_reason(&new.summary);
-    tx.execute(
+    crate::prep::execute(
+        tx,
         "INSERT INTO storage_incidents (incident_id, kind, state, scope_kind, scope_key, client_id,
              issue_uuid, detected_ms, summary, evidence, repairable, data_loss)
          VALUES ($1, $2, 1, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
@@ -62,18 +63,18 @@ pub(crate) fn insert(
 
 /// Whether an incident of this kind is open on this scope already.
 pub(crate) fn open(tx: &mut Transaction<'_>, new: &NewIncident) -> Result<bool, Fail> {
-    Ok(tx
-        .query_opt(
-            "SELECT 1 FROM storage_incidents
+    Ok(crate::prep::query_opt(
+        tx,
+        "SELECT 1 FROM storage_incidents
              WHERE state = 1 AND kind = $1 AND scope_kind = $2 AND scope_key = $3 LIMIT 1",
-            &[
-                &i64::from(new.kind as i32),
-                &i64::from(new.scope_kind as i32),
-                &new.scope_key,
-            ],
-        )
-        .map_err(Fail::db("find open incident"))?
-        .is_some())
+        &[
+            &i64::from(new.kind as i32),
+            &i64::from(new.scope_kind as i32),
+            &new.scope_key,
+        ],
+    )
+    .map_err(Fail::db("find open incident"))?
+    .is_some())
 }
 
 /// The columns [`from_row`] reads, in order.
@@ -220,8 +221,7 @@ impl PgStore {
                 } else {
                     match (how, resolution(incident.kind, incident.data_loss)) {
                         (Resolve::Acknowledge, _) => {
-                            tx.execute(
-                                "UPDATE storage_incidents SET state = 3, resolved_ms = $2, note = $3
+                            crate::prep::execute(tx, "UPDATE storage_incidents SET state = 3, resolved_ms = $2, note = $3
                                  WHERE incident_id = $1",
                                 &[&id.as_slice(), &now_ms, &note],
                             )
@@ -247,8 +247,7 @@ impl PgStore {
                     }
                 };
                 if outcome.is_ok() && how == Resolve::Repair {
-                    tx.execute(
-                        "UPDATE storage_incidents SET state = 2, resolved_ms = $2 WHERE incident_id = $1",
+                    crate::prep::execute(tx, "UPDATE storage_incidents SET state = 2, resolved_ms = $2 WHERE incident_id = $1",
                         &[&id.as_slice(), &now_ms],
                     )
                     .map_err(Fail::db("mark incident repaired"))?;

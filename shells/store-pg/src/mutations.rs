@@ -28,14 +28,14 @@ pub(crate) fn lookup(
     hash: &RequestHash,
     owner: Owner<'_>,
 ) -> Result<Option<Stored>, Fail> {
-    let Some(row) = tx
-        .query_opt(
-            "SELECT method, request_hash, command_uuid, incident_id, client_id, result,
+    let Some(row) = crate::prep::query_opt(
+        tx,
+        "SELECT method, request_hash, command_uuid, incident_id, client_id, result,
                     result_is_error, fleet_run_id
              FROM control_mutations WHERE request_id = $1",
-            &[&request_id.as_bytes().as_slice()],
-        )
-        .map_err(Fail::db("look up request_id"))?
+        &[&request_id.as_bytes().as_slice()],
+    )
+    .map_err(Fail::db("look up request_id"))?
     else {
         return Ok(None);
     };
@@ -96,7 +96,8 @@ pub(crate) fn record(
         &now_ms,
         &run,
     ];
-    tx.execute(
+    crate::prep::execute(
+        tx,
         "INSERT INTO control_mutations (request_id, method, request_hash, command_uuid,
              incident_id, client_id, write_seq, revision, result, result_is_error, created_ms,
              fleet_run_id)

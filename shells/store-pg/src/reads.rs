@@ -42,16 +42,16 @@ type ScriptChunk = (u64, Vec<u8>, [u8; 32]);
 /// The stored chunks of a command's script in order: raw length,
 /// compressed bytes, raw digest (none for a command that runs text).
 fn script_chunks(tx: &mut Transaction<'_>, issue: &[u8; 16]) -> Result<Vec<ScriptChunk>, Fail> {
-    let rows = tx
-        .query(
-            "SELECT ordinal, raw_len, sha256, inline_bytes FROM command_payloads
+    let rows = crate::prep::query(
+        tx,
+        "SELECT ordinal, raw_len, sha256, inline_bytes FROM command_payloads
              WHERE issue_uuid = $1 AND kind = $2 ORDER BY ordinal",
-            &[
-                &issue.as_slice(),
-                &i64::from(rvbox_segment::Kind::Script.as_u8()),
-            ],
-        )
-        .map_err(Fail::db("read script"))?;
+        &[
+            &issue.as_slice(),
+            &i64::from(rvbox_segment::Kind::Script.as_u8()),
+        ],
+    )
+    .map_err(Fail::db("read script"))?;
     rows.iter()
         .enumerate()
         .map(|(i, r)| {
@@ -133,13 +133,13 @@ impl PgStore {
         self.in_tx("read command knowledge", |tx, _| {
             let mut out = Vec::with_capacity(issues.len());
             for issue in issues {
-                let row = tx
-                    .query_opt(
-                        "SELECT request_hash, lifecycle, last_event_seq FROM commands
+                let row = crate::prep::query_opt(
+                    tx,
+                    "SELECT request_hash, lifecycle, last_event_seq FROM commands
                          WHERE issue_uuid = $1",
-                        &[&issue.as_slice()],
-                    )
-                    .map_err(Fail::db("load command"))?;
+                    &[&issue.as_slice()],
+                )
+                .map_err(Fail::db("load command"))?;
                 let known = if let Some(r) = row {
                     let hash: Vec<u8> = r.get(0);
                     Knowledge::Terminal {
@@ -151,12 +151,12 @@ impl PgStore {
                         last_event_seq: to_u64(r.get(2)),
                     }
                 } else {
-                    match tx
-                        .query_opt(
-                            "SELECT request_hash FROM command_tombstones WHERE issue_uuid = $1",
-                            &[&issue.as_slice()],
-                        )
-                        .map_err(Fail::db("load tombstone"))?
+                    match crate::prep::query_opt(
+                        tx,
+                        "SELECT request_hash FROM command_tombstones WHERE issue_uuid = $1",
+                        &[&issue.as_slice()],
+                    )
+                    .map_err(Fail::db("load tombstone"))?
                     {
                         Some(r) => Knowledge::Tombstoned {
                             request_hash: <[u8; 32]>::try_from(r.get::<_, Vec<u8>>(0).as_slice())
@@ -205,15 +205,15 @@ impl PgStore {
         self.in_tx("read pending signals", |tx, _| {
             let mut out = Vec::new();
             for issue in issues {
-                let rows = tx
-                    .query(
-                        "SELECT s.revision, s.signal FROM command_signals s
+                let rows = crate::prep::query(
+                    tx,
+                    "SELECT s.revision, s.signal FROM command_signals s
                          JOIN commands c ON c.issue_uuid = s.issue_uuid
                          WHERE s.issue_uuid = $1 AND c.lifecycle < 5
                          ORDER BY s.revision LIMIT $2",
-                        &[&issue.as_slice(), &to_i64(MAX_PENDING_SIGNALS)],
-                    )
-                    .map_err(Fail::db("read pending signals"))?;
+                    &[&issue.as_slice(), &to_i64(MAX_PENDING_SIGNALS)],
+                )
+                .map_err(Fail::db("read pending signals"))?;
                 let text = uuid_text(issue);
                 for r in rows {
                     out.push(wire::Signal {
@@ -286,17 +286,17 @@ impl PgStore {
     ) -> Result<StdinWrites, Fail> {
         self.in_tx("read pending stdin", |tx, _| {
             let limit = max_writes.min(MAX_PENDING_STDIN_WRITES).saturating_add(1);
-            let rows = tx
-                .query(
-                    "SELECT s.write_seq, s.compression, s.raw_len, s.stored_len, s.sha256,
+            let rows = crate::prep::query(
+                tx,
+                "SELECT s.write_seq, s.compression, s.raw_len, s.stored_len, s.sha256,
                             s.payload, s.newline, s.close
                      FROM stdin_writes s JOIN commands c ON c.issue_uuid = s.issue_uuid
                      WHERE s.issue_uuid = $1 AND s.write_seq > $2 AND s.delivery = 1
                        AND c.lifecycle = 4
                      ORDER BY s.write_seq LIMIT $3",
-                    &[&issue.as_slice(), &to_i64(after_seq), &to_i64(limit)],
-                )
-                .map_err(Fail::db("read pending stdin"))?;
+                &[&issue.as_slice(), &to_i64(after_seq), &to_i64(limit)],
+            )
+            .map_err(Fail::db("read pending stdin"))?;
             let text = uuid_text(issue);
             let mut out = StdinWrites::default();
             let mut bytes = 0u64;
@@ -352,7 +352,8 @@ impl PgStore {
                     ),
                 ));
             }
-            tx.execute(
+            crate::prep::execute(
+                tx,
                 "UPDATE commands SET expired_pending = true WHERE issue_uuid = $1",
                 &[&issue.as_slice()],
             )

@@ -27,16 +27,16 @@ impl PgStore {
             .map_err(|e| Fail::Integrity(format!("random replica id: {e}")))?;
         let lease = interval_ms(times.lease_ms);
         let epoch: i64 = self.in_tx("join as a replica", |tx, _| {
-            Ok(tx
-                .query_one(
-                    "INSERT INTO replicas (replica_id, epoch, lease_expires, peer_addr)
+            Ok(crate::prep::query_one(
+                tx,
+                "INSERT INTO replicas (replica_id, epoch, lease_expires, peer_addr)
                      VALUES ($1, nextval('replica_epochs'),
                              now() + make_interval(secs => $2), $3)
                      RETURNING epoch",
-                    &[&id.as_slice(), &lease, &peer_addr],
-                )
-                .map_err(Fail::db("join as a replica"))?
-                .get(0))
+                &[&id.as_slice(), &lease, &peer_addr],
+            )
+            .map_err(Fail::db("join as a replica"))?
+            .get(0))
         })?;
         let replica = ReplicaId {
             id,
@@ -60,13 +60,13 @@ impl PgStore {
         };
         let lease = interval_ms(self.lease_times.lease_ms);
         let renewed = self.in_tx("renew the replica lease", |tx, _| {
-            Ok(tx
-                .execute(
-                    "UPDATE replicas SET lease_expires = now() + make_interval(secs => $3)
+            Ok(crate::prep::execute(
+                tx,
+                "UPDATE replicas SET lease_expires = now() + make_interval(secs => $3)
                      WHERE replica_id = $1 AND epoch = $2 AND lease_expires > now()",
-                    &[&r.id.as_slice(), &to_i64(r.epoch), &lease],
-                )
-                .map_err(Fail::db("renew the replica lease"))?
+                &[&r.id.as_slice(), &to_i64(r.epoch), &lease],
+            )
+            .map_err(Fail::db("renew the replica lease"))?
                 == 1)
         })?;
         if !renewed {
@@ -87,18 +87,18 @@ impl PgStore {
         };
         let lease = interval_ms(self.lease_times.lease_ms);
         let held = self.in_tx("hold a duty", |tx, _| {
-            Ok(tx
-                .execute(
-                    "UPDATE duties SET replica_id = $2, epoch = $3,
+            Ok(crate::prep::execute(
+                tx,
+                "UPDATE duties SET replica_id = $2, epoch = $3,
                          lease_expires = now() + make_interval(secs => $4)
                      WHERE name = $1
                        AND (replica_id IS NULL OR lease_expires <= now()
                             OR (replica_id = $2 AND epoch = $3))
                        AND EXISTS (SELECT 1 FROM replicas
                                    WHERE replica_id = $2 AND epoch = $3 AND lease_expires > now())",
-                    &[&duty.name(), &r.id.as_slice(), &to_i64(r.epoch), &lease],
-                )
-                .map_err(Fail::db("hold a duty"))?
+                &[&duty.name(), &r.id.as_slice(), &to_i64(r.epoch), &lease],
+            )
+            .map_err(Fail::db("hold a duty"))?
                 == 1)
         })?;
         Ok(held)
@@ -112,16 +112,17 @@ impl PgStore {
     /// A database failure.
     pub fn end_sessions_of_lost_replicas(&mut self, now_ms: i64) -> Result<u64, Fail> {
         let ended = self.in_tx("end sessions of lost replicas", |tx, _| {
-            let n = tx
-                .execute(
-                    "UPDATE sessions SET live = false, closed_ms = $1,
+            let n = crate::prep::execute(
+                tx,
+                "UPDATE sessions SET live = false, closed_ms = $1,
                          close_reason = 'the server replica holding its connection was lost'
                      WHERE live AND owner_replica IN
                          (SELECT replica_id FROM replicas WHERE lease_expires <= now())",
-                    &[&now_ms],
-                )
-                .map_err(Fail::db("end sessions of lost replicas"))?;
-            tx.execute(
+                &[&now_ms],
+            )
+            .map_err(Fail::db("end sessions of lost replicas"))?;
+            crate::prep::execute(
+                tx,
                 "DELETE FROM replicas WHERE lease_expires < now() - interval '1 hour'
                    AND NOT EXISTS (SELECT 1 FROM sessions s
                                    WHERE s.live AND s.owner_replica = replicas.replica_id)",
@@ -153,16 +154,20 @@ impl PgStore {
         let fresh = rvbox_store::entropy::uuid_v7(&*self.entropy, now_ms)
             .map_err(|e| Fail::Integrity(format!("random server id: {e}")))?;
         let v: Vec<u8> = self.in_tx("read the server id", |tx, _| {
-            tx.execute(
+            crate::prep::execute(
+                tx,
                 "INSERT INTO store_meta (key, value) VALUES ('server_id', $1)
                  ON CONFLICT (key) DO NOTHING",
                 &[&fresh.as_slice()],
             )
             .map_err(Fail::db("record the server id"))?;
-            Ok(tx
-                .query_one("SELECT value FROM store_meta WHERE key = 'server_id'", &[])
-                .map_err(Fail::db("read the server id"))?
-                .get(0))
+            Ok(crate::prep::query_one(
+                tx,
+                "SELECT value FROM store_meta WHERE key = 'server_id'",
+                &[],
+            )
+            .map_err(Fail::db("read the server id"))?
+            .get(0))
         })?;
         <[u8; 16]>::try_from(v.as_slice())
             .map_err(|_| Fail::Integrity("store_meta.server_id is not 16 bytes".into()))

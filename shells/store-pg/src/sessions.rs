@@ -62,36 +62,36 @@ fn load(
     let generation: i64 = row.get(1);
     let pending: Option<Vec<u8>> = row.get(2);
     let pending_ms: Option<i64> = row.get(3);
-    let live = tx
-        .query_opt(
-            "SELECT session_id, instance_id, generation, opened_ms FROM sessions
+    let live = crate::prep::query_opt(
+        tx,
+        "SELECT session_id, instance_id, generation, opened_ms FROM sessions
              WHERE client_id = $1 AND live",
-            &[&client_id],
-        )
-        .map_err(Fail::db("load live session"))?
-        .and_then(|r| {
-            Some(LiveSession {
-                session_id: blob16(r.get(0))?,
-                instance_id: blob16(r.get(1))?,
-                generation: to_u64(r.get(2)),
-                opened_ms: r.get(3),
-            })
-        });
-    let grant = tx
-        .query_opt(
-            "SELECT id, instance_id, created_ms, expires_ms FROM takeover_authorizations
+        &[&client_id],
+    )
+    .map_err(Fail::db("load live session"))?
+    .and_then(|r| {
+        Some(LiveSession {
+            session_id: blob16(r.get(0))?,
+            instance_id: blob16(r.get(1))?,
+            generation: to_u64(r.get(2)),
+            opened_ms: r.get(3),
+        })
+    });
+    let grant = crate::prep::query_opt(
+        tx,
+        "SELECT id, instance_id, created_ms, expires_ms FROM takeover_authorizations
              WHERE client_id = $1 AND consumed_ms IS NULL AND voided_ms IS NULL",
-            &[&client_id],
-        )
-        .map_err(Fail::db("load takeover grant"))?
-        .and_then(|r| {
-            Some(TakeoverGrant {
-                id: r.get(0),
-                instance_id: blob16(r.get(1))?,
-                created_ms: r.get(2),
-                expires_ms: r.get(3),
-            })
-        });
+        &[&client_id],
+    )
+    .map_err(Fail::db("load takeover grant"))?
+    .and_then(|r| {
+        Some(TakeoverGrant {
+            id: r.get(0),
+            instance_id: blob16(r.get(1))?,
+            created_ms: r.get(2),
+            expires_ms: r.get(3),
+        })
+    });
     Ok(Some(ClientRecord {
         client_id: client_id.to_owned(),
         instance_id: blob16(instance),
@@ -128,20 +128,24 @@ pub(crate) fn ensure_client(
     client_id: &str,
     opts: &StoreOptions,
 ) -> Result<(), Fail> {
-    let exists = tx
-        .query_opt("SELECT 1 FROM clients WHERE client_id = $1", &[&client_id])
-        .map_err(Fail::db("look up client"))?
-        .is_some();
+    let exists = crate::prep::query_opt(
+        tx,
+        "SELECT 1 FROM clients WHERE client_id = $1",
+        &[&client_id],
+    )
+    .map_err(Fail::db("look up client"))?
+    .is_some();
     if exists {
         return Ok(());
     }
-    let clients: i64 = tx
-        .query_one("SELECT clients FROM quota_totals WHERE id = 1", &[])
-        .map_err(Fail::db("read registry counts"))?
-        .get(0);
+    let clients: i64 =
+        crate::prep::query_one(tx, "SELECT clients FROM quota_totals WHERE id = 1", &[])
+            .map_err(Fail::db("read registry counts"))?
+            .get(0);
     let used = global_charged(tx)?;
     admit_new_client(to_u64(clients), used, opts.registry_limit())?;
-    tx.execute(
+    crate::prep::execute(
+        tx,
         "INSERT INTO clients (client_id, generation)
          VALUES ($1, (SELECT generation_floor FROM quota_totals WHERE id = 1))
          ON CONFLICT (client_id) DO NOTHING",
@@ -159,14 +163,14 @@ fn end_session(
     now_ms: i64,
 ) -> Result<bool, Fail> {
     let reason: String = reason.chars().take(MAX_CLOSE_REASON_BYTES / 4).collect();
-    let n = tx
-        .execute(
-            "UPDATE sessions SET live = false, closed_ms = $2,
+    let n = crate::prep::execute(
+        tx,
+        "UPDATE sessions SET live = false, closed_ms = $2,
                  fenced_ms = CASE WHEN $3 THEN $2 ELSE fenced_ms END, close_reason = $4
              WHERE session_id = $1 AND live",
-            &[&session_id.as_slice(), &now_ms, &fenced, &reason],
-        )
-        .map_err(Fail::db("end session"))?;
+        &[&session_id.as_slice(), &now_ms, &fenced, &reason],
+    )
+    .map_err(Fail::db("end session"))?;
     Ok(n == 1)
 }
 
@@ -187,18 +191,18 @@ pub(crate) fn check_fence(
     // it; a session owned by a replica counts only while that replica's
     // lease is live (a paused replica that wakes past its lease commits
     // nothing for its old sessions, even before the janitor ends them)
-    let owner: Option<(String, bool)> = tx
-        .query_opt(
-            "SELECT s.client_id,
+    let owner: Option<(String, bool)> = crate::prep::query_opt(
+        tx,
+        "SELECT s.client_id,
                     s.owner_replica IS NULL OR EXISTS (
                         SELECT 1 FROM replicas r
                         WHERE r.replica_id = s.owner_replica AND r.epoch = s.owner_epoch
                           AND r.lease_expires > now())
              FROM sessions s WHERE s.session_id = $1 AND s.live FOR SHARE OF s",
-            &[&fence.session_id.as_slice()],
-        )
-        .map_err(Fail::db("check the write's session"))?
-        .map(|r| (r.get(0), r.get(1)));
+        &[&fence.session_id.as_slice()],
+    )
+    .map_err(Fail::db("check the write's session"))?
+    .map(|r| (r.get(0), r.get(1)));
     let refusal = match owner {
         Some((owner, true)) if owner == client_id => return Ok(()),
         Some((owner, false)) if owner == client_id => {
@@ -232,9 +236,7 @@ impl PgStore {
         let next = self.in_tx("register session", |tx, opts| {
             // a replica registers only while its lease is live
             if let Some(r) = owner {
-                let live = tx
-                    .query_opt(
-                        "SELECT 1 FROM replicas
+                let live = crate::prep::query_opt(tx, "SELECT 1 FROM replicas
                          WHERE replica_id = $1 AND epoch = $2 AND lease_expires > now()",
                         &[&r.id.as_slice(), &to_i64(r.epoch)],
                     )
@@ -269,8 +271,7 @@ impl PgStore {
                         "the takeover grant is no longer live, expired, or names another instance",
                     ));
                 }
-                tx.execute(
-                    "UPDATE takeover_authorizations SET consumed_ms = $2 WHERE id = $1",
+                crate::prep::execute(tx, "UPDATE takeover_authorizations SET consumed_ms = $2 WHERE id = $1",
                     &[&id, &now_ms],
                 )
                 .map_err(Fail::db("consume takeover grant"))?;
@@ -287,8 +288,7 @@ impl PgStore {
             let base = match &current {
                 Some(c) => c.generation,
                 None => {
-                    let floor: i64 = tx
-                        .query_one("SELECT generation_floor FROM quota_totals WHERE id = 1", &[])
+                    let floor: i64 = crate::prep::query_one(tx, "SELECT generation_floor FROM quota_totals WHERE id = 1", &[])
                         .map_err(Fail::db("read generation floor"))?
                         .get(0);
                     to_u64(floor)
@@ -315,8 +315,7 @@ impl PgStore {
                 &now_ms,
                 &reg.labels,
             ];
-            tx.execute(
-                "UPDATE clients SET instance_id = $2, generation = $3, platform = $4,
+            crate::prep::execute(tx, "UPDATE clients SET instance_id = $2, generation = $3, platform = $4,
                      software_version = $5, capabilities = $6, cwd_policy = $7,
                      connected_ms = $8, last_seen_ms = $8, labels = $9,
                      pending_instance_id = CASE WHEN pending_instance_id = $2 THEN NULL ELSE pending_instance_id END,
@@ -325,8 +324,7 @@ impl PgStore {
                 &params,
             )
             .map_err(Fail::db("update client registration"))?;
-            tx.execute(
-                "INSERT INTO sessions (session_id, client_id, instance_id, generation, opened_ms,
+            crate::prep::execute(tx, "INSERT INTO sessions (session_id, client_id, instance_id, generation, opened_ms,
                      live, owner_replica, owner_epoch)
                  VALUES ($1, $2, $3, $4, $5, true, $6, $7)",
                 &[
@@ -340,8 +338,7 @@ impl PgStore {
                 ],
             )
             .map_err(Fail::db("install session"))?;
-            tx.execute(
-                "DELETE FROM sessions WHERE session_id IN (
+            crate::prep::execute(tx, "DELETE FROM sessions WHERE session_id IN (
                      SELECT session_id FROM sessions
                      WHERE client_id = $1 AND NOT live
                      ORDER BY closed_ms DESC, session_id DESC
@@ -392,8 +389,7 @@ impl PgStore {
     ) -> Result<(), Fail> {
         self.in_tx("record pending claim", |tx, opts| {
             ensure_client(tx, client_id, opts)?;
-            tx.execute(
-                "UPDATE clients SET pending_instance_id = $2, pending_seen_ms = $3 WHERE client_id = $1",
+            crate::prep::execute(tx, "UPDATE clients SET pending_instance_id = $2, pending_seen_ms = $3 WHERE client_id = $1",
                 &[&client_id, &instance_id.as_slice(), &now_ms],
             )
             .map_err(Fail::db("record pending claim"))?;
@@ -424,18 +420,19 @@ impl PgStore {
         now_ms: i64,
     ) -> Result<(), Fail> {
         self.in_tx("close session", |tx, _| {
-            let client: Option<String> = tx
-                .query_opt(
-                    "SELECT client_id FROM sessions WHERE session_id = $1 AND live FOR UPDATE",
-                    &[&session_id.as_slice()],
-                )
-                .map_err(Fail::db("load session"))?
-                .map(|r| r.get(0));
+            let client: Option<String> = crate::prep::query_opt(
+                tx,
+                "SELECT client_id FROM sessions WHERE session_id = $1 AND live FOR UPDATE",
+                &[&session_id.as_slice()],
+            )
+            .map_err(Fail::db("load session"))?
+            .map(|r| r.get(0));
             let Some(client) = client else {
                 return Ok(());
             };
             end_session(tx, session_id, false, reason, now_ms)?;
-            tx.execute(
+            crate::prep::execute(
+                tx,
                 "UPDATE clients SET last_seen_ms = $2 WHERE client_id = $1",
                 &[&client, &now_ms],
             )
@@ -565,28 +562,29 @@ impl PgStore {
                 )?;
                 return Ok(Err(refusal));
             }
-            tx.execute(
+            crate::prep::execute(
+                tx,
                 "UPDATE takeover_authorizations SET voided_ms = $2
                  WHERE client_id = $1 AND consumed_ms IS NULL AND voided_ms IS NULL",
                 &[&client_id, &now_ms],
             )
             .map_err(Fail::db("void earlier grant"))?;
             let expires = now_ms.saturating_add(i64::try_from(ttl_ms).unwrap_or(i64::MAX).max(1));
-            let id: i64 = tx
-                .query_one(
-                    "INSERT INTO takeover_authorizations (client_id, instance_id, created_ms,
+            let id: i64 = crate::prep::query_one(
+                tx,
+                "INSERT INTO takeover_authorizations (client_id, instance_id, created_ms,
                          expires_ms, request_id)
                      VALUES ($1, $2, $3, $4, $5) RETURNING id",
-                    &[
-                        &client_id,
-                        &instance_id.as_slice(),
-                        &now_ms,
-                        &expires,
-                        &request_id.as_bytes().as_slice(),
-                    ],
-                )
-                .map_err(Fail::db("insert takeover grant"))?
-                .get(0);
+                &[
+                    &client_id,
+                    &instance_id.as_slice(),
+                    &now_ms,
+                    &expires,
+                    &request_id.as_bytes().as_slice(),
+                ],
+            )
+            .map_err(Fail::db("insert takeover grant"))?
+            .get(0);
             let grant = TakeoverGrant {
                 id,
                 instance_id,

@@ -121,7 +121,8 @@ impl PgStore {
                             "only a queued command is cancelled by the server",
                         ));
                     }
-                    tx.execute(
+                    crate::prep::execute(
+                        tx,
                         "UPDATE commands SET revision = $2 WHERE issue_uuid = $1",
                         &[&issue.as_slice(), &to_i64(next)],
                     )
@@ -143,12 +144,14 @@ impl PgStore {
                             "a signal is delivered only to work the client may hold",
                         ));
                     }
-                    tx.execute(
+                    crate::prep::execute(
+                        tx,
                         "UPDATE commands SET revision = $2 WHERE issue_uuid = $1",
                         &[&issue.as_slice(), &to_i64(next)],
                     )
                     .map_err(Fail::db("raise revision"))?;
-                    tx.execute(
+                    crate::prep::execute(
+                        tx,
                         "INSERT INTO command_signals (issue_uuid, signal, revision, created_ms)
                          VALUES ($1, $2, $3, $4)
                          ON CONFLICT (issue_uuid, signal) DO UPDATE

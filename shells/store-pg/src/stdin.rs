@@ -114,9 +114,7 @@ impl PgStore {
                     StdinResponse::Append(r) => r.last_write_seq,
                     StdinResponse::Close(r) => r.write_seq,
                 };
-                let delivery = tx
-                    .query_opt(
-                        "SELECT delivery FROM stdin_writes WHERE issue_uuid = $1 AND write_seq = $2",
+                let delivery = crate::prep::query_opt(tx, "SELECT delivery FROM stdin_writes WHERE issue_uuid = $1 AND write_seq = $2",
                         &[&m.issue.as_slice(), &to_i64(last)],
                     )
                     .map_err(Fail::db("read stdin delivery"))?
@@ -145,9 +143,7 @@ impl PgStore {
                 .with_field("issue_uuid")
                 .into());
             }
-            let last = tx
-                .query_opt(
-                    "SELECT write_seq, close FROM stdin_writes WHERE issue_uuid = $1
+            let last = crate::prep::query_opt(tx, "SELECT write_seq, close FROM stdin_writes WHERE issue_uuid = $1
                      ORDER BY write_seq DESC LIMIT 1",
                     &[&m.issue.as_slice()],
                 )
@@ -161,9 +157,7 @@ impl PgStore {
                 .with_field("issue_uuid")
                 .into());
             }
-            let row = tx
-                .query_one(
-                    "SELECT COUNT(*), COALESCE(SUM(raw_len), 0)::bigint FROM stdin_writes
+            let row = crate::prep::query_one(tx, "SELECT COUNT(*), COALESCE(SUM(raw_len), 0)::bigint FROM stdin_writes
                      WHERE issue_uuid = $1 AND delivery = 1",
                     &[&m.issue.as_slice()],
                 )
@@ -183,15 +177,11 @@ impl PgStore {
                 .into());
             }
             // charges: every write, then the stored result (essential)
-            let row = tx
-                .query_one(
-                    "SELECT charged_bytes, closeout_held FROM commands WHERE issue_uuid = $1",
+            let row = crate::prep::query_one(tx, "SELECT charged_bytes, closeout_held FROM commands WHERE issue_uuid = $1",
                     &[&m.issue.as_slice()],
                 )
                 .map_err(Fail::db("load command usage"))?;
-            let owner_before = tx
-                .query_opt(
-                    "SELECT charged_bytes FROM clients WHERE client_id = $1",
+            let owner_before = crate::prep::query_opt(tx, "SELECT charged_bytes FROM clients WHERE client_id = $1",
                     &[&view.client_id],
                 )
                 .map_err(Fail::db("read client usage"))?
@@ -230,8 +220,7 @@ impl PgStore {
                 usage.owner = r.owner_after;
                 usage.global = r.global_after;
             }
-            tx.execute(
-                "UPDATE commands SET charged_bytes = $2, closeout_held = $3 WHERE issue_uuid = $1",
+            crate::prep::execute(tx, "UPDATE commands SET charged_bytes = $2, closeout_held = $3 WHERE issue_uuid = $1",
                 &[
                     &m.issue.as_slice(),
                     &to_i64(usage.command),
@@ -239,24 +228,21 @@ impl PgStore {
                 ],
             )
             .map_err(Fail::db("charge stdin"))?;
-            tx.execute(
-                "UPDATE clients SET charged_bytes = charged_bytes + $2 WHERE client_id = $1",
+            crate::prep::execute(tx, "UPDATE clients SET charged_bytes = charged_bytes + $2 WHERE client_id = $1",
                 &[
                     &view.client_id,
                     &to_i64(usage.owner).saturating_sub(to_i64(owner_before)),
                 ],
             )
             .map_err(Fail::db("update client usage"))?;
-            tx.execute(
-                "UPDATE quota_totals SET command_charged = command_charged + $1 WHERE id = 1",
+            crate::prep::execute(tx, "UPDATE quota_totals SET command_charged = command_charged + $1 WHERE id = 1",
                 &[&to_i64(usage.global).saturating_sub(to_i64(global_before))],
             )
             .map_err(Fail::db("update global usage"))?;
             let first = last.map_or(1, |(seq, _)| seq.saturating_add(1));
             let mut seq = first;
             for (p, (compression, stored)) in m.pieces.iter().zip(&encoded) {
-                tx.execute(
-                    "INSERT INTO stdin_writes (issue_uuid, write_seq, compression, raw_len,
+                crate::prep::execute(tx, "INSERT INTO stdin_writes (issue_uuid, write_seq, compression, raw_len,
                          stored_len, sha256, payload, newline, close, delivery)
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1)",
                     &[
