@@ -1163,3 +1163,63 @@ pub fn incident_requests_name_what_is_wrong(b: &mut dyn Backend) {
         (Code::NotFound, "incident_id".into())
     );
 }
+
+// ---- maintenance -------------------------------------------------------------
+
+fn maintain(b: &mut dyn Backend, wall_ms: i64) -> rvbox_store_port::maintenance::MaintenanceReport {
+    match b.perform(wall_ms, StoreOp::Maintain) {
+        Ok(Completion::Maintained(r)) => r,
+        other => panic!("Maintain: {other:?}"),
+    }
+}
+
+/// A maintenance pass reclaims terminal commands older than the terminal
+/// retention (30 days by default), keeping each one's replay tombstone,
+/// and never a running command or one that ended recently.
+pub fn maintenance_reclaims_aged_terminal_commands_keeping_their_tombstones(b: &mut dyn Backend) {
+    const DAY_MS: i64 = 24 * 3600 * 1000;
+    let (done, session) = running(b, "web-1");
+    let mut ev = lifecycle_event(&done, 2, Lifecycle::Succeeded);
+    ev.session = Some(session);
+    let r = op(b, StoreOp::AppendEvents { events: vec![ev] });
+    assert_eq!(outcomes(&r), vec![EventOutcome::Appended]);
+    let (active, _) = running(b, "web-2");
+    let queued = run(b, "web-3");
+
+    // nothing is old enough yet
+    let r = maintain(b, NOW + DAY_MS);
+    assert_eq!(r.evicted_aged, 0, "{r:?}");
+    assert_eq!(view(b, &done).lifecycle, Lifecycle::Succeeded);
+
+    // 31 days later the finished command goes; its tombstone stays
+    let r = maintain(b, NOW + 31 * DAY_MS);
+    assert_eq!(r.evicted_aged, 1, "{r:?}");
+    assert_eq!(r.evictions_failed, 0, "{r:?}");
+    let tombstoned = |b: &mut dyn Backend| {
+        let Ok(Completion::Knowledge(known)) = op(b, StoreOp::Knowledge { issues: vec![done] })
+        else {
+            panic!("Knowledge")
+        };
+        matches!(known[0].1, Knowledge::Tombstoned { .. })
+    };
+    assert!(tombstoned(b));
+    assert!(
+        b.perform(NOW, StoreOp::CommandView { issue: done })
+            .is_err(),
+        "the command's row is gone"
+    );
+    assert_eq!(view(b, &active).lifecycle, Lifecycle::Running);
+    assert_eq!(view(b, &queued).lifecycle, Lifecycle::Queued);
+    // its request id is answered from the tombstone, never run again
+    let _ = b.perform(
+        NOW + 31 * DAY_MS,
+        StoreOp::RunCommand {
+            request: run_request(&done, "web-1", "uptime"),
+            caller: Caller::local(),
+        },
+    );
+    assert!(tombstoned(b), "the request id was not run again");
+    // a second pass finds nothing more
+    let r = maintain(b, NOW + 31 * DAY_MS);
+    assert_eq!(r.evicted_aged, 0, "{r:?}");
+}

@@ -93,6 +93,7 @@ macro_rules! __every_case {
             signals_cancel_queued_work_and_are_delivered_to_held_work,
             stdin_writes_are_numbered_settled_by_acks_and_closed_once,
             a_takeover_grant_admits_exactly_the_pending_claim_once,
+            maintenance_reclaims_aged_terminal_commands_keeping_their_tombstones,
             incident_requests_name_what_is_wrong,
         );
     };

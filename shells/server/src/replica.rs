@@ -31,9 +31,9 @@ use crate::core_loop::ToCore;
 use crate::metrics::ReasonLabel;
 
 /// The duties a replica on PostgreSQL takes: those the PostgreSQL store
-/// implements. Maintenance, scrub and the fleet pump are not taken until
-/// it does (docs/scaleout.md).
-pub(crate) const DUTIES: [Duty; 2] = [Duty::Expiry, Duty::Janitor];
+/// implements. Scrub and the fleet pump are not taken until it does
+/// (docs/scaleout.md).
+pub(crate) const DUTIES: [Duty; 3] = [Duty::Expiry, Duty::Maintenance, Duty::Janitor];
 
 /// How long the listener waits for notifications per turn.
 const LISTEN_SLICE: Duration = Duration::from_secs(1);

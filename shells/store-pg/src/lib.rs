@@ -23,6 +23,7 @@ mod commands;
 mod error;
 mod events;
 mod incidents;
+mod maintenance;
 mod mutations;
 pub mod notify;
 pub use reader::{PgReader, PgReaders};
@@ -537,6 +538,7 @@ impl PgStore {
             StoreOp::AppendEvents { events } => self
                 .append_events(&events, wall_ms)
                 .map(Completion::Appended),
+            StoreOp::Maintain => self.maintain(wall_ms).map(Completion::Maintained),
             other => Err(Fail::Unsupported(other.name())),
         };
         result.map_err(|e| {

@@ -186,3 +186,31 @@ fn a_write_paused_mid_transaction_holds_back_another_replicas_registration_only_
     );
     assert_eq!(view(&mut b, &cmd).last_event_seq, 1, "nothing of it stored");
 }
+
+/// Maintenance runs only on the replica holding its duty: another replica
+/// asked to maintain evicts nothing, whatever is due.
+#[test]
+fn only_the_maintenance_duty_holder_evicts() {
+    use rvbox_conformance::support::{lifecycle_event, op, outcomes, running};
+    use rvbox_domain::lifecycle::Lifecycle;
+    use rvbox_store_port::events::EventOutcome;
+    use rvbox_store_port::ops::{Backend, Completion, StoreOp};
+    const DAY_MS: i64 = 24 * 3600 * 1000;
+    let pg = Postgres::start();
+    let (mut a, mut b) = two(&pg);
+    let (done, session) = running(&mut a, "web-1");
+    let mut ev = lifecycle_event(&done, 2, Lifecycle::Succeeded);
+    ev.session = Some(session);
+    let r = op(&mut a, StoreOp::AppendEvents { events: vec![ev] });
+    assert_eq!(outcomes(&r), vec![EventOutcome::Appended]);
+    assert!(a.hold_duty(Duty::Maintenance).unwrap());
+    let later = rvbox_conformance::support::NOW + 31 * DAY_MS;
+    let Ok(Completion::Maintained(r)) = b.perform(later, StoreOp::Maintain) else {
+        panic!("Maintain")
+    };
+    assert_eq!(r.evicted_aged, 0, "b does not hold the duty: {r:?}");
+    let Ok(Completion::Maintained(r)) = a.perform(later, StoreOp::Maintain) else {
+        panic!("Maintain")
+    };
+    assert_eq!(r.evicted_aged, 1, "{r:?}");
+}

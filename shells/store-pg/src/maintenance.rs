@@ -1,0 +1,334 @@
+//! The maintenance pass on PostgreSQL (plan §5.4), run by the replica
+//! holding the maintenance duty: the oldest resolved incidents trimmed
+//! beyond their cap, terminal commands reclaimed after the terminal
+//! retention, and whole terminal commands evicted, oldest first, from a
+//! client over its quota and then from a server over its own. The
+//! selection rules are the SQLite store's (`rvbox_retention`:
+//! `select_aged`, `select_evictions`).
+//!
+//! Each eviction is one transaction: the command's row is locked and
+//! checked again (terminal, retained, no open incident), its tombstone
+//! kept, the row deleted (its events, output chunks, stdin, signals and
+//! scripts go with it by cascade), and its whole charge released from its
+//! client and the server. Every transaction first checks that this
+//! replica still holds the maintenance duty, so a replica that lost it
+//! evicts nothing.
+//!
+//! Not yet here: rotation of a running command's output under pressure
+//! (the part of maintenance that keeps a window and writes truncation
+//! records; appends beyond a tier are refused meanwhile), audit log
+//! trimming, idle client pruning, and done fleet runs.
+
+use postgres::Transaction;
+use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_retention::{Candidate, Need, OwnerNeed, Usage, select_aged, select_evictions};
+use rvbox_store_port::maintenance::MaintenanceReport;
+use rvbox_store_port::replica::{Duty, ReplicaId};
+
+use crate::sessions::{global_charged, to_i64, to_u64};
+use crate::{Fail, PgStore};
+
+/// Most candidate commands one selection considers (the oldest first).
+const MAX_CANDIDATES: i64 = 10_000;
+/// Most over-quota clients one pass relieves.
+const MAX_CLIENTS_PER_PASS: i64 = 1_000;
+
+/// What one eviction found.
+enum Evicted {
+    /// Deleted; its charge released.
+    Freed(u64),
+    /// Still active, gone already, or under an open incident.
+    Skipped { dirty: bool },
+}
+
+/// Whether `replica` holds `duty` now (always, for a store that never
+/// joined as a replica: one server alone runs every duty).
+fn holds(tx: &mut Transaction<'_>, replica: Option<ReplicaId>, duty: Duty) -> Result<bool, Fail> {
+    let Some(r) = replica else {
+        return Ok(true);
+    };
+    Ok(crate::prep::query_opt(
+        tx,
+        "SELECT 1 FROM duties WHERE name = $1 AND replica_id = $2 AND epoch = $3
+           AND lease_expires > now()",
+        &[&duty.name(), &r.id.as_slice(), &to_i64(r.epoch)],
+    )
+    .map_err(Fail::db("check the maintenance duty"))?
+    .is_some())
+}
+
+/// Retained, terminal commands with no open incident, oldest first;
+/// one client's when given.
+fn candidates(tx: &mut Transaction<'_>, client: Option<&str>) -> Result<Vec<Candidate>, Fail> {
+    let rows = crate::prep::query(
+        tx,
+        "SELECT c.issue_time_ms, c.issue_uuid, c.client_id, c.terminal_time_ms, c.charged_bytes
+         FROM commands c
+         WHERE c.retention = 'retained' AND c.terminal_time_ms IS NOT NULL
+           AND ($1::text IS NULL OR c.client_id = $1)
+           AND NOT EXISTS (SELECT 1 FROM storage_incidents i
+                           WHERE i.state = 1 AND i.issue_uuid = c.issue_uuid)
+         ORDER BY c.issue_time_ms, c.issue_uuid
+         LIMIT $2",
+        &[&client, &MAX_CANDIDATES],
+    )
+    .map_err(Fail::db("list retention candidates"))?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let id = <[u8; 16]>::try_from(r.get::<_, Vec<u8>>(1).as_slice()).ok()?;
+            Some(Candidate {
+                issue_time_unix_ms: r.get(0),
+                issue_uuid: id,
+                owner: r.get(2),
+                terminal_time_unix_ms: r.get(3),
+                charged: to_u64(r.get(4)),
+            })
+        })
+        .collect())
+}
+
+/// Deletes one terminal command, keeping its tombstone, and releases its
+/// charge.
+fn evict(
+    tx: &mut Transaction<'_>,
+    issue: &[u8; 16],
+    now_ms: i64,
+    tombstone_cap: u64,
+) -> Result<Evicted, Fail> {
+    let Some(row) = crate::prep::query_opt(
+        tx,
+        "SELECT client_id, lifecycle, retention, terminal_time_ms, charged_bytes, closeout_held,
+                request_hash
+         FROM commands WHERE issue_uuid = $1 FOR UPDATE",
+        &[&issue.as_slice()],
+    )
+    .map_err(Fail::db("lock the command to evict"))?
+    else {
+        return Ok(Evicted::Skipped { dirty: false });
+    };
+    let client: String = row.get(0);
+    let lifecycle = Lifecycle::from_wire(i32::try_from(row.get::<_, i64>(1)).unwrap_or(0))
+        .unwrap_or(Lifecycle::Interrupted);
+    let retained = row.get::<_, String>(2) == "retained";
+    let terminal: Option<i64> = row.get(3);
+    if !retained || terminal.is_none() || !lifecycle.is_terminal() {
+        return Ok(Evicted::Skipped { dirty: false });
+    }
+    let open = crate::prep::query_opt(
+        tx,
+        "SELECT 1 FROM storage_incidents WHERE state = 1 AND issue_uuid = $1",
+        &[&issue.as_slice()],
+    )
+    .map_err(Fail::db("check the command's incidents"))?
+    .is_some();
+    if open {
+        return Ok(Evicted::Skipped { dirty: true });
+    }
+    let charged = to_u64(row.get(4));
+    let held = to_u64(row.get(5));
+    let request_hash: Vec<u8> = row.get(6);
+    let owner: i64 = crate::prep::query_one(
+        tx,
+        "SELECT charged_bytes FROM clients WHERE client_id = $1 FOR UPDATE",
+        &[&client],
+    )
+    .map_err(Fail::db("read the client's usage"))?
+    .get(0);
+    let global = global_charged(tx)?;
+    let after = rvbox_retention::release_command(&Usage {
+        command: charged,
+        held_closeout: held,
+        owner: to_u64(owner),
+        global,
+        free_space: 0,
+    })
+    .map_err(|e| Fail::Integrity(format!("releasing an evicted command's charge: {e}")))?;
+    crate::commands::insert_tombstone(
+        tx,
+        issue,
+        &request_hash,
+        &client,
+        lifecycle,
+        terminal.unwrap_or(now_ms),
+        tombstone_cap,
+    )?;
+    crate::prep::execute(
+        tx,
+        "DELETE FROM commands WHERE issue_uuid = $1",
+        &[&issue.as_slice()],
+    )
+    .map_err(Fail::db("delete the evicted command"))?;
+    let freed = to_i64(charged);
+    crate::prep::execute(
+        tx,
+        "UPDATE clients SET charged_bytes = $2 WHERE client_id = $1",
+        &[&client, &to_i64(after.owner)],
+    )
+    .map_err(Fail::db("release the client's usage"))?;
+    crate::prep::execute(
+        tx,
+        "UPDATE quota_totals SET command_charged = command_charged - $1 WHERE id = 1",
+        &[&freed],
+    )
+    .map_err(Fail::db("release the server's usage"))?;
+    Ok(Evicted::Freed(charged))
+}
+
+impl PgStore {
+    /// Runs one maintenance pass (see the module docs).
+    ///
+    /// # Errors
+    /// A database failure; an eviction that fails leaves its command as
+    /// it was.
+    pub(crate) fn maintain(&mut self, now_ms: i64) -> Result<MaintenanceReport, Fail> {
+        let replica = self.replica();
+        let mut report = MaintenanceReport::default();
+        let cap = to_i64(rvbox_store::incidents::MAX_RESOLVED_INCIDENTS);
+        let trimmed = self.in_tx("trim resolved incidents", |tx, _| {
+            if !holds(tx, replica, Duty::Maintenance)? {
+                return Ok(None);
+            }
+            let n = crate::prep::execute(
+                tx,
+                "DELETE FROM storage_incidents WHERE incident_id IN (
+                     SELECT incident_id FROM storage_incidents WHERE state <> 1
+                     ORDER BY resolved_ms DESC, incident_id DESC OFFSET $1)",
+                &[&cap],
+            )
+            .map_err(Fail::db("trim resolved incidents"))?;
+            Ok(Some(n))
+        })?;
+        let Some(trimmed) = trimmed else {
+            tracing::info!("maintenance skipped: this replica does not hold the duty");
+            return Ok(report);
+        };
+        report.incidents_trimmed = trimmed;
+
+        // age reclamation (0 disables), independent of byte pressure
+        let retention_ms = self.opts.terminal_retention_ms;
+        if retention_ms > 0 {
+            let all = self.in_tx("list retention candidates", |tx, _| candidates(tx, None))?;
+            for issue in &select_aged(&all, now_ms, retention_ms).uuids {
+                self.evict_counted(issue, now_ms, true, &mut report)?;
+            }
+        }
+
+        // quota eviction: per client, then server-wide
+        let tiers = self.opts.tiers.clone();
+        let slack = self.opts.eviction_slack_bytes;
+        let owner_limit = tiers.per_owner_total.saturating_sub(slack);
+        let over: Vec<(String, u64)> = self.in_tx("list clients over quota", |tx, _| {
+            Ok(crate::prep::query(
+                tx,
+                "SELECT client_id, charged_bytes FROM clients WHERE charged_bytes > $1
+                 ORDER BY client_id LIMIT $2",
+                &[&to_i64(owner_limit), &MAX_CLIENTS_PER_PASS],
+            )
+            .map_err(Fail::db("list clients over quota"))?
+            .iter()
+            .map(|r| (r.get::<_, String>(0), to_u64(r.get(1))))
+            .collect())
+        })?;
+        for (client, used) in over {
+            let need = Need {
+                owner: Some(OwnerNeed {
+                    owner: client.clone(),
+                    bytes: used.saturating_sub(owner_limit),
+                }),
+                global: 0,
+            };
+            let mine = self.in_tx("list retention candidates", |tx, _| {
+                candidates(tx, Some(&client))
+            })?;
+            let mut freed = 0u64;
+            for issue in &select_evictions(&mine, &need).commands.uuids {
+                freed =
+                    freed.saturating_add(self.evict_counted(issue, now_ms, false, &mut report)?);
+            }
+            let left = need
+                .owner
+                .as_ref()
+                .map_or(0, |o| o.bytes)
+                .saturating_sub(freed);
+            if left > 0 {
+                report.owner_shortfall = report.owner_shortfall.saturating_add(left);
+                tracing::warn!(client_id = %client, shortfall = left,
+                    "client over its quota with active data only; new unreserved data is refused");
+            }
+        }
+        let global_limit = tiers.global_total.saturating_sub(slack);
+        let global = self.in_tx("read global usage", |tx, _| global_charged(tx))?;
+        if global > global_limit {
+            let need = Need {
+                owner: None,
+                global: global - global_limit,
+            };
+            let all = self.in_tx("list retention candidates", |tx, _| candidates(tx, None))?;
+            let mut freed = 0u64;
+            for issue in &select_evictions(&all, &need).commands.uuids {
+                freed =
+                    freed.saturating_add(self.evict_counted(issue, now_ms, false, &mut report)?);
+            }
+            report.global_shortfall = need.global.saturating_sub(freed);
+            if report.global_shortfall > 0 {
+                tracing::warn!(
+                    shortfall = report.global_shortfall,
+                    "server over its quota with active data only; new unreserved data is refused"
+                );
+            }
+        }
+        tracing::info!(
+            incidents_trimmed = report.incidents_trimmed,
+            evicted_quota = report.evicted_quota,
+            evicted_aged = report.evicted_aged,
+            evictions_failed = report.evictions_failed,
+            skipped_dirty = report.skipped_dirty,
+            "maintenance pass"
+        );
+        Ok(report)
+    }
+
+    /// Evicts one command under the duty, counting the outcome; the bytes
+    /// freed.
+    fn evict_counted(
+        &mut self,
+        issue: &[u8; 16],
+        now_ms: i64,
+        aged: bool,
+        report: &mut MaintenanceReport,
+    ) -> Result<u64, Fail> {
+        let replica = self.replica();
+        let outcome = self.in_tx("evict a command", |tx, opts| {
+            if !holds(tx, replica, Duty::Maintenance)? {
+                return Ok(None);
+            }
+            evict(tx, issue, now_ms, opts.tombstone_cap).map(Some)
+        });
+        match outcome {
+            Ok(Some(Evicted::Freed(n))) => {
+                if aged {
+                    report.evicted_aged += 1;
+                } else {
+                    report.evicted_quota += 1;
+                }
+                tracing::info!(
+                    cause = if aged { "terminal_age" } else { "quota" },
+                    charged = n,
+                    "command evicted"
+                );
+                Ok(n)
+            }
+            Ok(Some(Evicted::Skipped { dirty: true })) => {
+                report.skipped_dirty += 1;
+                Ok(0)
+            }
+            Ok(Some(Evicted::Skipped { dirty: false }) | None) => Ok(0),
+            Err(e) => {
+                report.evictions_failed += 1;
+                tracing::error!(error = %e, "eviction failed; the command stays as it was");
+                Ok(0)
+            }
+        }
+    }
+}
