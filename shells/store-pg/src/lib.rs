@@ -56,6 +56,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "replicas",
         include_str!("../migrations/0003_replicas.sql"),
     ),
+    (
+        4,
+        "audit_usage",
+        include_str!("../migrations/0004_audit_usage.sql"),
+    ),
 ];
 
 /// Named crash points of the PostgreSQL store (conventions rule 8).

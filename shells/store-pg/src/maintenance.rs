@@ -14,10 +14,16 @@
 //! replica still holds the maintenance duty, so a replica that lost it
 //! evicts nothing.
 //!
+//! The audit log (`audit_log`) is trimmed oldest first: rows older than
+//! the audit retention (when set), and rows beyond the audit budget. Its
+//! size is counted incrementally in `audit_usage` by this pass alone:
+//! rows at least [`AUDIT_COUNT_LAG_MS`] old are added once, and deleted
+//! rows are subtracted as they go.
+//!
 //! Not yet here: rotation of a running command's output under pressure
 //! (the part of maintenance that keeps a window and writes truncation
-//! records; appends beyond a tier are refused meanwhile), audit log
-//! trimming, idle client pruning, and done fleet runs.
+//! records; appends beyond a tier are refused meanwhile), idle client
+//! pruning, and done fleet runs.
 
 use postgres::Transaction;
 use rvbox_domain::lifecycle::Lifecycle;
@@ -32,6 +38,15 @@ use crate::{Fail, PgStore};
 const MAX_CANDIDATES: i64 = 10_000;
 /// Most over-quota clients one pass relieves.
 const MAX_CLIENTS_PER_PASS: i64 = 1_000;
+/// Audit rows are counted once they are this old: a transaction that
+/// wrote one has committed or ended by then (write sessions end a
+/// transaction idle for 5 s).
+pub(crate) const AUDIT_COUNT_LAG_MS: i64 = 60_000;
+/// Audit rows one statement deletes; one pass deletes at most
+/// [`AUDIT_TRIM_BATCHES`] such batches.
+const AUDIT_TRIM_BATCH: i64 = 5_000;
+/// Batches of audit rows one pass deletes at most.
+const AUDIT_TRIM_BATCHES: u32 = 20;
 
 /// What one eviction found.
 enum Evicted {
@@ -278,8 +293,10 @@ impl PgStore {
                 );
             }
         }
+        report.audit_rotated = self.trim_audit(now_ms)?;
         tracing::info!(
             incidents_trimmed = report.incidents_trimmed,
+            audit_rows_trimmed = report.audit_rotated,
             evicted_quota = report.evicted_quota,
             evicted_aged = report.evicted_aged,
             evictions_failed = report.evictions_failed,
@@ -287,6 +304,82 @@ impl PgStore {
             "maintenance pass"
         );
         Ok(report)
+    }
+
+    /// Counts the audit rows old enough, then deletes the oldest while
+    /// they are older than the retention or the log is over its budget;
+    /// returns the rows deleted.
+    fn trim_audit(&mut self, now_ms: i64) -> Result<u64, Fail> {
+        let replica = self.replica();
+        let budget = to_i64(self.opts.audit_budget_bytes);
+        let retention = self.opts.audit_retention_ms;
+        let oldest_kept = if retention > 0 {
+            now_ms.saturating_sub(to_i64(retention))
+        } else {
+            i64::MIN
+        };
+        let mut deleted = 0u64;
+        for _ in 0..AUDIT_TRIM_BATCHES {
+            let n = self.in_tx("trim the audit log", |tx, _| {
+                if !holds(tx, replica, Duty::Maintenance)? {
+                    return Ok(0);
+                }
+                let usage = crate::prep::query_one(
+                    tx,
+                    "SELECT counted_seq, bytes FROM audit_usage WHERE id = 1 FOR UPDATE",
+                    &[],
+                )
+                .map_err(Fail::db("read the audit usage"))?;
+                let (mut counted, mut bytes): (i64, i64) = (usage.get(0), usage.get(1));
+                // the rows old enough that were not counted yet
+                let add = crate::prep::query_one(
+                    tx,
+                    "SELECT COALESCE(max(seq), $1), COALESCE(sum(octet_length(record)), 0)::bigint
+                     FROM audit_log WHERE seq > $1 AND time_ms < $2",
+                    &[&counted, &now_ms.saturating_sub(AUDIT_COUNT_LAG_MS)],
+                )
+                .map_err(Fail::db("count the audit log"))?;
+                counted = add.get(0);
+                bytes = bytes.saturating_add(add.get::<_, i64>(1));
+                // of the oldest rows, those too old, and as many as cover
+                // what is over the budget
+                let excess = bytes.saturating_sub(budget).max(0);
+                let rows = crate::prep::query(
+                    tx,
+                    "DELETE FROM audit_log WHERE seq IN (
+                         SELECT seq FROM (
+                             SELECT seq, time_ms, octet_length(record) AS len,
+                                    sum(octet_length(record)) OVER (ORDER BY seq) AS run
+                             FROM (SELECT seq, time_ms, record FROM audit_log
+                                   ORDER BY seq LIMIT $3) o) w
+                         WHERE w.time_ms < $1 OR w.run - w.len < $2)
+                     RETURNING seq, octet_length(record)::bigint",
+                    &[&oldest_kept, &excess, &AUDIT_TRIM_BATCH],
+                )
+                .map_err(Fail::db("trim the audit log"))?;
+                for r in &rows {
+                    // only what was counted is subtracted
+                    if r.get::<_, i64>(0) <= counted {
+                        bytes = bytes.saturating_sub(r.get::<_, i64>(1));
+                    }
+                }
+                crate::prep::execute(
+                    tx,
+                    "UPDATE audit_usage SET counted_seq = $1, bytes = $2 WHERE id = 1",
+                    &[&counted, &bytes.max(0)],
+                )
+                .map_err(Fail::db("record the audit usage"))?;
+                Ok(rows.len() as u64)
+            })?;
+            deleted = deleted.saturating_add(n);
+            if n < AUDIT_TRIM_BATCH.unsigned_abs() {
+                break;
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(rows = deleted, "audit log trimmed");
+        }
+        Ok(deleted)
     }
 
     /// Evicts one command under the duty, counting the outcome; the bytes

@@ -221,3 +221,76 @@ fn the_same_run_command_on_two_replicas_at_once_creates_one_command() {
     let counted: String = pg.psql(&db, "SELECT count(*) FROM commands");
     assert_eq!(counted, "1");
 }
+
+/// The audit log is kept within its budget, oldest rows first, and rows
+/// older than the audit retention go; the newest stay. Rows are counted
+/// by the maintenance pass once they are a minute old.
+#[test]
+fn the_audit_log_is_trimmed_to_its_budget_and_its_retention() {
+    const HOUR_MS: i64 = 3_600_000;
+    let pg = Postgres::start();
+    let db = database(&pg);
+    let budget = 5_000u64;
+    let mut s = PgStore::connect(
+        &pg.conninfo(&db),
+        StoreOptions {
+            audit_budget_bytes: budget,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    for i in 0..200 {
+        run(&mut s, &format!("web-{}", i % 7));
+    }
+    let size = || -> (u64, u64, u64) {
+        let row = pg.psql(
+            &db,
+            "SELECT count(*) || ' ' || COALESCE(sum(octet_length(record)), 0) || ' ' || COALESCE(max(seq), 0) FROM audit_log",
+        );
+        let v: Vec<u64> = row.split(' ').map(|x| x.parse().unwrap()).collect();
+        (v[0], v[1], v[2])
+    };
+    let (rows, bytes, newest) = size();
+    assert!(
+        bytes > 2 * budget,
+        "the test writes past the budget: {bytes}"
+    );
+    // a minute has not passed: nothing is counted, nothing trimmed
+    let Ok(Completion::Maintained(r)) = s.perform(NOW + 1_000, StoreOp::Maintain) else {
+        panic!("Maintain")
+    };
+    assert_eq!(r.audit_rotated, 0, "{r:?}");
+    // an hour later the oldest go, down to the budget
+    let Ok(Completion::Maintained(r)) = s.perform(NOW + HOUR_MS, StoreOp::Maintain) else {
+        panic!("Maintain")
+    };
+    let (rows_after, bytes_after, newest_after) = size();
+    assert!(r.audit_rotated > 0 && rows_after < rows, "{r:?}");
+    assert_eq!(rows - rows_after, r.audit_rotated);
+    assert!(bytes_after <= budget, "{bytes_after} > {budget}");
+    assert!(
+        bytes_after > budget / 2,
+        "no more than needed went: {bytes_after}"
+    );
+    assert_eq!(newest_after, newest, "the newest rows stay");
+    // a second pass trims nothing more
+    let Ok(Completion::Maintained(r)) = s.perform(NOW + HOUR_MS, StoreOp::Maintain) else {
+        panic!("Maintain")
+    };
+    assert_eq!(r.audit_rotated, 0, "{r:?}");
+
+    // with a retention of one hour, everything two hours old goes
+    let mut s = PgStore::connect(
+        &pg.conninfo(&db),
+        StoreOptions {
+            audit_budget_bytes: budget,
+            audit_retention_ms: 3_600_000,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    let Ok(Completion::Maintained(_)) = s.perform(NOW + 2 * HOUR_MS, StoreOp::Maintain) else {
+        panic!("Maintain")
+    };
+    assert_eq!(size().0, 0, "every row was older than the retention");
+}
