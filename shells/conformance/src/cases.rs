@@ -1223,3 +1223,41 @@ pub fn maintenance_reclaims_aged_terminal_commands_keeping_their_tombstones(b: &
     let r = maintain(b, NOW + 31 * DAY_MS);
     assert_eq!(r.evicted_aged, 0, "{r:?}");
 }
+
+/// A maintenance pass forgets a client idle for the terminal retention
+/// that has no command, no live session and no live takeover grant; a
+/// client that comes back starts above every generation it had.
+pub fn maintenance_prunes_idle_clients_above_their_generations(b: &mut dyn Backend) {
+    const DAY_MS: i64 = 24 * 3600 * 1000;
+    // idle: registered twice, then its session closed
+    live_session(b, "idle-1");
+    let s = live_session(b, "idle-1");
+    let r = op(
+        b,
+        StoreOp::CloseSession {
+            session_id: s.session_id,
+            reason: "connection lost".into(),
+        },
+    );
+    assert_eq!(r, Ok(Completion::Done));
+    assert_eq!(client(b, "idle-1").unwrap().generation, 2);
+    // kept: a live session, and a command
+    live_session(b, "live-1");
+    run(b, "busy-1");
+
+    let r = maintain(b, NOW + DAY_MS);
+    assert_eq!(r.clients_pruned, 0, "{r:?}");
+    assert!(client(b, "idle-1").is_some());
+
+    let r = maintain(b, NOW + 31 * DAY_MS);
+    assert_eq!(r.clients_pruned, 1, "{r:?}");
+    assert!(
+        client(b, "idle-1").is_none(),
+        "the idle client is forgotten"
+    );
+    assert!(client(b, "live-1").is_some());
+    assert!(client(b, "busy-1").is_some());
+    // it comes back above the generation it had
+    live_session(b, "idle-1");
+    assert!(client(b, "idle-1").unwrap().generation > 2);
+}

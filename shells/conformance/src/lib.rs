@@ -94,6 +94,7 @@ macro_rules! __every_case {
             stdin_writes_are_numbered_settled_by_acks_and_closed_once,
             a_takeover_grant_admits_exactly_the_pending_claim_once,
             maintenance_reclaims_aged_terminal_commands_keeping_their_tombstones,
+            maintenance_prunes_idle_clients_above_their_generations,
             incident_requests_name_what_is_wrong,
         );
     };

@@ -20,10 +20,17 @@
 //! rows at least [`AUDIT_COUNT_LAG_MS`] old are added once, and deleted
 //! rows are subtracted as they go.
 //!
+//! Clients idle for the terminal retention, with no command, no live
+//! session and no live takeover grant, are forgotten, the generation floor
+//! first raised above theirs (as the SQLite store's registry does). A
+//! registration racing the deletion on another replica either updates the
+//! client's row first (its last-seen time then keeps it) or waits for the
+//! deletion and starts the client again above the floor.
+//!
 //! Not yet here: rotation of a running command's output under pressure
 //! (the part of maintenance that keeps a window and writes truncation
-//! records; appends beyond a tier are refused meanwhile), idle client
-//! pruning, and done fleet runs.
+//! records; appends beyond a tier are refused meanwhile), and done fleet
+//! runs.
 
 use postgres::Transaction;
 use rvbox_domain::lifecycle::Lifecycle;
@@ -101,6 +108,53 @@ fn candidates(tx: &mut Transaction<'_>, client: Option<&str>) -> Result<Vec<Cand
             })
         })
         .collect())
+}
+
+/// Most idle clients one pass forgets.
+const MAX_IDLE_CLIENTS_PER_PASS: i64 = 1_000;
+
+/// Forgets clients last seen before `before` with no command, no live
+/// session and no live takeover grant, raising the generation floor above
+/// theirs first; returns how many.
+fn prune_idle_clients(tx: &mut Transaction<'_>, before: i64, now_ms: i64) -> Result<u64, Fail> {
+    let idle: Vec<String> = crate::prep::query(
+        tx,
+        "SELECT c.client_id FROM clients c
+         WHERE COALESCE(c.last_seen_ms, 0) < $1
+           AND NOT EXISTS (SELECT 1 FROM commands m WHERE m.client_id = c.client_id)
+           AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.client_id = c.client_id AND s.live)
+           AND NOT EXISTS (SELECT 1 FROM takeover_authorizations t
+                           WHERE t.client_id = c.client_id AND t.consumed_ms IS NULL
+                             AND t.voided_ms IS NULL AND t.expires_ms > $2)
+         ORDER BY COALESCE(c.last_seen_ms, 0), c.client_id
+         LIMIT $3
+         FOR UPDATE OF c SKIP LOCKED",
+        &[&before, &now_ms, &MAX_IDLE_CLIENTS_PER_PASS],
+    )
+    .map_err(Fail::db("list idle clients"))?
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    if idle.is_empty() {
+        return Ok(0);
+    }
+    // the rows are locked: a registration waits for this transaction; one
+    // that updated a row first has moved its last-seen time past `before`
+    crate::prep::execute(
+        tx,
+        "UPDATE quota_totals SET generation_floor = GREATEST(generation_floor,
+             COALESCE((SELECT max(generation) FROM clients WHERE client_id = ANY($1)), 0))
+         WHERE id = 1",
+        &[&idle],
+    )
+    .map_err(Fail::db("raise the generation floor"))?;
+    let n = crate::prep::execute(
+        tx,
+        "DELETE FROM clients WHERE client_id = ANY($1) AND COALESCE(last_seen_ms, 0) < $2",
+        &[&idle, &before],
+    )
+    .map_err(Fail::db("prune idle clients"))?;
+    Ok(n)
 }
 
 /// Deletes one terminal command, keeping its tombstone, and releases its
@@ -294,6 +348,19 @@ impl PgStore {
             }
         }
         report.audit_rotated = self.trim_audit(now_ms)?;
+        // idle clients go after the terminal retention (0 keeps them)
+        if retention_ms > 0 {
+            let before = now_ms.saturating_sub(to_i64(retention_ms));
+            report.clients_pruned = self.in_tx("prune idle clients", |tx, _| {
+                if !holds(tx, replica, Duty::Maintenance)? {
+                    return Ok(0);
+                }
+                prune_idle_clients(tx, before, now_ms)
+            })?;
+            if report.clients_pruned > 0 {
+                tracing::info!(clients = report.clients_pruned, "idle clients pruned");
+            }
+        }
         tracing::info!(
             incidents_trimmed = report.incidents_trimmed,
             audit_rows_trimmed = report.audit_rotated,
