@@ -27,6 +27,7 @@ use rvbox_retention::{
     CHARGE_VERSION, ChargeKind, Class, Usage, charge, release_closeout, reserve,
 };
 use rvbox_store::events::{MAX_INLINE_BODY_BYTES, check_output, other_digest};
+use rvbox_store::retention::RotationCause;
 use rvbox_store_port::events::{AppendReport, EventAppend, EventBody, EventOutcome, body_kind};
 
 use crate::output::{OutputChunk, OutputStore};
@@ -210,6 +211,131 @@ fn check_ack(
     })
 }
 
+/// An output (or diagnostics) event dropped on arrival under quota
+/// pressure that nothing can relieve (plan §5.4 item 3).
+struct DroppedEvent {
+    issue: [u8; 16],
+    seq: u64,
+    stream: u8,
+    raw_len: u64,
+    stored_len: u64,
+    cause: RotationCause,
+    new_row: bool,
+}
+
+/// Why an event refused at `tier` is dropped with a marker instead, or
+/// `None` when it stays refused (transiently): the command's own total
+/// is full, or the client's (the server's) quota is held with no terminal
+/// command maintenance could reclaim. The PostgreSQL store rotates no
+/// running command's output, so terminal commands are the only relief.
+fn drop_cause(
+    tx: &mut Transaction<'_>,
+    tier: rvbox_retention::Tier,
+    client: &str,
+) -> Result<Option<RotationCause>, Fail> {
+    let relievable = |scope: Option<&str>| -> Result<bool, Fail> {
+        Ok(crate::prep::query_one(
+            tx,
+            "SELECT EXISTS (SELECT 1 FROM commands c
+                 WHERE ($1::text IS NULL OR c.client_id = $1) AND c.retention = 'retained'
+                   AND c.terminal_time_ms IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM storage_incidents i
+                                   WHERE i.state = 1 AND i.issue_uuid = c.issue_uuid))",
+            &[&scope],
+        )
+        .map_err(Fail::db("look for relief under quota"))?
+        .get(0))
+    };
+    rvbox_store::retention::drop_cause_of(tier, client, relievable)
+}
+
+/// Whether a truncation row of output dropped on arrival for `cause` ends
+/// at `seq`.
+fn drop_row_ends_at(
+    tx: &mut Transaction<'_>,
+    issue: &[u8; 16],
+    seq: u64,
+    cause: RotationCause,
+) -> Result<bool, Fail> {
+    Ok(crate::prep::query_one(
+        tx,
+        "SELECT EXISTS (SELECT 1 FROM output_truncations
+             WHERE issue_uuid = $1 AND last_seq = $2 AND source = $3 AND reason = $4)",
+        &[
+            &issue.as_slice(),
+            &to_i64(seq),
+            &i64::from(cause.source() as i32),
+            &cause.drop_reason(),
+        ],
+    )
+    .map_err(Fail::db("find a dropped range"))?
+    .get(0))
+}
+
+/// Whether `seq` is output dropped on arrival (no row; a truncation row
+/// covers it).
+fn dropped_at(tx: &mut Transaction<'_>, issue: &[u8; 16], seq: u64) -> Result<bool, Fail> {
+    Ok(crate::prep::query_one(
+        tx,
+        "SELECT EXISTS (SELECT 1 FROM output_truncations
+             WHERE issue_uuid = $1 AND first_seq <= $2 AND last_seq >= $2)",
+        &[&issue.as_slice(), &to_i64(seq)],
+    )
+    .map_err(Fail::db("find a dropped event"))?
+    .get(0))
+}
+
+/// Writes the truncation row of an event dropped on arrival: a new one,
+/// or the one of the same cause ending just before it, extended.
+fn record_dropped(tx: &mut Transaction<'_>, d: &DroppedEvent, now_ms: i64) -> Result<(), Fail> {
+    let source = i64::from(d.cause.source() as i32);
+    let reason = d.cause.drop_reason();
+    let changed = if d.new_row {
+        crate::prep::execute(
+            tx,
+            "INSERT INTO output_truncations (issue_uuid, first_seq, last_seq, raw_bytes, stored_bytes,
+                 source, reason, recorded_ms, stream_mask)
+             VALUES ($1, $2, $2, $3, $4, $5, $6, $7, NULLIF($8::bigint, 0))",
+            &[
+                &d.issue.as_slice(),
+                &to_i64(d.seq),
+                &to_i64(d.raw_len),
+                &to_i64(d.stored_len),
+                &source,
+                &reason,
+                &now_ms,
+                &i64::from(d.stream),
+            ],
+        )
+    } else {
+        crate::prep::execute(
+            tx,
+            "UPDATE output_truncations SET last_seq = $2, raw_bytes = raw_bytes + $3,
+                 stored_bytes = stored_bytes + $4,
+                 stream_mask = NULLIF(COALESCE(stream_mask, 0) | $5::bigint, 0)
+             WHERE issue_uuid = $1 AND last_seq = $6 AND source = $7 AND reason = $8",
+            &[
+                &d.issue.as_slice(),
+                &to_i64(d.seq),
+                &to_i64(d.raw_len),
+                &to_i64(d.stored_len),
+                &i64::from(d.stream),
+                &to_i64(d.seq.saturating_sub(1)),
+                &source,
+                &reason,
+            ],
+        )
+    }
+    .map_err(Fail::db("record dropped output"))?;
+    if changed != 1 {
+        return Err(Fail::Integrity(format!(
+            "dropped output at event_seq {}: {changed} truncation rows written",
+            d.seq
+        )));
+    }
+    Ok(())
+}
+
 fn integrity(e: impl std::fmt::Display) -> Fail {
     Fail::Integrity(e.to_string())
 }
@@ -219,6 +345,9 @@ struct Plan {
     outcomes: Vec<EventOutcome>,
     accepted: Vec<Accepted>,
     chunks: Vec<OutputChunk>,
+    /// Events dropped on arrival, in order: a truncation row each (new, or
+    /// the one ending just before extended).
+    dropped: Vec<DroppedEvent>,
     views: BTreeMap<[u8; 16], CmdView>,
     /// Per client: charged bytes before the group and after it.
     owners: BTreeMap<String, (u64, u64)>,
@@ -254,6 +383,9 @@ fn plan(
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut accepted = Vec::new();
     let mut chunks = Vec::new();
+    let mut dropped: Vec<DroppedEvent> = Vec::new();
+    // per command: the last event dropped in this group, and why
+    let mut drops: BTreeMap<[u8; 16], (u64, RotationCause)> = BTreeMap::new();
     for ev in batch {
         let issue = ev.issue_uuid;
         let Some(view) = views.get_mut(&issue) else {
@@ -323,6 +455,16 @@ fn plan(
         } else {
             None
         };
+        // output dropped on arrival has no row: a truncation row covers
+        // it, and the same event sent again is a duplicate
+        if stored.is_none()
+            && ev.event_seq != 0
+            && ev.event_seq <= view.last_seq
+            && dropped_at(tx, &issue, ev.event_seq)?
+        {
+            outcomes.push(EventOutcome::Duplicate);
+            continue;
+        }
         match check_event_seq(view.last_seq, ev.event_seq, stored.as_ref(), &digest) {
             Ok(SeqVerdict::Duplicate) => {
                 outcomes.push(EventOutcome::Duplicate);
@@ -412,8 +554,88 @@ fn plan(
             global,
             free_space: u64::MAX,
         };
+        // what a truncation row records for this event if it is dropped
+        // on arrival: output, and the other events that are not essential
+        // (diagnostics, the profile result). Refusing one of those for
+        // ever would hold back every later event of the command, its
+        // terminal one too.
+        let droppable = match &ev.body {
+            EventBody::Output {
+                stream,
+                raw_len,
+                stored,
+                ..
+            } => Some((stream.as_u8(), u64::from(*raw_len), stored.len() as u64)),
+            EventBody::Other { .. } if class == Class::Ordinary => Some((0, 0, 0)),
+            _ => None,
+        };
         let r = match reserve(&opts.tiers, &usage, charge_kind, class, charged, true) {
             Ok(r) => r,
+            Err(refusal)
+                if let Some((stream, raw_len, stored_len)) = droppable
+                    && let Some(cause) = drop_cause(tx, refusal.tier, &view.client_id)? =>
+            {
+                // plan §5.4 item 3: data that cannot be reclaimed holds the
+                // quota: the event is dropped with a marker (charged as
+                // essential, so the command's closeout headroom pays for
+                // it), never refused for ever
+                let reason = cause.drop_reason();
+                let extends = drops
+                    .get(&issue)
+                    .is_some_and(|(last, c)| *last + 1 == ev.event_seq && *c == cause)
+                    || drop_row_ends_at(tx, &issue, ev.event_seq - 1, cause)?;
+                let marker = if extends {
+                    0
+                } else {
+                    rvbox_store::retention::truncation_row_charge(reason).map_err(integrity)?
+                };
+                match reserve(
+                    &opts.tiers,
+                    &usage,
+                    ChargeKind::TruncationRow,
+                    Class::Essential,
+                    marker,
+                    true,
+                ) {
+                    Ok(m) => {
+                        view.charged = m.command_after;
+                        view.held_closeout = m.held_closeout_after;
+                        if let Some(o) = owners.get_mut(&view.client_id) {
+                            o.1 = m.owner_after;
+                        }
+                        global = m.global_after;
+                        view.last_seq = ev.event_seq;
+                        batch_digests.insert((issue, ev.event_seq), digest);
+                        drops.insert(issue, (ev.event_seq, cause));
+                        tracing::warn!(
+                            event_seq = ev.event_seq,
+                            body_kind = kind,
+                            raw_len,
+                            tier = refusal.tier.name(),
+                            "event dropped on arrival: its quota is held by data that cannot be reclaimed"
+                        );
+                        dropped.push(DroppedEvent {
+                            issue,
+                            seq: ev.event_seq,
+                            stream,
+                            raw_len,
+                            stored_len,
+                            cause,
+                            new_row: !extends,
+                        });
+                        outcomes.push(EventOutcome::Appended);
+                        continue;
+                    }
+                    Err(refusal) => {
+                        tracing::warn!(
+                            tier = refusal.tier.name(),
+                            "event refused by quota, even as a marker"
+                        );
+                        outcomes.push(refuse(Code::QuotaExceeded, refusal.to_string()));
+                        continue;
+                    }
+                }
+            }
             Err(refusal) => {
                 tracing::warn!(
                     tier = refusal.tier.name(),
@@ -500,6 +722,7 @@ fn plan(
         outcomes,
         accepted,
         chunks,
+        dropped,
         views,
         owners,
         global_before,
@@ -589,9 +812,17 @@ fn write(
             .map_err(Fail::db("settle stdin write"))?;
         }
     }
+    for d in &plan.dropped {
+        record_dropped(tx, d, now_ms)?;
+    }
     output.put(tx, &plan.chunks)?;
     let mut global = plan.global;
-    let touched: BTreeSet<[u8; 16]> = plan.accepted.iter().map(|a| a.issue).collect();
+    let touched: BTreeSet<[u8; 16]> = plan
+        .accepted
+        .iter()
+        .map(|a| a.issue)
+        .chain(plan.dropped.iter().map(|d| d.issue))
+        .collect();
     // every touched command's counters in one statement
     let mut rows: Vec<([u8; 16], i64, i64, i64, i64)> = Vec::with_capacity(touched.len());
     let mut terminal: Vec<[u8; 16]> = Vec::new();

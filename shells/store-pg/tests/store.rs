@@ -294,3 +294,78 @@ fn the_audit_log_is_trimmed_to_its_budget_and_its_retention() {
     };
     assert_eq!(size().0, 0, "every row was older than the retention");
 }
+
+/// Output past the command's total is dropped on arrival with a
+/// truncation row that covers exactly the dropped events (one row for a
+/// run of them), never refused for ever: the terminal event that follows
+/// is stored, and a dropped event sent again is a duplicate.
+#[test]
+fn output_past_the_command_total_is_dropped_with_a_truncation_row() {
+    use rvbox_conformance::support::lifecycle_event;
+    let pg = Postgres::start();
+    let db = database(&pg);
+    let mut tiers = rvbox_retention::Tiers::server_defaults();
+    tiers.command_total = 256 * 1024;
+    tiers.closeout_reserve = 64 * 1024;
+    tiers.command_output_window = 128 * 1024;
+    let mut s = PgStore::connect(
+        &pg.conninfo(&db),
+        StoreOptions {
+            tiers,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    let (cmd, session) = running(&mut s, "web-1");
+    let noise = |seed: u64| -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..8192)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x & 0xff) as u8
+            })
+            .collect()
+    };
+    // 60 events of 8 KiB: about 24 fit in the 192 KiB left for output
+    let mut all = Vec::new();
+    for seq in 2..62u64 {
+        let mut ev = output_event(&cmd, seq, &noise(seq));
+        ev.session = Some(session);
+        all.push(ev.clone());
+        let r = s.perform(NOW, StoreOp::AppendEvents { events: vec![ev] });
+        assert_eq!(outcomes(&r), vec![EventOutcome::Appended], "seq {seq}");
+    }
+    let stored: u64 = pg
+        .psql(
+            &db,
+            "SELECT count(*) FROM command_events WHERE body_kind = 4",
+        )
+        .parse()
+        .unwrap();
+    assert!(stored > 10 && stored < 60, "{stored} output events stored");
+    let rows = pg.psql(
+        &db,
+        "SELECT first_seq || ' ' || last_seq || ' ' || raw_bytes FROM output_truncations",
+    );
+    let v: Vec<u64> = rows.split(' ').map(|x| x.parse().unwrap()).collect();
+    assert_eq!(v.len(), 3, "one truncation row: {rows}");
+    assert_eq!(v[0], 2 + stored, "it starts at the first dropped event");
+    assert_eq!(v[1], 61, "and covers every later one");
+    assert_eq!(v[2], (61 - v[0] + 1) * 8192, "their raw bytes");
+    // the terminal event is stored
+    let mut end = lifecycle_event(&cmd, 62, Lifecycle::Succeeded);
+    end.session = Some(session);
+    let r = s.perform(NOW, StoreOp::AppendEvents { events: vec![end] });
+    assert_eq!(outcomes(&r), vec![EventOutcome::Appended]);
+    assert_eq!(view(&mut s, &cmd).lifecycle, Lifecycle::Succeeded);
+    // a dropped event sent again is a duplicate
+    let r = s.perform(
+        NOW,
+        StoreOp::AppendEvents {
+            events: vec![all[55].clone()],
+        },
+    );
+    assert_eq!(outcomes(&r), vec![EventOutcome::Duplicate]);
+}

@@ -1422,7 +1422,6 @@ fn drop_cause(
     tier: rvbox_retention::Tier,
     client: &str,
 ) -> Result<Option<RotationCause>, StoreError> {
-    use rvbox_retention::Tier;
     let relievable = |scope: Option<&str>| -> Result<bool, StoreError> {
         cached_row(
             tx,
@@ -1438,12 +1437,7 @@ fn drop_cause(
         )
         .map_err(|e| StoreError::sqlite("look for relief under quota", e))
     };
-    Ok(match tier {
-        Tier::CommandTotal | Tier::CloseoutReserve => Some(RotationCause::CommandTotal),
-        Tier::OwnerTotal if !relievable(Some(client))? => Some(RotationCause::ClientQuota),
-        Tier::GlobalTotal if !relievable(None)? => Some(RotationCause::GlobalQuota),
-        _ => None,
-    })
+    crate::retention::drop_cause_of(tier, client, relievable)
 }
 
 /// Whether a truncation row of output dropped on arrival for `cause` ends

@@ -107,7 +107,7 @@ impl RotationCause {
     /// The reason of a truncation row that stands for output dropped on
     /// arrival (plan §5.4 item 3: "if active data alone creates pressure,
     /// rotate/drop output with markers").
-    pub(crate) fn drop_reason(self) -> &'static str {
+    pub fn drop_reason(self) -> &'static str {
         match self {
             Self::CommandWindow | Self::CommandTotal => DROP_TOTAL,
             Self::ClientQuota => DROP_CLIENT_QUOTA,
@@ -116,8 +116,31 @@ impl RotationCause {
     }
 }
 
+/// Why an event refused at `tier` is dropped on arrival with a marker,
+/// or `None` when it stays refused: the command's own total (or closeout
+/// reserve) is full, or the client's (the server's) quota is held and
+/// `relievable` says nothing there can be reclaimed (scope `Some(client)`
+/// or `None` for the server). Shared by both stores; what "relievable"
+/// means is each store's own.
+///
+/// # Errors
+/// What `relievable` fails with.
+pub fn drop_cause_of<E>(
+    tier: rvbox_retention::Tier,
+    client: &str,
+    mut relievable: impl FnMut(Option<&str>) -> Result<bool, E>,
+) -> Result<Option<RotationCause>, E> {
+    use rvbox_retention::Tier;
+    Ok(match tier {
+        Tier::CommandTotal | Tier::CloseoutReserve => Some(RotationCause::CommandTotal),
+        Tier::OwnerTotal if !relievable(Some(client))? => Some(RotationCause::ClientQuota),
+        Tier::GlobalTotal if !relievable(None)? => Some(RotationCause::GlobalQuota),
+        _ => None,
+    })
+}
+
 /// The charge of a truncation row with `reason`.
-pub(crate) fn truncation_row_charge(reason: &str) -> Result<u64, StoreError> {
+pub fn truncation_row_charge(reason: &str) -> Result<u64, StoreError> {
     charge(
         CHARGE_VERSION,
         ChargeKind::TruncationRow,
