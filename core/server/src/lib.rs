@@ -620,7 +620,13 @@ impl ServerCore {
     /// them). A duty it does not hold is never started here: its timer
     /// neither fires nor wakes the core. One already running finishes.
     fn set_duties(&mut self, held: &[rvbox_store_port::replica::Duty]) {
-        let held: std::collections::BTreeSet<_> = held.iter().copied().collect();
+        // a replica that stopped serving takes no duty back, whatever a
+        // late lease renewal says
+        let held: std::collections::BTreeSet<_> = if self.serving {
+            held.iter().copied().collect()
+        } else {
+            std::collections::BTreeSet::new()
+        };
         if held != self.duties {
             tracing::info!(
                 duties = ?held.iter().map(|d| d.name()).collect::<Vec<_>>(),

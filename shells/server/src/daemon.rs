@@ -34,6 +34,8 @@ use tokio::sync::{oneshot, watch};
 use crate::core_loop::{Clock, CoreThread, ToCore};
 use crate::state::Shared;
 
+/// How long a replica's stop waits for its core and store executor.
+const REPLICA_JOIN: std::time::Duration = std::time::Duration::from_secs(15);
 /// How long a stop waits for a listener's tasks.
 const LISTENER_STOP: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -335,13 +337,15 @@ async fn serve(config: ServerConfig) -> i32 {
         }
         Opened::Postgres(started, conninfo) => {
             let started = *started;
-            let core = match build_core(started.server_id, &mut settings) {
+            let mut core = match build_core(started.server_id, &mut settings) {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::error!(error = %e, "the server core could not start");
                     return EXIT_START;
                 }
             };
+            // a replica holds no duty until its keeper has taken one
+            core.handle(0, Clock::wall_ms(), Input::Duties { held: Vec::new() });
             shared.register(|r| replica_metrics.register(r));
             let (lost_tx, lost_rx) = oneshot::channel::<String>();
             let fatal: Fatal = Box::pin(async move {
@@ -368,17 +372,9 @@ async fn serve(config: ServerConfig) -> i32 {
         }
     };
     let core_tx = thread.sender();
-    // a replica holds no duty until its keeper has taken one
     let replica = match keeper {
         None => None,
         Some((keeper, conninfo, lost_tx)) => {
-            if core_tx
-                .send(ToCore::Replica(Input::Duties { held: Vec::new() }))
-                .await
-                .is_err()
-            {
-                return EXIT_START;
-            }
             match crate::replica::spawn(
                 keeper,
                 conninfo,
@@ -473,13 +469,23 @@ async fn serve(config: ServerConfig) -> i32 {
             );
         }
     }
+    let bounded_join = replica.is_some();
     if let Some(r) = replica {
         r.stop();
     }
     // the core's thread stops the executor, and the store checkpoints as
     // it closes
     let join = tokio::task::spawn_blocking(move || thread.join());
-    let _ = join.await;
+    if bounded_join {
+        // a replica's executor may be stuck in a call to a database that
+        // went silent: its writes are fenced by the database, so the
+        // stop does not wait for it for ever
+        if tokio::time::timeout(REPLICA_JOIN, join).await.is_err() {
+            tracing::warn!("the store executor did not stop in time; exiting anyway");
+        }
+    } else {
+        let _ = join.await;
+    }
     tracing::info!("stopped");
     status
 }

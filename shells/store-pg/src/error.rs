@@ -41,6 +41,10 @@ impl Fail {
                 *c == SqlState::T_R_SERIALIZATION_FAILURE
                     || *c == SqlState::T_R_DEADLOCK_DETECTED
                     || *c == SqlState::UNIQUE_VIOLATION
+                    // a row it references was deleted meanwhile (an idle
+                    // client pruned while a command for it was written):
+                    // run again, it is created again
+                    || *c == SqlState::FOREIGN_KEY_VIOLATION
             }),
             _ => false,
         }

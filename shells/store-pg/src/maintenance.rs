@@ -398,16 +398,30 @@ impl PgStore {
                 )
                 .map_err(Fail::db("read the audit usage"))?;
                 let (mut counted, mut bytes): (i64, i64) = (usage.get(0), usage.get(1));
-                // the rows old enough that were not counted yet
-                let add = crate::prep::query_one(
+                // the rows not counted yet, up to the first one that is
+                // not old enough (replicas' clocks differ: a later row may
+                // be older than an earlier one, and no row is skipped)
+                let cutoff = now_ms.saturating_sub(AUDIT_COUNT_LAG_MS);
+                let upto: i64 = crate::prep::query_one(
                     tx,
-                    "SELECT COALESCE(max(seq), $1), COALESCE(sum(octet_length(record)), 0)::bigint
-                     FROM audit_log WHERE seq > $1 AND time_ms < $2",
-                    &[&counted, &now_ms.saturating_sub(AUDIT_COUNT_LAG_MS)],
+                    "SELECT COALESCE(
+                         (SELECT min(seq) - 1 FROM audit_log WHERE seq > $1 AND time_ms >= $2),
+                         (SELECT max(seq) FROM audit_log WHERE seq > $1),
+                         $1)",
+                    &[&counted, &cutoff],
                 )
-                .map_err(Fail::db("count the audit log"))?;
-                counted = add.get(0);
-                bytes = bytes.saturating_add(add.get::<_, i64>(1));
+                .map_err(Fail::db("count the audit log"))?
+                .get(0);
+                let add: i64 = crate::prep::query_one(
+                    tx,
+                    "SELECT COALESCE(sum(octet_length(record)), 0)::bigint
+                     FROM audit_log WHERE seq > $1 AND seq <= $2",
+                    &[&counted, &upto],
+                )
+                .map_err(Fail::db("count the audit log"))?
+                .get(0);
+                counted = upto.max(counted);
+                bytes = bytes.saturating_add(add);
                 // of the oldest rows, those too old, and as many as cover
                 // what is over the budget
                 let excess = bytes.saturating_sub(budget).max(0);
