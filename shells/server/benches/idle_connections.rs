@@ -9,7 +9,7 @@
 //! `RVBOX_BENCH_IDLE` overrides the session counts (comma-separated).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
@@ -17,34 +17,10 @@ use tokio_tungstenite::tungstenite::Message;
 
 #[path = "support/agent_client.rs"]
 mod agent_client;
-use agent_client::{Ws, http_ok, register, rss_kib};
+use agent_client::{Ws, register, rss_kib, start_server};
 
 /// Sessions being registered at once.
 const CONCURRENT: usize = 128;
-
-fn start_server(dir: &std::path::Path, port: u16) -> Child {
-    std::fs::write(
-        dir.join("server.toml"),
-        format!(
-            "[server]\nagent_listen = \"127.0.0.1:{port}\"\n[storage]\ndata_dir = \"{d}/data\"\n[control]\nruntime_dir = \"{d}/run\"\nsocket_path = \"{d}/run/control.sock\"\n[observability]\nlog_level = \"warn\"\n",
-            d = dir.display()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_rvbox-server"))
-        .arg("--config")
-        .arg(dir.join("server.toml"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("server.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let until = Instant::now() + Duration::from_secs(30);
-    while !http_ok(port, "/readyz") {
-        assert!(Instant::now() < until, "server not ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
-}
 
 /// Keeps a session idle: reads (which answers the server's Pings) until
 /// the end.
@@ -80,7 +56,7 @@ fn main() {
             .local_addr()
             .unwrap()
             .port();
-        let mut server = start_server(dir.path(), port);
+        let mut server = start_server(dir.path(), port, "", "");
         let pid = server.id();
         std::thread::sleep(Duration::from_millis(500));
         let base = rss_kib(pid);

@@ -10,7 +10,7 @@
 //! 2,000; three replicas then hold 6,000).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
@@ -18,7 +18,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 #[path = "support/agent_client.rs"]
 mod agent_client;
-use agent_client::{Ws, http_ok, register, rss_kib};
+use agent_client::{Ws, register, rss_kib, start_server};
 
 /// Sessions being registered at once.
 const CONCURRENT: usize = 64;
@@ -29,33 +29,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// Starts a server with `store` lines (TOML) in its `[server]` table and
-/// `extra` sections; waits until it is ready.
-fn start_server(dir: &std::path::Path, port: u16, store: &str, extra: &str) -> Child {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(
-        dir.join("server.toml"),
-        format!(
-            "[server]\nagent_listen = \"127.0.0.1:{port}\"\n{store}\n{extra}[storage]\ndata_dir = \"{d}/data\"\n[control]\nruntime_dir = \"{d}/run\"\nsocket_path = \"{d}/run/control.sock\"\n[observability]\nlog_level = \"warn\"\n",
-            d = dir.display()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_rvbox-server"))
-        .arg("--config")
-        .arg(dir.join("server.toml"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("server.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while !http_ok(port, "/readyz") {
-        assert!(Instant::now() < until, "server not ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
 }
 
 async fn idle(mut ws: Ws) {

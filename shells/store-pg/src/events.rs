@@ -554,21 +554,7 @@ fn plan(
             global,
             free_space: u64::MAX,
         };
-        // what a truncation row records for this event if it is dropped
-        // on arrival: output, and the other events that are not essential
-        // (diagnostics, the profile result). Refusing one of those for
-        // ever would hold back every later event of the command, its
-        // terminal one too.
-        let droppable = match &ev.body {
-            EventBody::Output {
-                stream,
-                raw_len,
-                stored,
-                ..
-            } => Some((stream.as_u8(), u64::from(*raw_len), stored.len() as u64)),
-            EventBody::Other { .. } if class == Class::Ordinary => Some((0, 0, 0)),
-            _ => None,
-        };
+        let droppable = rvbox_store::retention::droppable(&ev.body, class);
         let r = match reserve(&opts.tiers, &usage, charge_kind, class, charged, true) {
             Ok(r) => r,
             Err(refusal)

@@ -139,6 +139,30 @@ pub fn drop_cause_of<E>(
     })
 }
 
+/// What a truncation row records for an event dropped on arrival
+/// (stream, raw bytes, stored bytes), or `None` when the event may never
+/// be dropped: output, and the other events that are not essential
+/// (diagnostics, the profile result), may. Refusing one of those for ever
+/// would hold back every later event of the command, its terminal one
+/// too. Shared by both stores.
+#[must_use]
+pub fn droppable(
+    body: &rvbox_store_port::events::EventBody,
+    class: rvbox_retention::Class,
+) -> Option<(u8, u64, u64)> {
+    use rvbox_store_port::events::EventBody;
+    match body {
+        EventBody::Output {
+            stream,
+            raw_len,
+            stored,
+            ..
+        } => Some((stream.as_u8(), u64::from(*raw_len), stored.len() as u64)),
+        EventBody::Other { .. } if class == rvbox_retention::Class::Ordinary => Some((0, 0, 0)),
+        _ => None,
+    }
+}
+
 /// The charge of a truncation row with `reason`.
 pub fn truncation_row_charge(reason: &str) -> Result<u64, StoreError> {
     charge(
