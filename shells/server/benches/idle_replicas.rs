@@ -18,7 +18,10 @@ use tokio_tungstenite::tungstenite::Message;
 
 #[path = "support/agent_client.rs"]
 mod agent_client;
-use agent_client::{Ws, register, rss_kib, start_server};
+use agent_client::{Ws, register, rss_kib};
+#[path = "support/server.rs"]
+mod server;
+use server::start_server;
 
 /// Sessions being registered at once.
 const CONCURRENT: usize = 64;
