@@ -249,8 +249,13 @@ pub enum Input {
         issue: Option<[u8; 16]>,
     },
     /// Wake-ups may have been missed (the listener reconnected, or the
-    /// periodic poll): every connected client looks for its work.
+    /// periodic poll): every connected client looks for its work, and a
+    /// release pass goes if this server holds the pump duty.
     WakeAll,
+    /// A fleet run may release now (one was created or resumed, or a late
+    /// target joined, on another replica): if this server holds the pump
+    /// duty, a release pass goes at once.
+    FleetWake,
 }
 
 /// Something the caller must do, in order.
@@ -628,6 +633,14 @@ impl ServerCore {
             std::collections::BTreeSet::new()
         };
         if held != self.duties {
+            if held.contains(&rvbox_store_port::replica::Duty::FleetPump)
+                && !self
+                    .duties
+                    .contains(&rvbox_store_port::replica::Duty::FleetPump)
+            {
+                // runs another replica pumped may be live
+                self.fleet_wake();
+            }
             tracing::info!(
                 duties = ?held.iter().map(|d| d.name()).collect::<Vec<_>>(),
                 "single-runner duties changed"
@@ -692,6 +705,16 @@ impl ServerCore {
         for client in &ready {
             self.mark_ready(client);
         }
+        self.fleet_wake();
+    }
+
+    /// A run may be live that this server has not seen: the next release
+    /// pass goes at once, and a pass already in flight (which may have read
+    /// before that run committed) cannot say that none is.
+    fn fleet_wake(&mut self) {
+        self.fleet.live = true;
+        self.fleet.more = true;
+        self.fleet.epoch += 1;
     }
 
     /// Whether this server runs `duty`.
@@ -775,6 +798,7 @@ impl ServerCore {
             Input::Serving { serving } => self.set_serving(serving),
             Input::Wake { client, issue } => self.wake(&client, issue),
             Input::WakeAll => self.wake_all(),
+            Input::FleetWake => self.fleet_wake(),
         }
         // every session effect the input caused, then a fair dispatch turn
         // for each client that became ready (a turn only issues reads), and

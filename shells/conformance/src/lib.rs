@@ -24,6 +24,7 @@
 )]
 
 pub mod cases;
+pub mod fleet;
 pub mod reads;
 pub mod support;
 
@@ -147,6 +148,9 @@ macro_rules! __every_read_case {
             clients_are_listed_by_id_page_by_page,
             a_client_is_read_with_its_session_claim_and_grant,
             incidents_are_listed_newest_first_page_by_page,
+            a_fleet_run_releases_at_its_rate_and_ends_once_every_target_has,
+            fleet_actions_pause_resume_signal_and_cancel_once_each,
+            a_client_registering_in_a_late_window_becomes_a_target,
         );
     };
 }

@@ -13,6 +13,12 @@ use rvbox_store_port::ops::{Backend, StoreOp};
 
 use crate::support::*;
 
+pub use crate::fleet::{
+    a_client_registering_in_a_late_window_becomes_a_target,
+    a_fleet_run_releases_at_its_rate_and_ends_once_every_target_has,
+    fleet_actions_pause_resume_signal_and_cancel_once_each,
+};
+
 /// A backend and its control reads.
 pub trait WithReads: Backend {
     /// The backend's control reader.

@@ -247,6 +247,13 @@ impl Engine {
         );
     }
 
+    /// A fleet run may release now (created elsewhere): see
+    /// [`Input::FleetWake`].
+    pub fn fleet_wake(&mut self) {
+        let (now, wall) = self.last;
+        self.input(now, wall, Input::FleetWake);
+    }
+
     /// Timers: session deadlines due at `now_ms`, queue expiry, backoff
     /// wake-ups and a dispatch pass.
     pub fn tick(&mut self, now_ms: u64, wall_ms: i64) {

@@ -655,3 +655,46 @@ fn work_another_replica_stored_is_dispatched_on_its_wake_up() {
     e.wake("web-2", None);
     assert_eq!(e.stats().wakeups, 1);
 }
+
+/// A fleet run another replica created is released by the replica holding
+/// the pump duty at once on its wake-up, though its last pass had found no
+/// live run; without the wake-up, no pass goes.
+#[test]
+fn a_fleet_run_another_replica_created_is_pumped_on_its_wake_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path());
+    let first = new_id();
+    let (_, _) = accepted_command(&mut e, &first);
+    // the first pass finds no live run: the pump stops
+    for t in 6..10u64 {
+        e.tick(t * 1_000, WALL);
+        drain(&mut e);
+    }
+    let passes = e.stats().fleet_passes;
+    assert!(passes >= 1);
+    // a paused run with one pending target, written behind the engine's back
+    let run = new_id();
+    let req = wire::RunFleetRequest {
+        request_id: Engine::uuid_text(&run),
+        selection: Some(wire::FleetSelection {
+            client_ids: vec!["web-1".into()],
+            ..Default::default()
+        }),
+        spec: run_request(&run, None).spec,
+        max_parallel: Some(wire::FleetLimit {
+            limit: Some(wire::fleet_limit::Limit::Count(1)),
+        }),
+        ..Default::default()
+    };
+    let caller = rvbox_store::operator::Caller::local();
+    e.store_mut().run_fleet_as(&req, &caller, WALL).unwrap();
+    for t in 10..20u64 {
+        e.tick(t * 1_000, WALL);
+        drain(&mut e);
+    }
+    assert_eq!(e.stats().fleet_passes, passes, "no pass without a wake-up");
+    e.fleet_wake();
+    e.tick(21_000, WALL);
+    drain(&mut e);
+    assert_eq!(e.stats().fleet_passes, passes + 1, "a pass on the wake-up");
+}

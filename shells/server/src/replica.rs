@@ -31,9 +31,14 @@ use crate::core_loop::ToCore;
 use crate::metrics::ReasonLabel;
 
 /// The duties a replica on PostgreSQL takes: those the PostgreSQL store
-/// implements. Scrub and the fleet pump are not taken until it does
+/// implements. Scrub is not taken until it does
 /// (docs/scaleout.md).
-pub(crate) const DUTIES: [Duty; 3] = [Duty::Expiry, Duty::Maintenance, Duty::Janitor];
+pub(crate) const DUTIES: [Duty; 4] = [
+    Duty::Expiry,
+    Duty::Maintenance,
+    Duty::FleetPump,
+    Duty::Janitor,
+];
 
 /// How long the listener waits for notifications per turn.
 const LISTEN_SLICE: Duration = Duration::from_secs(1);
@@ -56,7 +61,7 @@ pub(crate) struct ReplicaMetrics {
     serving: Gauge,
     /// Duties held.
     duties: Gauge,
-    /// Wake-ups received, by kind (`client`, `command`, `sweep`).
+    /// Wake-ups received, by kind (`client`, `command`, `fleet`, `sweep`).
     wakeups: Family<ReasonLabel, Counter>,
     /// Listener connections lost.
     listener_lost: Counter,
@@ -93,7 +98,7 @@ impl ReplicaMetrics {
         );
         r.register(
             "wakeups",
-            "Wake-ups from other replicas, by kind (client, command, sweep)",
+            "Wake-ups from other replicas, by kind (client, command, fleet, sweep)",
             self.wakeups.clone(),
         );
         r.register(
@@ -483,6 +488,13 @@ fn listen(conninfo: &str, stop: &AtomicBool, core: &mpsc::Sender<ToCore>, m: &Re
                         WakeUp::Command(_) => {
                             m.wakeup("command");
                             changed = true;
+                        }
+                        WakeUp::Fleet => {
+                            m.wakeup("fleet");
+                            changed = true;
+                            if !send(core, ToCore::Replica(Input::FleetWake)) {
+                                return;
+                            }
                         }
                     }
                 }

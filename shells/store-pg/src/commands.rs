@@ -323,6 +323,141 @@ fn check_queue_limits(
     )?)
 }
 
+/// Whether retention reclaimed a command with this id (its tombstone).
+pub(crate) fn tombstoned(tx: &mut Transaction<'_>, issue: &[u8; 16]) -> Result<bool, Fail> {
+    Ok(crate::prep::query_opt(
+        tx,
+        "SELECT 1 FROM command_tombstones WHERE issue_uuid = $1",
+        &[&issue.as_slice()],
+    )
+    .map_err(Fail::db("check tombstone"))?
+    .is_some())
+}
+
+/// Whether a command has this id.
+pub(crate) fn command_exists(tx: &mut Transaction<'_>, issue: &[u8; 16]) -> Result<bool, Fail> {
+    Ok(crate::prep::query_opt(
+        tx,
+        "SELECT 1 FROM commands WHERE issue_uuid = $1",
+        &[&issue.as_slice()],
+    )
+    .map_err(Fail::db("check command"))?
+    .is_some())
+}
+
+/// A script chunk as stored: raw length, zstd bytes, SHA-256 of the raw
+/// bytes.
+pub(crate) type ScriptChunk = (usize, Vec<u8>, [u8; 32]);
+
+/// A script in chunks of one upload piece each, compressed one by one, so
+/// a range read decompresses only the chunks it covers.
+pub(crate) fn script_chunks(raw: &[u8]) -> Result<Vec<ScriptChunk>, Fail> {
+    let piece = usize::try_from(rvbox_domain::limits::MAX_SCRIPT_CHUNK_BYTES).unwrap_or(1 << 18);
+    raw.chunks(piece.max(1))
+        .map(|raw| {
+            zstd::bulk::compress(raw, 3)
+                .map(|z| (raw.len(), z, rvbox_segment::sha256(raw)))
+                .map_err(|e| Fail::Integrity(format!("compress script: {e}")))
+        })
+        .collect()
+}
+
+/// A command to create.
+pub(crate) struct NewCommand<'a> {
+    pub(crate) issue: &'a [u8; 16],
+    pub(crate) client_id: &'a str,
+    pub(crate) spec: &'a wire::ExecutionSpec,
+    pub(crate) spec_zstd: &'a [u8],
+    pub(crate) spec_raw_len: usize,
+    pub(crate) hash: &'a [u8; 32],
+    pub(crate) script: &'a [ScriptChunk],
+    /// 0: indefinite.
+    pub(crate) queue_ttl_ms: u64,
+}
+
+/// Creates a command (queued, revision 1) with its script, under the
+/// queue limits and the quotas, charging its client and the server;
+/// returns its queue expiry. The caller checked that its id is fresh.
+pub(crate) fn insert_command_in(
+    tx: &mut Transaction<'_>,
+    opts: &StoreOptions,
+    new: &NewCommand<'_>,
+    now_ms: i64,
+) -> Result<Option<i64>, Fail> {
+    let client_id = new.client_id;
+    check_queue_limits(tx, client_id, opts)?;
+    ensure_client(tx, client_id, opts)?;
+    let usage = Usage {
+        command: 0,
+        held_closeout: 0,
+        owner: client_charged(tx, client_id)?,
+        global: global_charged(tx)?,
+        // the database server's own disk; PostgreSQL refuses writes when
+        // it is full
+        free_space: u64::MAX,
+    };
+    let script_stored =
+        (!new.script.is_empty()).then(|| new.script.iter().map(|c| c.1.len() as u64).sum::<u64>());
+    let r = rvbox_store::store::reserve_creation(&opts.tiers, usage, new.spec_zstd, script_stored)
+        .map_err(|e| match e {
+            rvbox_store::mutations::OpError::Refused(d) => Fail::Refused(d),
+            rvbox_store::mutations::OpError::Store(s) => Fail::Integrity(s.to_string()),
+        })?;
+    let expiry_ms = if new.queue_ttl_ms == 0 {
+        None
+    } else {
+        Some(now_ms.saturating_add(i64::try_from(new.queue_ttl_ms).unwrap_or(i64::MAX)))
+    };
+    let params: [&(dyn ToSql + Sync); 10] = [
+        &new.issue.as_slice(),
+        &client_id,
+        &now_ms,
+        &expiry_ms,
+        &new.hash.as_slice(),
+        &new.spec_zstd,
+        &i64::try_from(new.spec_raw_len).unwrap_or(i64::MAX),
+        &to_i64(r.command_after),
+        &to_i64(r.held_closeout_after),
+        &i64::from(CHARGE_VERSION),
+    ];
+    crate::prep::execute(
+        tx,
+        "INSERT INTO commands (issue_uuid, client_id, issue_time_ms, queue_expiry_ms,
+             lifecycle, revision, request_hash, spec_zstd, spec_raw_len, charged_bytes,
+             closeout_held, charge_version)
+         VALUES ($1, $2, $3, $4, 1, 1, $5, $6, $7, $8, $9, $10)",
+        &params,
+    )
+    .map_err(Fail::db("insert command"))?;
+    if let Some(wire::execution_spec::Source::Script(_)) = &new.spec.source {
+        for (ordinal, (raw_len, z, sha)) in new.script.iter().enumerate() {
+            crate::prep::execute(
+                tx,
+                "INSERT INTO command_payloads (issue_uuid, kind, ordinal, compression,
+                     raw_len, stored_len, sha256, inline_bytes)
+                 VALUES ($1, $2, $3, 1, $4, $5, $6, $7)",
+                &[
+                    &new.issue.as_slice(),
+                    &i64::from(rvbox_segment::Kind::Script.as_u8()),
+                    &i64::try_from(ordinal).unwrap_or(i64::MAX),
+                    &i64::try_from(*raw_len).unwrap_or(i64::MAX),
+                    &i64::try_from(z.len()).unwrap_or(i64::MAX),
+                    &sha.as_slice(),
+                    z,
+                ],
+            )
+            .map_err(Fail::db("store script"))?;
+        }
+    }
+    add_charges(
+        tx,
+        client_id,
+        delta(r.owner_after, usage.owner),
+        delta(r.global_after, usage.global),
+    )?;
+    Ok(expiry_ms)
+}
+
 impl PgStore {
     /// `RunCommand`, idempotent by `request_id`, audited in its
     /// transaction (on its own after a refusal).
@@ -365,21 +500,7 @@ impl PgStore {
         let spec_raw = valid.spec.encode_to_vec();
         let spec_zstd = zstd::bulk::compress(&spec_raw, 3)
             .map_err(|e| Fail::Integrity(format!("compress execution spec: {e}")))?;
-        // the script in chunks of one upload piece each, compressed one by
-        // one, so a range read decompresses only the chunks it covers
-        let piece =
-            usize::try_from(rvbox_domain::limits::MAX_SCRIPT_CHUNK_BYTES).unwrap_or(1 << 18);
-        let script: Vec<(usize, Vec<u8>, [u8; 32])> = req
-            .script
-            .chunks(piece.max(1))
-            .map(|raw| {
-                zstd::bulk::compress(raw, 3)
-                    .map(|z| (raw.len(), z, rvbox_segment::sha256(raw)))
-                    .map_err(|e| Fail::Integrity(format!("compress script: {e}")))
-            })
-            .collect::<Result<_, _>>()?;
-        let script_stored =
-            (!script.is_empty()).then(|| script.iter().map(|c| c.1.len() as u64).sum::<u64>());
+        let script = script_chunks(&req.script)?;
         let client_id = valid.client_id.as_str();
         let outcome = self.in_tx("RunCommand", |tx, opts| {
             if let Some(stored) = mutations::lookup(
@@ -392,12 +513,7 @@ impl PgStore {
             {
                 return Ok((true, decode_stored(stored)));
             }
-            let tombstoned = crate::prep::query_opt(tx, "SELECT 1 FROM command_tombstones WHERE issue_uuid = $1",
-                    &[&issue.as_slice()],
-                )
-                .map_err(Fail::db("check tombstone"))?
-                .is_some();
-            if tombstoned {
+            if tombstoned(tx, &issue)? {
                 return Err(DomainError::new(
                     Code::AlreadyExecuted,
                     "a command with this issue_uuid already ran and its history was reclaimed; use a new request_id",
@@ -405,12 +521,7 @@ impl PgStore {
                 .with_field("request_id")
                 .into());
             }
-            let exists = crate::prep::query_opt(tx, "SELECT 1 FROM commands WHERE issue_uuid = $1",
-                    &[&issue.as_slice()],
-                )
-                .map_err(Fail::db("check command"))?
-                .is_some();
-            if exists {
+            if command_exists(tx, &issue)? {
                 return Err(DomainError::new(
                     Code::Conflict,
                     "request_id is already the issue_uuid of another command",
@@ -418,76 +529,17 @@ impl PgStore {
                 .with_field("request_id")
                 .into());
             }
-            check_queue_limits(tx, client_id, opts)?;
-            ensure_client(tx, client_id, opts)?;
-            let usage = Usage {
-                command: 0,
-                held_closeout: 0,
-                owner: client_charged(tx, client_id)?,
-                global: global_charged(tx)?,
-                // the database server's own disk; PostgreSQL refuses
-                // writes when it is full
-                free_space: u64::MAX,
-            };
-            let r = rvbox_store::store::reserve_creation(
-                &opts.tiers,
-                usage,
-                &spec_zstd,
-                script_stored,
-            )
-            .map_err(|e| match e {
-                rvbox_store::mutations::OpError::Refused(d) => Fail::Refused(d),
-                rvbox_store::mutations::OpError::Store(s) => Fail::Integrity(s.to_string()),
-            })?;
-            let ttl = valid.queue_ttl_ms.unwrap_or(opts.queue_ttl_ms);
-            let expiry_ms = if ttl == 0 {
-                None
-            } else {
-                Some(now_ms.saturating_add(i64::try_from(ttl).unwrap_or(i64::MAX)))
-            };
-            let params: [&(dyn ToSql + Sync); 10] = [
-                &issue.as_slice(),
-                &client_id,
-                &now_ms,
-                &expiry_ms,
-                &hash.as_bytes().as_slice(),
-                &spec_zstd,
-                &i64::try_from(spec_raw.len()).unwrap_or(i64::MAX),
-                &to_i64(r.command_after),
-                &to_i64(r.held_closeout_after),
-                &i64::from(CHARGE_VERSION),
-            ];
-            crate::prep::execute(tx, "INSERT INTO commands (issue_uuid, client_id, issue_time_ms, queue_expiry_ms,
-                     lifecycle, revision, request_hash, spec_zstd, spec_raw_len, charged_bytes,
-                     closeout_held, charge_version)
-                 VALUES ($1, $2, $3, $4, 1, 1, $5, $6, $7, $8, $9, $10)",
-                &params,
-            )
-            .map_err(Fail::db("insert command"))?;
-            if let Some(wire::execution_spec::Source::Script(_)) = &valid.spec.source {
-                for (ordinal, (raw_len, z, sha)) in script.iter().enumerate() {
-                    crate::prep::execute(tx, "INSERT INTO command_payloads (issue_uuid, kind, ordinal, compression,
-                             raw_len, stored_len, sha256, inline_bytes)
-                         VALUES ($1, $2, $3, 1, $4, $5, $6, $7)",
-                        &[
-                            &issue.as_slice(),
-                            &i64::from(rvbox_segment::Kind::Script.as_u8()),
-                            &i64::try_from(ordinal).unwrap_or(i64::MAX),
-                            &i64::try_from(*raw_len).unwrap_or(i64::MAX),
-                            &i64::try_from(z.len()).unwrap_or(i64::MAX),
-                            &sha.as_slice(),
-                            z,
-                        ],
-                    )
-                    .map_err(Fail::db("store script"))?;
-                }
-            }
-            add_charges(
-                tx,
+            let new = NewCommand {
+                issue: &issue,
                 client_id,
-                delta(r.owner_after, usage.owner),
-                delta(r.global_after, usage.global),
-            )?;
+                spec: &valid.spec,
+                spec_zstd: &spec_zstd,
+                spec_raw_len: spec_raw.len(),
+                hash: hash.as_bytes(),
+                script: &script,
+                queue_ttl_ms: valid.queue_ttl_ms.unwrap_or(opts.queue_ttl_ms),
+            };
+            let expiry_ms = insert_command_in(tx, opts, &new, now_ms)?;
             let response = wire::RunCommandResponse {
                 issue_uuid: valid.issue_uuid.to_string(),
                 queue_expiry_time: expiry_ms.map(to_timestamp),

@@ -83,6 +83,21 @@ impl Fail {
     }
 }
 
+impl From<rvbox_store::StoreError> for Fail {
+    fn from(e: rvbox_store::StoreError) -> Self {
+        Self::Integrity(e.to_string())
+    }
+}
+
+impl From<rvbox_store::mutations::OpError> for Fail {
+    fn from(e: rvbox_store::mutations::OpError) -> Self {
+        match e {
+            rvbox_store::mutations::OpError::Refused(d) => Self::Refused(d),
+            rvbox_store::mutations::OpError::Store(s) => s.into(),
+        }
+    }
+}
+
 impl From<DomainError> for Fail {
     fn from(e: DomainError) -> Self {
         Self::Refused(e)

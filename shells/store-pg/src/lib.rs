@@ -22,6 +22,7 @@ mod audit;
 mod commands;
 mod error;
 mod events;
+mod fleet;
 mod incidents;
 mod maintenance;
 mod mutations;
@@ -544,6 +545,15 @@ impl PgStore {
                 .append_events(&events, wall_ms)
                 .map(Completion::Appended),
             StoreOp::Maintain => self.maintain(wall_ms).map(Completion::Maintained),
+            StoreOp::RunFleet { request, caller } => self
+                .run_fleet(&request, &caller, wall_ms)
+                .map(|o| Completion::Fleet(Box::new(o))),
+            StoreOp::FleetAction { action, caller } => self
+                .fleet_action(&action, &caller, wall_ms)
+                .map(|o| Completion::Fleet(Box::new(o))),
+            StoreOp::FleetPump { limit } => self
+                .fleet_pump(limit, wall_ms)
+                .map(|o| Completion::Fleet(Box::new(o))),
             other => Err(Fail::Unsupported(other.name())),
         };
         result.map_err(|e| {

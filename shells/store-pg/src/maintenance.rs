@@ -65,7 +65,11 @@ enum Evicted {
 
 /// Whether `replica` holds `duty` now (always, for a store that never
 /// joined as a replica: one server alone runs every duty).
-fn holds(tx: &mut Transaction<'_>, replica: Option<ReplicaId>, duty: Duty) -> Result<bool, Fail> {
+pub(crate) fn holds(
+    tx: &mut Transaction<'_>,
+    replica: Option<ReplicaId>,
+    duty: Duty,
+) -> Result<bool, Fail> {
     let Some(r) = replica else {
         return Ok(true);
     };
@@ -361,6 +365,14 @@ impl PgStore {
                 tracing::info!(clients = report.clients_pruned, "idle clients pruned");
             }
         }
+        // done fleet runs go with their commands, or after the retention
+        let cap = self.opts.tombstone_cap;
+        report.fleet_runs_pruned = self.in_tx("prune done fleet runs", |tx, _| {
+            if !holds(tx, replica, Duty::Maintenance)? {
+                return Ok(0);
+            }
+            crate::fleet::prune_done_runs_in(tx, now_ms, retention_ms, cap)
+        })?;
         tracing::info!(
             incidents_trimmed = report.incidents_trimmed,
             audit_rows_trimmed = report.audit_rotated,

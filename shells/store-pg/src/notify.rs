@@ -20,6 +20,9 @@ use crate::Fail;
 
 /// The channel of clients that have new work (commands, signals, stdin).
 pub const CLIENT_CHANNEL: &str = "rvbox_client";
+/// The channel of fleet runs that may release now (a new or resumed run,
+/// a late target): the replica holding the pump duty passes at once.
+pub const FLEET_CHANNEL: &str = "rvbox_fleet";
 /// The channel of commands that have new events.
 pub const COMMAND_CHANNEL: &str = "rvbox_command";
 
@@ -91,9 +94,11 @@ pub enum WakeUp {
     },
     /// A command has new events (its canonical id).
     Command(String),
+    /// A fleet run may release now.
+    Fleet,
 }
 
-/// A connection that listens on both channels.
+/// A connection that listens on the three channels.
 pub struct Listener {
     client: Client,
 }
@@ -114,7 +119,7 @@ impl Listener {
             Client::connect(conninfo, NoTls).map_err(Fail::db("connect a listener"))?;
         client
             .batch_execute(&format!(
-                "LISTEN {CLIENT_CHANNEL}; LISTEN {COMMAND_CHANNEL}"
+                "LISTEN {CLIENT_CHANNEL}; LISTEN {COMMAND_CHANNEL}; LISTEN {FLEET_CHANNEL}"
             ))
             .map_err(Fail::db("listen"))?;
         Ok(Self { client })
@@ -135,6 +140,7 @@ impl Listener {
                 match postgres::fallible_iterator::FallibleIterator::next(&mut it) {
                     Ok(Some(n)) => out.push(match n.channel() {
                         CLIENT_CHANNEL => parse_client(n.payload()),
+                        FLEET_CHANNEL => WakeUp::Fleet,
                         _ => WakeUp::Command(n.payload().to_owned()),
                     }),
                     Ok(None) => break,

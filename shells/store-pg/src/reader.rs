@@ -17,6 +17,7 @@ use rvbox_domain::token::{TokenCodec, TokenKey};
 use rvbox_proto::v1 as wire;
 use rvbox_segment::{Compression, Stream};
 use rvbox_store::StoreError;
+use rvbox_store::fleet::{FleetSource, RunRow};
 use rvbox_store::identity::TOKEN_KEY_LEN;
 use rvbox_store::incidents::Incident;
 use rvbox_store::mutations::OpError;
@@ -36,13 +37,6 @@ use crate::{Fail, PgStore};
 
 fn store_error(e: Fail) -> StoreError {
     StoreError::Integrity(e.to_string())
-}
-
-fn op_error(e: Fail) -> OpError {
-    match e {
-        Fail::Refused(d) => OpError::Refused(d),
-        other => OpError::Store(store_error(other)),
-    }
 }
 
 fn db(context: &'static str) -> impl Fn(postgres::Error) -> StoreError {
@@ -604,10 +598,6 @@ impl PgReader {
     }
 }
 
-fn not_yet(what: &'static str) -> OpError {
-    op_error(Fail::Unsupported(what))
-}
-
 impl ControlReads for PgReader {
     fn list_clients(
         &mut self,
@@ -656,29 +646,161 @@ impl ControlReads for PgReader {
     }
     fn get_fleet_run(
         &mut self,
-        _req: &wire::GetFleetRunRequest,
+        req: &wire::GetFleetRunRequest,
     ) -> Result<wire::GetFleetRunResponse, OpError> {
-        Err(not_yet("GetFleetRun"))
+        self.snapshot(|src, _| rvbox_store::fleet::get_fleet_run(src, req))
     }
     fn list_fleet_runs(
         &mut self,
-        _req: &wire::ListFleetRunsRequest,
+        req: &wire::ListFleetRunsRequest,
     ) -> Result<wire::ListFleetRunsResponse, OpError> {
-        Err(not_yet("ListFleetRuns"))
+        let key = self.key;
+        self.snapshot(|src, _| rvbox_store::fleet::list_fleet_runs(src, key, req))
     }
     fn list_fleet_targets(
         &mut self,
-        _req: &wire::ListFleetTargetsRequest,
+        req: &wire::ListFleetTargetsRequest,
     ) -> Result<wire::ListFleetTargetsResponse, OpError> {
-        Err(not_yet("ListFleetTargets"))
+        let key = self.key;
+        self.snapshot(|src, _| rvbox_store::fleet::list_fleet_targets(src, key, req))
     }
     fn fleet_changes(
         &mut self,
-        _run: &str,
-        _after_seq: u64,
-        _limit: usize,
+        run: &str,
+        after_seq: u64,
+        limit: usize,
     ) -> Result<(wire::FleetRunRecord, Vec<wire::FleetTarget>), OpError> {
-        Err(not_yet("FollowFleetRun"))
+        self.snapshot(|src, _| rvbox_store::fleet::fleet_changes(src, run, after_seq, limit))
+    }
+}
+
+const TARGET_SELECT: &str = "SELECT client_id, issue_uuid, state, lifecycle, exit_code, \
+     exit_signal, rejection, released_ms, ended_ms, late, change_seq FROM fleet_targets";
+
+impl FleetSource for PgSource<'_, '_> {
+    fn fleet_run(&mut self, run: &[u8; 16]) -> Result<Option<RunRow>, StoreError> {
+        let sql = format!(
+            "SELECT {} FROM fleet_runs WHERE run_id = $1",
+            rvbox_store::fleet::RUN_COLUMNS
+        );
+        self.tx
+            .query_opt(sql.as_str(), &[&run.as_slice()])
+            .map_err(db("load fleet run"))?
+            .map(|r| rvbox_store::fleet::decode_run(crate::fleet::run_of(&r)))
+            .transpose()
+    }
+
+    fn runs_before(
+        &mut self,
+        after_ms: i64,
+        after_id: &[u8; 16],
+        limit: usize,
+    ) -> Result<Vec<([u8; 16], i64)>, StoreError> {
+        self.tx
+            .query(
+                "SELECT run_id, created_ms FROM fleet_runs
+                 WHERE created_ms < $1 OR (created_ms = $1 AND run_id < $2)
+                 ORDER BY created_ms DESC, run_id DESC LIMIT $3",
+                &[&after_ms, &after_id.as_slice(), &to_i64(limit as u64)],
+            )
+            .map_err(db("list fleet runs"))?
+            .iter()
+            .map(|r| {
+                <[u8; 16]>::try_from(r.get::<_, Vec<u8>>(0).as_slice())
+                    .map(|id| (id, r.get(1)))
+                    .map_err(|_| {
+                        StoreError::Integrity("a stored fleet run id is not 16 bytes".into())
+                    })
+            })
+            .collect()
+    }
+
+    fn targets_after(
+        &mut self,
+        run: &[u8; 16],
+        state: Option<i32>,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<wire::FleetTarget>, StoreError> {
+        let sql = format!(
+            "{TARGET_SELECT} WHERE run_id = $1 AND ($2::bigint IS NULL OR state = $2)
+               AND client_id > $3 ORDER BY client_id LIMIT $4"
+        );
+        Ok(self
+            .tx
+            .query(
+                sql.as_str(),
+                &[
+                    &run.as_slice(),
+                    &state.map(i64::from),
+                    &after,
+                    &to_i64(limit as u64),
+                ],
+            )
+            .map_err(db("list fleet targets"))?
+            .iter()
+            .map(crate::fleet::target_of)
+            .collect())
+    }
+
+    fn scan_targets(
+        &mut self,
+        run: &[u8; 16],
+        state: Option<i32>,
+        after: &str,
+        max: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        Ok(self
+            .tx
+            .query(
+                "SELECT t.client_id, c.labels FROM fleet_targets t
+                 LEFT JOIN clients c ON c.client_id = t.client_id
+                 WHERE t.run_id = $1 AND ($2::bigint IS NULL OR t.state = $2)
+                   AND t.client_id > $3
+                 ORDER BY t.client_id LIMIT $4",
+                &[
+                    &run.as_slice(),
+                    &state.map(i64::from),
+                    &after,
+                    &to_i64(max as u64),
+                ],
+            )
+            .map_err(db("scan fleet targets"))?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect())
+    }
+
+    fn target(&mut self, run: &[u8; 16], client: &str) -> Result<wire::FleetTarget, StoreError> {
+        let sql = format!("{TARGET_SELECT} WHERE run_id = $1 AND client_id = $2");
+        self.tx
+            .query_opt(sql.as_str(), &[&run.as_slice(), &client])
+            .map_err(db("read fleet target"))?
+            .map(|r| crate::fleet::target_of(&r))
+            .ok_or_else(|| {
+                StoreError::Integrity("a fleet target vanished inside a snapshot".into())
+            })
+    }
+
+    fn changes(
+        &mut self,
+        run: &[u8; 16],
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<wire::FleetTarget>, StoreError> {
+        let sql = format!(
+            "{TARGET_SELECT} WHERE run_id = $1 AND change_seq > $2 ORDER BY change_seq LIMIT $3"
+        );
+        Ok(self
+            .tx
+            .query(
+                sql.as_str(),
+                &[&run.as_slice(), &to_i64(after_seq), &to_i64(limit as u64)],
+            )
+            .map_err(db("read fleet changes"))?
+            .iter()
+            .map(crate::fleet::target_of)
+            .collect())
     }
 }
 

@@ -346,6 +346,8 @@ impl PgStore {
                 &[&reg.client_id, &to_i64(CLOSED_SESSIONS_KEPT)],
             )
             .map_err(Fail::db("prune closed sessions"))?;
+            // a fleet run waiting for late clients takes this one if it matches
+            crate::fleet::add_late_targets_in(tx, &reg.client_id, &reg.labels, now_ms)?;
             if reg.fence.is_some() {
                 write_in(
                     tx,

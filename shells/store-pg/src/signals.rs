@@ -4,6 +4,7 @@
 //! pending signal, or the cancellation of a queued command, with the audit
 //! record, in one transaction.
 
+use postgres::Transaction;
 use prost::Message as _;
 use rvbox_domain::error::{Code, DomainError};
 use rvbox_domain::hash::request_hash;
@@ -14,6 +15,7 @@ use rvbox_store::audit::AuditRecord;
 use rvbox_store::incidents::detail_to_error;
 use rvbox_store::mutations::{Assigned, Owner, Stored};
 use rvbox_store_port::audit::Caller;
+use rvbox_store_port::commands::CommandView;
 use rvbox_store_port::signals::{SignalOutcome, SignalPlan};
 
 use crate::audit::write_in;
@@ -25,6 +27,45 @@ fn uuid_text(b: &[u8; 16]) -> String {
     Uuid7::from_bytes("issue_uuid", *b)
         .map(|u| u.to_string())
         .unwrap_or_default()
+}
+
+/// Raises the command's revision by one and, with `kind`, records the
+/// signal as pending at the new revision (one pending row per kind);
+/// returns the new revision.
+pub(crate) fn raise_revision(
+    tx: &mut Transaction<'_>,
+    view: &CommandView,
+    kind: Option<wire::SignalKind>,
+    now_ms: i64,
+) -> Result<u64, Fail> {
+    let issue = view.issue_uuid;
+    let next = view
+        .revision
+        .checked_add(1)
+        .ok_or_else(|| Fail::Integrity("revision overflow".into()))?;
+    crate::prep::execute(
+        tx,
+        "UPDATE commands SET revision = $2 WHERE issue_uuid = $1",
+        &[&issue.as_slice(), &to_i64(next)],
+    )
+    .map_err(Fail::db("raise revision"))?;
+    if let Some(kind) = kind {
+        crate::prep::execute(
+            tx,
+            "INSERT INTO command_signals (issue_uuid, signal, revision, created_ms)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (issue_uuid, signal) DO UPDATE
+                 SET revision = excluded.revision, created_ms = excluded.created_ms",
+            &[
+                &issue.as_slice(),
+                &i64::from(kind as i32),
+                &to_i64(next),
+                &now_ms,
+            ],
+        )
+        .map_err(Fail::db("record pending signal"))?;
+    }
+    Ok(next)
 }
 
 impl PgStore {
@@ -121,12 +162,7 @@ impl PgStore {
                             "only a queued command is cancelled by the server",
                         ));
                     }
-                    crate::prep::execute(
-                        tx,
-                        "UPDATE commands SET revision = $2 WHERE issue_uuid = $1",
-                        &[&issue.as_slice(), &to_i64(next)],
-                    )
-                    .map_err(Fail::db("raise revision"))?;
+                    raise_revision(tx, &view, None, now_ms)?;
                     finish_in(
                         tx,
                         &view,
@@ -144,26 +180,7 @@ impl PgStore {
                             "a signal is delivered only to work the client may hold",
                         ));
                     }
-                    crate::prep::execute(
-                        tx,
-                        "UPDATE commands SET revision = $2 WHERE issue_uuid = $1",
-                        &[&issue.as_slice(), &to_i64(next)],
-                    )
-                    .map_err(Fail::db("raise revision"))?;
-                    crate::prep::execute(
-                        tx,
-                        "INSERT INTO command_signals (issue_uuid, signal, revision, created_ms)
-                         VALUES ($1, $2, $3, $4)
-                         ON CONFLICT (issue_uuid, signal) DO UPDATE
-                             SET revision = excluded.revision, created_ms = excluded.created_ms",
-                        &[
-                            &issue.as_slice(),
-                            &i64::from(kind as i32),
-                            &to_i64(next),
-                            &now_ms,
-                        ],
-                    )
-                    .map_err(Fail::db("record pending signal"))?;
+                    raise_revision(tx, &view, Some(kind), now_ms)?;
                     let frame = wire::Signal {
                         issue_uuid: uuid_text(&issue),
                         revision: next,

@@ -46,32 +46,49 @@ pub const FLEET_RELEASE_BATCH: usize = 2_048;
 /// Most live runs one pump pass looks at (oldest first).
 pub const MAX_LIVE_RUNS_PER_PASS: usize = 256;
 
-const RUN_COLUMNS: &str = "run_id, state, stop_reason, selection, spec_zstd, script_zstd, \
+/// The columns of a run row, in [`RawRun`] order.
+pub const RUN_COLUMNS: &str = "run_id, state, stop_reason, selection, spec_zstd, script_zstd, \
      queue_ttl_ms, max_parallel, max_errors, created_ms, late_until_ms, done_ms, targets, \
      n_pending, n_queued, n_running, n_succeeded, n_failed, n_unreachable, n_cancelled, \
      n_skipped, change_seq";
 
-const TARGET_COLUMNS: &str = "client_id, issue_uuid, state, lifecycle, exit_code, exit_signal, \
+/// The columns of a target row, in [`TargetRow`] order.
+pub const TARGET_COLUMNS: &str = "client_id, issue_uuid, state, lifecycle, exit_code, exit_signal, \
      rejection, released_ms, ended_ms, late, change_seq";
 
-/// One `fleet_runs` row as read.
+/// One `fleet_runs` row as read (either backend).
 #[derive(Debug, Clone)]
-struct RunRow {
-    run_id: [u8; 16],
-    state: wire::FleetRunState,
-    stop_reason: i32,
-    selection: Vec<u8>,
-    spec_zstd: Vec<u8>,
-    script_zstd: Option<Vec<u8>>,
-    queue_ttl_ms: u64,
-    max_parallel: Option<Limit>,
-    max_errors: Option<Limit>,
-    created_ms: i64,
-    late_until_ms: Option<i64>,
-    done_ms: Option<i64>,
-    targets: u64,
-    counts: Counts,
-    change_seq: u64,
+pub struct RunRow {
+    /// Run id.
+    pub run_id: [u8; 16],
+    /// State.
+    pub state: wire::FleetRunState,
+    /// `rvbox.v1.FleetStopReason`.
+    pub stop_reason: i32,
+    /// Encoded `FleetSelection`.
+    pub selection: Vec<u8>,
+    /// zstd of the encoded, normalized spec.
+    pub spec_zstd: Vec<u8>,
+    /// zstd of the script, when the run has one.
+    pub script_zstd: Option<Vec<u8>>,
+    /// Each target command's queue TTL (0: indefinite).
+    pub queue_ttl_ms: u64,
+    /// `max_parallel`.
+    pub max_parallel: Option<Limit>,
+    /// `max_errors`.
+    pub max_errors: Option<Limit>,
+    /// Creation time.
+    pub created_ms: i64,
+    /// End of the include_late window.
+    pub late_until_ms: Option<i64>,
+    /// When the run ended.
+    pub done_ms: Option<i64>,
+    /// Targets in all.
+    pub targets: u64,
+    /// Targets by state.
+    pub counts: Counts,
+    /// Position of the latest target change.
+    pub change_seq: u64,
 }
 
 fn integrity(what: &str) -> StoreError {
@@ -85,7 +102,31 @@ fn limit_of(bytes: Option<Vec<u8>>) -> Result<Option<Limit>, StoreError> {
 }
 
 /// A run row with its two encoded limits, not yet decoded.
-type RawRun = (RunRow, Option<Vec<u8>>, Option<Vec<u8>>);
+pub type RawRun = (RunRow, Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// Decodes a run row's limits and checks its state.
+///
+/// # Errors
+/// [`StoreError::Integrity`] for a state or limit that does not decode.
+pub fn decode_run(raw: RawRun) -> Result<RunRow, StoreError> {
+    let (mut row, parallel, errors) = raw;
+    if row.state == wire::FleetRunState::Unspecified {
+        return Err(integrity("state"));
+    }
+    row.max_parallel = limit_of(parallel)?;
+    row.max_errors = limit_of(errors)?;
+    Ok(row)
+}
+
+/// The fleet run state of a stored number (`Unspecified` when unknown,
+/// which [`decode_run`] refuses).
+#[must_use]
+pub fn run_state(n: i64) -> wire::FleetRunState {
+    i32::try_from(n)
+        .ok()
+        .and_then(|n| wire::FleetRunState::try_from(n).ok())
+        .unwrap_or(wire::FleetRunState::Unspecified)
+}
 
 fn run_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRun> {
     let id: Vec<u8> = r.get(0)?;
@@ -132,15 +173,7 @@ fn load_run(conn: &Connection, run: &[u8; 16]) -> Result<Option<RunRow>, StoreEr
         )
         .optional()
         .map_err(|e| StoreError::sqlite("load fleet run", e))?;
-    let Some((mut row, parallel, errors)) = row else {
-        return Ok(None);
-    };
-    if row.state == wire::FleetRunState::Unspecified {
-        return Err(integrity("state"));
-    }
-    row.max_parallel = limit_of(parallel)?;
-    row.max_errors = limit_of(errors)?;
-    Ok(Some(row))
+    row.map(decode_run).transpose()
 }
 
 fn must_run(conn: &Connection, run: &[u8; 16]) -> Result<RunRow, OpError> {
@@ -151,7 +184,11 @@ fn must_run(conn: &Connection, run: &[u8; 16]) -> Result<RunRow, OpError> {
     })
 }
 
-fn spec_of(row: &RunRow) -> Result<wire::ExecutionSpec, StoreError> {
+/// The run's spec, decompressed and decoded.
+///
+/// # Errors
+/// [`StoreError::Integrity`] when it does not decode.
+pub fn spec_of(row: &RunRow) -> Result<wire::ExecutionSpec, StoreError> {
     let raw = zstd::bulk::decompress(
         &row.spec_zstd,
         usize::try_from(rvbox_domain::limits::MAX_EXECUTION_SPEC_BYTES).unwrap_or(usize::MAX),
@@ -160,7 +197,11 @@ fn spec_of(row: &RunRow) -> Result<wire::ExecutionSpec, StoreError> {
     wire::ExecutionSpec::decode(raw.as_slice()).map_err(|_| integrity("spec"))
 }
 
-fn record_of(row: &RunRow) -> Result<wire::FleetRunRecord, StoreError> {
+/// The run as `GetFleetRun` answers it.
+///
+/// # Errors
+/// [`StoreError::Integrity`] when a stored field does not decode.
+pub fn record_of(row: &RunRow) -> Result<wire::FleetRunRecord, StoreError> {
     let selection = wire::FleetSelection::decode(row.selection.as_slice())
         .map_err(|_| integrity("selection"))?;
     Ok(wire::FleetRunRecord {
@@ -180,36 +221,81 @@ fn record_of(row: &RunRow) -> Result<wire::FleetRunRecord, StoreError> {
     })
 }
 
-fn uuid_text(b: &[u8; 16]) -> String {
+/// A 16-byte id as canonical text.
+#[must_use]
+pub fn uuid_text(b: &[u8; 16]) -> String {
     uuid::Uuid::from_bytes(*b).hyphenated().to_string()
 }
 
-fn target_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<wire::FleetTarget> {
-    let issue: Vec<u8> = r.get(1)?;
-    let lifecycle: Option<i32> = r.get(3)?;
-    let exit_code: Option<i64> = r.get(4)?;
-    let exit_signal: Option<i64> = r.get(5)?;
-    let rejection: Option<Vec<u8>> = r.get(6)?;
+/// One `fleet_targets` row as stored (the columns of `TARGET_COLUMNS`).
+#[derive(Debug, Clone)]
+pub struct TargetRow {
+    /// Client.
+    pub client_id: String,
+    /// The target's command id.
+    pub issue: Vec<u8>,
+    /// `rvbox.v1.FleetTargetState`.
+    pub state: i64,
+    /// The command's lifecycle, once released.
+    pub lifecycle: Option<i64>,
+    /// Exit code.
+    pub exit_code: Option<i64>,
+    /// Exit signal.
+    pub exit_signal: Option<i64>,
+    /// Encoded `ErrorDetail` of a refused release.
+    pub rejection: Option<Vec<u8>>,
+    /// Release time.
+    pub released_ms: Option<i64>,
+    /// End time.
+    pub ended_ms: Option<i64>,
+    /// Joined through the include_late window.
+    pub late: bool,
+    /// Position of its latest change.
+    pub change_seq: i64,
+}
+
+/// A target as the fleet reads answer it.
+#[must_use]
+pub fn target_of_row(r: TargetRow) -> wire::FleetTarget {
+    let lifecycle = r.lifecycle.and_then(|l| i32::try_from(l).ok());
     let terminal = lifecycle.is_some_and(|l| l >= wire::Lifecycle::Succeeded as i32);
-    Ok(wire::FleetTarget {
-        client_id: r.get(0)?,
-        issue_uuid: uuid::Uuid::from_slice(&issue)
+    wire::FleetTarget {
+        client_id: r.client_id,
+        issue_uuid: uuid::Uuid::from_slice(&r.issue)
             .map(|u| u.hyphenated().to_string())
             .unwrap_or_default(),
-        state: r.get(2)?,
+        state: i32::try_from(r.state).unwrap_or(0),
         lifecycle: lifecycle.unwrap_or(0),
         exit_result: terminal.then(|| wire::ExitResult {
             lifecycle: lifecycle.unwrap_or(0),
-            exit_code: exit_code.and_then(|c| i32::try_from(c).ok()),
-            signal_number: exit_signal.and_then(|c| i32::try_from(c).ok()),
+            exit_code: r.exit_code.and_then(|c| i32::try_from(c).ok()),
+            signal_number: r.exit_signal.and_then(|c| i32::try_from(c).ok()),
             signal_name: String::new(),
         }),
-        rejection: rejection.and_then(|b| wire::ErrorDetail::decode(b.as_slice()).ok()),
-        release_time: r.get::<_, Option<i64>>(7)?.map(to_timestamp),
-        end_time: r.get::<_, Option<i64>>(8)?.map(to_timestamp),
+        rejection: r
+            .rejection
+            .and_then(|b| wire::ErrorDetail::decode(b.as_slice()).ok()),
+        release_time: r.released_ms.map(to_timestamp),
+        end_time: r.ended_ms.map(to_timestamp),
+        late: r.late,
+        change_seq: to_u64(r.change_seq),
+    }
+}
+
+fn target_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<wire::FleetTarget> {
+    Ok(target_of_row(TargetRow {
+        client_id: r.get(0)?,
+        issue: r.get(1)?,
+        state: r.get(2)?,
+        lifecycle: r.get(3)?,
+        exit_code: r.get(4)?,
+        exit_signal: r.get(5)?,
+        rejection: r.get(6)?,
+        released_ms: r.get(7)?,
+        ended_ms: r.get(8)?,
         late: r.get(9)?,
-        change_seq: to_u64(r.get(10)?),
-    })
+        change_seq: r.get(10)?,
+    }))
 }
 
 fn invalid(field: &'static str, msg: impl AsRef<str>) -> OpError {
@@ -224,26 +310,99 @@ fn parse_run_id(text: &str) -> Result<[u8; 16], OpError> {
 
 /// What one release pass changed.
 #[derive(Debug, Default)]
-struct Pass {
-    released: BTreeSet<String>,
-    more: bool,
+pub struct Pass {
+    /// Clients that got a new command.
+    pub released: BTreeSet<String>,
+    /// A run stopped at the pass's bound: pump again at once.
+    pub more: bool,
+}
+
+/// The writes of a release pass, inside one transaction of a store
+/// backend: the rule of [`advance`] is the same on every backend.
+pub trait FleetTx {
+    /// The backend's failure.
+    type Error: From<DomainError> + From<StoreError>;
+    /// The refusal inside `e`, if it is one (a refused target release ends
+    /// that target `failed`; anything else fails the pass).
+    fn refusal(e: &Self::Error) -> Option<&DomainError>;
+    /// The run, held against concurrent passes until the transaction ends.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn run(&mut self, run: &[u8; 16]) -> Result<Option<RunRow>, Self::Error>;
+    /// Skips the run's pending targets and stops it for `max_errors`.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn stop_for_errors(&mut self, run: &[u8; 16]) -> Result<(), Self::Error>;
+    /// At most `n` pending targets (client, command id), by client id.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn pending(&mut self, run: &[u8; 16], n: usize)
+    -> Result<Vec<(String, [u8; 16])>, Self::Error>;
+    /// Creates a target's command (a refusal leaves nothing written).
+    ///
+    /// # Errors
+    /// A refusal (full queue, quota, unwritable scope, id taken) or a
+    /// store failure.
+    fn create_command(
+        &mut self,
+        row: &RunRow,
+        spec: &wire::ExecutionSpec,
+        client: &str,
+        issue: &[u8; 16],
+        now_ms: i64,
+    ) -> Result<(), Self::Error>;
+    /// Marks a target released (its command was created).
+    ///
+    /// # Errors
+    /// A store failure.
+    fn released(&mut self, run: &[u8; 16], client: &str, now_ms: i64) -> Result<(), Self::Error>;
+    /// Ends a target `failed` with the refusal of its release.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn refused(
+        &mut self,
+        run: &[u8; 16],
+        client: &str,
+        detail: &wire::ErrorDetail,
+        now_ms: i64,
+    ) -> Result<(), Self::Error>;
+    /// Ends the run.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn end(&mut self, run: &[u8; 16], now_ms: i64) -> Result<(), Self::Error>;
+}
+
+/// The run, or `NOT_FOUND` naming `fleet_run_id`.
+///
+/// # Errors
+/// `NOT_FOUND`, or a store failure.
+pub fn must<T: FleetTx>(t: &mut T, run: &[u8; 16]) -> Result<RunRow, T::Error> {
+    t.run(run)?.ok_or_else(|| {
+        DomainError::new(Code::NotFound, "no such fleet run")
+            .with_field("fleet_run_id")
+            .into()
+    })
 }
 
 /// Releases what `run`'s rate allows (at most `budget`), stops it at
 /// `max_errors`, and ends it when done, inside the caller's transaction.
-#[allow(clippy::too_many_arguments)]
-fn advance_in(
-    tx: &Transaction<'_>,
-    opts: &StoreOptions,
-    health: &Health,
-    free: u64,
+///
+/// # Errors
+/// A store failure (a refused release fails only its target).
+pub fn advance<T: FleetTx>(
+    t: &mut T,
     run_id: &[u8; 16],
     budget: &mut usize,
     pass: &mut Pass,
     now_ms: i64,
-) -> Result<(), OpError> {
+) -> Result<(), T::Error> {
     use wire::FleetRunState as R;
-    let row = must_run(tx, run_id)?;
+    let row = must(t, run_id)?;
     if row.state == R::Done {
         return Ok(());
     }
@@ -257,16 +416,7 @@ fn advance_in(
     );
     let run_text = uuid_text(run_id);
     if s.stop_for_errors {
-        tx.execute_cached(
-            "UPDATE fleet_targets SET state = 8 WHERE run_id = ?1 AND state = 1",
-            params![run_id.as_slice()],
-        )
-        .map_err(|e| StoreError::sqlite("skip fleet targets", e))?;
-        tx.execute_cached(
-            "UPDATE fleet_runs SET state = 3, stop_reason = 1 WHERE run_id = ?1",
-            params![run_id.as_slice()],
-        )
-        .map_err(|e| StoreError::sqlite("stop fleet run", e))?;
+        t.stop_for_errors(run_id)?;
         tracing::warn!(
             fleet_run_id = %run_text,
             errors = row.counts.errors(),
@@ -277,14 +427,14 @@ fn advance_in(
         .unwrap_or(usize::MAX)
         .min(*budget);
     if n > 0 {
-        release_in(tx, opts, health, free, &row, n, pass, now_ms)?;
+        release(t, &row, n, pass, now_ms)?;
         *budget -= n;
     }
     if u64::try_from(n).unwrap_or(u64::MAX) < s.release {
         pass.more = true;
     }
     // the decision again on what this pass left
-    let after = must_run(tx, run_id)?;
+    let after = must(t, run_id)?;
     let s = step(
         after.state,
         &after.counts,
@@ -293,11 +443,7 @@ fn advance_in(
         late_open,
     );
     if s.done && s.release == 0 {
-        tx.execute_cached(
-            "UPDATE fleet_runs SET state = 4, done_ms = ?2 WHERE run_id = ?1",
-            params![run_id.as_slice(), now_ms],
-        )
-        .map_err(|e| StoreError::sqlite("end fleet run", e))?;
+        t.end(run_id, now_ms)?;
         let c = after.counts;
         tracing::info!(
             fleet_run_id = %run_text,
@@ -316,57 +462,25 @@ fn advance_in(
 /// Creates the commands of `n` pending targets of `row` (in client-id
 /// order). A refused creation (a full queue, a quota, an unwritable
 /// scope) ends that target `failed` with the refusal as its rejection.
-#[allow(clippy::too_many_arguments)]
-fn release_in(
-    tx: &Transaction<'_>,
-    opts: &StoreOptions,
-    health: &Health,
-    free: u64,
+fn release<T: FleetTx>(
+    t: &mut T,
     row: &RunRow,
     n: usize,
     pass: &mut Pass,
     now_ms: i64,
-) -> Result<(), OpError> {
-    let pending: Vec<(String, Vec<u8>)> = {
-        let mut st = tx
-            .prepare_cached(
-                "SELECT client_id, issue_uuid FROM fleet_targets
-                 WHERE run_id = ?1 AND state = 1 ORDER BY client_id LIMIT ?2",
-            )
-            .map_err(|e| StoreError::sqlite("read pending fleet targets", e))?;
-        st.query_map(
-            params![row.run_id.as_slice(), i64::try_from(n).unwrap_or(i64::MAX)],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .and_then(Iterator::collect)
-        .map_err(|e| StoreError::sqlite("read pending fleet targets", e))?
-    };
+) -> Result<(), T::Error> {
+    let pending = t.pending(&row.run_id, n)?;
     let spec = spec_of(row)?;
-    let spec_raw_len = spec.encoded_len();
     for (client, issue) in pending {
-        let issue = <[u8; 16]>::try_from(issue.as_slice()).map_err(|_| integrity("target"))?;
-        match create_target_command(
-            tx,
-            opts,
-            health,
-            free,
-            row,
-            &spec,
-            spec_raw_len,
-            &client,
-            &issue,
-            now_ms,
-        ) {
+        match t.create_command(row, &spec, &client, &issue, now_ms) {
             Ok(()) => {
-                tx.execute_cached(
-                    "UPDATE fleet_targets SET state = 2, lifecycle = 1, released_ms = ?3
-                     WHERE run_id = ?1 AND client_id = ?2",
-                    params![row.run_id.as_slice(), client, now_ms],
-                )
-                .map_err(|e| StoreError::sqlite("release fleet target", e))?;
+                t.released(&row.run_id, &client, now_ms)?;
                 pass.released.insert(client);
             }
-            Err(OpError::Refused(e)) => {
+            Err(e) => {
+                let Some(e) = T::refusal(&e) else {
+                    return Err(e);
+                };
                 tracing::warn!(
                     fleet_run_id = %uuid_text(&row.run_id),
                     client_id = %client,
@@ -374,23 +488,164 @@ fn release_in(
                     reason = %e,
                     "fleet target refused at release"
                 );
-                tx.execute_cached(
-                    "UPDATE fleet_targets SET state = 5, rejection = ?3, released_ms = ?4,
-                         ended_ms = ?4
-                     WHERE run_id = ?1 AND client_id = ?2",
-                    params![
-                        row.run_id.as_slice(),
-                        client,
-                        e.to_detail().encode_to_vec(),
-                        now_ms
-                    ],
-                )
-                .map_err(|e| StoreError::sqlite("refuse fleet target", e))?;
+                let detail = e.to_detail();
+                t.refused(&row.run_id, &client, &detail, now_ms)?;
             }
-            Err(e) => return Err(e),
         }
     }
     Ok(())
+}
+
+/// A release pass inside one SQLite transaction.
+struct SqliteFleet<'a, 'c> {
+    tx: &'a Transaction<'c>,
+    opts: &'a StoreOptions,
+    health: &'a Health,
+    free: u64,
+}
+
+impl FleetTx for SqliteFleet<'_, '_> {
+    type Error = OpError;
+
+    fn refusal(e: &OpError) -> Option<&DomainError> {
+        match e {
+            OpError::Refused(d) => Some(d),
+            OpError::Store(_) => None,
+        }
+    }
+
+    fn run(&mut self, run: &[u8; 16]) -> Result<Option<RunRow>, OpError> {
+        // SQLite's write transaction already holds the whole database
+        Ok(load_run(self.tx, run)?)
+    }
+
+    fn stop_for_errors(&mut self, run: &[u8; 16]) -> Result<(), OpError> {
+        self.tx
+            .execute_cached(
+                "UPDATE fleet_targets SET state = 8 WHERE run_id = ?1 AND state = 1",
+                params![run.as_slice()],
+            )
+            .map_err(|e| StoreError::sqlite("skip fleet targets", e))?;
+        self.tx
+            .execute_cached(
+                "UPDATE fleet_runs SET state = 3, stop_reason = 1 WHERE run_id = ?1",
+                params![run.as_slice()],
+            )
+            .map_err(|e| StoreError::sqlite("stop fleet run", e))?;
+        Ok(())
+    }
+
+    fn pending(&mut self, run: &[u8; 16], n: usize) -> Result<Vec<(String, [u8; 16])>, OpError> {
+        let rows: Vec<(String, Vec<u8>)> = {
+            let mut st = self
+                .tx
+                .prepare_cached(
+                    "SELECT client_id, issue_uuid FROM fleet_targets
+                     WHERE run_id = ?1 AND state = 1 ORDER BY client_id LIMIT ?2",
+                )
+                .map_err(|e| StoreError::sqlite("read pending fleet targets", e))?;
+            st.query_map(
+                params![run.as_slice(), i64::try_from(n).unwrap_or(i64::MAX)],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .and_then(Iterator::collect)
+            .map_err(|e| StoreError::sqlite("read pending fleet targets", e))?
+        };
+        rows.into_iter()
+            .map(|(c, i)| {
+                <[u8; 16]>::try_from(i.as_slice())
+                    .map(|i| (c, i))
+                    .map_err(|_| integrity("target").into())
+            })
+            .collect()
+    }
+
+    fn create_command(
+        &mut self,
+        row: &RunRow,
+        spec: &wire::ExecutionSpec,
+        client: &str,
+        issue: &[u8; 16],
+        now_ms: i64,
+    ) -> Result<(), OpError> {
+        create_target_command(
+            self.tx,
+            self.opts,
+            self.health,
+            self.free,
+            row,
+            spec,
+            spec.encoded_len(),
+            client,
+            issue,
+            now_ms,
+        )
+    }
+
+    fn released(&mut self, run: &[u8; 16], client: &str, now_ms: i64) -> Result<(), OpError> {
+        self.tx
+            .execute_cached(
+                "UPDATE fleet_targets SET state = 2, lifecycle = 1, released_ms = ?3
+                 WHERE run_id = ?1 AND client_id = ?2",
+                params![run.as_slice(), client, now_ms],
+            )
+            .map_err(|e| StoreError::sqlite("release fleet target", e))?;
+        Ok(())
+    }
+
+    fn refused(
+        &mut self,
+        run: &[u8; 16],
+        client: &str,
+        detail: &wire::ErrorDetail,
+        now_ms: i64,
+    ) -> Result<(), OpError> {
+        self.tx
+            .execute_cached(
+                "UPDATE fleet_targets SET state = 5, rejection = ?3, released_ms = ?4,
+                     ended_ms = ?4
+                 WHERE run_id = ?1 AND client_id = ?2",
+                params![run.as_slice(), client, detail.encode_to_vec(), now_ms],
+            )
+            .map_err(|e| StoreError::sqlite("refuse fleet target", e))?;
+        Ok(())
+    }
+
+    fn end(&mut self, run: &[u8; 16], now_ms: i64) -> Result<(), OpError> {
+        self.tx
+            .execute_cached(
+                "UPDATE fleet_runs SET state = 4, done_ms = ?2 WHERE run_id = ?1",
+                params![run.as_slice(), now_ms],
+            )
+            .map_err(|e| StoreError::sqlite("end fleet run", e))?;
+        Ok(())
+    }
+}
+
+/// [`advance`] on SQLite.
+#[allow(clippy::too_many_arguments)]
+fn advance_in(
+    tx: &Transaction<'_>,
+    opts: &StoreOptions,
+    health: &Health,
+    free: u64,
+    run_id: &[u8; 16],
+    budget: &mut usize,
+    pass: &mut Pass,
+    now_ms: i64,
+) -> Result<(), OpError> {
+    advance(
+        &mut SqliteFleet {
+            tx,
+            opts,
+            health,
+            free,
+        },
+        run_id,
+        budget,
+        pass,
+        now_ms,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -458,10 +713,7 @@ pub(crate) fn add_late_targets_in(
     let mut joined = 0;
     for (run, selection, targets) in runs {
         let run = <[u8; 16]>::try_from(run.as_slice()).map_err(|_| integrity("id"))?;
-        let sel = wire::FleetSelection::decode(selection.as_slice())
-            .map_err(|_| integrity("selection"))
-            .and_then(|s| Selection::from_wire(Some(&s)).map_err(|_| integrity("selection")))?;
-        if !sel.matches(client, &labels) || to_u64(targets) >= MAX_FLEET_TARGETS as u64 {
+        if !joins_late(&selection, to_u64(targets), client, &labels)? {
             continue;
         }
         let run_id = Uuid7::from_bytes("fleet_run_id", run).map_err(|_| integrity("id"))?;
@@ -517,6 +769,322 @@ fn decode_response<M: prost::Message + Default>(stored: Stored) -> Result<M, OpE
     }
 }
 
+/// A `RunFleet` request, validated and encoded for storage.
+#[derive(Debug)]
+pub struct PreparedRun {
+    /// The run id (the request id).
+    pub run: Uuid7,
+    /// Its bytes.
+    pub run_id: [u8; 16],
+    /// The selection.
+    pub selection: Selection,
+    /// The selection as the request encoded it (stored with the run).
+    pub selection_wire: Vec<u8>,
+    /// `max_parallel`.
+    pub max_parallel: Option<Limit>,
+    /// `max_errors`.
+    pub max_errors: Option<Limit>,
+    /// The include_late window (0: none).
+    pub late_ms: u64,
+    /// The idempotency hash of the canonical request.
+    pub mutation_hash: rvbox_domain::hash::RequestHash,
+    /// Length of the encoded, normalized spec.
+    pub spec_raw_len: usize,
+    /// zstd of the encoded, normalized spec.
+    pub spec_zstd: Vec<u8>,
+    /// zstd of the script, when there is one.
+    pub script_zstd: Option<Vec<u8>>,
+    /// The request's queue TTL (`None`: the server's default).
+    pub queue_ttl_ms: Option<u64>,
+}
+
+/// Validates a `RunFleet` request (the spec, script and TTL rules of
+/// `RunCommand`, the selection, the limits, the late window) and encodes
+/// it for storage.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` naming the field, or a compression failure.
+pub fn prepare_run(req: &wire::RunFleetRequest) -> Result<PreparedRun, OpError> {
+    let run = Uuid7::parse("request_id", &req.request_id).map_err(DomainError::from)?;
+    let run_id = *run.as_bytes();
+    let selection = Selection::from_wire(req.selection.as_ref())?;
+    let max_parallel = Limit::from_wire("max_parallel", req.max_parallel.as_ref())?;
+    let max_errors = Limit::from_wire("max_errors", req.max_errors.as_ref())?;
+    let late_ms = match &req.include_late {
+        None => 0,
+        Some(d) if d.seconds < 0 || d.nanos < 0 => {
+            return Err(invalid("include_late", "must not be negative"));
+        }
+        Some(d) => {
+            let ms = u64::try_from(d.seconds)
+                .unwrap_or(u64::MAX)
+                .saturating_mul(1000)
+                .saturating_add(u64::try_from(d.nanos / 1_000_000).unwrap_or(0));
+            if ms > MAX_INCLUDE_LATE_MS {
+                return Err(invalid(
+                    "include_late",
+                    format!(
+                        "is longer than the limit of {} days",
+                        MAX_INCLUDE_LATE_MS / 86_400_000
+                    ),
+                ));
+            }
+            ms
+        }
+    };
+    if req.script.len() as u64 > MAX_FLEET_SCRIPT_BYTES {
+        return Err(invalid(
+            "script",
+            format!(
+                "is {} bytes; a fleet run carries scripts of at most {MAX_FLEET_SCRIPT_BYTES} bytes",
+                req.script.len()
+            ),
+        ));
+    }
+    // the spec, script and TTL rules of RunCommand, in one validator
+    let valid = rvbox_domain::validate::check_run_command(&wire::RunCommandRequest {
+        request_id: req.request_id.clone(),
+        client_id: "fleet".into(),
+        spec: req.spec.clone(),
+        script: req.script.clone(),
+        queue_ttl: req.queue_ttl,
+    })?;
+    let mut canonical = req.clone();
+    canonical.request_id.clear();
+    canonical.spec = Some(valid.spec.clone());
+    let mutation_hash = request_hash("RunFleet", &canonical);
+    let spec_raw = valid.spec.encode_to_vec();
+    let spec_zstd = zstd::bulk::compress(&spec_raw, 3)
+        .map_err(|e| StoreError::io("compress execution spec", "", e))?;
+    let script_zstd = if req.script.is_empty() {
+        None
+    } else {
+        Some(
+            zstd::bulk::compress(&req.script, 3)
+                .map_err(|e| StoreError::io("compress script", "", e))?,
+        )
+    };
+    Ok(PreparedRun {
+        run,
+        run_id,
+        selection,
+        selection_wire: req.selection.clone().unwrap_or_default().encode_to_vec(),
+        max_parallel,
+        max_errors,
+        late_ms,
+        mutation_hash,
+        spec_raw_len: spec_raw.len(),
+        spec_zstd,
+        script_zstd,
+        queue_ttl_ms: valid.queue_ttl_ms,
+    })
+}
+
+/// What a `RunFleet` audit record says of the request's selection.
+#[must_use]
+pub fn run_audit_detail(req: &wire::RunFleetRequest) -> String {
+    req.selection.as_ref().map_or_else(String::new, |s| {
+        format!(
+            "ids={} glob={:?} selector={:?} all={}",
+            s.client_ids.len(),
+            s.client_glob,
+            s.selector,
+            s.all
+        )
+    })
+}
+
+/// Whether `client` (with its stored `labels`) joins a live run through
+/// its include_late window: the run's selection matches and it has room.
+///
+/// # Errors
+/// [`StoreError::Integrity`] when the stored selection does not decode.
+pub fn joins_late(
+    selection: &[u8],
+    targets: u64,
+    client: &str,
+    labels: &rvbox_domain::labels::Labels,
+) -> Result<bool, StoreError> {
+    let sel = wire::FleetSelection::decode(selection)
+        .map_err(|_| integrity("selection"))
+        .and_then(|s| Selection::from_wire(Some(&s)).map_err(|_| integrity("selection")))?;
+    Ok(sel.matches(client, labels) && targets < MAX_FLEET_TARGETS as u64)
+}
+
+/// A fresh run id: `CONFLICT` when a run has it, `ALREADY_EXECUTED` when
+/// retention deleted the run that had it.
+///
+/// # Errors
+/// As above.
+pub fn check_fresh_run(exists: bool, tombstoned: bool) -> Result<(), DomainError> {
+    if exists {
+        return Err(
+            DomainError::new(Code::Conflict, "request_id already names a fleet run")
+                .with_field("request_id"),
+        );
+    }
+    if tombstoned {
+        return Err(DomainError::new(
+            Code::AlreadyExecuted,
+            "a fleet run with this request_id already ran and its history was reclaimed; use a new request_id",
+        )
+        .with_field("request_id"));
+    }
+    Ok(())
+}
+
+/// The resolved selection's size: none (without a late window) and more
+/// than [`MAX_FLEET_TARGETS`] are refused.
+///
+/// # Errors
+/// `FAILED_PRECONDITION` or `INVALID_ARGUMENT` naming `selection`.
+pub fn check_targets(targets: usize, late_ms: u64) -> Result<(), DomainError> {
+    if targets == 0 && late_ms == 0 {
+        return Err(DomainError::new(
+            Code::FailedPrecondition,
+            "the selection matches no client (set include_late to wait for clients that register later)",
+        )
+        .with_field("selection"));
+    }
+    if targets > MAX_FLEET_TARGETS {
+        return Err(DomainError::new(
+            Code::InvalidArgument,
+            format!(
+                "the selection matches {targets} clients; a fleet run holds at most {MAX_FLEET_TARGETS}"
+            ),
+        )
+        .with_field("selection"));
+    }
+    Ok(())
+}
+
+/// When the include_late window of a run created at `now_ms` closes.
+#[must_use]
+pub fn late_until(late_ms: u64, now_ms: i64) -> Option<i64> {
+    (late_ms > 0).then(|| now_ms.saturating_add(i64::try_from(late_ms).unwrap_or(i64::MAX)))
+}
+
+/// A fleet action's request id, run id and idempotency hash.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` naming the field.
+pub fn action_request(
+    action: &FleetAction,
+) -> Result<(Uuid7, [u8; 16], rvbox_domain::hash::RequestHash), OpError> {
+    let (request_text, run_text) = action.ids();
+    let request_id = Uuid7::parse("request_id", request_text).map_err(DomainError::from)?;
+    let run_id = parse_run_id(run_text)?;
+    let method = action.method();
+    let run = uuid_text(&run_id);
+    let hash = match action {
+        FleetAction::Signal(r) => {
+            match wire::SignalKind::try_from(r.signal) {
+                Ok(wire::SignalKind::Unspecified) | Err(_) => {
+                    return Err(invalid(
+                        "signal",
+                        format!(
+                            "{} is not a known signal kind (HUP, INT, TERM, KILL, USR1, USR2)",
+                            r.signal
+                        ),
+                    ));
+                }
+                Ok(_) => {}
+            }
+            request_hash(
+                method,
+                &wire::SignalFleetRunRequest {
+                    request_id: String::new(),
+                    fleet_run_id: run,
+                    signal: r.signal,
+                },
+            )
+        }
+        FleetAction::Cancel(_) => request_hash(
+            method,
+            &wire::CancelFleetRunRequest {
+                request_id: String::new(),
+                fleet_run_id: run,
+            },
+        ),
+        FleetAction::Pause(_) => request_hash(
+            method,
+            &wire::PauseFleetRunRequest {
+                request_id: String::new(),
+                fleet_run_id: run,
+            },
+        ),
+        FleetAction::Resume(_) => request_hash(
+            method,
+            &wire::ResumeFleetRunRequest {
+                request_id: String::new(),
+                fleet_run_id: run,
+            },
+        ),
+    };
+    Ok((request_id, run_id, hash))
+}
+
+/// A fleet action's answer and its stored encoding.
+#[must_use]
+pub fn action_answer(
+    action: &FleetAction,
+    run_id: &[u8; 16],
+    record: wire::FleetRunRecord,
+    cancelled: u32,
+    signalled: u32,
+) -> (FleetAnswer, Vec<u8>) {
+    match action {
+        FleetAction::Signal(_) => {
+            let r = wire::SignalFleetRunResponse {
+                fleet_run_id: uuid_text(run_id),
+                signalled,
+            };
+            let b = r.encode_to_vec();
+            (FleetAnswer::Signal(r), b)
+        }
+        FleetAction::Cancel(_) => {
+            let r = wire::CancelFleetRunResponse {
+                run: Some(record),
+                cancelled,
+                signalled,
+            };
+            let b = r.encode_to_vec();
+            (FleetAnswer::Cancel(r), b)
+        }
+        FleetAction::Pause(_) => {
+            let r = wire::PauseFleetRunResponse { run: Some(record) };
+            let b = r.encode_to_vec();
+            (FleetAnswer::Pause(r), b)
+        }
+        FleetAction::Resume(_) => {
+            let r = wire::ResumeFleetRunResponse { run: Some(record) };
+            let b = r.encode_to_vec();
+            (FleetAnswer::Resume(r), b)
+        }
+    }
+}
+
+/// The stored answer of a replayed fleet action.
+///
+/// # Errors
+/// The stored refusal, or an answer that does not decode.
+pub fn replayed_action(action: &FleetAction, stored: Stored) -> Result<FleetAnswer, OpError> {
+    Ok(match action {
+        FleetAction::Signal(_) => FleetAnswer::Signal(decode_response(stored)?),
+        FleetAction::Cancel(_) => FleetAnswer::Cancel(decode_response(stored)?),
+        FleetAction::Pause(_) => FleetAnswer::Pause(decode_response(stored)?),
+        FleetAction::Resume(_) => FleetAnswer::Resume(decode_response(stored)?),
+    })
+}
+
+/// The stored answer of a replayed `RunFleet`.
+///
+/// # Errors
+/// The stored refusal, or an answer that does not decode.
+pub fn replayed_run(stored: Stored) -> Result<wire::RunFleetResponse, OpError> {
+    decode_response(stored)
+}
+
 impl Store {
     /// `RunFleet`: validates the request, resolves the selection, and in
     /// one transaction stores the run, its targets, the idempotency row,
@@ -534,15 +1102,7 @@ impl Store {
         now_ms: i64,
     ) -> Result<FleetOutcome, OpError> {
         let mut rec = crate::audit::AuditRecord::control(caller, "RunFleet", now_ms);
-        if let Some(s) = &req.selection {
-            rec.detail = format!(
-                "ids={} glob={:?} selector={:?} all={}",
-                s.client_ids.len(),
-                s.client_glob,
-                s.selector,
-                s.all
-            );
-        }
+        rec.detail = run_audit_detail(req);
         let mut intent = crate::audit::AuditIntent::control(rec);
         let result = self.run_fleet_inner(req, &mut intent, now_ms);
         self.audit_unwritten(&mut intent, &result, now_ms);
@@ -564,129 +1124,52 @@ impl Store {
         intent: &mut crate::audit::AuditIntent,
         now_ms: i64,
     ) -> Result<FleetOutcome, OpError> {
-        let run = Uuid7::parse("request_id", &req.request_id).map_err(DomainError::from)?;
-        let run_id = *run.as_bytes();
-        let selection = Selection::from_wire(req.selection.as_ref())?;
-        let max_parallel = Limit::from_wire("max_parallel", req.max_parallel.as_ref())?;
-        let max_errors = Limit::from_wire("max_errors", req.max_errors.as_ref())?;
-        let late_ms = match &req.include_late {
-            None => 0,
-            Some(d) if d.seconds < 0 || d.nanos < 0 => {
-                return Err(invalid("include_late", "must not be negative"));
-            }
-            Some(d) => {
-                let ms = u64::try_from(d.seconds)
-                    .unwrap_or(u64::MAX)
-                    .saturating_mul(1000)
-                    .saturating_add(u64::try_from(d.nanos / 1_000_000).unwrap_or(0));
-                if ms > MAX_INCLUDE_LATE_MS {
-                    return Err(invalid(
-                        "include_late",
-                        format!(
-                            "is longer than the limit of {} days",
-                            MAX_INCLUDE_LATE_MS / 86_400_000
-                        ),
-                    ));
-                }
-                ms
-            }
-        };
-        if req.script.len() as u64 > MAX_FLEET_SCRIPT_BYTES {
-            return Err(invalid(
-                "script",
-                format!(
-                    "is {} bytes; a fleet run carries scripts of at most {MAX_FLEET_SCRIPT_BYTES} bytes",
-                    req.script.len()
-                ),
-            ));
-        }
-        // the spec, script and TTL rules of RunCommand, in one validator
-        let valid = rvbox_domain::validate::check_run_command(&wire::RunCommandRequest {
-            request_id: req.request_id.clone(),
-            client_id: "fleet".into(),
-            spec: req.spec.clone(),
-            script: req.script.clone(),
-            queue_ttl: req.queue_ttl,
-        })?;
-        let mut canonical = req.clone();
-        canonical.request_id.clear();
-        canonical.spec = Some(valid.spec.clone());
-        let mutation_hash = request_hash("RunFleet", &canonical);
+        let PreparedRun {
+            run,
+            run_id,
+            selection,
+            selection_wire,
+            max_parallel,
+            max_errors,
+            late_ms,
+            mutation_hash,
+            spec_raw_len,
+            spec_zstd,
+            script_zstd,
+            queue_ttl_ms,
+        } = prepare_run(req)?;
         self.health.check_writable(&[])?;
-        let spec_raw = valid.spec.encode_to_vec();
-        let spec_zstd = zstd::bulk::compress(&spec_raw, 3)
-            .map_err(|e| StoreError::io("compress execution spec", "", e))?;
-        let script_zstd = if req.script.is_empty() {
-            None
-        } else {
-            Some(
-                zstd::bulk::compress(&req.script, 3)
-                    .map_err(|e| StoreError::io("compress script", "", e))?,
-            )
-        };
         let free = self.free_space()?;
         let opts = self.opts.clone();
-        let ttl_ms = valid.queue_ttl_ms.unwrap_or(opts.queue_ttl_ms);
+        let ttl_ms = queue_ttl_ms.unwrap_or(opts.queue_ttl_ms);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sqlite("begin RunFleet", e))?;
         let owner = Owner::FleetRun(&run_id);
         if let Some(stored) = mutations::lookup(&tx, &run, "RunFleet", &mutation_hash, owner)? {
-            let response: wire::RunFleetResponse = decode_response(stored)?;
+            let response = replayed_run(stored)?;
             let mut out = FleetOutcome::answer(FleetAnswer::Run(response));
             out.replayed = true;
             out.live = any_live(&tx)?;
             return Ok(out);
         }
-        if load_run(&tx, &run_id)?.is_some() {
-            return Err(OpError::Refused(
-                DomainError::new(Code::Conflict, "request_id already names a fleet run")
-                    .with_field("request_id"),
-            ));
-        }
-        if run_tombstoned(&tx, &run_id)? {
-            return Err(OpError::Refused(
-                DomainError::new(
-                    Code::AlreadyExecuted,
-                    "a fleet run with this request_id already ran and its history was reclaimed; use a new request_id",
-                )
-                .with_field("request_id"),
-            ));
-        }
+        check_fresh_run(
+            load_run(&tx, &run_id)?.is_some(),
+            run_tombstoned(&tx, &run_id)?,
+        )?;
         let targets = resolve_in(&tx, &selection)?;
-        if targets.is_empty() && late_ms == 0 {
-            return Err(OpError::Refused(
-                DomainError::new(
-                    Code::FailedPrecondition,
-                    "the selection matches no client (set include_late to wait for clients that register later)",
-                )
-                .with_field("selection"),
-            ));
-        }
-        if targets.len() > MAX_FLEET_TARGETS {
-            return Err(OpError::Refused(
-                DomainError::new(
-                    Code::InvalidArgument,
-                    format!(
-                        "the selection matches {} clients; a fleet run holds at most {MAX_FLEET_TARGETS}",
-                        targets.len()
-                    ),
-                )
-                .with_field("selection"),
-            ));
-        }
-        let late_until = (late_ms > 0)
-            .then(|| now_ms.saturating_add(i64::try_from(late_ms).unwrap_or(i64::MAX)));
+        check_targets(targets.len(), late_ms)?;
+        let late_until = late_until(late_ms, now_ms);
         tx.execute_cached(
             "INSERT INTO fleet_runs (run_id, state, selection, spec_zstd, spec_raw_len, script_zstd,
                  queue_ttl_ms, max_parallel, max_errors, created_ms, late_until_ms)
              VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             params![
                 run_id.as_slice(),
-                req.selection.clone().unwrap_or_default().encode_to_vec(),
+                selection_wire,
                 spec_zstd,
-                spec_raw.len() as i64,
+                to_i64(spec_raw_len as u64),
                 script_zstd,
                 to_i64(ttl_ms),
                 max_parallel.map(|l| l.to_wire().encode_to_vec()),
@@ -859,55 +1342,8 @@ impl Store {
         now_ms: i64,
     ) -> Result<FleetOutcome, OpError> {
         use wire::FleetRunState as R;
-        let (request_text, run_text) = action.ids();
-        let request_id = Uuid7::parse("request_id", request_text).map_err(DomainError::from)?;
-        let run_id = parse_run_id(run_text)?;
+        let (request_id, run_id, hash) = action_request(action)?;
         let method = action.method();
-        let hash = match action {
-            FleetAction::Signal(r) => {
-                match wire::SignalKind::try_from(r.signal) {
-                    Ok(wire::SignalKind::Unspecified) | Err(_) => {
-                        return Err(invalid(
-                            "signal",
-                            format!(
-                                "{} is not a known signal kind (HUP, INT, TERM, KILL, USR1, USR2)",
-                                r.signal
-                            ),
-                        ));
-                    }
-                    Ok(_) => {}
-                }
-                request_hash(
-                    method,
-                    &wire::SignalFleetRunRequest {
-                        request_id: String::new(),
-                        fleet_run_id: uuid_text(&run_id),
-                        signal: r.signal,
-                    },
-                )
-            }
-            FleetAction::Cancel(_) => request_hash(
-                method,
-                &wire::CancelFleetRunRequest {
-                    request_id: String::new(),
-                    fleet_run_id: uuid_text(&run_id),
-                },
-            ),
-            FleetAction::Pause(_) => request_hash(
-                method,
-                &wire::PauseFleetRunRequest {
-                    request_id: String::new(),
-                    fleet_run_id: uuid_text(&run_id),
-                },
-            ),
-            FleetAction::Resume(_) => request_hash(
-                method,
-                &wire::ResumeFleetRunRequest {
-                    request_id: String::new(),
-                    fleet_run_id: uuid_text(&run_id),
-                },
-            ),
-        };
         self.health.check_writable(&[])?;
         let free = self.free_space()?;
         let opts = self.opts.clone();
@@ -918,13 +1354,7 @@ impl Store {
             .map_err(|e| StoreError::sqlite("begin fleet action", e))?;
         let owner = Owner::FleetRun(&run_id);
         if let Some(stored) = mutations::lookup(&tx, &request_id, method, &hash, owner)? {
-            let answer = match action {
-                FleetAction::Signal(_) => FleetAnswer::Signal(decode_response(stored)?),
-                FleetAction::Cancel(_) => FleetAnswer::Cancel(decode_response(stored)?),
-                FleetAction::Pause(_) => FleetAnswer::Pause(decode_response(stored)?),
-                FleetAction::Resume(_) => FleetAnswer::Resume(decode_response(stored)?),
-            };
-            let mut out = FleetOutcome::answer(answer);
+            let mut out = FleetOutcome::answer(replayed_action(action, stored)?);
             out.replayed = true;
             out.live = any_live(&tx)?;
             return Ok(out);
@@ -1033,35 +1463,7 @@ impl Store {
             now_ms,
         )?;
         let record = record_of(&must_run(&tx, &run_id)?)?;
-        let (answer, bytes) = match action {
-            FleetAction::Signal(_) => {
-                let r = wire::SignalFleetRunResponse {
-                    fleet_run_id: uuid_text(&run_id),
-                    signalled,
-                };
-                let b = r.encode_to_vec();
-                (FleetAnswer::Signal(r), b)
-            }
-            FleetAction::Cancel(_) => {
-                let r = wire::CancelFleetRunResponse {
-                    run: Some(record),
-                    cancelled,
-                    signalled,
-                };
-                let b = r.encode_to_vec();
-                (FleetAnswer::Cancel(r), b)
-            }
-            FleetAction::Pause(_) => {
-                let r = wire::PauseFleetRunResponse { run: Some(record) };
-                let b = r.encode_to_vec();
-                (FleetAnswer::Pause(r), b)
-            }
-            FleetAction::Resume(_) => {
-                let r = wire::ResumeFleetRunResponse { run: Some(record) };
-                let b = r.encode_to_vec();
-                (FleetAnswer::Resume(r), b)
-            }
-        };
+        let (answer, bytes) = action_answer(action, &run_id, record, cancelled, signalled);
         intent.write_in(&tx, Ok(()))?;
         mutations::record(
             &tx,
@@ -1390,16 +1792,243 @@ pub fn parallel_limits(conn: &Connection) -> Result<Vec<ParallelLimit>, StoreErr
 
 // ---- reads (the control service's reader connections) ----
 
+/// Where the fleet reads find their rows: one rule for `GetFleetRun`,
+/// `ListFleetRuns`, `ListFleetTargets` and `FollowFleetRun`, one source
+/// per store backend, each read in one snapshot.
+pub trait FleetSource {
+    /// The run.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn fleet_run(&mut self, run: &[u8; 16]) -> Result<Option<RunRow>, StoreError>;
+    /// Runs created before `(after_ms, after_id)` (newest first), at most
+    /// `limit`: their ids and creation times.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn runs_before(
+        &mut self,
+        after_ms: i64,
+        after_id: &[u8; 16],
+        limit: usize,
+    ) -> Result<Vec<([u8; 16], i64)>, StoreError>;
+    /// Targets of `run` (in `state` when given) whose client id sorts
+    /// after `after`, by client id, at most `limit`.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn targets_after(
+        &mut self,
+        run: &[u8; 16],
+        state: Option<i32>,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<wire::FleetTarget>, StoreError>;
+    /// The client ids and current stored labels (none for a client
+    /// maintenance deleted) of the targets as [`Self::targets_after`]
+    /// lists them, at most `max`.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn scan_targets(
+        &mut self,
+        run: &[u8; 16],
+        state: Option<i32>,
+        after: &str,
+        max: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError>;
+    /// One target.
+    ///
+    /// # Errors
+    /// A store failure (a missing target is an integrity failure).
+    fn target(&mut self, run: &[u8; 16], client: &str) -> Result<wire::FleetTarget, StoreError>;
+    /// Targets whose latest change is after `after_seq`, in change order,
+    /// at most `limit`.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn changes(
+        &mut self,
+        run: &[u8; 16],
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<wire::FleetTarget>, StoreError>;
+}
+
+fn must_read<S: FleetSource + ?Sized>(src: &mut S, run: &[u8; 16]) -> Result<RunRow, OpError> {
+    src.fleet_run(run)?.ok_or_else(|| {
+        OpError::Refused(
+            DomainError::new(Code::NotFound, "no such fleet run").with_field("fleet_run_id"),
+        )
+    })
+}
+
+/// The fleet reads on one SQLite connection.
+#[derive(Debug)]
+pub struct SqliteFleetReads<'a> {
+    conn: &'a Connection,
+}
+
+impl<'a> SqliteFleetReads<'a> {
+    /// Reads on `conn` (inside the caller's snapshot).
+    #[must_use]
+    pub fn new(conn: &'a Connection) -> Self {
+        Self { conn }
+    }
+}
+
+impl FleetSource for SqliteFleetReads<'_> {
+    fn fleet_run(&mut self, run: &[u8; 16]) -> Result<Option<RunRow>, StoreError> {
+        load_run(self.conn, run)
+    }
+
+    fn runs_before(
+        &mut self,
+        after_ms: i64,
+        after_id: &[u8; 16],
+        limit: usize,
+    ) -> Result<Vec<([u8; 16], i64)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT run_id, created_ms FROM fleet_runs
+                 WHERE created_ms < ?1 OR (created_ms = ?1 AND run_id < ?2)
+                 ORDER BY created_ms DESC, run_id DESC LIMIT ?3",
+            )
+            .map_err(|e| StoreError::sqlite("list fleet runs", e))?;
+        let rows: Vec<(Vec<u8>, i64)> = st
+            .query_map(
+                params![
+                    after_ms,
+                    after_id.as_slice(),
+                    i64::try_from(limit).unwrap_or(i64::MAX)
+                ],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .and_then(Iterator::collect)
+            .map_err(|e| StoreError::sqlite("list fleet runs", e))?;
+        rows.into_iter()
+            .map(|(id, ms)| {
+                <[u8; 16]>::try_from(id.as_slice())
+                    .map(|id| (id, ms))
+                    .map_err(|_| integrity("id"))
+            })
+            .collect()
+    }
+
+    fn targets_after(
+        &mut self,
+        run: &[u8; 16],
+        state: Option<i32>,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<wire::FleetTarget>, StoreError> {
+        // two statements, so each uses its own index range
+        let sql = if state.is_some() {
+            format!(
+                "SELECT {TARGET_COLUMNS} FROM fleet_targets
+                 WHERE run_id = ?1 AND state = ?2 AND client_id > ?3 ORDER BY client_id LIMIT ?4"
+            )
+        } else {
+            format!(
+                "SELECT {TARGET_COLUMNS} FROM fleet_targets
+                 WHERE run_id = ?1 AND ?2 IS NULL AND client_id > ?3 ORDER BY client_id LIMIT ?4"
+            )
+        };
+        let mut st = self
+            .conn
+            .prepare_cached(&sql)
+            .map_err(|e| StoreError::sqlite("list fleet targets", e))?;
+        st.query_map(
+            params![
+                run.as_slice(),
+                state,
+                after,
+                i64::try_from(limit).unwrap_or(i64::MAX)
+            ],
+            target_of,
+        )
+        .and_then(Iterator::collect)
+        .map_err(|e| StoreError::sqlite("list fleet targets", e))
+    }
+
+    fn scan_targets(
+        &mut self,
+        run: &[u8; 16],
+        state: Option<i32>,
+        after: &str,
+        max: usize,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT t.client_id, c.labels FROM fleet_targets t
+                 LEFT JOIN clients c ON c.client_id = t.client_id
+                 WHERE t.run_id = ?1 AND (?2 IS NULL OR t.state = ?2) AND t.client_id > ?3
+                 ORDER BY t.client_id LIMIT ?4",
+            )
+            .map_err(|e| StoreError::sqlite("scan fleet targets", e))?;
+        st.query_map(
+            params![
+                run.as_slice(),
+                state,
+                after,
+                i64::try_from(max).unwrap_or(i64::MAX)
+            ],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .and_then(Iterator::collect)
+        .map_err(|e| StoreError::sqlite("scan fleet targets", e))
+    }
+
+    fn target(&mut self, run: &[u8; 16], client: &str) -> Result<wire::FleetTarget, StoreError> {
+        self.conn
+            .query_row_cached(
+                &format!(
+                    "SELECT {TARGET_COLUMNS} FROM fleet_targets WHERE run_id = ?1 AND client_id = ?2"
+                ),
+                params![run.as_slice(), client],
+                target_of,
+            )
+            .map_err(|e| StoreError::sqlite("read fleet target", e))
+    }
+
+    fn changes(
+        &mut self,
+        run: &[u8; 16],
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<wire::FleetTarget>, StoreError> {
+        let mut st = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {TARGET_COLUMNS} FROM fleet_targets
+                 WHERE run_id = ?1 AND change_seq > ?2 ORDER BY change_seq LIMIT ?3"
+            ))
+            .map_err(|e| StoreError::sqlite("read fleet changes", e))?;
+        st.query_map(
+            params![
+                run.as_slice(),
+                to_i64(after_seq),
+                i64::try_from(limit).unwrap_or(i64::MAX)
+            ],
+            target_of,
+        )
+        .and_then(Iterator::collect)
+        .map_err(|e| StoreError::sqlite("read fleet changes", e))
+    }
+}
+
 /// `GetFleetRun`.
 ///
 /// # Errors
 /// `INVALID_ARGUMENT`, `NOT_FOUND`, or a store failure.
-pub fn get_fleet_run(
-    conn: &Connection,
+pub fn get_fleet_run<S: FleetSource + ?Sized>(
+    src: &mut S,
     req: &wire::GetFleetRunRequest,
 ) -> Result<wire::GetFleetRunResponse, OpError> {
     let run = parse_run_id(&req.fleet_run_id)?;
-    let row = must_run(conn, &run)?;
+    let row = must_read(src, &run)?;
     Ok(wire::GetFleetRunResponse {
         run: Some(record_of(&row)?),
     })
@@ -1415,8 +2044,8 @@ fn token_error(e: &rvbox_domain::token::TokenError) -> OpError {
 ///
 /// # Errors
 /// `INVALID_ARGUMENT` for a bad page size or token, or a store failure.
-pub fn list_fleet_runs(
-    conn: &Connection,
+pub fn list_fleet_runs<S: FleetSource + ?Sized>(
+    src: &mut S,
     key: [u8; 32],
     req: &wire::ListFleetRunsRequest,
 ) -> Result<wire::ListFleetRunsResponse, OpError> {
@@ -1432,27 +2061,12 @@ pub fn list_fleet_runs(
         let p = PagePosition::decode(&pos).map_err(|e| token_error(&e))?;
         (p.sort_key, p.id)
     };
-    let ids: Vec<(Vec<u8>, i64)> = {
-        let mut st = conn
-            .prepare_cached(
-                "SELECT run_id, created_ms FROM fleet_runs
-                 WHERE created_ms < ?1 OR (created_ms = ?1 AND run_id < ?2)
-                 ORDER BY created_ms DESC, run_id DESC LIMIT ?3",
-            )
-            .map_err(|e| StoreError::sqlite("list fleet runs", e))?;
-        st.query_map(
-            params![after_ms, after_id.as_slice(), i64::from(limit) + 1],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .and_then(Iterator::collect)
-        .map_err(|e| StoreError::sqlite("list fleet runs", e))?
-    };
+    let ids = src.runs_before(after_ms, &after_id, limit as usize + 1)?;
     let more = ids.len() > limit as usize;
     let mut runs = Vec::new();
     let mut last = None;
     for (id, ms) in ids.into_iter().take(limit as usize) {
-        let id = <[u8; 16]>::try_from(id.as_slice()).map_err(|_| integrity("id"))?;
-        runs.push(record_of(&must_run(conn, &id)?)?);
+        runs.push(record_of(&must_read(src, &id)?)?);
         last = Some((ms, id));
     }
     let next_page_token = match (more, last) {
@@ -1475,13 +2089,13 @@ pub fn list_fleet_runs(
 ///
 /// # Errors
 /// `INVALID_ARGUMENT`, `NOT_FOUND`, or a store failure.
-pub fn list_fleet_targets(
-    conn: &Connection,
+pub fn list_fleet_targets<S: FleetSource + ?Sized>(
+    src: &mut S,
     key: [u8; 32],
     req: &wire::ListFleetTargetsRequest,
 ) -> Result<wire::ListFleetTargetsResponse, OpError> {
     let run = parse_run_id(&req.fleet_run_id)?;
-    must_run(conn, &run)?;
+    must_read(src, &run)?;
     let limit = crate::records::page_size(req.page_size).map_err(OpError::Refused)?;
     let state = match wire::FleetTargetState::try_from(req.state) {
         Ok(wire::FleetTargetState::Unspecified) => None,
@@ -1511,32 +2125,9 @@ pub fn list_fleet_targets(
         String::from_utf8(pos).map_err(|_| invalid("page_token", "page_token is malformed"))?
     };
     if let Some(selector) = selector {
-        return targets_by_labels(
-            conn, &codec, &filters, &run, state, &after, limit, &selector,
-        );
+        return targets_by_labels(src, &codec, &filters, &run, state, &after, limit, &selector);
     }
-    let mut targets: Vec<wire::FleetTarget> = {
-        let sql = if state.is_some() {
-            format!(
-                "SELECT {TARGET_COLUMNS} FROM fleet_targets
-                 WHERE run_id = ?1 AND state = ?2 AND client_id > ?3 ORDER BY client_id LIMIT ?4"
-            )
-        } else {
-            format!(
-                "SELECT {TARGET_COLUMNS} FROM fleet_targets
-                 WHERE run_id = ?1 AND ?2 IS NULL AND client_id > ?3 ORDER BY client_id LIMIT ?4"
-            )
-        };
-        let mut st = conn
-            .prepare_cached(&sql)
-            .map_err(|e| StoreError::sqlite("list fleet targets", e))?;
-        st.query_map(
-            params![run.as_slice(), state, after, i64::from(limit) + 1],
-            target_of,
-        )
-        .and_then(Iterator::collect)
-        .map_err(|e| StoreError::sqlite("list fleet targets", e))?
-    };
+    let mut targets = src.targets_after(&run, state, &after, limit as usize + 1)?;
     let more = targets.len() > limit as usize;
     targets.truncate(limit as usize);
     let next_page_token = match (more, targets.last()) {
@@ -1555,8 +2146,8 @@ pub fn list_fleet_targets(
 /// match `selector`: at most [`crate::records::MAX_FILTER_SCAN`] targets
 /// examined, so a page may come back short (or empty) with a token.
 #[allow(clippy::too_many_arguments)]
-fn targets_by_labels(
-    conn: &Connection,
+fn targets_by_labels<S: FleetSource + ?Sized>(
+    src: &mut S,
     codec: &TokenCodec,
     filters: &[u8],
     run: &[u8; 16],
@@ -1565,46 +2156,17 @@ fn targets_by_labels(
     limit: u32,
     selector: &rvbox_domain::labels::Selector,
 ) -> Result<wire::ListFleetTargetsResponse, OpError> {
-    let scan = crate::records::MAX_FILTER_SCAN;
     // a client maintenance deleted has no labels: it matches only
     // selectors that ask for a label to be absent
-    let scanned: Vec<(String, Option<String>)> = {
-        let mut st = conn
-            .prepare_cached(
-                "SELECT t.client_id, c.labels FROM fleet_targets t
-                 LEFT JOIN clients c ON c.client_id = t.client_id
-                 WHERE t.run_id = ?1 AND (?2 IS NULL OR t.state = ?2) AND t.client_id > ?3
-                 ORDER BY t.client_id LIMIT ?4",
-            )
-            .map_err(|e| StoreError::sqlite("scan fleet targets", e))?;
-        st.query_map(
-            params![
-                run.as_slice(),
-                state,
-                after,
-                i64::try_from(scan).unwrap_or(i64::MAX)
-            ],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .and_then(Iterator::collect)
-        .map_err(|e| StoreError::sqlite("scan fleet targets", e))?
-    };
+    let scanned = src.scan_targets(run, state, after, crate::records::MAX_FILTER_SCAN)?;
     let (picked, more, last) = crate::records::pick_page(scanned, limit as usize, |_, labels| {
         selector.matches(&crate::records::stored_labels(
             labels.as_deref().unwrap_or(""),
         ))
     });
     let mut targets = Vec::with_capacity(picked.len());
-    let mut st = conn
-        .prepare_cached(&format!(
-            "SELECT {TARGET_COLUMNS} FROM fleet_targets WHERE run_id = ?1 AND client_id = ?2"
-        ))
-        .map_err(|e| StoreError::sqlite("read fleet target", e))?;
     for id in &picked {
-        targets.push(
-            st.query_row(params![run.as_slice(), id], target_of)
-                .map_err(|e| StoreError::sqlite("read fleet target", e))?,
-        );
+        targets.push(src.target(run, id)?);
     }
     let next_page_token = match (more, last) {
         (true, Some(last)) => codec
@@ -1623,31 +2185,15 @@ fn targets_by_labels(
 ///
 /// # Errors
 /// `INVALID_ARGUMENT`, `NOT_FOUND`, or a store failure.
-pub fn fleet_changes(
-    conn: &Connection,
+pub fn fleet_changes<S: FleetSource + ?Sized>(
+    src: &mut S,
     run_text: &str,
     after_seq: u64,
     limit: usize,
 ) -> Result<(wire::FleetRunRecord, Vec<wire::FleetTarget>), OpError> {
     let run = parse_run_id(run_text)?;
-    let row = must_run(conn, &run)?;
-    let mut st = conn
-        .prepare_cached(&format!(
-            "SELECT {TARGET_COLUMNS} FROM fleet_targets
-             WHERE run_id = ?1 AND change_seq > ?2 ORDER BY change_seq LIMIT ?3"
-        ))
-        .map_err(|e| StoreError::sqlite("read fleet changes", e))?;
-    let targets = st
-        .query_map(
-            params![
-                run.as_slice(),
-                to_i64(after_seq),
-                i64::try_from(limit).unwrap_or(i64::MAX)
-            ],
-            target_of,
-        )
-        .and_then(Iterator::collect)
-        .map_err(|e| StoreError::sqlite("read fleet changes", e))?;
+    let row = must_read(src, &run)?;
+    let targets = src.changes(&run, after_seq, limit)?;
     Ok((record_of(&row)?, targets))
 }
 

@@ -264,7 +264,9 @@ impl StoreReader {
         &self,
         req: &wire::GetFleetRunRequest,
     ) -> Result<wire::GetFleetRunResponse, OpError> {
-        self.snapshot(|c| crate::fleet::get_fleet_run(c, req))
+        self.snapshot(|c| {
+            crate::fleet::get_fleet_run(&mut crate::fleet::SqliteFleetReads::new(c), req)
+        })
     }
 
     /// `ListFleetRuns`: one page, newest first.
@@ -275,7 +277,13 @@ impl StoreReader {
         &self,
         req: &wire::ListFleetRunsRequest,
     ) -> Result<wire::ListFleetRunsResponse, OpError> {
-        self.snapshot(|c| crate::fleet::list_fleet_runs(c, self.token_key, req))
+        self.snapshot(|c| {
+            crate::fleet::list_fleet_runs(
+                &mut crate::fleet::SqliteFleetReads::new(c),
+                self.token_key,
+                req,
+            )
+        })
     }
 
     /// `ListFleetTargets`: one page by client id.
@@ -286,7 +294,13 @@ impl StoreReader {
         &self,
         req: &wire::ListFleetTargetsRequest,
     ) -> Result<wire::ListFleetTargetsResponse, OpError> {
-        self.snapshot(|c| crate::fleet::list_fleet_targets(c, self.token_key, req))
+        self.snapshot(|c| {
+            crate::fleet::list_fleet_targets(
+                &mut crate::fleet::SqliteFleetReads::new(c),
+                self.token_key,
+                req,
+            )
+        })
     }
 
     /// A fleet run's record and its targets changed after `after_seq`, in
@@ -300,7 +314,14 @@ impl StoreReader {
         after_seq: u64,
         limit: usize,
     ) -> Result<(wire::FleetRunRecord, Vec<wire::FleetTarget>), OpError> {
-        self.snapshot(|c| crate::fleet::fleet_changes(c, run, after_seq, limit))
+        self.snapshot(|c| {
+            crate::fleet::fleet_changes(
+                &mut crate::fleet::SqliteFleetReads::new(c),
+                run,
+                after_seq,
+                limit,
+            )
+        })
     }
 
     /// The store's scoped health (shared with the writer).

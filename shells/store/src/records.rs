@@ -355,7 +355,7 @@ pub(crate) fn pick_page<T>(
 
 /// The labels a `clients` row keeps. A row that does not parse (never
 /// written so) matches no selector term that needs a label.
-pub(crate) fn stored_labels(text: &str) -> Labels {
+pub fn stored_labels(text: &str) -> Labels {
     Labels::parse_stored(text).unwrap_or_else(|e| {
         tracing::error!(error = %e, "stored client labels do not parse");
         Labels::default()
