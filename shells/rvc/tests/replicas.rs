@@ -625,3 +625,113 @@ fn r25_a_replica_whose_database_goes_silent_fences_itself_on_time() {
         "fenced {took:?} after the silence"
     );
 }
+
+impl Cluster {
+    /// Which replica (by index) holds `duty`'s lease now, if one does.
+    fn duty_holder(&self, duty: &str) -> Option<usize> {
+        let row = self.pg.psql(
+            "rvbox",
+            &format!(
+                "SELECT r.peer_addr FROM duties d
+                 JOIN replicas r ON r.replica_id = d.replica_id AND r.epoch = d.epoch
+                 WHERE d.name = '{duty}' AND d.lease_expires > now()"
+            ),
+        );
+        let port: u16 = row.trim().rsplit(':').next()?.parse().ok()?;
+        self.replicas.iter().position(|r| r.port == port)
+    }
+}
+
+/// A fleet run over every client, two at a time, submitted on one replica
+/// and followed on another. The replica holding the release pump is killed
+/// with SIGKILL after the first targets were released: another replica
+/// takes the pump duty over, the run releases the rest at its rate and
+/// ends, and every client ran the command exactly once.
+#[test]
+fn r25_a_fleet_run_survives_the_replica_holding_its_pump() {
+    let mut c = Cluster::start(6);
+    c.wait_until("a replica holds the pump", Duration::from_secs(30), |c| {
+        c.duty_holder("fleet_pump").is_some()
+    });
+    let pump = c.duty_holder("fleet_pump").unwrap();
+    let submit = (pump + 1) % 3;
+    let watch = (pump + 2) % 3;
+    let out = c.rvc(
+        &[submit],
+        &[
+            "run",
+            "--background",
+            "--target",
+            "host-*",
+            "--max-parallel",
+            "2",
+            "echo ran >> marker; sleep 2",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    let run = err
+        .split_whitespace()
+        .nth(2)
+        .map(|s| s.trim_end_matches(':').to_owned())
+        .unwrap_or_else(|| panic!("no fleet run id in {err:?}"));
+    assert!(err.contains("6 target(s)"), "{err}");
+    // the first two are released by the submission itself; once one has
+    // run, kill the pump's replica
+    c.wait_until("a first target ran", Duration::from_secs(60), |c| {
+        c.clients
+            .iter()
+            .any(|cl| std::fs::read_to_string(cl.dir.join("work/marker")).is_ok())
+    });
+    c.signal(pump, rustix::process::Signal::KILL);
+    let _ = c.replicas[pump].child.take().unwrap().wait();
+    let follow_out = c.dir.path().join("fleet-follow.out");
+    let mut follow = c
+        .rvc_cmd(&[watch], &["fleet", "follow", &run])
+        .stdout(std::fs::File::create(&follow_out).unwrap())
+        .stderr(std::fs::File::create(c.dir.path().join("fleet-follow.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = follow.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > until {
+            let _ = follow.kill();
+            panic!(
+                "the fleet run did not end: {}\n{}",
+                c.pg.psql("rvbox", "SELECT client_id, state FROM fleet_targets ORDER BY 1"),
+                c.logs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let err = std::fs::read_to_string(c.dir.path().join("fleet-follow.err")).unwrap();
+    assert_eq!(status.code(), Some(0), "{err}\n{}", c.logs());
+    let now = c.duty_holder("fleet_pump");
+    assert!(
+        now.is_some_and(|r| r != pump),
+        "the pump moved to a live replica: {now:?}"
+    );
+    for cl in &c.clients {
+        assert_eq!(
+            std::fs::read_to_string(cl.dir.join("work/marker")).unwrap_or_default(),
+            "ran\n",
+            "{} ran exactly once",
+            cl.id
+        );
+    }
+    let show = c.rvc(&[watch], &["fleet", "show", &run]);
+    assert!(show.status.success(), "{}", text(&show.stderr));
+    assert_eq!(
+        c.pg.psql(
+            "rvbox",
+            "SELECT state || ' ' || n_succeeded || '/' || targets FROM fleet_runs"
+        )
+        .trim(),
+        "4 6/6",
+        "{}",
+        text(&show.stdout)
+    );
+}
