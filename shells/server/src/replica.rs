@@ -30,15 +30,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::core_loop::ToCore;
 use crate::metrics::ReasonLabel;
 
-/// The duties a replica on PostgreSQL takes: those the PostgreSQL store
-/// implements. Scrub is not taken until it does
-/// (docs/scaleout.md).
-pub(crate) const DUTIES: [Duty; 4] = [
-    Duty::Expiry,
-    Duty::Maintenance,
-    Duty::FleetPump,
-    Duty::Janitor,
-];
+/// The duties a replica on PostgreSQL takes: every one (docs/scaleout.md).
+pub(crate) const DUTIES: [Duty; 5] = Duty::ALL;
 
 /// How long the listener waits for notifications per turn.
 const LISTEN_SLICE: Duration = Duration::from_secs(1);

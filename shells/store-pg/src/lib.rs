@@ -32,6 +32,7 @@ pub mod output;
 mod reader;
 mod reads;
 mod replicas;
+mod scrub;
 mod sessions;
 mod signals;
 mod stdin;
@@ -209,6 +210,8 @@ pub struct PgStore {
     /// it registers.
     replica: Option<rvbox_store_port::replica::ReplicaId>,
     lease_times: rvbox_store_port::replica::LeaseTimes,
+    /// Where the background scrub's cycle stands.
+    scrub: scrub::ScrubState,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -236,6 +239,7 @@ impl PgStore {
             entropy: std::sync::Arc::new(rvbox_store::entropy::OsEntropy),
             replica: None,
             lease_times: rvbox_store_port::replica::LeaseTimes::default(),
+            scrub: scrub::ScrubState::default(),
         };
         store.migrate()?;
         Ok(store)
@@ -545,6 +549,7 @@ impl PgStore {
                 .append_events(&events, wall_ms)
                 .map(Completion::Appended),
             StoreOp::Maintain => self.maintain(wall_ms).map(Completion::Maintained),
+            StoreOp::Scrub => self.scrub(wall_ms).map(Completion::Scrubbed),
             StoreOp::RunFleet { request, caller } => self
                 .run_fleet(&request, &caller, wall_ms)
                 .map(|o| Completion::Fleet(Box::new(o))),
@@ -554,7 +559,6 @@ impl PgStore {
             StoreOp::FleetPump { limit } => self
                 .fleet_pump(limit, wall_ms)
                 .map(|o| Completion::Fleet(Box::new(o))),
-            other => Err(Fail::Unsupported(other.name())),
         };
         result.map_err(|e| {
             if let Fail::Refused(d) = &e {

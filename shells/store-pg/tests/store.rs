@@ -91,6 +91,123 @@ fn output_is_kept_as_checksummed_chunks_and_a_damaged_chunk_is_never_served() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("output chunk 3"), "{e}");
+
+    // a read meets the damage and fails rather than serve it
+    let mut reader = s.readers().open_pg().unwrap();
+    let ask = rvbox_proto::v1::GetOutputRequest {
+        issue_uuid: rvbox_conformance::support::text(&issue),
+        streams: vec![rvbox_proto::v1::OutputStream::Stdout as i32],
+        max_bytes: 1 << 20,
+        ..Default::default()
+    };
+    assert!(
+        rvbox_store::reader::ControlReads::get_output(&mut reader, &ask).is_err(),
+        "a damaged chunk is never served"
+    );
+    // the scrub finds both: an incident each, and a truncation over each
+    // event, so the output reads again and says what was lost
+    let report = scrub_cycle(&mut s);
+    assert_eq!(report.segments_damaged, 2, "{report:?}");
+    assert!(report.segments_verified >= 2, "{report:?}");
+    let kinds = pg.psql(
+        &db,
+        "SELECT kind || ' ' || data_loss::text FROM storage_incidents ORDER BY detected_ms",
+    );
+    assert_eq!(
+        kinds,
+        format!(
+            "{k} true\n{k} true",
+            k = rvbox_proto::v1::IncidentKind::ChecksumMismatch as i32
+        )
+    );
+    let page = rvbox_store::reader::ControlReads::get_output(&mut reader, &ask).unwrap();
+    let lost: Vec<_> = page
+        .items
+        .iter()
+        .filter_map(|i| match &i.item {
+            Some(rvbox_proto::v1::output_item::Item::Retention(t)) => {
+                Some((t.first_event_seq, t.last_event_seq))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(lost, vec![(2, 2), (3, 3)], "{page:?}");
+    // a second cycle finds nothing new
+    let again = scrub_cycle(&mut s);
+    assert_eq!(again.segments_damaged, 0, "{again:?}");
+}
+
+/// Runs scrub slices until one completes a cycle.
+fn scrub_cycle(s: &mut PgStore) -> rvbox_store_port::maintenance::ScrubReport {
+    let mut total = rvbox_store_port::maintenance::ScrubReport::default();
+    for n in 0..1_000 {
+        // a new cycle is due once the interval passed since the last one
+        let at = NOW + i64::from(n) * 3_600_000 * 24;
+        let Ok(Completion::Scrubbed(r)) = s.perform(at, StoreOp::Scrub) else {
+            panic!("Scrub failed");
+        };
+        total.segments_verified += r.segments_verified;
+        total.segments_damaged += r.segments_damaged;
+        total.counter_mismatches += r.counter_mismatches;
+        total.clients_recounted += r.clients_recounted;
+        if r.cycle_completed {
+            return total;
+        }
+    }
+    panic!("no scrub cycle completed");
+}
+
+/// The scrub's recount finds counters that differ from what they count,
+/// rebuilds them, and records a `COUNTER_MISMATCH` incident; a consistent
+/// store gets none.
+#[test]
+fn the_scrub_rebuilds_counters_that_differ_from_a_recount() {
+    let pg = Postgres::start();
+    let db = database(&pg);
+    let mut s = connect(&pg, &db);
+    let (_, _) = running(&mut s, "web-1");
+    run(&mut s, "web-2");
+    let clean = scrub_cycle(&mut s);
+    assert_eq!(clean.counter_mismatches, 0, "{clean:?}");
+    assert_eq!(clean.clients_recounted, 2, "{clean:?}");
+    let charged = pg.psql(
+        &db,
+        "SELECT charged_bytes FROM clients WHERE client_id = 'web-1'",
+    );
+    pg.psql(
+        &db,
+        "UPDATE clients SET charged_bytes = charged_bytes + 12345 WHERE client_id = 'web-1';
+         UPDATE quota_totals SET queued = queued + 7;
+         UPDATE queued_by_client SET queued = 9 WHERE client_id = 'web-2'",
+    );
+    let found = scrub_cycle(&mut s);
+    assert_eq!(found.counter_mismatches, 1, "{found:?}");
+    assert_eq!(
+        pg.psql(
+            &db,
+            "SELECT charged_bytes FROM clients WHERE client_id = 'web-1'"
+        ),
+        charged
+    );
+    assert_eq!(
+        pg.psql(
+            &db,
+            "SELECT queued || ' ' || (SELECT queued FROM queued_by_client WHERE client_id = 'web-2')
+             FROM quota_totals"
+        ),
+        "1 1",
+        "web-2's one queued command"
+    );
+    let incident = pg.psql(&db, "SELECT kind || ' ' || summary FROM storage_incidents");
+    assert!(
+        incident.starts_with(&format!(
+            "{} ",
+            rvbox_proto::v1::IncidentKind::CounterMismatch as i32
+        )) && incident.contains("web-1"),
+        "{incident}"
+    );
+    let after = scrub_cycle(&mut s);
+    assert_eq!(after.counter_mismatches, 0, "{after:?}");
 }
 
 /// Terminates the store's own connection from another one, once, at the
