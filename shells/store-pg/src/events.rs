@@ -10,11 +10,17 @@
 //! session `FOR SHARE`: a replica that lost the client can no longer
 //! commit its events.
 //!
-//! Not yet on PostgreSQL: dropping output on arrival under quota pressure
-//! (the SQLite store records a truncation in its place; here the event is
-//! refused `QUOTA_EXCEEDED`, transient, and the client sends it again),
-//! and the rotation of old output an append may trigger. Both need the
-//! retention pass of the PostgreSQL store.
+//! A running command's output is a rolling window, as on SQLite: when new
+//! output would pass the command's output window
+//! (`storage.command_output_window`) or its total (`storage.command_total`),
+//! its oldest output events are rotated out in the group's transaction
+//! (their rows and chunks deleted, one truncation row standing for them,
+//! their charge released), so the command keeps its *last* bytes. Output
+//! that still does not fit, or that a client's (the server's) quota holds
+//! with nothing reclaimable, is dropped on arrival with a truncation row.
+//! Rotation under quota pressure from active commands alone is not done
+//! here (the SQLite store rotates running commands' output for it); that
+//! output is dropped on arrival instead.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -336,6 +342,202 @@ fn record_dropped(tx: &mut Transaction<'_>, d: &DroppedEvent, now_ms: i64) -> Re
     Ok(())
 }
 
+/// Most output events one page of a rotation reads.
+const ROTATION_PAGE: i64 = 1_024;
+/// A rotation frees this much more than the incoming output needs (at
+/// most an eighth of the window), so a command streaming past its window
+/// rotates once per such step, not at every event.
+const ROTATION_SLACK: u64 = 1 << 20;
+
+/// Rotates a command's oldest output so that `incoming` more charged
+/// output bytes fit its output window and its total (the SQLite store's
+/// rule, `rvbox_retention::plan_output_rotation`, with events for
+/// segments): the oldest output events are removed up to the first one a
+/// truncation covers (damaged, a barrier) and until the need plus a slack
+/// is freed; dropped ranges inside are absorbed into the one truncation
+/// row. Nothing is rotated when the need cannot be met. Updates the view,
+/// the client's and the server's usage; returns whether it rotated.
+#[allow(clippy::too_many_arguments)]
+fn rotate_for(
+    tx: &mut Transaction<'_>,
+    opts: &StoreOptions,
+    issue: &[u8; 16],
+    view: &mut CmdView,
+    owners: &mut BTreeMap<String, (u64, u64)>,
+    global: &mut u64,
+    incoming: u64,
+    now_ms: i64,
+) -> Result<bool, Fail> {
+    let tiers = &opts.tiers;
+    let over_window = view.output_charged.saturating_add(incoming) > tiers.command_output_window;
+    let over_total = view.charged.saturating_add(incoming) > tiers.command_total;
+    if !over_window && !over_total {
+        return Ok(false);
+    }
+    let cause = if over_window {
+        RotationCause::CommandWindow
+    } else {
+        RotationCause::CommandTotal
+    };
+    let marker =
+        rvbox_store::retention::truncation_row_charge(cause.reason()).map_err(integrity)?;
+    let need = view
+        .output_charged
+        .saturating_add(incoming)
+        .saturating_sub(tiers.command_output_window)
+        .max(
+            view.charged
+                .saturating_add(marker)
+                .saturating_add(incoming)
+                .saturating_sub(tiers.command_total),
+        );
+    let target = need.saturating_add(ROTATION_SLACK.min(tiers.command_output_window / 8));
+    // the command's truncation ranges: a covered output event is a barrier
+    let ranges: Vec<(i64, i64, i64)> = crate::prep::query(
+        tx,
+        "SELECT first_seq, last_seq, id FROM output_truncations
+         WHERE issue_uuid = $1 AND first_seq IS NOT NULL ORDER BY first_seq",
+        &[&issue.as_slice()],
+    )
+    .map_err(Fail::db("read the command's truncations"))?
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect();
+    let covered = |seq: i64| ranges.iter().any(|(a, b, _)| *a <= seq && seq <= *b);
+    let (mut first, mut last) = (None::<i64>, 0i64);
+    let (mut removed, mut raw, mut stored) = (0u64, 0u64, 0u64);
+    let mut mask = 0i64;
+    let mut after = 0i64;
+    'pages: while removed < target {
+        let rows = crate::prep::query(
+            tx,
+            "SELECT event_seq, raw_len, stored_len, stream FROM command_events
+             WHERE issue_uuid = $1 AND body_kind = 4 AND event_seq > $2
+             ORDER BY event_seq LIMIT $3",
+            &[&issue.as_slice(), &after, &ROTATION_PAGE],
+        )
+        .map_err(Fail::db("read output to rotate"))?;
+        if rows.is_empty() {
+            break;
+        }
+        for r in &rows {
+            let seq: i64 = r.get(0);
+            after = seq;
+            if covered(seq) || removed >= target {
+                break 'pages;
+            }
+            let stored_len = to_u64(r.get(2));
+            let c = charge(
+                CHARGE_VERSION,
+                ChargeKind::OutputRecord,
+                rvbox_segment::RECORD_OVERHEAD.saturating_add(stored_len),
+            )
+            .map_err(integrity)?;
+            first.get_or_insert(seq);
+            last = seq;
+            removed = removed.saturating_add(c);
+            raw = raw.saturating_add(to_u64(r.get(1)));
+            stored = stored.saturating_add(stored_len);
+            mask |= match r.get::<_, i64>(3) {
+                1 => 1,
+                2 => 2,
+                _ => 0,
+            };
+        }
+    }
+    let Some(first) = first else {
+        return Ok(false);
+    };
+    if removed < need {
+        tracing::warn!(
+            issue_uuid = %rvbox_store::fleet::uuid_text(issue),
+            incoming,
+            "output cannot fit the command window even after rotation"
+        );
+        return Ok(false);
+    }
+    // output dropped on arrival inside the range joins its row
+    let mut absorbed = 0u64;
+    for (a, b, id) in &ranges {
+        if *a > first && *b < last {
+            let row = crate::prep::query_one(
+                tx,
+                "DELETE FROM output_truncations WHERE id = $1
+                 RETURNING COALESCE(raw_bytes, 0), COALESCE(stored_bytes, 0),
+                           COALESCE(stream_mask, 3), reason",
+                &[id],
+            )
+            .map_err(Fail::db("absorb a dropped range"))?;
+            raw = raw.saturating_add(to_u64(row.get(0)));
+            stored = stored.saturating_add(to_u64(row.get(1)));
+            mask |= row.get::<_, i64>(2) & 3;
+            absorbed = absorbed.saturating_add(
+                rvbox_store::retention::truncation_row_charge(&row.get::<_, String>(3))
+                    .map_err(integrity)?,
+            );
+        }
+    }
+    if removed.saturating_add(absorbed) <= marker {
+        return Ok(false);
+    }
+    let released = removed.saturating_add(absorbed) - marker;
+    crate::prep::execute(
+        tx,
+        "DELETE FROM command_events
+         WHERE issue_uuid = $1 AND body_kind = 4 AND event_seq >= $2 AND event_seq <= $3",
+        &[&issue.as_slice(), &first, &last],
+    )
+    .map_err(Fail::db("delete rotated output"))?;
+    crate::prep::execute(
+        tx,
+        "INSERT INTO output_truncations (issue_uuid, first_seq, last_seq, raw_bytes, stored_bytes,
+             source, reason, recorded_ms, stream_mask)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULLIF($9::bigint, 0))",
+        &[
+            &issue.as_slice(),
+            &first,
+            &last,
+            &to_i64(raw),
+            &to_i64(stored),
+            &i64::from(cause.source() as i32),
+            &cause.reason(),
+            &now_ms,
+            &mask,
+        ],
+    )
+    .map_err(Fail::db("record rotated output"))?;
+    let owner = owners.get(&view.client_id).map_or(0, |o| o.1);
+    let after = rvbox_retention::release(
+        &Usage {
+            command: view.charged,
+            held_closeout: view.held_closeout,
+            owner,
+            global: *global,
+            free_space: u64::MAX,
+        },
+        released,
+        true,
+    )
+    .map_err(integrity)?;
+    view.charged = after.command;
+    view.output_charged = view.output_charged.checked_sub(removed).ok_or_else(|| {
+        Fail::Integrity("a command's output counter is below its output events".into())
+    })?;
+    if let Some(o) = owners.get_mut(&view.client_id) {
+        o.1 = after.owner;
+    }
+    *global = after.global;
+    tracing::info!(
+        issue_uuid = %rvbox_store::fleet::uuid_text(issue),
+        first_seq = first,
+        last_seq = last,
+        released,
+        cause = cause.source().as_str_name(),
+        "output rotated"
+    );
+    Ok(true)
+}
+
 fn integrity(e: impl std::fmt::Display) -> Fail {
     Fail::Integrity(e.to_string())
 }
@@ -362,6 +564,7 @@ fn plan(
     dctx: &mut zstd::bulk::Decompressor<'static>,
     opts: &StoreOptions,
     batch: &[EventAppend],
+    now_ms: i64,
 ) -> Result<Plan, Fail> {
     let issues: BTreeSet<[u8; 16]> = batch.iter().map(|e| e.issue_uuid).collect();
     let mut views = lock_views(tx, &issues)?;
@@ -553,6 +756,27 @@ fn plan(
             owner: owner_used,
             global,
             free_space: u64::MAX,
+        };
+        let usage = if charge_kind == ChargeKind::OutputRecord
+            && rotate_for(
+                tx,
+                opts,
+                &issue,
+                view,
+                &mut owners,
+                &mut global,
+                charged,
+                now_ms,
+            )? {
+            Usage {
+                command: view.charged,
+                held_closeout: view.held_closeout,
+                owner: owners.get(&view.client_id).map_or(0, |o| o.1),
+                global,
+                free_space: u64::MAX,
+            }
+        } else {
+            usage
         };
         let droppable = rvbox_store::retention::droppable(&ev.body, class);
         let r = match reserve(&opts.tiers, &usage, charge_kind, class, charged, true) {
@@ -923,7 +1147,7 @@ impl PgStore {
         let mut output =
             std::mem::replace(&mut self.output, Box::new(crate::output::DatabaseChunks));
         let result = self.in_tx("append events", |tx, opts| {
-            let mut plan = plan(tx, &mut dctx, opts, batch)?;
+            let mut plan = plan(tx, &mut dctx, opts, batch, now_ms)?;
             write(tx, output.as_mut(), &mut plan, now_ms, opts.tombstone_cap)?;
             // per command of the batch: its highest contiguous durable
             // sequence (a cumulative EventAck)

@@ -412,13 +412,26 @@ fn the_audit_log_is_trimmed_to_its_budget_and_its_retention() {
     assert_eq!(size().0, 0, "every row was older than the retention");
 }
 
-/// Output past the command's total is dropped on arrival with a
-/// truncation row that covers exactly the dropped events (one row for a
-/// run of them), never refused for ever: the terminal event that follows
-/// is stored, and a dropped event sent again is a duplicate.
+/// 8 KiB of incompressible bytes.
+fn noise(seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..8192)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x & 0xff) as u8
+        })
+        .collect()
+}
+
+/// A running command's output is a rolling window: past its output
+/// window, its oldest output is rotated out (truncation rows of the window
+/// cause covering exactly the rotated events, their charge released), so
+/// it keeps its last bytes, byte for byte; a rotated event sent again is a
+/// duplicate.
 #[test]
-fn output_past_the_command_total_is_dropped_with_a_truncation_row() {
-    use rvbox_conformance::support::lifecycle_event;
+fn output_past_the_window_rotates_the_oldest_out() {
     let pg = Postgres::start();
     let db = database(&pg);
     let mut tiers = rvbox_retention::Tiers::server_defaults();
@@ -434,18 +447,103 @@ fn output_past_the_command_total_is_dropped_with_a_truncation_row() {
     )
     .unwrap();
     let (cmd, session) = running(&mut s, "web-1");
-    let noise = |seed: u64| -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..8192)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x & 0xff) as u8
-            })
-            .collect()
-    };
-    // 60 events of 8 KiB: about 24 fit in the 192 KiB left for output
+    let mut all = Vec::new();
+    for seq in 2..62u64 {
+        let mut ev = output_event(&cmd, seq, &noise(seq));
+        ev.session = Some(session);
+        all.push(ev.clone());
+        let r = s.perform(NOW, StoreOp::AppendEvents { events: vec![ev] });
+        assert_eq!(outcomes(&r), vec![EventOutcome::Appended], "seq {seq}");
+    }
+    // the stored output is the last events, contiguous up to the end
+    let kept: Vec<u64> = pg
+        .psql(
+            &db,
+            "SELECT event_seq FROM command_events WHERE body_kind = 4 ORDER BY 1",
+        )
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let first_kept = kept[0];
+    assert!(first_kept > 2 && kept.len() > 8, "{kept:?}");
+    assert_eq!(kept, (first_kept..62).collect::<Vec<_>>());
+    // the truncation rows cover exactly what was rotated, by the window
+    let rows: Vec<(u64, u64, i32)> = pg
+        .psql(
+            &db,
+            "SELECT first_seq || ' ' || last_seq || ' ' || source FROM output_truncations
+             ORDER BY first_seq",
+        )
+        .lines()
+        .map(|l| {
+            let v: Vec<i64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+            (v[0] as u64, v[1] as u64, v[2] as i32)
+        })
+        .collect();
+    let mut next = 2;
+    for (a, b, source) in &rows {
+        assert_eq!(*a, next, "{rows:?}");
+        assert_eq!(
+            *source,
+            rvbox_proto::v1::TruncationSource::ServerCommandWindow as i32
+        );
+        next = b + 1;
+    }
+    assert_eq!(next, first_kept, "{rows:?}");
+    assert!(rows.len() < 20, "rotations go in steps: {rows:?}");
+    // the window holds: the output counter is within it, and the kept
+    // bytes read back exactly
+    let output: u64 = pg
+        .psql(&db, "SELECT output_charged FROM commands")
+        .parse()
+        .unwrap();
+    assert!(output <= 128 * 1024, "{output}");
+    let chunks = s.output_chunks(&cmd, 1, 100).unwrap();
+    assert_eq!(chunks.len(), kept.len());
+    for c in &chunks {
+        assert_eq!(
+            c.raw().unwrap(),
+            noise(c.event_seq),
+            "event {}",
+            c.event_seq
+        );
+    }
+    // a rotated event sent again is a duplicate
+    let r = s.perform(
+        NOW,
+        StoreOp::AppendEvents {
+            events: vec![all[0].clone()],
+        },
+    );
+    assert_eq!(outcomes(&r), vec![EventOutcome::Duplicate]);
+}
+
+/// Output past a client's quota held by data nothing can reclaim (its own
+/// running command) is dropped on arrival with a truncation row that
+/// covers exactly the dropped events (one row for a run of them), never
+/// refused for ever: the terminal event that follows is stored, and a
+/// dropped event sent again is a duplicate.
+#[test]
+fn output_past_an_unrelievable_quota_is_dropped_with_a_truncation_row() {
+    use rvbox_conformance::support::lifecycle_event;
+    let pg = Postgres::start();
+    let db = database(&pg);
+    let mut tiers = rvbox_retention::Tiers::server_defaults();
+    tiers.command_total = 256 * 1024;
+    tiers.closeout_reserve = 64 * 1024;
+    tiers.command_output_window = 128 * 1024;
+    // the closeout reserve and about 96 KiB of output
+    tiers.per_owner_total = 160 * 1024;
+    let mut s = PgStore::connect(
+        &pg.conninfo(&db),
+        StoreOptions {
+            tiers,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    let (cmd, session) = running(&mut s, "web-1");
+    // 60 events of 8 KiB: about 11 fit in the client's quota
     let mut all = Vec::new();
     for seq in 2..62u64 {
         let mut ev = output_event(&cmd, seq, &noise(seq));
@@ -461,7 +559,7 @@ fn output_past_the_command_total_is_dropped_with_a_truncation_row() {
         )
         .parse()
         .unwrap();
-    assert!(stored > 10 && stored < 60, "{stored} output events stored");
+    assert!(stored > 8 && stored < 20, "{stored} output events stored");
     let rows = pg.psql(
         &db,
         "SELECT first_seq || ' ' || last_seq || ' ' || raw_bytes FROM output_truncations",

@@ -95,7 +95,9 @@ impl RotationCause {
         }
     }
 
-    fn reason(self) -> &'static str {
+    /// The reason of a truncation row that stands for rotated output.
+    #[must_use]
+    pub fn reason(self) -> &'static str {
         match self {
             Self::CommandWindow => REASON_WINDOW,
             Self::CommandTotal => REASON_TOTAL,
