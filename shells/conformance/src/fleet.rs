@@ -409,3 +409,117 @@ pub fn a_client_registering_in_a_late_window_becomes_a_target(b: &mut dyn WithRe
     assert!(!pump(b, NOW + 3_600_001).live);
     assert_eq!(get_run(b, &run).state, wire::FleetRunState::Done as i32);
 }
+
+fn open_incident(
+    b: &mut dyn WithReads,
+    kind: wire::ScopeKind,
+    key: &str,
+    client: Option<&str>,
+) -> String {
+    let r = b.perform(
+        NOW,
+        StoreOp::RecordIncident(rvbox_store_port::incidents::NewIncident {
+            kind: wire::IncidentKind::ChecksumMismatch,
+            scope_kind: kind,
+            scope_key: key.into(),
+            client_id: client.map(str::to_owned),
+            issue_uuid: None,
+            summary: "planted by the conformance suite".into(),
+            evidence: Vec::new(),
+            data_loss: true,
+        }),
+    );
+    assert!(matches!(r, Ok(Completion::Done)), "{r:?}");
+    b.reads()
+        .incident_page(&wire::ListStorageIncidentsRequest {
+            page_size: 1,
+            state: Some(wire::IncidentState::Open as i32),
+            ..Default::default()
+        })
+        .unwrap()
+        .incidents[0]
+        .incident_id
+        .clone()
+}
+
+fn acknowledge(b: &mut dyn WithReads, incident_id: String) {
+    let r = b.perform(
+        NOW,
+        StoreOp::AcknowledgeIncident {
+            request: wire::AcknowledgeStorageIncidentRequest {
+                request_id: text(&new_id()),
+                incident_id,
+                note: "seen; the loss is accepted".into(),
+            },
+            caller: rvbox_store_port::audit::Caller::local(),
+        },
+    );
+    assert!(matches!(r, Ok(Completion::Incident(_))), "{r:?}");
+}
+
+/// An open storage incident refuses the writes of its scope, `UNAVAILABLE`
+/// naming the incident, and only those (plan §5.1): a command's scope its
+/// events, a client's scope its new commands, registrations and
+/// lifecycle writes, the global scope every write; acknowledged, the
+/// writes go again.
+pub fn an_open_incident_refuses_the_writes_of_its_scope_until_acknowledged(b: &mut dyn WithReads) {
+    let (issue, session) = running(b, "web-1");
+    let run_for = |b: &mut dyn WithReads, client: &str| {
+        let id = new_id();
+        b.perform(
+            NOW,
+            StoreOp::RunCommand {
+                request: run_request(&id, client, "uptime"),
+                caller: rvbox_store_port::audit::Caller::local(),
+            },
+        )
+    };
+    let append = |b: &mut dyn WithReads, seq: u64| {
+        let mut ev = output_event(&issue, seq, b"line\n");
+        ev.session = Some(session);
+        outcomes(&b.perform(NOW, StoreOp::AppendEvents { events: vec![ev] }))
+    };
+
+    // the command's scope: its events, nothing of its client's other work
+    let cmd = open_incident(b, wire::ScopeKind::Command, &text(&issue), Some("web-1"));
+    let refused = append(b, 2);
+    assert!(
+        matches!(&refused[..], [EventOutcome::Refused(e)]
+            if e.code() == Code::Unavailable && e.to_detail().incident_id.as_deref() == Some(cmd.as_str())),
+        "{refused:?}"
+    );
+    assert!(matches!(run_for(b, "web-1"), Ok(Completion::RunCommand(_))));
+    acknowledge(b, cmd);
+    assert_eq!(append(b, 2), vec![EventOutcome::Appended]);
+
+    // the client's scope: its new commands and registration
+    let client = open_incident(b, wire::ScopeKind::Client, "web-1", Some("web-1"));
+    assert_eq!(refused_code(&run_for(b, "web-1")), Some(Code::Unavailable));
+    let seen = client_record(b, "web-1");
+    let r = b.perform(
+        NOW,
+        StoreOp::Register(registration("web-1", INSTANCE, seen.as_ref())),
+    );
+    assert_eq!(refused_code(&r), Some(Code::Unavailable), "{r:?}");
+    assert!(matches!(run_for(b, "web-2"), Ok(Completion::RunCommand(_))));
+    acknowledge(b, client);
+    assert!(matches!(run_for(b, "web-1"), Ok(Completion::RunCommand(_))));
+
+    // the global scope: every write
+    let global = open_incident(b, wire::ScopeKind::GlobalStore, "", None);
+    assert_eq!(refused_code(&run_for(b, "web-2")), Some(Code::Unavailable));
+    assert_eq!(refused_code(&run_for(b, "web-3")), Some(Code::Unavailable));
+    acknowledge(b, global);
+    assert!(matches!(run_for(b, "web-3"), Ok(Completion::RunCommand(_))));
+}
+
+fn refused_code(r: &OpResult) -> Option<Code> {
+    refused(r)
+}
+
+fn client_record(
+    b: &mut dyn WithReads,
+    id: &str,
+) -> Option<rvbox_store_port::sessions::ClientRecord> {
+    client(b, id)
+}

@@ -16,6 +16,7 @@ use crate::support::*;
 pub use crate::fleet::{
     a_client_registering_in_a_late_window_becomes_a_target,
     a_fleet_run_releases_at_its_rate_and_ends_once_every_target_has,
+    an_open_incident_refuses_the_writes_of_its_scope_until_acknowledged,
     fleet_actions_pause_resume_signal_and_cancel_once_each,
 };
 

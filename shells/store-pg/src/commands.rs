@@ -503,6 +503,7 @@ impl PgStore {
         let script = script_chunks(&req.script)?;
         let client_id = valid.client_id.as_str();
         let outcome = self.in_tx("RunCommand", |tx, opts| {
+            crate::incidents::check_writable(tx, &[(rvbox_proto::v1::ScopeKind::Client, client_id)])?;
             if let Some(stored) = mutations::lookup(
                 tx,
                 &valid.issue_uuid,
@@ -592,6 +593,14 @@ impl PgStore {
         let Some(client) = client else {
             return Err(Fail::refused(Code::NotFound, "no such command"));
         };
+        let key = rvbox_store::fleet::uuid_text(issue);
+        crate::incidents::check_writable(
+            tx,
+            &[
+                (rvbox_proto::v1::ScopeKind::Command, key.as_str()),
+                (rvbox_proto::v1::ScopeKind::Client, client.as_str()),
+            ],
+        )?;
         check_fence(tx, session, &client)?;
         load_view(tx, issue, true)
     }
@@ -779,6 +788,10 @@ impl PgStore {
             ids.push(self.incident_id(now_ms)?);
         }
         let opened = self.in_tx("apply reconciliation", |tx, opts| {
+            crate::incidents::check_writable(
+                tx,
+                &[(rvbox_proto::v1::ScopeKind::Client, client_id)],
+            )?;
             check_fence(tx, Some(session), client_id)?;
             for w in writes {
                 match *w {

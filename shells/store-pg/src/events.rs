@@ -29,6 +29,7 @@ use prost::Message as _;
 use rvbox_domain::error::{Code, DomainError};
 use rvbox_domain::events::{SeqVerdict, check_event_seq};
 use rvbox_domain::lifecycle::Lifecycle;
+use rvbox_proto::v1 as wire;
 use rvbox_retention::{
     CHARGE_VERSION, ChargeKind, Class, Usage, charge, release_closeout, reserve,
 };
@@ -577,6 +578,14 @@ fn plan(
         .collect();
     let sessions = live_sessions(tx, &fences)?;
     let clients: BTreeSet<&str> = views.values().map(|v| v.client_id.as_str()).collect();
+    // the scopes under an open incident (plan §5.1): usually none
+    let keys: Vec<String> = issues.iter().map(rvbox_store::fleet::uuid_text).collect();
+    let scopes: Vec<(wire::ScopeKind, &str)> = keys
+        .iter()
+        .map(|k| (wire::ScopeKind::Command, k.as_str()))
+        .chain(clients.iter().map(|c| (wire::ScopeKind::Client, *c)))
+        .collect();
+    let dirty = crate::incidents::dirty_scopes(tx, &scopes)?;
     let mut owners: BTreeMap<String, (u64, u64)> = client_usage(tx, &clients)?
         .into_iter()
         .map(|(c, v)| (c, (v, v)))
@@ -601,6 +610,19 @@ fn plan(
                 "the command's stored state is under an open storage incident",
             ));
             continue;
+        }
+        if !dirty.is_empty() {
+            let key = rvbox_store::fleet::uuid_text(&issue);
+            if let Some(e) = crate::incidents::gate(
+                &dirty,
+                &[
+                    (wire::ScopeKind::Command, key.as_str()),
+                    (wire::ScopeKind::Client, view.client_id.as_str()),
+                ],
+            ) {
+                outcomes.push(EventOutcome::Refused(e));
+                continue;
+            }
         }
         if let Some(fence) = &ev.session {
             let refusal = match sessions.get(&fence.session_id) {

@@ -169,6 +169,7 @@ impl FleetTx for PgFleet<'_, '_> {
         now_ms: i64,
     ) -> Result<(), Fail> {
         let client_id = ClientId::parse("client_id", client).map_err(DomainError::from)?;
+        crate::incidents::check_writable(self.tx, &[(wire::ScopeKind::Client, client)])?;
         if tombstoned(self.tx, issue)? || command_exists(self.tx, issue)? {
             return Err(Fail::refused(
                 rvbox_domain::error::Code::Conflict,
@@ -475,6 +476,7 @@ impl PgStore {
     ) -> Result<FleetOutcome, Fail> {
         let run_id = p.run_id;
         let (targets, outcome) = self.in_tx("RunFleet", |tx, opts| {
+            crate::incidents::check_writable(tx, &[])?;
             let owner = Owner::FleetRun(&run_id);
             if let Some(stored) =
                 mutations::lookup(tx, &p.run, "RunFleet", &p.mutation_hash, owner)?
@@ -674,6 +676,7 @@ impl PgStore {
         use wire::FleetRunState as R;
         let method = action.method();
         self.in_tx("fleet action", |tx, opts| {
+            crate::incidents::check_writable(tx, &[])?;
             let owner = Owner::FleetRun(run_id);
             if let Some(stored) = mutations::lookup(tx, request_id, method, hash, owner)? {
                 let mut out = FleetOutcome::answer(replayed_action(action, stored)?);

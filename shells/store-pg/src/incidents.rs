@@ -61,6 +61,82 @@ pub(crate) fn insert(
     Ok(())
 }
 
+/// The open incidents that gate the writes of `scopes` (plan §5.1), as
+/// the SQLite store's scoped health does: an open incident on the server
+/// store's global scope refuses every write, one on a command's or a
+/// client's scope the writes of that scope, until it is repaired or
+/// acknowledged. Returns each dirty scope among them (the global scope as
+/// `GlobalStore` with an empty key) with its first open incident's id.
+pub(crate) fn dirty_scopes(
+    tx: &mut Transaction<'_>,
+    scopes: &[(wire::ScopeKind, &str)],
+) -> Result<Vec<(i64, String, [u8; 16])>, Fail> {
+    let kinds: Vec<i64> = scopes.iter().map(|(k, _)| i64::from(*k as i32)).collect();
+    let keys: Vec<&str> = scopes.iter().map(|(_, k)| *k).collect();
+    crate::prep::query(
+        tx,
+        "SELECT scope_kind, scope_key, (array_agg(incident_id ORDER BY incident_id))[1]
+         FROM storage_incidents
+         WHERE state = 1
+           AND ((scope_kind = $1 AND scope_key = '')
+                OR (scope_kind, scope_key) IN (SELECT * FROM unnest($2::bigint[], $3::text[])))
+         GROUP BY scope_kind, scope_key",
+        &[
+            &i64::from(wire::ScopeKind::GlobalStore as i32),
+            &kinds,
+            &keys,
+        ],
+    )
+    .map_err(Fail::db("read open incidents"))?
+    .iter()
+    .map(|r| {
+        let id: Vec<u8> = r.get(2);
+        Ok((
+            r.get(0),
+            r.get(1),
+            <[u8; 16]>::try_from(id.as_slice())
+                .map_err(|_| Fail::Integrity("an incident id is not 16 bytes".into()))?,
+        ))
+    })
+    .collect()
+}
+
+/// The refusal of a write to `scope` given the dirty scopes
+/// [`dirty_scopes`] found, if one applies.
+pub(crate) fn gate(
+    dirty: &[(i64, String, [u8; 16])],
+    scope: &[(wire::ScopeKind, &str)],
+) -> Option<DomainError> {
+    let global = i64::from(wire::ScopeKind::GlobalStore as i32);
+    if dirty
+        .iter()
+        .any(|(k, key, _)| *k == global && key.is_empty())
+    {
+        return Some(rvbox_store::health::store_not_ready("dirty_readable"));
+    }
+    scope.iter().find_map(|(kind, key)| {
+        dirty
+            .iter()
+            .find(|(k, kk, _)| *k == i64::from(*kind as i32) && kk == key)
+            .map(|(_, _, id)| {
+                rvbox_store::health::dirty_scope(*kind, Some(&rvbox_store::fleet::uuid_text(id)))
+            })
+    })
+}
+
+/// Refuses a write to `scopes` under an open incident (see
+/// [`dirty_scopes`]).
+pub(crate) fn check_writable(
+    tx: &mut Transaction<'_>,
+    scopes: &[(wire::ScopeKind, &str)],
+) -> Result<(), Fail> {
+    let dirty = dirty_scopes(tx, scopes)?;
+    match gate(&dirty, scopes) {
+        Some(e) => Err(Fail::Refused(e)),
+        None => Ok(()),
+    }
+}
+
 /// Whether an incident of this kind is open on this scope already.
 pub(crate) fn open(tx: &mut Transaction<'_>, new: &NewIncident) -> Result<bool, Fail> {
     Ok(crate::prep::query_opt(

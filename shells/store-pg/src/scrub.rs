@@ -440,7 +440,16 @@ impl PgStore {
                         data_loss: false,
                     },
                     now_ms,
+                )?;
+                // repaired at once: recorded resolved
+                crate::prep::execute(
+                    tx,
+                    "UPDATE storage_incidents SET state = 2, resolved_ms = $2
+                     WHERE incident_id = $1",
+                    &[&id.as_slice(), &now_ms],
                 )
+                .map_err(Fail::db("resolve the counter incident"))?;
+                Ok(())
             })?;
         }
         report.cycle_completed = true;

@@ -234,6 +234,7 @@ impl PgStore {
     ) -> Result<u64, Fail> {
         let owner = self.replica;
         let next = self.in_tx("register session", |tx, opts| {
+            crate::incidents::check_writable(tx, &[(rvbox_proto::v1::ScopeKind::Client, reg.client_id.as_str())])?;
             // a replica registers only while its lease is live
             if let Some(r) = owner {
                 let live = crate::prep::query_opt(tx, "SELECT 1 FROM replicas
@@ -390,6 +391,7 @@ impl PgStore {
         now_ms: i64,
     ) -> Result<(), Fail> {
         self.in_tx("record pending claim", |tx, opts| {
+            crate::incidents::check_writable(tx, &[(rvbox_proto::v1::ScopeKind::Client, client_id)])?;
             ensure_client(tx, client_id, opts)?;
             crate::prep::execute(tx, "UPDATE clients SET pending_instance_id = $2, pending_seen_ms = $3 WHERE client_id = $1",
                 &[&client_id, &instance_id.as_slice(), &now_ms],
@@ -525,6 +527,10 @@ impl PgStore {
         };
         let hash = rvbox_domain::hash::request_hash("AuthorizeClientTakeover", &canonical);
         let outcome = self.in_tx("authorize takeover", |tx, _| {
+            crate::incidents::check_writable(
+                tx,
+                &[(rvbox_proto::v1::ScopeKind::Client, client_id)],
+            )?;
             let owner = Owner::Client(client_id);
             if let Some(stored) =
                 crate::mutations::lookup(tx, &request_id, "AuthorizeClientTakeover", &hash, owner)?

@@ -198,13 +198,16 @@ fn the_scrub_rebuilds_counters_that_differ_from_a_recount() {
         "1 1",
         "web-2's one queued command"
     );
-    let incident = pg.psql(&db, "SELECT kind || ' ' || summary FROM storage_incidents");
+    let incident = pg.psql(
+        &db,
+        "SELECT kind || ' ' || state || ' ' || summary FROM storage_incidents",
+    );
     assert!(
         incident.starts_with(&format!(
-            "{} ",
+            "{} 2 ",
             rvbox_proto::v1::IncidentKind::CounterMismatch as i32
         )) && incident.contains("web-1"),
-        "{incident}"
+        "recorded, and resolved by the rebuild: {incident}"
     );
     let after = scrub_cycle(&mut s);
     assert_eq!(after.counter_mismatches, 0, "{after:?}");

@@ -124,6 +124,35 @@ fn settle(s: &mut State) {
 }
 
 /// Scope recovery finished and the integrity check is still running.
+/// The refusal of a write while the store as a whole is `state` (not
+/// ready): every store backend answers it so.
+#[must_use]
+pub fn store_not_ready(state: &str) -> DomainError {
+    DomainError::new(
+        Code::Unavailable,
+        format!("the server store is {state}; retry later"),
+    )
+}
+
+/// The refusal of a write to a scope with an open storage incident (the
+/// first such incident's id attached, when known).
+#[must_use]
+pub fn dirty_scope(kind: wire::ScopeKind, incident: Option<&str>) -> DomainError {
+    let e = DomainError::new(
+        Code::Unavailable,
+        format!(
+            "the {} scope has an open storage incident; repair or acknowledge it first",
+            kind.as_str_name()
+                .trim_start_matches("SCOPE_KIND_")
+                .to_ascii_lowercase()
+        ),
+    );
+    match incident {
+        Some(id) => e.with_incident(id.to_owned()),
+        None => e,
+    }
+}
+
 fn serving_scopes(s: &State) -> bool {
     s.global == ScopeState::Recovering
         && s.scopes_recovered
@@ -311,26 +340,11 @@ impl Health {
                 )
             });
         if s.global != ScopeState::Ready && !(confined && serving_scopes(&s)) {
-            return Err(DomainError::new(
-                Code::Unavailable,
-                format!("the server store is {}; retry later", s.global.name()),
-            ));
+            return Err(store_not_ready(s.global.name()));
         }
         for (kind, key) in scopes {
             if let Some(ids) = s.dirty.get(&(*kind as i32, (*key).to_owned())) {
-                let mut e = DomainError::new(
-                    Code::Unavailable,
-                    format!(
-                        "the {} scope has an open storage incident; repair or acknowledge it first",
-                        kind.as_str_name()
-                            .trim_start_matches("SCOPE_KIND_")
-                            .to_ascii_lowercase()
-                    ),
-                );
-                if let Some(id) = ids.first() {
-                    e = e.with_incident(id.clone());
-                }
-                return Err(e);
+                return Err(dirty_scope(*kind, ids.first().map(String::as_str)));
             }
         }
         Ok(())
