@@ -309,17 +309,23 @@ impl PgStore {
                             "repairing this incident would discard committed data or rewrite recorded history; acknowledge it with a note instead",
                         )
                         .with_incident(incident_id.to_owned())),
-                        (Resolve::Repair, Resolution::Repair(kind)) => {
-                            // none of these arises on PostgreSQL yet: there
-                            // are no segment files or local disk conditions,
-                            // and the counter recount comes with the scrub
-                            return Err(Fail::Unsupported(match kind {
-                                SafeRepair::TruncateTail => "repair: truncate tail",
-                                SafeRepair::RebuildCounters => "repair: rebuild counters",
-                                SafeRepair::RollForwardEviction => "repair: roll forward eviction",
-                                SafeRepair::RecheckCondition => "repair: recheck condition",
-                            }));
-                        }
+                        (Resolve::Repair, Resolution::Repair(kind)) => match kind {
+                            SafeRepair::RebuildCounters => {
+                                crate::scrub::rebuild_counters(tx)?;
+                                Ok(())
+                            }
+                            // the condition is the database server's own:
+                            // this transaction's writes show it is gone
+                            SafeRepair::RecheckCondition => Ok(()),
+                            // segment files exist only on SQLite: these
+                            // never arise here
+                            SafeRepair::TruncateTail => {
+                                return Err(Fail::Unsupported("repair: truncate tail"));
+                            }
+                            SafeRepair::RollForwardEviction => {
+                                return Err(Fail::Unsupported("repair: roll forward eviction"));
+                            }
+                        },
                     }
                 };
                 if outcome.is_ok() && how == Resolve::Repair {

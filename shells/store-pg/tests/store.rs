@@ -211,6 +211,63 @@ fn the_scrub_rebuilds_counters_that_differ_from_a_recount() {
     );
     let after = scrub_cycle(&mut s);
     assert_eq!(after.counter_mismatches, 0, "{after:?}");
+
+    // an operator's repair of an open counter incident rebuilds them too
+    pg.psql(
+        &db,
+        "UPDATE clients SET charged_bytes = charged_bytes + 999 WHERE client_id = 'web-1'",
+    );
+    let r = s.perform(
+        NOW,
+        StoreOp::RecordIncident(rvbox_store_port::incidents::NewIncident {
+            kind: rvbox_proto::v1::IncidentKind::CounterMismatch,
+            scope_kind: rvbox_proto::v1::ScopeKind::GlobalStore,
+            scope_key: String::new(),
+            client_id: None,
+            issue_uuid: None,
+            summary: "a counter differs".into(),
+            evidence: Vec::new(),
+            data_loss: false,
+        }),
+    );
+    assert!(matches!(r, Ok(Completion::Done)), "{r:?}");
+    let id = pg.psql(
+        &db,
+        "SELECT encode(incident_id, 'hex') FROM storage_incidents WHERE state = 1",
+    );
+    let id = format!(
+        "{}-{}-{}-{}-{}",
+        &id[..8],
+        &id[8..12],
+        &id[12..16],
+        &id[16..20],
+        &id[20..]
+    );
+    let r = s.perform(
+        NOW,
+        StoreOp::RepairIncident {
+            request: rvbox_proto::v1::RepairStorageIncidentRequest {
+                request_id: rvbox_conformance::support::text(&new_id()),
+                incident_id: id,
+            },
+            caller: Caller::local(),
+        },
+    );
+    assert!(matches!(r, Ok(Completion::Incident(_))), "{r:?}");
+    assert_eq!(
+        pg.psql(
+            &db,
+            "SELECT charged_bytes FROM clients WHERE client_id = 'web-1'"
+        ),
+        charged
+    );
+    assert_eq!(
+        pg.psql(
+            &db,
+            "SELECT count(*) FROM storage_incidents WHERE state = 1"
+        ),
+        "0"
+    );
 }
 
 /// Terminates the store's own connection from another one, once, at the
