@@ -40,6 +40,10 @@ const LISTEN_SLICE: Duration = Duration::from_secs(1);
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// Most wake-ups taken per listener turn.
 const WAKE_BATCH: usize = 512;
+/// A listener that hears nothing for this long, not even the lease
+/// heartbeats every replica's keeper sends every 3 s, has a silent
+/// connection: it connects again (and polls meanwhile).
+const LISTENER_SILENCE: Duration = Duration::from_secs(10);
 /// The longest the keeper sleeps between looks at its stop flag.
 const KEEPER_SLICE: Duration = Duration::from_millis(200);
 /// How often the watchdog looks at the fence deadline.
@@ -281,7 +285,7 @@ pub(crate) fn spawn(
     handles.push(
         std::thread::Builder::new()
             .name("rvbox-replica-listen".into())
-            .spawn(move || listen(&conninfo, &s, &core, &m))?,
+            .spawn(move || listen(&conninfo, &s, &core, &m, LISTENER_SILENCE))?,
     );
     Ok(Threads { stop, handles })
 }
@@ -443,15 +447,23 @@ fn watch_fence(
 /// Listens for wake-ups and passes them to the core; polls while the
 /// listener is not connected, and sweeps every connected client now and
 /// then whatever happens.
-fn listen(conninfo: &str, stop: &AtomicBool, core: &mpsc::Sender<ToCore>, m: &ReplicaMetrics) {
+fn listen(
+    conninfo: &str,
+    stop: &AtomicBool,
+    core: &mpsc::Sender<ToCore>,
+    m: &ReplicaMetrics,
+    silence: Duration,
+) {
     let mut listener: Option<Listener> = None;
     let mut last_sweep = Instant::now();
+    let mut last_heard = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         let Some(l) = listener.as_mut() else {
             match Listener::connect(conninfo) {
                 Ok(l) => {
                     tracing::info!("listening for wake-ups from other replicas");
                     listener = Some(l);
+                    last_heard = Instant::now();
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "wake-up listener could not connect; polling");
@@ -470,8 +482,12 @@ fn listen(conninfo: &str, stop: &AtomicBool, core: &mpsc::Sender<ToCore>, m: &Re
         match l.wait(LISTEN_SLICE, WAKE_BATCH) {
             Ok(wakes) => {
                 let mut changed = false;
+                if !wakes.is_empty() {
+                    last_heard = Instant::now();
+                }
                 for w in wakes {
                     match w {
+                        WakeUp::Heartbeat => {}
                         WakeUp::Client { client, issue } => {
                             m.wakeup("client");
                             if !send(core, ToCore::Replica(Input::Wake { client, issue })) {
@@ -502,6 +518,15 @@ fn listen(conninfo: &str, stop: &AtomicBool, core: &mpsc::Sender<ToCore>, m: &Re
                 continue;
             }
         }
+        if last_heard.elapsed() >= silence {
+            m.listener_lost.inc();
+            tracing::warn!(
+                silent_ms = u64::try_from(last_heard.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "wake-up listener heard nothing, not even a lease heartbeat; connecting again"
+            );
+            listener = None;
+            continue;
+        }
         if last_sweep.elapsed() >= SWEEP_EVERY {
             m.wakeup("sweep");
             last_sweep = Instant::now();
@@ -515,6 +540,56 @@ fn listen(conninfo: &str, stop: &AtomicBool, core: &mpsc::Sender<ToCore>, m: &Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs the listener for `for_` at a silence limit of 2 s; returns how
+    /// often it found its connection lost.
+    fn listener_losses(conninfo: &str, for_: Duration) -> u64 {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, mut rx) = mpsc::channel(1024);
+        let m = Arc::new(ReplicaMetrics::default());
+        let t = {
+            let (stop, m, conninfo) = (Arc::clone(&stop), Arc::clone(&m), conninfo.to_owned());
+            std::thread::spawn(move || listen(&conninfo, &stop, &tx, &m, Duration::from_secs(2)))
+        };
+        let until = Instant::now() + for_;
+        while Instant::now() < until {
+            while rx.try_recv().is_ok() {}
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::SeqCst);
+        while rx.try_recv().is_ok() {}
+        t.join().unwrap();
+        m.listener_lost.get()
+    }
+
+    /// A listener whose connection hears nothing, not even a lease
+    /// heartbeat, connects again; while some replica renews its lease
+    /// (every 500 ms here), it never does.
+    #[test]
+    fn a_listener_that_hears_no_heartbeat_connects_again() {
+        let pg = rvbox_testkit::Postgres::start();
+        pg.psql("postgres", "CREATE DATABASE rvbox");
+        let conninfo = pg.conninfo("rvbox");
+        // nobody renews: silence, and a reconnection about every 2 s
+        assert!(listener_losses(&conninfo, Duration::from_secs(5)) >= 1);
+        // a replica renews: the heartbeats keep the listener
+        let renewing = Arc::new(AtomicBool::new(true));
+        let keeper = {
+            let (conninfo, renewing) = (conninfo.clone(), Arc::clone(&renewing));
+            std::thread::spawn(move || {
+                let mut store = PgStore::connect(&conninfo, Default::default()).unwrap();
+                store.join(None, LeaseTimes::default()).unwrap();
+                while renewing.load(Ordering::SeqCst) {
+                    assert!(store.renew().unwrap());
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(listener_losses(&conninfo, Duration::from_secs(5)), 0);
+        renewing.store(false, Ordering::SeqCst);
+        keeper.join().unwrap();
+    }
 
     #[test]
     fn a_password_is_added_quoted_or_encoded_and_never_inline() {

@@ -23,6 +23,11 @@ pub const CLIENT_CHANNEL: &str = "rvbox_client";
 /// The channel of fleet runs that may release now (a new or resumed run,
 /// a late target): the replica holding the pump duty passes at once.
 pub const FLEET_CHANNEL: &str = "rvbox_fleet";
+/// The channel of lease heartbeats: every replica's keeper notifies it with
+/// each renewal, so a listener that hears nothing on it for several
+/// renewal periods knows its own connection went silent (a half-open
+/// connection raises no error) and connects again.
+pub const HEARTBEAT_CHANNEL: &str = "rvbox_heartbeat";
 /// The channel of commands that have new events.
 pub const COMMAND_CHANNEL: &str = "rvbox_command";
 
@@ -56,6 +61,13 @@ fn parse_client(payload: &str) -> WakeUp {
             issue: None,
         },
     }
+}
+
+/// Queues a lease heartbeat, delivered when `tx` commits.
+pub(crate) fn heartbeat(tx: &mut Transaction<'_>) -> Result<(), Fail> {
+    crate::prep::execute(tx, "SELECT pg_notify($1, '')", &[&HEARTBEAT_CHANNEL])
+        .map_err(Fail::db("notify a lease heartbeat"))?;
+    Ok(())
 }
 
 /// Queues one wake-up per command of `issues` for their followers,
@@ -96,6 +108,8 @@ pub enum WakeUp {
     Command(String),
     /// A fleet run may release now.
     Fleet,
+    /// A replica renewed its lease (the listener's connection is alive).
+    Heartbeat,
 }
 
 /// A connection that listens on the three channels.
@@ -115,11 +129,22 @@ impl Listener {
     /// # Errors
     /// When the database cannot be reached.
     pub fn connect(conninfo: &str) -> Result<Self, Fail> {
-        let mut client =
-            Client::connect(conninfo, NoTls).map_err(Fail::db("connect a listener"))?;
+        let mut config: postgres::Config = conninfo.parse().map_err(Fail::db("parse conninfo"))?;
+        // a dead database host is noticed by the kernel; a silent
+        // connection by the missing heartbeats (see HEARTBEAT_CHANNEL)
+        config
+            .connect_timeout(Duration::from_secs(5))
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(5))
+            .keepalives_interval(Duration::from_secs(2))
+            .keepalives_retries(3);
+        let mut client = config
+            .connect(NoTls)
+            .map_err(Fail::db("connect a listener"))?;
         client
             .batch_execute(&format!(
-                "LISTEN {CLIENT_CHANNEL}; LISTEN {COMMAND_CHANNEL}; LISTEN {FLEET_CHANNEL}"
+                "LISTEN {CLIENT_CHANNEL}; LISTEN {COMMAND_CHANNEL}; LISTEN {FLEET_CHANNEL}; \
+                 LISTEN {HEARTBEAT_CHANNEL}"
             ))
             .map_err(Fail::db("listen"))?;
         Ok(Self { client })
@@ -133,22 +158,29 @@ impl Listener {
     /// When the connection failed or closed.
     pub fn wait(&mut self, wait: Duration, max: usize) -> Result<Vec<WakeUp>, Fail> {
         let mut out = Vec::new();
+        let decode = |n: postgres::Notification| match n.channel() {
+            CLIENT_CHANNEL => parse_client(n.payload()),
+            FLEET_CHANNEL => WakeUp::Fleet,
+            HEARTBEAT_CHANNEL => WakeUp::Heartbeat,
+            _ => WakeUp::Command(n.payload().to_owned()),
+        };
+        let lost = |e| Fail::Db {
+            context: "wait for notifications",
+            source: e,
+        };
         {
+            use postgres::fallible_iterator::FallibleIterator as _;
             let mut notes = self.client.notifications();
-            let mut it = notes.timeout_iter(wait);
-            while out.len() < max {
-                match postgres::fallible_iterator::FallibleIterator::next(&mut it) {
-                    Ok(Some(n)) => out.push(match n.channel() {
-                        CLIENT_CHANNEL => parse_client(n.payload()),
-                        FLEET_CHANNEL => WakeUp::Fleet,
-                        _ => WakeUp::Command(n.payload().to_owned()),
-                    }),
-                    Ok(None) => break,
-                    Err(e) => {
-                        return Err(Fail::Db {
-                            context: "wait for notifications",
-                            source: e,
-                        });
+            // the first within `wait`, then only what has arrived already:
+            // a steady trickle never holds the batch back
+            let first = notes.timeout_iter(wait).next().map_err(lost)?;
+            if let Some(n) = first {
+                out.push(decode(n));
+                let mut ready = notes.iter();
+                while out.len() < max {
+                    match ready.next().map_err(lost)? {
+                        Some(n) => out.push(decode(n)),
+                        None => break,
                     }
                 }
             }

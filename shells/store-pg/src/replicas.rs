@@ -60,14 +60,18 @@ impl PgStore {
         };
         let lease = interval_ms(self.lease_times.lease_ms);
         let renewed = self.in_tx("renew the replica lease", |tx, _| {
-            Ok(crate::prep::execute(
+            let renewed = crate::prep::execute(
                 tx,
                 "UPDATE replicas SET lease_expires = now() + make_interval(secs => $3)
                      WHERE replica_id = $1 AND epoch = $2 AND lease_expires > now()",
                 &[&r.id.as_slice(), &to_i64(r.epoch), &lease],
             )
             .map_err(Fail::db("renew the replica lease"))?
-                == 1)
+                == 1;
+            if renewed {
+                crate::notify::heartbeat(tx)?;
+            }
+            Ok(renewed)
         })?;
         if !renewed {
             tracing::error!(epoch = r.epoch, "the replica lease had ended; not renewed");

@@ -22,6 +22,18 @@ use rvbox_testkit::Postgres;
 
 const WAIT: Duration = Duration::from_millis(500);
 
+/// Every wake-up that arrives until none came for `WAIT`.
+fn drain(listener: &mut Listener) -> Vec<WakeUp> {
+    let mut out = Vec::new();
+    loop {
+        let got = listener.wait(WAIT, 10).unwrap();
+        if got.is_empty() {
+            return out;
+        }
+        out.extend(got);
+    }
+}
+
 #[test]
 fn a_committed_write_wakes_the_other_replicas_and_a_refused_one_does_not() {
     let pg = Postgres::start();
@@ -37,7 +49,7 @@ fn a_committed_write_wakes_the_other_replicas_and_a_refused_one_does_not() {
 
     let issue = run(&mut s, "web-1");
     assert_eq!(
-        listener.wait(WAIT, 10).unwrap(),
+        drain(&mut listener),
         vec![WakeUp::Client {
             client: "web-1".into(),
             issue: None
@@ -61,7 +73,7 @@ fn a_committed_write_wakes_the_other_replicas_and_a_refused_one_does_not() {
     );
 
     let (cmd, session) = running(&mut s, "web-2");
-    let wakes = listener.wait(WAIT, 10).unwrap();
+    let wakes = drain(&mut listener);
     assert!(
         wakes.contains(&WakeUp::Client {
             client: "web-2".into(),
@@ -80,10 +92,7 @@ fn a_committed_write_wakes_the_other_replicas_and_a_refused_one_does_not() {
         .collect();
     let r = s.perform(NOW, StoreOp::AppendEvents { events });
     assert_eq!(outcomes(&r), vec![EventOutcome::Appended; 4]);
-    assert_eq!(
-        listener.wait(WAIT, 10).unwrap(),
-        vec![WakeUp::Command(text(&cmd))]
-    );
+    assert_eq!(drain(&mut listener), vec![WakeUp::Command(text(&cmd))]);
     // a stale session's event is refused: nothing committed, no wake-up
     let stale = live_session(&mut s, "web-2");
     let _ = listener.wait(Duration::from_millis(200), 10).unwrap();
@@ -113,10 +122,47 @@ fn a_committed_write_wakes_the_other_replicas_and_a_refused_one_does_not() {
     );
     assert!(r.is_ok(), "{r:?}");
     assert_eq!(
-        listener.wait(WAIT, 10).unwrap(),
+        drain(&mut listener),
         vec![WakeUp::Client {
             client: "web-2".into(),
             issue: Some(cmd)
         }]
     );
+}
+
+/// A steady trickle of notifications never holds a wake-up back: the wait
+/// returns with what arrived once one came, never waiting for a full
+/// batch.
+#[test]
+fn a_steady_trickle_of_notifications_is_passed_on_at_once() {
+    let pg = Postgres::start();
+    pg.psql("postgres", "CREATE DATABASE notify");
+    let mut listener = Listener::connect(&pg.conninfo("notify")).unwrap();
+    let conninfo = pg.conninfo("notify");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut c = postgres::Client::connect(&conninfo, postgres::NoTls).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                c.execute("SELECT pg_notify('rvbox_client', 'web-1')", &[])
+                    .unwrap();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        let got = listener.wait(Duration::from_secs(2), 512).unwrap();
+        assert!(!got.is_empty());
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "held back {:?} for {} wake-ups",
+            started.elapsed(),
+            got.len()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    sender.join().unwrap();
 }
