@@ -180,14 +180,22 @@ impl Control {
         let sent = self.sent.clone();
         match std::fs::symlink_metadata(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let message = format!(
+                // before any connection, a path that names no socket is a
+                // mistake to report at once, unless another of several
+                // does name one (that replica may be restarting)
+                let none_exists = self
+                    .sockets
+                    .iter()
+                    .all(|p| std::fs::symlink_metadata(p).is_err());
+                if !self.connected_once && none_exists {
+                    let paths = self.sockets.join(", ");
+                    return Err(Failure::unreachable(format!(
+                        "no control socket at {paths}; is rvbox-server running? (set --socket or RVC_SOCKET)"
+                    )));
+                }
+                return Err(Failure::retry(format!(
                     "no control socket at {path}; is rvbox-server running? (set --socket or RVC_SOCKET)"
-                );
-                return Err(if self.connected_once || self.sockets.len() > 1 {
-                    Failure::retry(message)
-                } else {
-                    Failure::unreachable(message)
-                });
+                )));
             }
             _ => {}
         }

@@ -271,4 +271,18 @@ fn rvc_output_of_every_command() {
         .output()
         .unwrap();
     snap!(s, "error_no_server", out);
+    // several sockets (replicas), none of them there: said at once
+    let out = std::process::Command::new(support::bin("rvc"))
+        .env(
+            "RVC_SOCKET",
+            format!(
+                "{},{}",
+                s.dir.path().join("a.sock").display(),
+                s.dir.path().join("b.sock").display()
+            ),
+        )
+        .args(["stat"])
+        .output()
+        .unwrap();
+    snap!(s, "error_no_replica", out);
 }
