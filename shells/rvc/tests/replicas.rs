@@ -701,7 +701,10 @@ fn r25_a_fleet_run_survives_the_replica_holding_its_pump() {
             let _ = follow.kill();
             panic!(
                 "the fleet run did not end: {}\n{}",
-                c.pg.psql("rvbox", "SELECT client_id, state FROM fleet_targets ORDER BY 1"),
+                c.pg.psql(
+                    "rvbox",
+                    "SELECT client_id, state FROM fleet_targets ORDER BY 1"
+                ),
                 c.logs()
             );
         }
@@ -734,4 +737,67 @@ fn r25_a_fleet_run_survives_the_replica_holding_its_pump() {
         "{}",
         text(&show.stdout)
     );
+}
+
+/// Stdin and a signal written through one replica reach a command whose
+/// client another replica holds at once, woken through the database, not
+/// at the next 10 s sweep: each step is answered (stdin written to the
+/// process, the command ended by the signal) within 5 s.
+#[test]
+fn r25_stdin_and_signals_written_on_one_replica_reach_a_client_on_another_at_once() {
+    let c = Cluster::start(3);
+    let holders = c.holders();
+    let client = "host-01";
+    let holder = holders[client];
+    let via = (holder + 1) % 3;
+    let out = c.rvc(
+        &[via],
+        &[
+            "run",
+            "--background",
+            client,
+            "while read l; do echo \"got:$l\" >> marker; done; echo eof >> marker; sleep 600",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let issue = text(&out.stdout).trim().to_owned();
+    let lifecycle = |c: &Cluster| -> i32 {
+        c.pg.psql("rvbox", "SELECT lifecycle FROM commands")
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    c.wait_until("the command runs", Duration::from_secs(30), |c| {
+        lifecycle(c) == rvbox_proto::v1::Lifecycle::Running as i32
+    });
+    let timed = |args: &[&str]| {
+        let started = Instant::now();
+        let out = c.rvc(&[via], args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        started.elapsed()
+    };
+    let took = timed(&["append", client, &issue, "hello"]);
+    assert!(took < Duration::from_secs(5), "stdin took {took:?}");
+    c.wait_until(
+        "the line reached the process",
+        Duration::from_secs(5),
+        |c| c.marker(client) == "got:hello\n",
+    );
+    let took = timed(&["close-stdin", client, &issue]);
+    assert!(took < Duration::from_secs(5), "close took {took:?}");
+    c.wait_until(
+        "the process read end of file",
+        Duration::from_secs(5),
+        |c| c.marker(client) == "got:hello\neof\n",
+    );
+    let started = Instant::now();
+    let out = c.rvc(&[via], &["kill", "KILL", client, &issue]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    c.wait_until(
+        "the signal ended the command",
+        Duration::from_secs(5),
+        |c| lifecycle(c) == rvbox_proto::v1::Lifecycle::Terminated as i32,
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(c.holders()[client], holder, "the client never moved");
 }
