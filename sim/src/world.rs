@@ -395,6 +395,9 @@ pub struct World {
     twin_outputs: Vec<Output>,
     next_workload_at: u64,
     next_fault_at: u64,
+    /// When a server that lost its replica lease (or some duties) serves
+    /// again and holds every duty, as a replica that joined again does.
+    replica_restore_at: Option<u64>,
     /// When the simulated executor next performs queued store operations
     /// and hands completions to the core.
     exec_at: Option<u64>,
@@ -779,6 +782,7 @@ impl World {
             twin_outputs: Vec::new(),
             next_workload_at: 0,
             next_fault_at: 5_000,
+            replica_restore_at: None,
             exec_at: None,
             exec: seeds.stream(crate::rng::Stream::Named("executor")),
             crash_points: seeds.stream(crate::rng::Stream::Named("crash_points")),
@@ -2622,6 +2626,53 @@ impl World {
                 self.count("wall_clock_jump");
             }
             66..=71 => self.second_instance(),
+            75..=78 => {
+                // the server as a replica that lost its lease: it closes
+                // every connection, refuses new ones and runs no duty until
+                // it joined again
+                let ms = 1_000 + self.faults.below(15_000);
+                self.log(format!("LEASE LOST: the server stops serving for {ms} ms"));
+                self.count("lease_lost");
+                self.with_engine(|e, now, wall| {
+                    e.tick(now, wall);
+                    e.set_serving(false);
+                });
+                self.replica_restore_at = Some(self.now.saturating_add(ms));
+            }
+            79..=82 => {
+                // another replica holds some duties for a while (it runs
+                // them elsewhere; here they wait)
+                let held: Vec<rvbox_store_port::replica::Duty> =
+                    rvbox_store_port::replica::Duty::ALL
+                        .into_iter()
+                        .filter(|_| self.faults.chance(500))
+                        .collect();
+                let ms = 1_000 + self.faults.below(9_000);
+                self.log(format!("DUTIES {held:?} for {ms} ms"));
+                self.count("duties_moved");
+                self.with_engine(|e, now, wall| {
+                    e.tick(now, wall);
+                    e.set_duties(&held);
+                });
+                self.replica_restore_at = Some(self.now.saturating_add(ms));
+            }
+            83..=86 => {
+                // wake-ups from other replicas, with nothing new behind them
+                self.count("spurious_wake");
+                let client = self
+                    .faults
+                    .pick(&self.clients)
+                    .map(|c| c.client_id().to_owned());
+                let which = self.faults.below(3);
+                self.with_engine(|e, now, wall| {
+                    e.tick(now, wall);
+                    match (which, client) {
+                        (0, Some(c)) => e.wake(&c, None),
+                        (1, _) => e.fleet_wake(),
+                        _ => e.wake_all(),
+                    }
+                });
+            }
             72..=74 => {
                 // an orderly stop and start of a client daemon (SIGTERM, as
                 // an upgrade does): its session closes with 1012, every tree
@@ -3161,6 +3212,17 @@ impl World {
                 self.inject_fault();
                 self.next_fault_at = self.now.saturating_add(2_000 + self.faults.below(8_000));
             }
+            if let Some(t) = self.replica_restore_at
+                && (self.now >= t || (self.created >= self.config.commands && !self.calm))
+            {
+                self.replica_restore_at = None;
+                self.log("the server serves again and holds every duty".into());
+                self.with_engine(|e, now, wall| {
+                    e.tick(now, wall);
+                    e.set_serving(true);
+                    e.set_duties(&rvbox_store_port::replica::Duty::ALL);
+                });
+            }
             if self.created >= self.config.commands && !self.calm {
                 // the calm tail: faults stop, every client stays reachable
                 self.calm = true;
@@ -3226,6 +3288,7 @@ impl World {
                 self.server.engine.as_ref().and_then(Engine::next_deadline),
                 self.exec_at,
                 self.stdin_plans.iter().map(|p| p.at).min(),
+                self.replica_restore_at,
                 Some(self.next_workload_at),
                 Some(self.now.saturating_add(1_000)),
             ]

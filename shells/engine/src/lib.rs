@@ -247,6 +247,12 @@ impl Engine {
         );
     }
 
+    /// Wake-ups may have been missed: see [`Input::WakeAll`].
+    pub fn wake_all(&mut self) {
+        let (now, wall) = self.last;
+        self.input(now, wall, Input::WakeAll);
+    }
+
     /// A fleet run may release now (created elsewhere): see
     /// [`Input::FleetWake`].
     pub fn fleet_wake(&mut self) {
