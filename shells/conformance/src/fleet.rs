@@ -489,7 +489,19 @@ pub fn an_open_incident_refuses_the_writes_of_its_scope_until_acknowledged(b: &m
         "{refused:?}"
     );
     assert!(matches!(run_for(b, "web-1"), Ok(Completion::RunCommand(_))));
+    // the command's record says so
+    let record = b.reads().command_record(&issue).unwrap();
+    assert_eq!(record.dirty_scopes.len(), 1, "{:?}", record.dirty_scopes);
+    assert_eq!(record.dirty_scopes[0].scope_key, text(&issue));
+    assert_eq!(record.dirty_scopes[0].incident_ids, vec![cmd.clone()]);
     acknowledge(b, cmd);
+    assert!(
+        b.reads()
+            .command_record(&issue)
+            .unwrap()
+            .dirty_scopes
+            .is_empty()
+    );
     assert_eq!(append(b, 2), vec![EventOutcome::Appended]);
 
     // the client's scope: its new commands and registration
@@ -502,6 +514,10 @@ pub fn an_open_incident_refuses_the_writes_of_its_scope_until_acknowledged(b: &m
     );
     assert_eq!(refused_code(&r), Some(Code::Unavailable), "{r:?}");
     assert!(matches!(run_for(b, "web-2"), Ok(Completion::RunCommand(_))));
+    // the client's detail says so
+    let detail = b.reads().get_client("web-1", NOW).unwrap();
+    assert_eq!(detail.dirty_scopes.len(), 1, "{:?}", detail.dirty_scopes);
+    assert_eq!(detail.dirty_scopes[0].incident_ids, vec![client.clone()]);
     acknowledge(b, client);
     assert!(matches!(run_for(b, "web-1"), Ok(Completion::RunCommand(_))));
 

@@ -18,8 +18,6 @@ pub enum Fail {
     },
     /// Stored data contradicts an invariant.
     Integrity(String),
-    /// The operation is not implemented on PostgreSQL yet.
-    Unsupported(&'static str),
     /// This replica may not write now (its lease ended).
     Fenced(&'static str),
 }
@@ -114,9 +112,6 @@ impl std::fmt::Display for Fail {
             },
             Self::Integrity(s) => write!(f, "stored data is inconsistent: {s}"),
             Self::Fenced(why) => write!(f, "{why}"),
-            Self::Unsupported(op) => {
-                write!(f, "the operation {op} is not implemented on PostgreSQL yet")
-            }
         }
     }
 }

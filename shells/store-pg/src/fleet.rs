@@ -24,12 +24,13 @@ use rvbox_domain::lifecycle::Lifecycle;
 use rvbox_proto::v1 as wire;
 use rvbox_store::audit::AuditRecord;
 use rvbox_store::fleet::{
-    self as shared, FleetTx, Pass, PreparedRun, RawRun, RunRow, TargetRow, action_answer,
-    action_request, advance, check_fresh_run, check_targets, late_until, must, prepare_run,
-    replayed_action, replayed_run, run_state,
+    self as shared, Acted, FleetActTx, FleetTx, Pass, PreparedRun, RawRun, RunRow, TargetRow, act,
+    action_answer, action_request, advance, check_fresh_run, check_targets, late_until, must,
+    prepare_run, replayed_action, replayed_run, run_state,
 };
 use rvbox_store::mutations::{Assigned, Owner, Stored};
 use rvbox_store_port::audit::Caller;
+use rvbox_store_port::commands::CommandView;
 use rvbox_store_port::fleet::{FleetAction, FleetAnswer, FleetOutcome};
 use rvbox_store_port::replica::Duty;
 use rvbox_store_port::signals::SignalPlan;
@@ -243,6 +244,78 @@ impl FleetTx for PgFleet<'_, '_> {
         )
         .map_err(Fail::db("end fleet run"))?;
         Ok(())
+    }
+}
+
+impl FleetActTx for PgFleet<'_, '_> {
+    fn set_state(&mut self, run: &[u8; 16], state: wire::FleetRunState) -> Result<(), Fail> {
+        set_state(self.tx, run, state)
+    }
+
+    fn cancel_pending(&mut self, run: &[u8; 16]) -> Result<u64, Fail> {
+        crate::prep::execute(
+            self.tx,
+            "UPDATE fleet_targets SET state = 7 WHERE run_id = $1 AND state = 1",
+            &[&run.as_slice()],
+        )
+        .map_err(Fail::db("cancel fleet targets"))
+    }
+
+    fn stop_cancelled(&mut self, run: &[u8; 16]) -> Result<(), Fail> {
+        crate::prep::execute(
+            self.tx,
+            "UPDATE fleet_runs SET state = 3, stop_reason = 2 WHERE run_id = $1",
+            &[&run.as_slice()],
+        )
+        .map_err(Fail::db("cancel fleet run"))?;
+        Ok(())
+    }
+
+    fn targets_in(
+        &mut self,
+        run: &[u8; 16],
+        states: &[wire::FleetTargetState],
+    ) -> Result<Vec<(String, [u8; 16])>, Fail> {
+        let states: Vec<i64> = states.iter().map(|s| i64::from(*s as i32)).collect();
+        released_targets(self.tx, run, &states)
+    }
+
+    fn command(&mut self, issue: &[u8; 16]) -> Result<CommandView, Fail> {
+        load_view(self.tx, issue, true)
+    }
+
+    fn plan(&self, view: &CommandView, signal: i32) -> Result<SignalPlan, DomainError> {
+        rvbox_server_core::signal_plan(view, signal)
+    }
+
+    fn raise(
+        &mut self,
+        client: &str,
+        view: &CommandView,
+        signal: Option<wire::SignalKind>,
+        now_ms: i64,
+    ) -> Result<u64, Fail> {
+        let next = crate::signals::raise_revision(self.tx, view, signal, now_ms)?;
+        if signal.is_some() {
+            // the replica holding the client's socket sends it at once
+            crate::notify::client(self.tx, client, Some(&view.issue_uuid))?;
+        }
+        Ok(next)
+    }
+
+    fn cancel_queued(&mut self, view: &CommandView, now_ms: i64) -> Result<(), Fail> {
+        finish_in(
+            self.tx,
+            view,
+            Lifecycle::Cancelled,
+            None,
+            now_ms,
+            self.opts.tombstone_cap,
+        )
+    }
+
+    fn resumed(&mut self) -> Result<(), Fail> {
+        wake_pump(self.tx)
     }
 }
 
@@ -673,7 +746,6 @@ impl PgStore {
         rec: &AuditRecord,
         now_ms: i64,
     ) -> Result<FleetOutcome, Fail> {
-        use wire::FleetRunState as R;
         let method = action.method();
         self.in_tx("fleet action", |tx, opts| {
             crate::incidents::check_writable(tx, &[])?;
@@ -690,116 +762,13 @@ impl PgStore {
                 script: None,
             };
             let row = must(&mut t, run_id)?;
-            let tx = &mut *t.tx;
-            let mut deliver = Vec::new();
-            let mut cancelled = 0u32;
-            let mut signalled = 0u32;
-            let mut budget = 0usize;
-            match action {
-                FleetAction::Pause(_) => {
-                    if row.state == R::Running {
-                        set_state(tx, run_id, R::Paused)?;
-                    }
-                }
-                FleetAction::Resume(_) => {
-                    if row.state == R::Paused {
-                        set_state(tx, run_id, R::Running)?;
-                        budget = FLEET_RELEASE_BATCH;
-                        wake_pump(tx)?;
-                    }
-                }
-                FleetAction::Cancel(_) => {
-                    if matches!(row.state, R::Running | R::Paused) {
-                        let n = crate::prep::execute(
-                            tx,
-                            "UPDATE fleet_targets SET state = 7 WHERE run_id = $1 AND state = 1",
-                            &[&run_id.as_slice()],
-                        )
-                        .map_err(Fail::db("cancel fleet targets"))?;
-                        cancelled = cancelled.saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
-                        let term = wire::SignalKind::Term;
-                        for (client, issue) in released_targets(tx, run_id, &[2, 3])? {
-                            let view = load_view(tx, &issue, true)?;
-                            if view.lifecycle.is_terminal() {
-                                continue;
-                            }
-                            match rvbox_server_core::signal_plan(&view, term as i32) {
-                                Ok(SignalPlan::CancelQueued)
-                                    if view.lifecycle == Lifecycle::Queued =>
-                                {
-                                    crate::signals::raise_revision(tx, &view, None, now_ms)?;
-                                    finish_in(
-                                        tx,
-                                        &view,
-                                        Lifecycle::Cancelled,
-                                        None,
-                                        now_ms,
-                                        opts.tombstone_cap,
-                                    )?;
-                                    cancelled = cancelled.saturating_add(1);
-                                }
-                                Ok(SignalPlan::Deliver) if view.lifecycle != Lifecycle::Queued => {
-                                    let next = crate::signals::raise_revision(
-                                        tx,
-                                        &view,
-                                        Some(term),
-                                        now_ms,
-                                    )?;
-                                    crate::notify::client(tx, &client, Some(&issue))?;
-                                    deliver.push((
-                                        client,
-                                        wire::Signal {
-                                            issue_uuid: shared::uuid_text(&issue),
-                                            revision: next,
-                                            signal: term as i32,
-                                        },
-                                    ));
-                                    signalled = signalled.saturating_add(1);
-                                }
-                                _ => {}
-                            }
-                        }
-                        crate::prep::execute(
-                            tx,
-                            "UPDATE fleet_runs SET state = 3, stop_reason = 2 WHERE run_id = $1",
-                            &[&run_id.as_slice()],
-                        )
-                        .map_err(Fail::db("cancel fleet run"))?;
-                    }
-                }
-                FleetAction::Signal(r) => {
-                    let kind =
-                        wire::SignalKind::try_from(r.signal).unwrap_or(wire::SignalKind::Term);
-                    for (client, issue) in released_targets(tx, run_id, &[3])? {
-                        let view = load_view(tx, &issue, true)?;
-                        if view.lifecycle.is_terminal() || view.lifecycle == Lifecycle::Queued {
-                            continue;
-                        }
-                        if let Ok(SignalPlan::Deliver) =
-                            rvbox_server_core::signal_plan(&view, r.signal)
-                        {
-                            let next =
-                                crate::signals::raise_revision(tx, &view, Some(kind), now_ms)?;
-                            crate::notify::client(tx, &client, Some(&issue))?;
-                            deliver.push((
-                                client,
-                                wire::Signal {
-                                    issue_uuid: shared::uuid_text(&issue),
-                                    revision: next,
-                                    signal: r.signal,
-                                },
-                            ));
-                            signalled = signalled.saturating_add(1);
-                        }
-                    }
-                }
-            }
+            let Acted {
+                deliver,
+                cancelled,
+                signalled,
+                mut budget,
+            } = act(&mut t, action, &row, now_ms)?;
             let mut pass = Pass::default();
-            let mut t = PgFleet {
-                tx,
-                opts,
-                script: None,
-            };
             advance(&mut t, run_id, &mut budget, &mut pass, now_ms)?;
             let record = shared::record_of(&must(&mut t, run_id)?)?;
             let tx = t.tx;

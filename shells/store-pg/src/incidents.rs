@@ -319,11 +319,12 @@ impl PgStore {
                             SafeRepair::RecheckCondition => Ok(()),
                             // segment files exist only on SQLite: these
                             // never arise here
-                            SafeRepair::TruncateTail => {
-                                return Err(Fail::Unsupported("repair: truncate tail"));
-                            }
-                            SafeRepair::RollForwardEviction => {
-                                return Err(Fail::Unsupported("repair: roll forward eviction"));
+                            SafeRepair::TruncateTail | SafeRepair::RollForwardEviction => {
+                                Err(DomainError::new(
+                                    Code::FailedPrecondition,
+                                    "this repair applies to segment files, which the PostgreSQL store does not have; acknowledge the incident with a note instead",
+                                )
+                                .with_incident(incident_id.to_owned()))
                             }
                         },
                     }

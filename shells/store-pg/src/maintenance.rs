@@ -27,10 +27,13 @@
 //! client's row first (its last-seen time then keeps it) or waits for the
 //! deletion and starts the client again above the floor.
 //!
-//! Not yet here: rotation of a running command's output under pressure
-//! (the part of maintenance that keeps a window and writes truncation
-//! records; appends beyond a tier are refused meanwhile), and done fleet
-//! runs.
+//! Done fleet runs go once their commands are gone, or after the terminal
+//! retention (`crate::fleet::prune_done_runs_in`).
+//!
+//! Not here: rotation of running commands' output. A command's window
+//! and total are kept by the append path (`crate::events`), and output
+//! under a client's or the server's quota held by active commands alone
+//! is dropped on arrival with a truncation row rather than rotated.
 
 use postgres::Transaction;
 use rvbox_domain::lifecycle::Lifecycle;

@@ -27,8 +27,8 @@ use rvbox_store::output::{
 };
 use rvbox_store::reader::{ControlReads, ReaderSource};
 use rvbox_store::records::{
-    ClientRow, ClientSource, IncidentSource, Raw, RecordFacts, RecordSource, client_detail,
-    clients_page, commands_page, incidents_page, record_of,
+    ClientRow, ClientSource, IncidentSource, MAX_DIRTY_SCOPES, Raw, RecordFacts, RecordSource,
+    client_detail, clients_page, commands_page, incidents_page, record_of,
 };
 
 use crate::output::OutputChunk;
@@ -327,9 +327,52 @@ fn raw_of(r: &postgres::Row) -> Raw {
     }
 }
 
+/// The scopes among `scopes` (and the server store's global scope) that
+/// an open incident makes dirty, each with its open incidents' ids (at
+/// most 100), at most [`MAX_DIRTY_SCOPES`]: what the write gate of the
+/// PostgreSQL store refuses (`crate::incidents::gate`).
+fn dirty_of(
+    tx: &mut Transaction<'_>,
+    scopes: &[(wire::ScopeKind, &str)],
+) -> Result<Vec<wire::ScopeHealth>, StoreError> {
+    let kinds: Vec<i64> = scopes.iter().map(|(k, _)| i64::from(*k as i32)).collect();
+    let keys: Vec<&str> = scopes.iter().map(|(_, k)| *k).collect();
+    let rows = tx
+        .query(
+            "SELECT scope_kind, scope_key,
+                    (array_agg(incident_id ORDER BY incident_id))[1:100]
+             FROM storage_incidents
+             WHERE state = 1
+               AND ((scope_kind = $1 AND scope_key = '')
+                    OR (scope_kind, scope_key) IN (SELECT * FROM unnest($2::bigint[], $3::text[])))
+             GROUP BY scope_kind, scope_key ORDER BY scope_kind, scope_key LIMIT $4",
+            &[
+                &i64::from(wire::ScopeKind::GlobalStore as i32),
+                &kinds,
+                &keys,
+                &to_i64(MAX_DIRTY_SCOPES as u64),
+            ],
+        )
+        .map_err(db("read dirty scopes"))?;
+    Ok(rows
+        .iter()
+        .map(|r| wire::ScopeHealth {
+            scope_kind: i32::try_from(r.get::<_, i64>(0)).unwrap_or(0),
+            scope_key: r.get(1),
+            state: wire::ScopeState::DirtyReadable as i32,
+            incident_ids: r
+                .get::<_, Vec<Vec<u8>>>(2)
+                .iter()
+                .filter_map(|id| <[u8; 16]>::try_from(id.as_slice()).ok())
+                .map(|id| rvbox_store::fleet::uuid_text(&id))
+                .collect(),
+        })
+        .collect())
+}
+
 /// A command's record, built by the same rule as the SQLite store's
-/// (`rvbox_store::records::record_of`). The PostgreSQL store gates no
-/// scope by incidents yet, so it lists no dirty scope.
+/// (`rvbox_store::records::record_of`), with the dirty scopes that gate
+/// its writes: its own, its client's, the server store's.
 fn record(tx: &mut Transaction<'_>, raw: Raw) -> Result<wire::CommandRecord, StoreError> {
     let span = tx
         .query_one(
@@ -347,7 +390,17 @@ fn record(tx: &mut Transaction<'_>, raw: Raw) -> Result<wire::CommandRecord, Sto
         removed: span.get(2),
         client_gap: span.get(3),
     };
-    record_of(raw, facts, Vec::new())
+    let key = <[u8; 16]>::try_from(raw.issue.as_slice())
+        .map(|id| rvbox_store::fleet::uuid_text(&id))
+        .unwrap_or_default();
+    let dirty = dirty_of(
+        tx,
+        &[
+            (wire::ScopeKind::Command, key.as_str()),
+            (wire::ScopeKind::Client, raw.client_id.as_str()),
+        ],
+    )?;
+    record_of(raw, facts, dirty)
 }
 
 /// `GetCommand`: one command's record.
@@ -511,11 +564,8 @@ impl ClientSource for PgSource<'_, '_> {
             .map(|r| r.get(0)))
     }
 
-    /// None: the PostgreSQL store gates no scope by open incidents yet
-    /// (as for a command's record), and a dirty scope says that unsafe
-    /// mutations of it are refused, which here they are not.
-    fn dirty_scopes(&mut self, _client_id: &str) -> Result<Vec<wire::ScopeHealth>, StoreError> {
-        Ok(Vec::new())
+    fn dirty_scopes(&mut self, client_id: &str) -> Result<Vec<wire::ScopeHealth>, StoreError> {
+        dirty_of(self.tx, &[(wire::ScopeKind::Client, client_id)])
     }
 }
 

@@ -296,7 +296,8 @@ impl PgStore {
         }
         let interval = i64::try_from(self.opts.scrub_interval_ms).unwrap_or(i64::MAX);
         match self.scrub.clone() {
-            ScrubState::Done(at) if now_ms < at.saturating_add(interval) => {
+            // an interval of 0: only the cycle after each start
+            ScrubState::Done(at) if interval == 0 || now_ms < at.saturating_add(interval) => {
                 report.idle = true;
             }
             ScrubState::Done(_) | ScrubState::Due => {

@@ -496,12 +496,245 @@ fn release<T: FleetTx>(
     Ok(())
 }
 
-/// A release pass inside one SQLite transaction.
+/// The writes of an operator's fleet action, inside one transaction of a
+/// store backend: the rule of [`act`] is the same on every backend.
+pub trait FleetActTx: FleetTx {
+    /// Sets the run's state.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn set_state(&mut self, run: &[u8; 16], state: wire::FleetRunState) -> Result<(), Self::Error>;
+    /// Ends the run's pending targets `cancelled`; returns how many.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn cancel_pending(&mut self, run: &[u8; 16]) -> Result<u64, Self::Error>;
+    /// Stops the run, cancelled.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn stop_cancelled(&mut self, run: &[u8; 16]) -> Result<(), Self::Error>;
+    /// Released targets (client, command id) in `states`, by state then
+    /// client id.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn targets_in(
+        &mut self,
+        run: &[u8; 16],
+        states: &[wire::FleetTargetState],
+    ) -> Result<Vec<(String, [u8; 16])>, Self::Error>;
+    /// A target's command, held for the transaction.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn command(&mut self, issue: &[u8; 16]) -> Result<CommandView, Self::Error>;
+    /// The dispatch core's signal rule for one command, as `SignalCommand`
+    /// applies it.
+    ///
+    /// # Errors
+    /// The rule's refusal.
+    fn plan(&self, view: &CommandView, signal: i32) -> Result<SignalPlan, DomainError>;
+    /// Raises the command's revision and, with `signal`, records it
+    /// pending for the client (and wakes the client's server); returns the
+    /// new revision.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn raise(
+        &mut self,
+        client: &str,
+        view: &CommandView,
+        signal: Option<wire::SignalKind>,
+        now_ms: i64,
+    ) -> Result<u64, Self::Error>;
+    /// Ends a queued command `cancelled` (its revision already raised).
+    ///
+    /// # Errors
+    /// A store failure.
+    fn cancel_queued(&mut self, view: &CommandView, now_ms: i64) -> Result<(), Self::Error>;
+    /// The run was resumed (a backend with several servers wakes the one
+    /// running the pump).
+    ///
+    /// # Errors
+    /// A store failure.
+    fn resumed(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+/// What a fleet action did, before the release pass that follows it.
+#[derive(Debug, Default)]
+pub struct Acted {
+    /// Signals to send now, with the client each goes to.
+    pub deliver: Vec<(String, wire::Signal)>,
+    /// Targets cancelled (pending ones and queued commands).
+    pub cancelled: u32,
+    /// Targets signalled.
+    pub signalled: u32,
+    /// Targets the release pass after the action may release.
+    pub budget: usize,
+}
+
+/// Applies a fleet action to `row` (locked by the caller's transaction):
+/// pause stops a running run's releases, resume restarts a paused one's,
+/// cancel ends its pending targets, cancels its queued commands and sends
+/// TERM to those the client may hold, and a signal goes to the running
+/// targets. An action on a run in another state changes nothing.
+///
+/// # Errors
+/// A store failure.
+pub fn act<T: FleetActTx>(
+    t: &mut T,
+    action: &FleetAction,
+    row: &RunRow,
+    now_ms: i64,
+) -> Result<Acted, T::Error> {
+    use wire::FleetRunState as R;
+    use wire::FleetTargetState as S;
+    let run_id = &row.run_id;
+    let mut out = Acted::default();
+    let send = |out: &mut Acted, client: String, issue: &[u8; 16], revision, signal| {
+        out.deliver.push((
+            client,
+            wire::Signal {
+                issue_uuid: uuid_text(issue),
+                revision,
+                signal,
+            },
+        ));
+        out.signalled = out.signalled.saturating_add(1);
+    };
+    match action {
+        FleetAction::Pause(_) => {
+            if row.state == R::Running {
+                t.set_state(run_id, R::Paused)?;
+            }
+        }
+        FleetAction::Resume(_) => {
+            if row.state == R::Paused {
+                t.set_state(run_id, R::Running)?;
+                out.budget = FLEET_RELEASE_BATCH;
+                t.resumed()?;
+            }
+        }
+        FleetAction::Cancel(_) => {
+            if matches!(row.state, R::Running | R::Paused) {
+                out.cancelled = u32::try_from(t.cancel_pending(run_id)?).unwrap_or(u32::MAX);
+                let term = wire::SignalKind::Term;
+                for (client, issue) in t.targets_in(run_id, &[S::Queued, S::Running])? {
+                    let view = t.command(&issue)?;
+                    if view.lifecycle.is_terminal() {
+                        continue;
+                    }
+                    match t.plan(&view, term as i32) {
+                        Ok(SignalPlan::CancelQueued) if view.lifecycle == Lifecycle::Queued => {
+                            t.raise(&client, &view, None, now_ms)?;
+                            t.cancel_queued(&view, now_ms)?;
+                            out.cancelled = out.cancelled.saturating_add(1);
+                        }
+                        Ok(SignalPlan::Deliver) if view.lifecycle != Lifecycle::Queued => {
+                            let next = t.raise(&client, &view, Some(term), now_ms)?;
+                            send(&mut out, client, &issue, next, term as i32);
+                        }
+                        _ => {}
+                    }
+                }
+                t.stop_cancelled(run_id)?;
+            }
+        }
+        FleetAction::Signal(r) => {
+            let kind = wire::SignalKind::try_from(r.signal).unwrap_or(wire::SignalKind::Term);
+            for (client, issue) in t.targets_in(run_id, &[S::Running])? {
+                let view = t.command(&issue)?;
+                if view.lifecycle.is_terminal() || view.lifecycle == Lifecycle::Queued {
+                    continue;
+                }
+                if let Ok(SignalPlan::Deliver) = t.plan(&view, r.signal) {
+                    let next = t.raise(&client, &view, Some(kind), now_ms)?;
+                    send(&mut out, client, &issue, next, r.signal);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The dispatch core's signal rule, as the engine gives it.
+type Decide<'a> = &'a dyn Fn(&CommandView, i32) -> Result<SignalPlan, DomainError>;
+
+/// A release pass or a fleet action inside one SQLite transaction.
 struct SqliteFleet<'a, 'c> {
     tx: &'a Transaction<'c>,
     opts: &'a StoreOptions,
     health: &'a Health,
     free: u64,
+    decide: Decide<'a>,
+}
+
+impl FleetActTx for SqliteFleet<'_, '_> {
+    fn set_state(&mut self, run: &[u8; 16], state: wire::FleetRunState) -> Result<(), OpError> {
+        Ok(set_state(self.tx, run, state)?)
+    }
+
+    fn cancel_pending(&mut self, run: &[u8; 16]) -> Result<u64, OpError> {
+        Ok(self
+            .tx
+            .execute_cached(
+                "UPDATE fleet_targets SET state = 7 WHERE run_id = ?1 AND state = 1",
+                params![run.as_slice()],
+            )
+            .map_err(|e| StoreError::sqlite("cancel fleet targets", e))? as u64)
+    }
+
+    fn stop_cancelled(&mut self, run: &[u8; 16]) -> Result<(), OpError> {
+        self.tx
+            .execute_cached(
+                "UPDATE fleet_runs SET state = 3, stop_reason = 2 WHERE run_id = ?1",
+                params![run.as_slice()],
+            )
+            .map_err(|e| StoreError::sqlite("cancel fleet run", e))?;
+        Ok(())
+    }
+
+    fn targets_in(
+        &mut self,
+        run: &[u8; 16],
+        states: &[wire::FleetTargetState],
+    ) -> Result<Vec<(String, [u8; 16])>, OpError> {
+        let states: Vec<i32> = states.iter().map(|s| *s as i32).collect();
+        Ok(released_targets(self.tx, run, &states)?)
+    }
+
+    fn command(&mut self, issue: &[u8; 16]) -> Result<CommandView, OpError> {
+        crate::commands::load_view(self.tx, issue)
+    }
+
+    fn plan(&self, view: &CommandView, signal: i32) -> Result<SignalPlan, DomainError> {
+        (self.decide)(view, signal)
+    }
+
+    fn raise(
+        &mut self,
+        _client: &str,
+        view: &CommandView,
+        signal: Option<wire::SignalKind>,
+        now_ms: i64,
+    ) -> Result<u64, OpError> {
+        crate::signals::raise_revision(self.tx, view, signal, now_ms)
+    }
+
+    fn cancel_queued(&mut self, view: &CommandView, now_ms: i64) -> Result<(), OpError> {
+        Ok(crate::commands::finish_in(
+            self.tx,
+            &view.issue_uuid,
+            view,
+            Lifecycle::Cancelled,
+            None,
+            now_ms,
+            self.opts.tombstone_cap,
+        )?)
+    }
 }
 
 impl FleetTx for SqliteFleet<'_, '_> {
@@ -634,12 +867,19 @@ fn advance_in(
     pass: &mut Pass,
     now_ms: i64,
 ) -> Result<(), OpError> {
+    let no_signals = |_: &CommandView, _: i32| -> Result<SignalPlan, DomainError> {
+        Err(DomainError::new(
+            Code::Internal,
+            "a release pass sends no signal",
+        ))
+    };
     advance(
         &mut SqliteFleet {
             tx,
             opts,
             health,
             free,
+            decide: &no_signals,
         },
         run_id,
         budget,
@@ -1341,13 +1581,11 @@ impl Store {
         decide: impl Fn(&CommandView, i32) -> Result<SignalPlan, DomainError>,
         now_ms: i64,
     ) -> Result<FleetOutcome, OpError> {
-        use wire::FleetRunState as R;
         let (request_id, run_id, hash) = action_request(action)?;
         let method = action.method();
         self.health.check_writable(&[])?;
         let free = self.free_space()?;
         let opts = self.opts.clone();
-        let cap = opts.tombstone_cap;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -1360,108 +1598,21 @@ impl Store {
             return Ok(out);
         }
         let row = must_run(&tx, &run_id)?;
-        let mut deliver = Vec::new();
-        let mut cancelled = 0u32;
-        let mut signalled = 0u32;
-        let mut pass = Pass::default();
-        let mut budget = 0usize;
-        match action {
-            FleetAction::Pause(_) => {
-                if row.state == R::Running {
-                    set_state(&tx, &run_id, R::Paused)?;
-                }
-            }
-            FleetAction::Resume(_) => {
-                if row.state == R::Paused {
-                    set_state(&tx, &run_id, R::Running)?;
-                    budget = FLEET_RELEASE_BATCH;
-                }
-            }
-            FleetAction::Cancel(_) => {
-                if matches!(row.state, R::Running | R::Paused) {
-                    cancelled += u32::try_from(
-                        tx.execute_cached(
-                            "UPDATE fleet_targets SET state = 7 WHERE run_id = ?1 AND state = 1",
-                            params![run_id.as_slice()],
-                        )
-                        .map_err(|e| StoreError::sqlite("cancel fleet targets", e))?,
-                    )
-                    .unwrap_or(u32::MAX);
-                    let term = wire::SignalKind::Term;
-                    for (client, issue) in released_targets(&tx, &run_id, &[2, 3])? {
-                        let view = crate::commands::load_view(&tx, &issue)?;
-                        if view.lifecycle.is_terminal() {
-                            continue;
-                        }
-                        match decide(&view, term as i32) {
-                            Ok(SignalPlan::CancelQueued) if view.lifecycle == Lifecycle::Queued => {
-                                crate::signals::raise_revision(&tx, &view, None, now_ms)?;
-                                crate::commands::finish_in(
-                                    &tx,
-                                    &issue,
-                                    &view,
-                                    Lifecycle::Cancelled,
-                                    None,
-                                    now_ms,
-                                    cap,
-                                )?;
-                                cancelled += 1;
-                            }
-                            Ok(SignalPlan::Deliver) if view.lifecycle != Lifecycle::Queued => {
-                                let next =
-                                    crate::signals::raise_revision(&tx, &view, Some(term), now_ms)?;
-                                deliver.push((
-                                    client,
-                                    wire::Signal {
-                                        issue_uuid: uuid_text(&issue),
-                                        revision: next,
-                                        signal: term as i32,
-                                    },
-                                ));
-                                signalled += 1;
-                            }
-                            _ => {}
-                        }
-                    }
-                    tx.execute_cached(
-                        "UPDATE fleet_runs SET state = 3, stop_reason = 2 WHERE run_id = ?1",
-                        params![run_id.as_slice()],
-                    )
-                    .map_err(|e| StoreError::sqlite("cancel fleet run", e))?;
-                }
-            }
-            FleetAction::Signal(r) => {
-                let kind = wire::SignalKind::try_from(r.signal).unwrap_or(wire::SignalKind::Term);
-                for (client, issue) in released_targets(&tx, &run_id, &[3])? {
-                    let view = crate::commands::load_view(&tx, &issue)?;
-                    if view.lifecycle.is_terminal() || view.lifecycle == Lifecycle::Queued {
-                        continue;
-                    }
-                    if let Ok(SignalPlan::Deliver) = decide(&view, r.signal) {
-                        let next = crate::signals::raise_revision(&tx, &view, Some(kind), now_ms)?;
-                        deliver.push((
-                            client,
-                            wire::Signal {
-                                issue_uuid: uuid_text(&issue),
-                                revision: next,
-                                signal: r.signal,
-                            },
-                        ));
-                        signalled += 1;
-                    }
-                }
-            }
-        }
-        advance_in(
-            &tx,
-            &opts,
-            &self.health,
+        let mut t = SqliteFleet {
+            tx: &tx,
+            opts: &opts,
+            health: &self.health,
             free,
-            &run_id,
-            &mut budget,
-            &mut pass,
-            now_ms,
-        )?;
+            decide: &decide,
+        };
+        let Acted {
+            deliver,
+            cancelled,
+            signalled,
+            mut budget,
+        } = act(&mut t, action, &row, now_ms)?;
+        let mut pass = Pass::default();
+        advance(&mut t, &run_id, &mut budget, &mut pass, now_ms)?;
         let record = record_of(&must_run(&tx, &run_id)?)?;
         let (answer, bytes) = action_answer(action, &run_id, record, cancelled, signalled);
         intent.write_in(&tx, Ok(()))?;
