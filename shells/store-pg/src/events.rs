@@ -362,6 +362,7 @@ const ROTATION_SLACK: u64 = 1 << 20;
 fn rotate_for(
     tx: &mut Transaction<'_>,
     opts: &StoreOptions,
+    output: &mut dyn OutputStore,
     issue: &[u8; 16],
     view: &mut CmdView,
     owners: &mut BTreeMap<String, (u64, u64)>,
@@ -489,6 +490,7 @@ fn rotate_for(
         &[&issue.as_slice(), &first, &last],
     )
     .map_err(Fail::db("delete rotated output"))?;
+    output.removed(tx, issue, to_u64(first), to_u64(last))?;
     crate::prep::execute(
         tx,
         "INSERT INTO output_truncations (issue_uuid, first_seq, last_seq, raw_bytes, stored_bytes,
@@ -565,6 +567,7 @@ fn plan(
     dctx: &mut zstd::bulk::Decompressor<'static>,
     opts: &StoreOptions,
     batch: &[EventAppend],
+    output: &mut dyn OutputStore,
     now_ms: i64,
 ) -> Result<Plan, Fail> {
     let issues: BTreeSet<[u8; 16]> = batch.iter().map(|e| e.issue_uuid).collect();
@@ -783,6 +786,7 @@ fn plan(
             && rotate_for(
                 tx,
                 opts,
+                output,
                 &issue,
                 view,
                 &mut owners,
@@ -1169,7 +1173,7 @@ impl PgStore {
         let mut output =
             std::mem::replace(&mut self.output, Box::new(crate::output::DatabaseChunks));
         let result = self.in_tx("append events", |tx, opts| {
-            let mut plan = plan(tx, &mut dctx, opts, batch, now_ms)?;
+            let mut plan = plan(tx, &mut dctx, opts, batch, output.as_mut(), now_ms)?;
             write(tx, output.as_mut(), &mut plan, now_ms, opts.tombstone_cap)?;
             // per command of the batch: its highest contiguous durable
             // sequence (a cumulative EventAck)

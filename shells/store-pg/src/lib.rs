@@ -191,7 +191,7 @@ pub(crate) mod prep {
 /// Ids of store connections (see [`prep`]).
 static NEXT_CONN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-fn next_conn() -> u64 {
+pub(crate) fn next_conn() -> u64 {
     NEXT_CONN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
@@ -287,6 +287,13 @@ impl PgStore {
         }
         tx.commit().map_err(Fail::db("commit migrations"))?;
         Ok(ran)
+    }
+
+    /// Keeps output bytes in `output` instead of the database's
+    /// `output_chunks` table (an object store; readers need the same, see
+    /// [`PgReader::set_output_store`]).
+    pub fn set_output_store(&mut self, output: Box<dyn output::OutputStore>) {
+        self.output = output;
     }
 
     /// Installs a crash hook: it runs at [`points::BEFORE_COMMIT`] and

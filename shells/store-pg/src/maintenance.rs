@@ -168,6 +168,7 @@ fn prune_idle_clients(tx: &mut Transaction<'_>, before: i64, now_ms: i64) -> Res
 /// charge.
 fn evict(
     tx: &mut Transaction<'_>,
+    output: &mut dyn crate::output::OutputStore,
     issue: &[u8; 16],
     now_ms: i64,
     tombstone_cap: u64,
@@ -235,6 +236,7 @@ fn evict(
         &[&issue.as_slice()],
     )
     .map_err(Fail::db("delete the evicted command"))?;
+    output.removed(tx, issue, 1, u64::MAX)?;
     let freed = to_i64(charged);
     crate::prep::execute(
         tx,
@@ -488,12 +490,15 @@ impl PgStore {
         report: &mut MaintenanceReport,
     ) -> Result<u64, Fail> {
         let replica = self.replica();
+        let mut output =
+            std::mem::replace(&mut self.output, Box::new(crate::output::DatabaseChunks));
         let outcome = self.in_tx("evict a command", |tx, opts| {
             if !holds(tx, replica, Duty::Maintenance)? {
                 return Ok(None);
             }
-            evict(tx, issue, now_ms, opts.tombstone_cap).map(Some)
+            evict(tx, output.as_mut(), issue, now_ms, opts.tombstone_cap).map(Some)
         });
+        self.output = output;
         match outcome {
             Ok(Some(Evicted::Freed(n))) => {
                 if aged {

@@ -90,6 +90,65 @@ pub trait OutputStore: std::fmt::Debug + Send {
         from_seq: u64,
         max: usize,
     ) -> Result<Vec<OutputChunk>, Fail>;
+
+    /// The chunks after `after` in (command id, sequence) order across
+    /// every command (from the first when `None`), at most `max`: the
+    /// background scrub's walk.
+    ///
+    /// # Errors
+    /// A storage failure.
+    fn scan(
+        &mut self,
+        tx: &mut Transaction<'_>,
+        after: Option<([u8; 16], u64)>,
+        max: usize,
+    ) -> Result<Vec<OutputChunk>, Fail>;
+
+    /// The chunks of `issue` with sequences in `first..=last` leave the
+    /// store (a rotation, an eviction), in the transaction `tx` that
+    /// deletes their event rows. A store in the database has nothing to
+    /// do: its rows go with their events' (a foreign key). An object store
+    /// records the objects for deletion once `tx` committed, never before,
+    /// so a transaction that fails loses nothing.
+    ///
+    /// # Errors
+    /// A storage failure: the transaction must not commit.
+    fn removed(
+        &mut self,
+        tx: &mut Transaction<'_>,
+        issue: &[u8; 16],
+        first: u64,
+        last: u64,
+    ) -> Result<(), Fail>;
+}
+
+/// One chunk from its row: event_seq, stream, compression, raw_len,
+/// sha256, stored (after the command id when `with_issue`).
+fn chunk_of(r: &postgres::Row, issue: Option<[u8; 16]>) -> Result<OutputChunk, Fail> {
+    let at = usize::from(issue.is_none());
+    let issue = match issue {
+        Some(i) => i,
+        None => <[u8; 16]>::try_from(r.get::<_, Vec<u8>>(0).as_slice())
+            .map_err(|_| Fail::Integrity("output chunk command id".into()))?,
+    };
+    let sha: Vec<u8> = r.get(at + 4);
+    Ok(OutputChunk {
+        issue_uuid: issue,
+        event_seq: u64::try_from(r.get::<_, i64>(at)).unwrap_or(0),
+        stream: u8::try_from(r.get::<_, i64>(at + 1))
+            .ok()
+            .and_then(Stream::from_u8)
+            .ok_or_else(|| Fail::Integrity("output chunk stream unknown".into()))?,
+        compression: u8::try_from(r.get::<_, i64>(at + 2))
+            .ok()
+            .and_then(Compression::from_u8)
+            .ok_or_else(|| Fail::Integrity("output chunk compression unknown".into()))?,
+        raw_len: u32::try_from(r.get::<_, i64>(at + 3))
+            .map_err(|_| Fail::Integrity("output chunk raw length".into()))?,
+        sha256: <[u8; 32]>::try_from(sha.as_slice())
+            .map_err(|_| Fail::Integrity("output chunk digest length".into()))?,
+        stored: r.get(at + 5),
+    })
 }
 
 /// Output chunks in the `output_chunks` table of the same database.
@@ -146,29 +205,41 @@ impl OutputStore for DatabaseChunks {
             ],
         )
         .map_err(Fail::db("read output chunks"))?;
-        rows.iter()
-            .map(|r| {
-                let sha: Vec<u8> = r.get(4);
-                Ok(OutputChunk {
-                    issue_uuid: *issue,
-                    event_seq: u64::try_from(r.get::<_, i64>(0)).unwrap_or(0),
-                    stream: u8::try_from(r.get::<_, i64>(1))
-                        .ok()
-                        .and_then(Stream::from_u8)
-                        .ok_or_else(|| Fail::Integrity("output chunk stream unknown".into()))?,
-                    compression: u8::try_from(r.get::<_, i64>(2))
-                        .ok()
-                        .and_then(Compression::from_u8)
-                        .ok_or_else(|| {
-                            Fail::Integrity("output chunk compression unknown".into())
-                        })?,
-                    raw_len: u32::try_from(r.get::<_, i64>(3))
-                        .map_err(|_| Fail::Integrity("output chunk raw length".into()))?,
-                    sha256: <[u8; 32]>::try_from(sha.as_slice())
-                        .map_err(|_| Fail::Integrity("output chunk digest length".into()))?,
-                    stored: r.get(5),
-                })
-            })
-            .collect()
+        rows.iter().map(|r| chunk_of(r, Some(*issue))).collect()
+    }
+
+    fn scan(
+        &mut self,
+        tx: &mut Transaction<'_>,
+        after: Option<([u8; 16], u64)>,
+        max: usize,
+    ) -> Result<Vec<OutputChunk>, Fail> {
+        let (issue, seq) = after.unwrap_or(([0; 16], 0));
+        crate::prep::query(
+            tx,
+            "SELECT issue_uuid, event_seq, stream, compression, raw_len, sha256, stored
+             FROM output_chunks WHERE (issue_uuid, event_seq) > ($1, $2)
+             ORDER BY issue_uuid, event_seq LIMIT $3",
+            &[
+                &issue.as_slice(),
+                &i64::try_from(seq).unwrap_or(i64::MAX),
+                &i64::try_from(max).unwrap_or(i64::MAX),
+            ],
+        )
+        .map_err(Fail::db("scan output chunks"))?
+        .iter()
+        .map(|r| chunk_of(r, None))
+        .collect()
+    }
+
+    fn removed(
+        &mut self,
+        _tx: &mut Transaction<'_>,
+        _issue: &[u8; 16],
+        _first: u64,
+        _last: u64,
+    ) -> Result<(), Fail> {
+        // the rows went with their events' rows (ON DELETE CASCADE)
+        Ok(())
     }
 }

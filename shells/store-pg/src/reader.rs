@@ -15,7 +15,6 @@ use rvbox_domain::error::{Code, DomainError};
 use rvbox_domain::ids::Uuid7;
 use rvbox_domain::token::{TokenCodec, TokenKey};
 use rvbox_proto::v1 as wire;
-use rvbox_segment::{Compression, Stream};
 use rvbox_store::StoreError;
 use rvbox_store::fleet::{FleetSource, RunRow};
 use rvbox_store::identity::TOKEN_KEY_LEN;
@@ -31,7 +30,7 @@ use rvbox_store::records::{
     client_detail, clients_page, commands_page, incidents_page, record_of,
 };
 
-use crate::output::OutputChunk;
+use crate::output::OutputStore;
 use crate::sessions::{to_i64, to_u64};
 use crate::{Fail, PgStore};
 
@@ -70,6 +69,8 @@ pub(crate) fn token_key(client: &mut Client) -> Result<[u8; TOKEN_KEY_LEN], Fail
 /// The output source over one read transaction.
 struct PgSource<'a, 't> {
     tx: &'a mut Transaction<'t>,
+    /// Where the output bytes are.
+    output: &'a mut dyn OutputStore,
 }
 
 impl OutputSource for PgSource<'_, '_> {
@@ -258,31 +259,14 @@ impl OutputSource for PgSource<'_, '_> {
                 row.seq
             ))
         };
-        let r = self
-            .tx
-            .query_opt(
-                "SELECT stream, compression, raw_len, sha256, stored FROM output_chunks
-                 WHERE issue_uuid = $1 AND event_seq = $2",
-                &[&issue.as_slice(), &to_i64(row.seq)],
-            )
-            .map_err(db("read output chunk"))?
+        let chunk = self
+            .output
+            .get(self.tx, issue, row.seq, 1)
+            .map_err(store_error)?
+            .into_iter()
+            .next()
+            .filter(|c| c.event_seq == row.seq)
             .ok_or_else(|| fail("its output chunk is missing"))?;
-        let sha: Vec<u8> = r.get(3);
-        let chunk = OutputChunk {
-            issue_uuid: *issue,
-            event_seq: row.seq,
-            stream: u8::try_from(r.get::<_, i64>(0))
-                .ok()
-                .and_then(Stream::from_u8)
-                .ok_or_else(|| fail("unknown stream"))?,
-            compression: u8::try_from(r.get::<_, i64>(1))
-                .ok()
-                .and_then(Compression::from_u8)
-                .ok_or_else(|| fail("unknown compression"))?,
-            raw_len: u32::try_from(r.get::<_, i64>(2)).map_err(|_| fail("raw length"))?,
-            sha256: <[u8; 32]>::try_from(sha.as_slice()).map_err(|_| fail("digest length"))?,
-            stored: r.get(4),
-        };
         if chunk.stream.as_u8() != row.stream
             || u64::from(chunk.raw_len) != row.raw_len
             || chunk.stored.len() as u64 != row.stored_len
@@ -604,6 +588,10 @@ impl IncidentSource for PgSource<'_, '_> {
 /// A control reader on its own connection.
 pub struct PgReader {
     client: Client,
+    /// This connection's id for the prepared statements (see `prep`).
+    conn_id: u64,
+    /// Where the output bytes are.
+    output: Box<dyn OutputStore>,
     codec: TokenCodec,
     key: [u8; TOKEN_KEY_LEN],
 }
@@ -624,9 +612,18 @@ impl PgReader {
         let key = token_key(&mut client)?;
         Ok(Self {
             client,
+            conn_id: crate::next_conn(),
+            output: Box::new(crate::output::DatabaseChunks),
             codec: TokenCodec::new(TokenKey::new(key)),
             key,
         })
+    }
+
+    /// Reads output bytes from `output` instead of the database's
+    /// `output_chunks` table (the store's writers use the same, see
+    /// [`crate::PgStore::set_output_store`]).
+    pub fn set_output_store(&mut self, output: Box<dyn OutputStore>) {
+        self.output = output;
     }
 
     /// Runs `read` in one read-only snapshot.
@@ -634,6 +631,7 @@ impl PgReader {
         &mut self,
         read: impl FnOnce(&mut PgSource<'_, '_>, &TokenCodec) -> Result<T, OpError>,
     ) -> Result<T, OpError> {
+        crate::prep::enter(self.conn_id);
         let mut tx = self
             .client
             .build_transaction()
@@ -641,9 +639,19 @@ impl PgReader {
             .read_only(true)
             .start()
             .map_err(db("begin a read"))?;
-        let out = read(&mut PgSource { tx: &mut tx }, &self.codec);
+        let out = read(
+            &mut PgSource {
+                tx: &mut tx,
+                output: self.output.as_mut(),
+            },
+            &self.codec,
+        );
         // a read-only transaction: nothing to keep
         drop(tx);
+        if out.is_err() {
+            // a cached statement may be what failed
+            crate::prep::forget(self.conn_id);
+        }
         out
     }
 }

@@ -317,61 +317,45 @@ impl PgStore {
         report: &mut ScrubReport,
         now_ms: i64,
     ) -> Result<(), Fail> {
-        let (from_issue, from_seq) = after.unwrap_or(([0; 16], 0));
-        let rows = self.in_tx("read output chunks to verify", |tx, _| {
-            crate::prep::query(
+        // the chunks through the output store, their event rows beside
+        let mut output =
+            std::mem::replace(&mut self.output, Box::new(crate::output::DatabaseChunks));
+        let read = self.in_tx("read output chunks to verify", |tx, _| {
+            let chunks = output.scan(tx, after, CHUNKS_PER_SLICE)?;
+            let ids: Vec<&[u8]> = chunks.iter().map(|c| c.issue_uuid.as_slice()).collect();
+            let seqs: Vec<i64> = chunks.iter().map(|c| to_i64(c.event_seq)).collect();
+            let mut events = std::collections::HashMap::new();
+            for r in crate::prep::query(
                 tx,
-                "SELECT o.issue_uuid, o.event_seq, o.stream, o.compression, o.raw_len, o.sha256,
-                        o.stored, e.stream, e.stored_len, e.content_sha256
-                 FROM output_chunks o
-                 LEFT JOIN command_events e
-                   ON e.issue_uuid = o.issue_uuid AND e.event_seq = o.event_seq
-                 WHERE (o.issue_uuid, o.event_seq) > ($1, $2)
-                 ORDER BY o.issue_uuid, o.event_seq LIMIT $3",
-                &[
-                    &from_issue.as_slice(),
-                    &to_i64(from_seq),
-                    &to_i64(CHUNKS_PER_SLICE as u64),
-                ],
+                "SELECT issue_uuid, event_seq, stream, stored_len, content_sha256
+                 FROM command_events
+                 WHERE (issue_uuid, event_seq) IN (SELECT * FROM unnest($1::bytea[], $2::int8[]))",
+                &[&ids, &seqs],
             )
-            .map_err(Fail::db("read output chunks to verify"))
-        })?;
+            .map_err(Fail::db("read the verified chunks' events"))?
+            {
+                let issue = crate::sessions::blob16(Some(r.get(0)))
+                    .ok_or_else(|| Fail::Integrity("an event's command id".into()))?;
+                events.insert(
+                    (issue, to_u64(r.get(1))),
+                    (
+                        r.get::<_, i64>(2),
+                        r.get::<_, i64>(3),
+                        r.get::<_, Vec<u8>>(4),
+                    ),
+                );
+            }
+            Ok((chunks, events))
+        });
+        self.output = output;
+        let (chunks, mut events) = read?;
         let mut last = None;
-        for r in &rows {
-            let issue = crate::sessions::blob16(Some(r.get(0)))
-                .ok_or_else(|| Fail::Integrity("an output chunk's command id".into()))?;
-            let seq = to_u64(r.get(1));
+        let n = chunks.len();
+        for chunk in chunks {
+            let (issue, seq) = (chunk.issue_uuid, chunk.event_seq);
             last = Some((issue, seq));
             report.segments_verified += 1;
-            let decoded = (
-                u8::try_from(r.get::<_, i64>(2))
-                    .ok()
-                    .and_then(rvbox_segment::Stream::from_u8),
-                u8::try_from(r.get::<_, i64>(3))
-                    .ok()
-                    .and_then(rvbox_segment::Compression::from_u8),
-                u32::try_from(r.get::<_, i64>(4)).ok(),
-                <[u8; 32]>::try_from(r.get::<_, Vec<u8>>(5).as_slice()).ok(),
-            );
-            let (Some(stream), Some(compression), Some(raw_len), Some(sha256)) = decoded else {
-                // the schema's checks hold these; a row that breaks them
-                // is a database problem, not a damaged chunk
-                return Err(Fail::Integrity(format!(
-                    "output chunk {seq} of a command has columns out of range"
-                )));
-            };
-            let chunk = OutputChunk {
-                issue_uuid: issue,
-                event_seq: seq,
-                stream,
-                compression,
-                raw_len,
-                sha256,
-                stored: r.get(6),
-            };
-            let event = r
-                .get::<_, Option<i64>>(7)
-                .map(|s| (s, r.get::<_, i64>(8), r.get::<_, Vec<u8>>(9)));
+            let event = events.remove(&(issue, seq));
             let Some(why) = damage(&chunk, event) else {
                 continue;
             };
@@ -389,7 +373,7 @@ impl PgStore {
                 );
             }
         }
-        if rows.len() < CHUNKS_PER_SLICE {
+        if n < CHUNKS_PER_SLICE {
             self.finish_cycle(report, now_ms)?;
         } else {
             self.scrub = ScrubState::Verify(last);
