@@ -292,7 +292,75 @@ fn cases() -> Vec<(&'static str, Setup)> {
                 ttl_ms: 60_000,
             }
         }),
+        ("run fleet", |s| {
+            live_session(s, "web-1");
+            live_session(s, "web-2");
+            StoreOp::RunFleet {
+                request: fleet_request("web-*", None),
+                caller: caller(),
+            }
+        }),
+        ("pause fleet run", |s| {
+            live_session(s, "web-1");
+            let req = fleet_request("web-*", None);
+            let run = req.request_id.clone();
+            assert!(
+                s.perform(
+                    NOW,
+                    StoreOp::RunFleet {
+                        request: req,
+                        caller: caller(),
+                    },
+                )
+                .is_ok()
+            );
+            StoreOp::FleetAction {
+                action: rvbox_store_port::fleet::FleetAction::Pause(wire::PauseFleetRunRequest {
+                    request_id: text(&new_id()),
+                    fleet_run_id: run,
+                }),
+                caller: caller(),
+            }
+        }),
+        ("fleet release pass", |s| {
+            // a late client joins a waiting run: the pass releases it
+            let req = fleet_request(
+                "late-*",
+                Some(prost_types::Duration {
+                    seconds: 3600,
+                    nanos: 0,
+                }),
+            );
+            assert!(
+                s.perform(
+                    NOW,
+                    StoreOp::RunFleet {
+                        request: req,
+                        caller: caller(),
+                    },
+                )
+                .is_ok()
+            );
+            live_session(s, "late-1");
+            StoreOp::FleetPump { limit: 100 }
+        }),
     ]
+}
+
+fn fleet_request(glob: &str, late: Option<prost_types::Duration>) -> wire::RunFleetRequest {
+    wire::RunFleetRequest {
+        request_id: text(&new_id()),
+        selection: Some(wire::FleetSelection {
+            client_glob: glob.into(),
+            ..Default::default()
+        }),
+        spec: Some(wire::ExecutionSpec {
+            source: Some(wire::execution_spec::Source::CommandText("uptime".into())),
+            ..Default::default()
+        }),
+        include_late: late,
+        ..Default::default()
+    }
 }
 
 fn committed(r: &OpResult) -> bool {
