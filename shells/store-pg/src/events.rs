@@ -1,6 +1,6 @@
 //! The event append path on PostgreSQL: one transaction for a whole
-//! append group (issue 25's "group commit as one transaction per group"),
-//! with the same rules as the SQLite store's append (`rvbox_store::events`):
+//! append group (group commit: one transaction per group), with the same
+//! rules as the SQLite store's append (`rvbox_store::events`):
 //! content identity and validation, the sequence rules, lifecycle edges,
 //! stdin acknowledgements, quota reservation, closeout release and the
 //! replay tombstone of a terminal event.
@@ -16,11 +16,11 @@
 //! its oldest output events are rotated out in the group's transaction
 //! (their rows and chunks deleted, one truncation row standing for them,
 //! their charge released), so the command keeps its *last* bytes. Output
-//! that still does not fit, or that a client's (the server's) quota holds
-//! with nothing reclaimable, is dropped on arrival with a truncation row.
-//! Rotation under quota pressure from active commands alone is not done
-//! here (the SQLite store rotates running commands' output for it); that
-//! output is dropped on arrival instead.
+//! over a client's (the server's) quota is refused, transiently, while
+//! maintenance can relieve it (a terminal command to evict, or an active
+//! command's output to rotate, `crate::maintenance`); with nothing to
+//! relieve it, or past the command's own total after rotation, it is
+//! dropped on arrival with a truncation row.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -232,9 +232,11 @@ struct DroppedEvent {
 
 /// Why an event refused at `tier` is dropped with a marker instead, or
 /// `None` when it stays refused (transiently): the command's own total
-/// is full, or the client's (the server's) quota is held with no terminal
-/// command maintenance could reclaim. The PostgreSQL store rotates no
-/// running command's output, so terminal commands are the only relief.
+/// is full, or the client's (the server's) quota is held with nothing
+/// maintenance could relieve: no terminal command to evict and no stored
+/// output of an active command to rotate (as the SQLite store decides).
+/// Output that maintenance can relieve is refused, transiently, until it
+/// has.
 fn drop_cause(
     tx: &mut Transaction<'_>,
     tier: rvbox_retention::Tier,
@@ -245,9 +247,11 @@ fn drop_cause(
             tx,
             "SELECT EXISTS (SELECT 1 FROM commands c
                  WHERE ($1::text IS NULL OR c.client_id = $1) AND c.retention = 'retained'
-                   AND c.terminal_time_ms IS NOT NULL
                    AND NOT EXISTS (SELECT 1 FROM storage_incidents i
-                                   WHERE i.state = 1 AND i.issue_uuid = c.issue_uuid))",
+                                   WHERE i.state = 1 AND i.issue_uuid = c.issue_uuid)
+                   AND (c.terminal_time_ms IS NOT NULL
+                        OR EXISTS (SELECT 1 FROM command_events e
+                                   WHERE e.issue_uuid = c.issue_uuid AND e.body_kind = 4)))",
             &[&scope],
         )
         .map_err(Fail::db("look for relief under quota"))?
@@ -350,50 +354,35 @@ const ROTATION_PAGE: i64 = 1_024;
 /// rotates once per such step, not at every event.
 const ROTATION_SLACK: u64 = 1 << 20;
 
-/// Rotates a command's oldest output so that `incoming` more charged
-/// output bytes fit its output window and its total (the SQLite store's
-/// rule, `rvbox_retention::plan_output_rotation`, with events for
-/// segments): the oldest output events are removed up to the first one a
-/// truncation covers (damaged, a barrier) and until the need plus a slack
-/// is freed; dropped ranges inside are absorbed into the one truncation
-/// row. Nothing is rotated when the need cannot be met. Updates the view,
-/// the client's and the server's usage; returns whether it rotated.
+/// What a rotation removed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rotated {
+    /// Charged bytes of the rotated events.
+    pub(crate) removed: u64,
+    /// Charge released in all: the rotated events and the absorbed
+    /// dropped ranges' rows, less the new truncation row's.
+    pub(crate) released: u64,
+}
+
+/// Rotates a command's oldest output out, in the caller's transaction
+/// (the command's row locked by it): the oldest output events, up to the
+/// first one a truncation covers (damaged, a barrier), until `target`
+/// charged bytes are removed; dropped ranges inside are absorbed into the
+/// one truncation row (source and reason of `cause`). Nothing is rotated
+/// unless at least `need` is removed and more is released than the new
+/// row's charge. The caller moves the counters by what it returns.
 #[allow(clippy::too_many_arguments)]
-fn rotate_for(
+pub(crate) fn rotate_oldest(
     tx: &mut Transaction<'_>,
-    opts: &StoreOptions,
     output: &mut dyn OutputStore,
     issue: &[u8; 16],
-    view: &mut CmdView,
-    owners: &mut BTreeMap<String, (u64, u64)>,
-    global: &mut u64,
-    incoming: u64,
+    need: u64,
+    target: u64,
+    cause: RotationCause,
     now_ms: i64,
-) -> Result<bool, Fail> {
-    let tiers = &opts.tiers;
-    let over_window = view.output_charged.saturating_add(incoming) > tiers.command_output_window;
-    let over_total = view.charged.saturating_add(incoming) > tiers.command_total;
-    if !over_window && !over_total {
-        return Ok(false);
-    }
-    let cause = if over_window {
-        RotationCause::CommandWindow
-    } else {
-        RotationCause::CommandTotal
-    };
+) -> Result<Option<Rotated>, Fail> {
     let marker =
         rvbox_store::retention::truncation_row_charge(cause.reason()).map_err(integrity)?;
-    let need = view
-        .output_charged
-        .saturating_add(incoming)
-        .saturating_sub(tiers.command_output_window)
-        .max(
-            view.charged
-                .saturating_add(marker)
-                .saturating_add(incoming)
-                .saturating_sub(tiers.command_total),
-        );
-    let target = need.saturating_add(ROTATION_SLACK.min(tiers.command_output_window / 8));
     // the command's truncation ranges: a covered output event is a barrier
     let ranges: Vec<(i64, i64, i64)> = crate::prep::query(
         tx,
@@ -448,39 +437,41 @@ fn rotate_for(
         }
     }
     let Some(first) = first else {
-        return Ok(false);
+        return Ok(None);
     };
     if removed < need {
-        tracing::warn!(
-            issue_uuid = %rvbox_store::fleet::uuid_text(issue),
-            incoming,
-            "output cannot fit the command window even after rotation"
-        );
-        return Ok(false);
+        return Ok(None);
     }
     // output dropped on arrival inside the range joins its row
     let mut absorbed = 0u64;
-    for (a, b, id) in &ranges {
-        if *a > first && *b < last {
-            let row = crate::prep::query_one(
-                tx,
-                "DELETE FROM output_truncations WHERE id = $1
-                 RETURNING COALESCE(raw_bytes, 0), COALESCE(stored_bytes, 0),
-                           COALESCE(stream_mask, 3), reason",
-                &[id],
-            )
-            .map_err(Fail::db("absorb a dropped range"))?;
-            raw = raw.saturating_add(to_u64(row.get(0)));
-            stored = stored.saturating_add(to_u64(row.get(1)));
-            mask |= row.get::<_, i64>(2) & 3;
-            absorbed = absorbed.saturating_add(
-                rvbox_store::retention::truncation_row_charge(&row.get::<_, String>(3))
-                    .map_err(integrity)?,
-            );
-        }
+    let inside: Vec<i64> = ranges
+        .iter()
+        .filter(|(a, b, _)| *a > first && *b < last)
+        .map(|(_, _, id)| *id)
+        .collect();
+    for id in &inside {
+        let row = crate::prep::query_one(
+            tx,
+            "SELECT COALESCE(raw_bytes, 0), COALESCE(stored_bytes, 0),
+                    COALESCE(stream_mask, 3), reason
+             FROM output_truncations WHERE id = $1",
+            &[id],
+        )
+        .map_err(Fail::db("read a dropped range"))?;
+        raw = raw.saturating_add(to_u64(row.get(0)));
+        stored = stored.saturating_add(to_u64(row.get(1)));
+        mask |= row.get::<_, i64>(2) & 3;
+        absorbed = absorbed.saturating_add(
+            rvbox_store::retention::truncation_row_charge(&row.get::<_, String>(3))
+                .map_err(integrity)?,
+        );
     }
     if removed.saturating_add(absorbed) <= marker {
-        return Ok(false);
+        return Ok(None);
+    }
+    for id in &inside {
+        crate::prep::execute(tx, "DELETE FROM output_truncations WHERE id = $1", &[id])
+            .map_err(Fail::db("absorb a dropped range"))?;
     }
     let released = removed.saturating_add(absorbed) - marker;
     crate::prep::execute(
@@ -509,6 +500,67 @@ fn rotate_for(
         ],
     )
     .map_err(Fail::db("record rotated output"))?;
+    tracing::info!(
+        issue_uuid = %rvbox_store::fleet::uuid_text(issue),
+        first_seq = first,
+        last_seq = last,
+        released,
+        cause = cause.source().as_str_name(),
+        "output rotated"
+    );
+    Ok(Some(Rotated { removed, released }))
+}
+
+/// Rotates a command's oldest output so that `incoming` more charged
+/// output bytes fit its output window and its total (the SQLite store's
+/// rule, `rvbox_retention::plan_output_rotation`, with events for
+/// segments), freeing a slack beyond the need; nothing when the need
+/// cannot be met. Updates the view, the client's and the server's usage;
+/// returns whether it rotated.
+#[allow(clippy::too_many_arguments)]
+fn rotate_for(
+    tx: &mut Transaction<'_>,
+    opts: &StoreOptions,
+    output: &mut dyn OutputStore,
+    issue: &[u8; 16],
+    view: &mut CmdView,
+    owners: &mut BTreeMap<String, (u64, u64)>,
+    global: &mut u64,
+    incoming: u64,
+    now_ms: i64,
+) -> Result<bool, Fail> {
+    let tiers = &opts.tiers;
+    let over_window = view.output_charged.saturating_add(incoming) > tiers.command_output_window;
+    let over_total = view.charged.saturating_add(incoming) > tiers.command_total;
+    if !over_window && !over_total {
+        return Ok(false);
+    }
+    let cause = if over_window {
+        RotationCause::CommandWindow
+    } else {
+        RotationCause::CommandTotal
+    };
+    let marker =
+        rvbox_store::retention::truncation_row_charge(cause.reason()).map_err(integrity)?;
+    let need = view
+        .output_charged
+        .saturating_add(incoming)
+        .saturating_sub(tiers.command_output_window)
+        .max(
+            view.charged
+                .saturating_add(marker)
+                .saturating_add(incoming)
+                .saturating_sub(tiers.command_total),
+        );
+    let target = need.saturating_add(ROTATION_SLACK.min(tiers.command_output_window / 8));
+    let Some(r) = rotate_oldest(tx, output, issue, need, target, cause, now_ms)? else {
+        tracing::warn!(
+            issue_uuid = %rvbox_store::fleet::uuid_text(issue),
+            incoming,
+            "output cannot fit the command window even after rotation"
+        );
+        return Ok(false);
+    };
     let owner = owners.get(&view.client_id).map_or(0, |o| o.1);
     let after = rvbox_retention::release(
         &Usage {
@@ -518,26 +570,18 @@ fn rotate_for(
             global: *global,
             free_space: u64::MAX,
         },
-        released,
+        r.released,
         true,
     )
     .map_err(integrity)?;
     view.charged = after.command;
-    view.output_charged = view.output_charged.checked_sub(removed).ok_or_else(|| {
+    view.output_charged = view.output_charged.checked_sub(r.removed).ok_or_else(|| {
         Fail::Integrity("a command's output counter is below its output events".into())
     })?;
     if let Some(o) = owners.get_mut(&view.client_id) {
         o.1 = after.owner;
     }
     *global = after.global;
-    tracing::info!(
-        issue_uuid = %rvbox_store::fleet::uuid_text(issue),
-        first_seq = first,
-        last_seq = last,
-        released,
-        cause = cause.source().as_str_name(),
-        "output rotated"
-    );
     Ok(true)
 }
 

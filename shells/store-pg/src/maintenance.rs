@@ -38,6 +38,7 @@
 use postgres::Transaction;
 use rvbox_domain::lifecycle::Lifecycle;
 use rvbox_retention::{Candidate, Need, OwnerNeed, Usage, select_aged, select_evictions};
+use rvbox_store::retention::RotationCause;
 use rvbox_store_port::maintenance::MaintenanceReport;
 use rvbox_store_port::replica::{Duty, ReplicaId};
 
@@ -324,11 +325,22 @@ impl PgStore {
                 freed =
                     freed.saturating_add(self.evict_counted(issue, now_ms, false, &mut report)?);
             }
-            let left = need
+            let missing = need
                 .owner
                 .as_ref()
                 .map_or(0, |o| o.bytes)
                 .saturating_sub(freed);
+            let left = if missing > 0 {
+                self.pressure_rotate(
+                    Some(&client),
+                    missing,
+                    RotationCause::ClientQuota,
+                    now_ms,
+                    &mut report,
+                )?
+            } else {
+                0
+            };
             if left > 0 {
                 report.owner_shortfall = report.owner_shortfall.saturating_add(left);
                 tracing::warn!(client_id = %client, shortfall = left,
@@ -348,7 +360,18 @@ impl PgStore {
                 freed =
                     freed.saturating_add(self.evict_counted(issue, now_ms, false, &mut report)?);
             }
-            report.global_shortfall = need.global.saturating_sub(freed);
+            let missing = need.global.saturating_sub(freed);
+            report.global_shortfall = if missing > 0 {
+                self.pressure_rotate(
+                    None,
+                    missing,
+                    RotationCause::GlobalQuota,
+                    now_ms,
+                    &mut report,
+                )?
+            } else {
+                0
+            };
             if report.global_shortfall > 0 {
                 tracing::warn!(
                     shortfall = report.global_shortfall,
@@ -482,6 +505,116 @@ impl PgStore {
 
     /// Evicts one command under the duty, counting the outcome; the bytes
     /// freed.
+    /// Relieves `need` charged bytes from active commands' output (plan
+    /// §5.4: "if active data alone creates pressure, rotate/drop output
+    /// with markers"): the oldest output of each active command of the
+    /// client (the server), oldest command first, each in a transaction of
+    /// its own under the maintenance duty; returns what is still missing.
+    fn pressure_rotate(
+        &mut self,
+        client: Option<&str>,
+        need: u64,
+        cause: RotationCause,
+        now_ms: i64,
+        report: &mut MaintenanceReport,
+    ) -> Result<u64, Fail> {
+        let replica = self.replica();
+        let active: Vec<[u8; 16]> = self.in_tx("list active commands", |tx, _| {
+            Ok(crate::prep::query(
+                tx,
+                "SELECT c.issue_uuid FROM commands c
+                 WHERE ($1::text IS NULL OR c.client_id = $1) AND c.retention = 'retained'
+                   AND c.terminal_time_ms IS NULL
+                   AND EXISTS (SELECT 1 FROM command_events e
+                               WHERE e.issue_uuid = c.issue_uuid AND e.body_kind = 4)
+                 ORDER BY c.issue_time_ms, c.issue_uuid LIMIT $2",
+                &[&client, &MAX_CLIENTS_PER_PASS],
+            )
+            .map_err(Fail::db("list active commands"))?
+            .iter()
+            .filter_map(|r| crate::sessions::blob16(Some(r.get(0))))
+            .collect())
+        })?;
+        let mut missing = need;
+        let mut output =
+            std::mem::replace(&mut self.output, Box::new(crate::output::DatabaseChunks));
+        for issue in active {
+            if missing == 0 {
+                break;
+            }
+            let want = missing;
+            let r = self.in_tx("rotate under quota pressure", |tx, _| {
+                if !holds(tx, replica, Duty::Maintenance)? {
+                    return Ok(None);
+                }
+                // the command, held against its appends; still active?
+                let Some(row) = crate::prep::query_opt(
+                    tx,
+                    "SELECT client_id FROM commands
+                     WHERE issue_uuid = $1 AND terminal_time_ms IS NULL AND retention = 'retained'
+                     FOR UPDATE",
+                    &[&issue.as_slice()],
+                )
+                .map_err(Fail::db("lock an active command"))?
+                else {
+                    return Ok(None);
+                };
+                let owner: String = row.get(0);
+                let marker = rvbox_store::retention::truncation_row_charge(cause.reason())
+                    .map_err(|e| Fail::Integrity(e.to_string()))?;
+                // as much as helps: anything that frees more than its row
+                let Some(r) = crate::events::rotate_oldest(
+                    tx,
+                    output.as_mut(),
+                    &issue,
+                    marker.saturating_add(1),
+                    want.saturating_add(marker),
+                    cause,
+                    now_ms,
+                )?
+                else {
+                    return Ok(None);
+                };
+                let released = to_i64(r.released);
+                crate::prep::execute(
+                    tx,
+                    "UPDATE commands SET charged_bytes = charged_bytes - $2,
+                         output_charged = output_charged - $3
+                     WHERE issue_uuid = $1",
+                    &[&issue.as_slice(), &released, &to_i64(r.removed)],
+                )
+                .map_err(Fail::db("release rotated output"))?;
+                crate::prep::execute(
+                    tx,
+                    "UPDATE clients SET charged_bytes = charged_bytes - $2 WHERE client_id = $1",
+                    &[&owner, &released],
+                )
+                .map_err(Fail::db("release rotated output"))?;
+                crate::prep::execute(
+                    tx,
+                    "UPDATE quota_totals SET command_charged = command_charged - $1 WHERE id = 1",
+                    &[&released],
+                )
+                .map_err(Fail::db("release rotated output"))?;
+                Ok(Some(r.released))
+            });
+            match r {
+                Ok(Some(released)) => {
+                    missing = missing.saturating_sub(released);
+                    report.rotations += 1;
+                    report.pressure_rotations += 1;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    self.output = output;
+                    return Err(e);
+                }
+            }
+        }
+        self.output = output;
+        Ok(missing)
+    }
+
     fn evict_counted(
         &mut self,
         issue: &[u8; 16],

@@ -578,32 +578,104 @@ fn output_past_the_window_rotates_the_oldest_out() {
     assert_eq!(outcomes(&r), vec![EventOutcome::Duplicate]);
 }
 
-/// Output past a client's quota held by data nothing can reclaim (its own
-/// running command) is dropped on arrival with a truncation row that
-/// covers exactly the dropped events (one row for a run of them), never
-/// refused for ever: the terminal event that follows is stored, and a
-/// dropped event sent again is a duplicate.
+/// Options with small tiers: a 64 KiB closeout reserve, a 128 KiB window,
+/// a 256 KiB command total, and `owner` bytes per client.
+fn small_tiers(owner: u64) -> StoreOptions {
+    let mut tiers = rvbox_retention::Tiers::server_defaults();
+    tiers.command_total = 256 * 1024;
+    tiers.closeout_reserve = 64 * 1024;
+    tiers.command_output_window = 128 * 1024;
+    tiers.per_owner_total = owner;
+    StoreOptions {
+        tiers,
+        // maintenance relieves a client down to 32 KiB under its quota
+        eviction_slack_bytes: 32 * 1024,
+        ..StoreOptions::default()
+    }
+}
+
+/// Output past a client's quota, held by a running command's own older
+/// output, is refused (transiently) rather than dropped: maintenance
+/// rotates that older output out under the client-quota cause, and the
+/// refused event, sent again, is stored.
+#[test]
+fn output_past_a_client_quota_waits_for_maintenance_to_rotate_older_output() {
+    let pg = Postgres::start();
+    let db = database(&pg);
+    // the closeout reserve and about 96 KiB of output
+    let mut s = PgStore::connect(&pg.conninfo(&db), small_tiers(160 * 1024)).unwrap();
+    let (cmd, session) = running(&mut s, "web-1");
+    let mut refused = None;
+    for seq in 2..62u64 {
+        let mut ev = output_event(&cmd, seq, &noise(seq));
+        ev.session = Some(session);
+        let r = s.perform(
+            NOW,
+            StoreOp::AppendEvents {
+                events: vec![ev.clone()],
+            },
+        );
+        match outcomes(&r).as_slice() {
+            [EventOutcome::Appended] => {}
+            [EventOutcome::Refused(e)] if e.code() == Code::QuotaExceeded => {
+                refused = Some(ev);
+                break;
+            }
+            other => panic!("seq {seq}: {other:?}"),
+        }
+    }
+    let refused = refused.expect("the client's quota fills");
+    assert!(
+        refused.event_seq > 8 && refused.event_seq < 20,
+        "{}",
+        refused.event_seq
+    );
+    assert_eq!(
+        pg.psql(&db, "SELECT count(*) FROM output_truncations"),
+        "0",
+        "nothing dropped while maintenance can relieve it"
+    );
+    let Ok(Completion::Maintained(m)) = s.perform(NOW, StoreOp::Maintain) else {
+        panic!("Maintain")
+    };
+    assert!(m.pressure_rotations >= 1, "{m:?}");
+    assert_eq!(m.owner_shortfall, 0, "{m:?}");
+    let rows = pg.psql(
+        &db,
+        "SELECT first_seq || ' ' || source FROM output_truncations",
+    );
+    assert_eq!(
+        rows,
+        format!(
+            "2 {}",
+            rvbox_proto::v1::TruncationSource::ServerClientQuota as i32
+        ),
+        "the oldest output rotated out"
+    );
+    let r = s.perform(
+        NOW,
+        StoreOp::AppendEvents {
+            events: vec![refused],
+        },
+    );
+    assert_eq!(outcomes(&r), vec![EventOutcome::Appended]);
+}
+
+/// Output past a client's quota held by data nothing can relieve (two
+/// running commands' closeout reserves, no output to rotate, nothing
+/// terminal) is dropped on arrival with a truncation row that covers
+/// exactly the dropped events (one row for a run of them), never refused
+/// for ever: the terminal event that follows is stored, and a dropped
+/// event sent again is a duplicate.
 #[test]
 fn output_past_an_unrelievable_quota_is_dropped_with_a_truncation_row() {
     use rvbox_conformance::support::lifecycle_event;
     let pg = Postgres::start();
     let db = database(&pg);
-    let mut tiers = rvbox_retention::Tiers::server_defaults();
-    tiers.command_total = 256 * 1024;
-    tiers.closeout_reserve = 64 * 1024;
-    tiers.command_output_window = 128 * 1024;
-    // the closeout reserve and about 96 KiB of output
-    tiers.per_owner_total = 160 * 1024;
-    let mut s = PgStore::connect(
-        &pg.conninfo(&db),
-        StoreOptions {
-            tiers,
-            ..StoreOptions::default()
-        },
-    )
-    .unwrap();
+    // two commands (66 KiB each: spec and closeout reserve) and a little
+    let mut s = PgStore::connect(&pg.conninfo(&db), small_tiers(146 * 1024)).unwrap();
+    let (_, _) = running(&mut s, "web-1");
     let (cmd, session) = running(&mut s, "web-1");
-    // 60 events of 8 KiB: about 11 fit in the client's quota
     let mut all = Vec::new();
     for seq in 2..62u64 {
         let mut ev = output_event(&cmd, seq, &noise(seq));
@@ -612,23 +684,27 @@ fn output_past_an_unrelievable_quota_is_dropped_with_a_truncation_row() {
         let r = s.perform(NOW, StoreOp::AppendEvents { events: vec![ev] });
         assert_eq!(outcomes(&r), vec![EventOutcome::Appended], "seq {seq}");
     }
-    let stored: u64 = pg
-        .psql(
+    assert_eq!(
+        pg.psql(
             &db,
             "SELECT count(*) FROM command_events WHERE body_kind = 4",
-        )
-        .parse()
-        .unwrap();
-    assert!(stored > 8 && stored < 20, "{stored} output events stored");
+        ),
+        "0"
+    );
     let rows = pg.psql(
         &db,
-        "SELECT first_seq || ' ' || last_seq || ' ' || raw_bytes FROM output_truncations",
+        "SELECT first_seq || ' ' || last_seq || ' ' || raw_bytes || ' ' || source
+         FROM output_truncations",
     );
-    let v: Vec<u64> = rows.split(' ').map(|x| x.parse().unwrap()).collect();
-    assert_eq!(v.len(), 3, "one truncation row: {rows}");
-    assert_eq!(v[0], 2 + stored, "it starts at the first dropped event");
-    assert_eq!(v[1], 61, "and covers every later one");
-    assert_eq!(v[2], (61 - v[0] + 1) * 8192, "their raw bytes");
+    assert_eq!(
+        rows,
+        format!(
+            "2 61 {} {}",
+            60 * 8192,
+            rvbox_proto::v1::TruncationSource::ServerClientQuota as i32
+        ),
+        "one row for the whole run of dropped events"
+    );
     // the terminal event is stored
     let mut end = lifecycle_event(&cmd, 62, Lifecycle::Succeeded);
     end.session = Some(session);
