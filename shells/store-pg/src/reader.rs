@@ -587,7 +587,8 @@ impl IncidentSource for PgSource<'_, '_> {
 
 /// A control reader on its own connection.
 pub struct PgReader {
-    client: Client,
+    /// `None` only while dropping.
+    client: Option<Client>,
     /// This connection's id for the prepared statements (see `prep`).
     conn_id: u64,
     /// Where the output bytes are.
@@ -611,7 +612,7 @@ impl PgReader {
         let mut client = Client::connect(conninfo, NoTls).map_err(Fail::db("connect a reader"))?;
         let key = token_key(&mut client)?;
         Ok(Self {
-            client,
+            client: Some(client),
             conn_id: crate::next_conn(),
             output: Box::new(crate::output::DatabaseChunks),
             codec: TokenCodec::new(TokenKey::new(key)),
@@ -632,8 +633,8 @@ impl PgReader {
         read: impl FnOnce(&mut PgSource<'_, '_>, &TokenCodec) -> Result<T, OpError>,
     ) -> Result<T, OpError> {
         crate::prep::enter(self.conn_id);
-        let mut tx = self
-            .client
+        let client = self.client.as_mut().ok_or_else(op_error_closed)?;
+        let mut tx = client
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)
             .read_only(true)
@@ -653,6 +654,29 @@ impl PgReader {
             crate::prep::forget(self.conn_id);
         }
         out
+    }
+}
+
+fn op_error_closed() -> OpError {
+    OpError::Store(StoreError::Integrity(
+        "the reader's connection is closed".into(),
+    ))
+}
+
+impl Drop for PgReader {
+    /// The blocking client's close runs its own runtime: dropped on a
+    /// thread of the server's async runtime (the control service at
+    /// shutdown), it would panic there, so it is closed on a thread of
+    /// its own.
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            let closing = std::thread::Builder::new()
+                .name("rvbox-reader-close".into())
+                .spawn(move || drop(client));
+            if let Err(e) = closing {
+                tracing::warn!(error = %e, "a reader's connection could not be closed on its own thread");
+            }
+        }
     }
 }
 

@@ -720,3 +720,21 @@ fn output_past_an_unrelievable_quota_is_dropped_with_a_truncation_row() {
     );
     assert_eq!(outcomes(&r), vec![EventOutcome::Duplicate]);
 }
+
+/// A reader dropped on a thread of an async runtime (the control service
+/// at the server's stop) closes its connection without panicking: the
+/// blocking client's close cannot run on such a thread.
+#[test]
+fn a_reader_dropped_inside_an_async_runtime_closes_quietly() {
+    let pg = Postgres::start();
+    let db = database(&pg);
+    let s = connect(&pg, &db);
+    let reader = s.readers().open_pg().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        tokio::spawn(async move { drop(reader) }).await.unwrap();
+    });
+}
