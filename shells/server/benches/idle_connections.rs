@@ -59,7 +59,7 @@ fn main() {
             .local_addr()
             .unwrap()
             .port();
-        let mut server = start_server(dir.path(), port, "", "");
+        let mut server = start_server(dir.path(), port, "", "", None);
         let pid = server.id();
         std::thread::sleep(Duration::from_millis(500));
         let base = rss_kib(pid);

@@ -135,7 +135,7 @@ fn main() {
     );
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let sqlite = start_server(&dir.path().join("sqlite"), port, "", "");
+    let sqlite = start_server(&dir.path().join("sqlite"), port, "", "", None);
     measure(
         &rt,
         Deployment {
@@ -151,6 +151,7 @@ fn main() {
         port,
         "store = \"postgres\"",
         &pg_conf("one"),
+        None,
     );
     measure(
         &rt,
@@ -169,6 +170,7 @@ fn main() {
                     port,
                     "store = \"postgres\"",
                     &pg_conf("three"),
+                    None,
                 ),
                 port,
             )

@@ -3,12 +3,15 @@
 /// Starts the real `rvbox-server` on `port` with its data and runtime
 /// directories under `dir`, `server_lines` added to its `[server]` table
 /// and `sections` (whole TOML sections) appended, logging warnings only;
-/// waits until it is ready.
+/// with `nofile`, its file-descriptor limit raised to that first (through
+/// `sh -c "ulimit -n ..."`, which then execs the server). Waits until it
+/// is ready.
 pub(crate) fn start_server(
     dir: &std::path::Path,
     port: u16,
     server_lines: &str,
     sections: &str,
+    nofile: Option<u32>,
 ) -> std::process::Child {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(
@@ -19,8 +22,21 @@ pub(crate) fn start_server(
         ),
     )
     .unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_rvbox-server"))
-        .arg("--config")
+    let mut command = match nofile {
+        Some(n) => {
+            let mut c = std::process::Command::new("sh");
+            c.arg("-c")
+                .arg(format!("ulimit -n {n} && exec \"$0\" --config \"$1\""))
+                .arg(env!("CARGO_BIN_EXE_rvbox-server"));
+            c
+        }
+        None => {
+            let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_rvbox-server"));
+            c.arg("--config");
+            c
+        }
+    };
+    let child = command
         .arg(dir.join("server.toml"))
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(dir.join("server.log")).unwrap())
