@@ -386,6 +386,9 @@ pub struct World {
     fleet_seen: BTreeSet<[u8; 16]>,
     /// The fleet workload's choices.
     fleet_rng: SimRng,
+    /// The replica faults' choices (their own stream: the other faults of
+    /// a seed stay what they were).
+    replica_rng: SimRng,
     /// `SignalCommand` requests whose answer a server crash swallowed.
     unanswered: Vec<wire::SignalCommandRequest>,
     /// Second instances sent so far (their connections are numbered from
@@ -777,6 +780,7 @@ impl World {
             fleets: Vec::new(),
             fleet_seen: BTreeSet::new(),
             fleet_rng: seeds.stream(crate::rng::Stream::Named("fleets")),
+            replica_rng: seeds.stream(crate::rng::Stream::Named("replica")),
             unanswered: Vec::new(),
             twins: 0,
             twin_outputs: Vec::new(),
@@ -2569,6 +2573,9 @@ impl World {
                 self.count("client_crash_point armed");
             }
         }
+        if self.replica_rng.chance(250) {
+            self.replica_fault();
+        }
         let roll = self.faults.below(100);
         match roll {
             0..=14 => self.arm_crash_point(false),
@@ -2626,53 +2633,6 @@ impl World {
                 self.count("wall_clock_jump");
             }
             66..=71 => self.second_instance(),
-            75..=78 => {
-                // the server as a replica that lost its lease: it closes
-                // every connection, refuses new ones and runs no duty until
-                // it joined again
-                let ms = 1_000 + self.faults.below(15_000);
-                self.log(format!("LEASE LOST: the server stops serving for {ms} ms"));
-                self.count("lease_lost");
-                self.with_engine(|e, now, wall| {
-                    e.tick(now, wall);
-                    e.set_serving(false);
-                });
-                self.replica_restore_at = Some(self.now.saturating_add(ms));
-            }
-            79..=82 => {
-                // another replica holds some duties for a while (it runs
-                // them elsewhere; here they wait)
-                let held: Vec<rvbox_store_port::replica::Duty> =
-                    rvbox_store_port::replica::Duty::ALL
-                        .into_iter()
-                        .filter(|_| self.faults.chance(500))
-                        .collect();
-                let ms = 1_000 + self.faults.below(9_000);
-                self.log(format!("DUTIES {held:?} for {ms} ms"));
-                self.count("duties_moved");
-                self.with_engine(|e, now, wall| {
-                    e.tick(now, wall);
-                    e.set_duties(&held);
-                });
-                self.replica_restore_at = Some(self.now.saturating_add(ms));
-            }
-            83..=86 => {
-                // wake-ups from other replicas, with nothing new behind them
-                self.count("spurious_wake");
-                let client = self
-                    .faults
-                    .pick(&self.clients)
-                    .map(|c| c.client_id().to_owned());
-                let which = self.faults.below(3);
-                self.with_engine(|e, now, wall| {
-                    e.tick(now, wall);
-                    match (which, client) {
-                        (0, Some(c)) => e.wake(&c, None),
-                        (1, _) => e.fleet_wake(),
-                        _ => e.wake_all(),
-                    }
-                });
-            }
             72..=74 => {
                 // an orderly stop and start of a client daemon (SIGTERM, as
                 // an upgrade does): its session closes with 1012, every tree
@@ -2703,6 +2663,60 @@ impl World {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// The server as one replica among several, from its own stream: it
+    /// loses its lease, gives duties to another replica for a while, or
+    /// gets wake-ups with nothing behind them.
+    fn replica_fault(&mut self) {
+        match self.replica_rng.below(3) {
+            0 => {
+                // a replica that lost its lease closes every connection,
+                // refuses new ones and runs no duty until it joined again
+                let ms = 1_000 + self.replica_rng.below(15_000);
+                self.log(format!("LEASE LOST: the server stops serving for {ms} ms"));
+                self.count("lease_lost");
+                self.with_engine(|e, now, wall| {
+                    e.tick(now, wall);
+                    e.set_serving(false);
+                });
+                self.replica_restore_at = Some(self.now.saturating_add(ms));
+            }
+            1 => {
+                // another replica holds some duties for a while (it runs
+                // them elsewhere; here they wait)
+                let held: Vec<rvbox_store_port::replica::Duty> =
+                    rvbox_store_port::replica::Duty::ALL
+                        .into_iter()
+                        .filter(|_| self.replica_rng.chance(500))
+                        .collect();
+                let ms = 1_000 + self.replica_rng.below(9_000);
+                self.log(format!("DUTIES {held:?} for {ms} ms"));
+                self.count("duties_moved");
+                self.with_engine(|e, now, wall| {
+                    e.tick(now, wall);
+                    e.set_duties(&held);
+                });
+                self.replica_restore_at = Some(self.now.saturating_add(ms));
+            }
+            _ => {
+                // wake-ups from other replicas, with nothing new behind them
+                self.count("spurious_wake");
+                let client = self
+                    .replica_rng
+                    .pick(&self.clients)
+                    .map(|c| c.client_id().to_owned());
+                let which = self.replica_rng.below(3);
+                self.with_engine(|e, now, wall| {
+                    e.tick(now, wall);
+                    match (which, client) {
+                        (0, Some(c)) => e.wake(&c, None),
+                        (1, _) => e.fleet_wake(),
+                        _ => e.wake_all(),
+                    }
+                });
+            }
         }
     }
 
