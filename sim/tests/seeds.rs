@@ -148,7 +148,8 @@ fn a_fixed_batch_of_seeds_runs_clean_and_exercises_every_fault() {
         .ok()
         .and_then(|v| {
             let (a, b) = v.split_once("..")?;
-            Some(vec![a.parse().ok()?..b.parse().ok()?])
+            let only: std::ops::Range<u64> = a.parse().ok()?..b.parse().ok()?;
+            Some(std::iter::once(only).collect())
         })
         .unwrap_or_else(|| BATCH.to_vec());
     for seed in batch.into_iter().flatten() {
