@@ -632,14 +632,7 @@ impl PgStore {
             }
             Ok((
                 targets.len(),
-                FleetOutcome {
-                    answer: FleetAnswer::Run(response),
-                    released: pass.released.into_iter().collect(),
-                    deliver: Vec::new(),
-                    live,
-                    more: pass.more,
-                    replayed: false,
-                },
+                pass.into_outcome(FleetAnswer::Run(response), Vec::new(), live, false),
             ))
         })?;
         if !outcome.replayed {
@@ -691,14 +684,12 @@ impl PgStore {
                 advance(&mut t, run, &mut budget, &mut pass, now_ms)?;
             }
             let live = any_live(tx)?;
-            Ok(FleetOutcome {
-                answer: FleetAnswer::None,
-                released: pass.released.into_iter().collect(),
-                deliver: Vec::new(),
+            Ok(pass.into_outcome(
+                FleetAnswer::None,
+                Vec::new(),
                 live,
-                more: pass.more || runs.len() >= MAX_LIVE_RUNS_PER_PASS,
-                replayed: false,
-            })
+                runs.len() >= MAX_LIVE_RUNS_PER_PASS,
+            ))
         })
     }
 
@@ -785,14 +776,7 @@ impl PgStore {
                 now_ms,
             )?;
             let live = any_live(tx)?;
-            Ok(FleetOutcome {
-                answer,
-                released: pass.released.into_iter().collect(),
-                deliver,
-                live,
-                more: pass.more,
-                replayed: false,
-            })
+            Ok(pass.into_outcome(answer, deliver, live, false))
         })
     }
 }

@@ -310,11 +310,24 @@ impl PgStore {
     /// A database failure.
     pub fn backend_pid(&mut self) -> Result<i32, Fail> {
         self.ensure_connected()?;
-        Ok(self
+        let pid = self
             .client
             .query_one("SELECT pg_backend_pid()", &[])
-            .map_err(Fail::db("read backend pid"))?
-            .get(0))
+            .map_err(Fail::db("read backend pid"));
+        match pid {
+            Ok(row) => Ok(row.get(0)),
+            // terminated a moment ago, before the client saw it close
+            Err(e) if e.is_connection_lost() => {
+                self.client = open_session(&self.conninfo, "reconnect")?;
+                self.conn_id = next_conn();
+                Ok(self
+                    .client
+                    .query_one("SELECT pg_backend_pid()", &[])
+                    .map_err(Fail::db("read backend pid"))?
+                    .get(0))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Connects again when the connection was lost (a killed backend, a

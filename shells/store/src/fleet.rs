@@ -317,6 +317,28 @@ pub struct Pass {
     pub more: bool,
 }
 
+impl Pass {
+    /// The outcome of a fleet operation whose release pass this was:
+    /// `more_runs` when the pass stopped at its bound of live runs.
+    #[must_use]
+    pub fn into_outcome(
+        self,
+        answer: FleetAnswer,
+        deliver: Vec<(String, wire::Signal)>,
+        live: bool,
+        more_runs: bool,
+    ) -> FleetOutcome {
+        FleetOutcome {
+            answer,
+            released: self.released.into_iter().collect(),
+            deliver,
+            live,
+            more: self.more || more_runs,
+            replayed: false,
+        }
+    }
+}
+
 /// The writes of a release pass, inside one transaction of a store
 /// backend: the rule of [`advance`] is the same on every backend.
 pub trait FleetTx {
@@ -1476,14 +1498,7 @@ impl Store {
             late_ms,
             "fleet run created"
         );
-        Ok(FleetOutcome {
-            answer: FleetAnswer::Run(response),
-            released: pass.released.into_iter().collect(),
-            deliver: Vec::new(),
-            live,
-            more: pass.more,
-            replayed: false,
-        })
+        Ok(pass.into_outcome(FleetAnswer::Run(response), Vec::new(), live, false))
     }
 
     /// One release pass over the live runs (oldest first): each releases
@@ -1524,14 +1539,12 @@ impl Store {
             .map_err(|e| StoreError::sqlite("commit fleet pass", e))?;
         self.hook.at(crate::crash::points::FLEET_PASS_AFTER_COMMIT);
         self.metrics.fleet_released(pass.released.len());
-        Ok(FleetOutcome {
-            answer: FleetAnswer::None,
-            released: pass.released.into_iter().collect(),
-            deliver: Vec::new(),
+        Ok(pass.into_outcome(
+            FleetAnswer::None,
+            Vec::new(),
             live,
-            more: pass.more || runs.len() >= MAX_LIVE_RUNS_PER_PASS,
-            replayed: false,
-        })
+            runs.len() >= MAX_LIVE_RUNS_PER_PASS,
+        ))
     }
 
     /// `SignalFleetRun`, `CancelFleetRun`, `PauseFleetRun` and
@@ -1639,14 +1652,7 @@ impl Store {
             signalled,
             "fleet action recorded"
         );
-        Ok(FleetOutcome {
-            answer,
-            released: pass.released.into_iter().collect(),
-            deliver,
-            live,
-            more: pass.more,
-            replayed: false,
-        })
+        Ok(pass.into_outcome(answer, deliver, live, false))
     }
 }
 
