@@ -45,6 +45,17 @@ impl ClientCore {
         }
     }
 
+    /// The positive `CommandAccepted` for `d`, under `resolved_shell`.
+    fn accept_positive(&mut self, d: &wire::Dispatch, resolved_shell: wire::ShellType) {
+        self.send(Payload::CommandAccepted(wire::CommandAccepted {
+            issue_uuid: d.issue_uuid.clone(),
+            revision: d.revision,
+            outcome: wire::AcceptOutcome::Positive as i32,
+            error: None,
+            resolved_shell: resolved_shell as i32,
+        }));
+    }
+
     pub(super) fn accepted(
         &mut self,
         d: &wire::Dispatch,
@@ -73,13 +84,7 @@ impl ClientCore {
                 }
                 self.stats.repeats += 1;
                 if same_session {
-                    self.send(Payload::CommandAccepted(wire::CommandAccepted {
-                        issue_uuid: d.issue_uuid.clone(),
-                        revision: d.revision,
-                        outcome: wire::AcceptOutcome::Positive as i32,
-                        error: None,
-                        resolved_shell: resolved_shell as i32,
-                    }));
+                    self.accept_positive(d, resolved_shell);
                 }
             }
             AcceptOutcome::New => {
@@ -121,13 +126,7 @@ impl ClientCore {
                 );
                 self.stats.accepted += 1;
                 if same_session {
-                    self.send(Payload::CommandAccepted(wire::CommandAccepted {
-                        issue_uuid: d.issue_uuid.clone(),
-                        revision: d.revision,
-                        outcome: wire::AcceptOutcome::Positive as i32,
-                        error: None,
-                        resolved_shell: checked.resolved_shell as i32,
-                    }));
+                    self.accept_positive(d, checked.resolved_shell);
                 }
             }
         }

@@ -192,15 +192,13 @@ impl ClientCore {
                 if terminate {
                     self.end(wall_ms, issue, wire::Lifecycle::Cancelled, None, "");
                 } else if let Some((revision, kind)) = cancelled {
-                    self.spool_event(
+                    self.signal_result(
                         issue,
                         wall_ms,
-                        Body::SignalResult(wire::SignalResult {
-                            revision,
-                            signal: kind as i32,
-                            outcome: wire::SignalOutcome::CancelledBeforeLaunch as i32,
-                            reason: String::new(),
-                        }),
+                        revision,
+                        kind,
+                        wire::SignalOutcome::CancelledBeforeLaunch,
+                        "",
                     );
                     self.end(
                         wall_ms,
@@ -293,6 +291,14 @@ impl ClientCore {
         self.spool_incomplete(issue, wall_ms, LOST_AT_RESTART_REASON);
     }
 
+    /// Ends a command of before the restart `INTERRUPTED` for `reason`,
+    /// its output marked incomplete first.
+    fn interrupted_at_restart(&mut self, issue: Uuid7, wall_ms: i64, reason: &str) {
+        self.stats.interrupted += 1;
+        self.lost_at_restart(issue, wall_ms);
+        self.end(wall_ms, issue, wire::Lifecycle::Interrupted, None, reason);
+    }
+
     pub(super) fn reaped(&mut self, now_ms: u64, wall_ms: i64, issue: Uuid7, gone: bool) {
         let Some(r) = self.records.get_mut(&issue) else {
             return;
@@ -310,14 +316,10 @@ impl ClientCore {
                 r.retry_at = Some(now_ms.saturating_add(REAP_RETRY_MS));
                 return;
             }
-            self.stats.interrupted += 1;
             self.stats.unverified_trees += 1;
-            self.lost_at_restart(issue, wall_ms);
-            self.end(
-                wall_ms,
+            self.interrupted_at_restart(
                 issue,
-                wire::Lifecycle::Interrupted,
-                None,
+                wall_ms,
                 "the client restarted while the command ran, and could not verify that its process tree is gone; it may still be running",
             );
             return;
@@ -328,13 +330,9 @@ impl ClientCore {
         if authorized {
             // plan §7.4 step 5: authorized but uncertain: killed as a tree,
             // ends interrupted, never launched again
-            self.stats.interrupted += 1;
-            self.lost_at_restart(issue, wall_ms);
-            self.end(
-                wall_ms,
+            self.interrupted_at_restart(
                 issue,
-                wire::Lifecycle::Interrupted,
-                None,
+                wall_ms,
                 "the client restarted while the command ran; its outcome is unknown",
             );
         } else {

@@ -137,20 +137,11 @@ impl ClientCore {
         if r.phase == LaunchPhase::Ended {
             return;
         }
-        self.spool_event(
-            issue,
-            wall_ms,
-            Body::SignalResult(wire::SignalResult {
-                revision,
-                signal: kind as i32,
-                outcome: outcome as i32,
-                reason: String::new(),
-            }),
-        );
+        self.signal_result(issue, wall_ms, revision, kind, outcome, "");
     }
 
     /// Spools the result of a signal sent through RVBox.
-    fn signal_result(
+    pub(super) fn signal_result(
         &mut self,
         issue: Uuid7,
         wall_ms: i64,
