@@ -79,21 +79,45 @@ fn lifecycle_of(raw: i64) -> Lifecycle {
     Lifecycle::from_wire(i32::try_from(raw).unwrap_or(0)).unwrap_or(Lifecycle::Interrupted)
 }
 
+// The group's rows are looked up by joining an array of keys, never by
+// `key = ANY($1)`. PostgreSQL plans a prepared statement once for the
+// table's size then, and keeps that plan until something invalidates it;
+// planned while `commands` was small, `= ANY($1)` became a scan of the
+// whole table testing every row against every key of the array (an array
+// parameter is never hashed), 64 keys times thousands of rows per group:
+// 2-3 ms a group and growing with the table. A join costs one probe per
+// row at worst (a hash join) and one index lookup per key once the
+// table is large, whatever plan is cached.
+
+/// The group's commands, locked in key order.
+pub(crate) const LOCK_COMMANDS: &str =
+    "SELECT c.issue_uuid, c.client_id, c.lifecycle, c.last_event_seq, c.charged_bytes,
+            c.output_charged, c.closeout_held, c.request_hash, c.essential_trusted
+     FROM unnest($1::bytea[]) AS u(i) JOIN commands c ON c.issue_uuid = u.i
+     ORDER BY c.issue_uuid FOR UPDATE OF c";
+
+/// The group's live sessions, locked `FOR SHARE` in key order.
+pub(crate) const LIVE_SESSIONS: &str = "SELECT s.session_id, s.client_id,
+            s.owner_replica IS NULL OR EXISTS (
+                SELECT 1 FROM replicas r
+                WHERE r.replica_id = s.owner_replica AND r.epoch = s.owner_epoch
+                  AND r.lease_expires > now())
+     FROM unnest($1::bytea[]) AS u(i) JOIN sessions s ON s.session_id = u.i
+     WHERE s.live
+     ORDER BY s.session_id FOR SHARE OF s";
+
+/// The charged bytes of the group's clients.
+pub(crate) const CLIENT_USAGE: &str = "SELECT c.client_id, c.charged_bytes
+     FROM unnest($1::text[]) AS u(i) JOIN clients c ON c.client_id = u.i COLLATE \"C\"";
+
 /// The group's commands, locked in id order.
 fn lock_views(
     tx: &mut Transaction<'_>,
     issues: &BTreeSet<[u8; 16]>,
 ) -> Result<BTreeMap<[u8; 16], CmdView>, Fail> {
     let ids: Vec<&[u8]> = issues.iter().map(<[u8; 16]>::as_slice).collect();
-    let rows = crate::prep::query(
-        tx,
-        "SELECT issue_uuid, client_id, lifecycle, last_event_seq, charged_bytes,
-                    output_charged, closeout_held, request_hash, essential_trusted
-             FROM commands WHERE issue_uuid = ANY($1)
-             ORDER BY issue_uuid FOR UPDATE",
-        &[&ids],
-    )
-    .map_err(Fail::db("lock the group's commands"))?;
+    let rows = crate::prep::query(tx, LOCK_COMMANDS, &[&ids])
+        .map_err(Fail::db("lock the group's commands"))?;
     let mut out = BTreeMap::new();
     for r in rows {
         let id: Vec<u8> = r.get(0);
@@ -129,18 +153,8 @@ fn live_sessions(
         return Ok(BTreeMap::new());
     }
     let ids: Vec<&[u8]> = fences.iter().map(<[u8; 16]>::as_slice).collect();
-    let rows = crate::prep::query(
-        tx,
-        "SELECT s.session_id, s.client_id,
-                    s.owner_replica IS NULL OR EXISTS (
-                        SELECT 1 FROM replicas r
-                        WHERE r.replica_id = s.owner_replica AND r.epoch = s.owner_epoch
-                          AND r.lease_expires > now())
-             FROM sessions s WHERE s.session_id = ANY($1) AND s.live
-             ORDER BY s.session_id FOR SHARE OF s",
-        &[&ids],
-    )
-    .map_err(Fail::db("check the events' sessions"))?;
+    let rows = crate::prep::query(tx, LIVE_SESSIONS, &[&ids])
+        .map_err(Fail::db("check the events' sessions"))?;
     Ok(rows
         .iter()
         .filter_map(|r| {
@@ -156,12 +170,8 @@ fn client_usage(
     clients: &BTreeSet<&str>,
 ) -> Result<BTreeMap<String, u64>, Fail> {
     let ids: Vec<&str> = clients.iter().copied().collect();
-    let rows = crate::prep::query(
-        tx,
-        "SELECT client_id, charged_bytes FROM clients WHERE client_id = ANY($1)",
-        &[&ids],
-    )
-    .map_err(Fail::db("read client usage"))?;
+    let rows =
+        crate::prep::query(tx, CLIENT_USAGE, &[&ids]).map_err(Fail::db("read client usage"))?;
     Ok(rows
         .iter()
         .map(|r| (r.get::<_, String>(0), to_u64(r.get(1))))
@@ -1236,5 +1246,44 @@ impl PgStore {
         });
         self.output = output;
         result
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic)]
+mod tests {
+    use rvbox_testkit::Postgres;
+
+    /// The plan PostgreSQL caches for `sql` when it builds a generic plan
+    /// for the tables as they are (here: empty, as at a first start).
+    fn generic_plan(pg: &Postgres, db: &str, sql: &str, param: &str) -> String {
+        pg.psql(
+            db,
+            &format!(
+                "SET plan_cache_mode = force_generic_plan;
+                 PREPARE p({param}) AS {sql};
+                 EXPLAIN EXECUTE p('{{}}')"
+            ),
+        )
+    }
+
+    #[test]
+    fn the_append_path_never_tests_each_row_against_an_array() {
+        let pg = Postgres::start();
+        pg.psql("postgres", "CREATE DATABASE plans");
+        drop(
+            crate::PgStore::connect(&pg.conninfo("plans"), crate::StoreOptions::default()).unwrap(),
+        );
+        for (sql, param) in [
+            (super::LOCK_COMMANDS, "bytea[]"),
+            (super::LIVE_SESSIONS, "bytea[]"),
+            (super::CLIENT_USAGE, "text[]"),
+        ] {
+            let plan = generic_plan(&pg, "plans", sql, param);
+            assert!(
+                !plan.contains("ANY"),
+                "a cached plan that tests every row against every key:\n{plan}"
+            );
+        }
     }
 }
