@@ -135,6 +135,33 @@ fn a_replica_past_its_lease_commits_nothing_for_its_sessions_and_registers_none(
     );
 }
 
+/// Sleeps once at the commit point, as a paused process would, or as a
+/// commit still on the wire.
+#[derive(Debug)]
+struct PauseOnce {
+    armed: std::sync::atomic::AtomicBool,
+    for_: Duration,
+}
+
+impl PauseOnce {
+    fn new(for_: Duration) -> Self {
+        Self {
+            armed: std::sync::atomic::AtomicBool::new(true),
+            for_,
+        }
+    }
+}
+
+impl rvbox_store::crash::CrashHook for PauseOnce {
+    fn at(&self, point: &str) {
+        if point == rvbox_store_pg::points::BEFORE_COMMIT
+            && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            std::thread::sleep(self.for_);
+        }
+    }
+}
+
 /// A replica paused in the middle of a write for a client's session
 /// (its row locked `FOR SHARE`) holds back that client's registration on
 /// another replica only until the database ends the idle transaction; the
@@ -144,25 +171,11 @@ fn a_write_paused_mid_transaction_holds_back_another_replicas_registration_only_
     use rvbox_conformance::support::{output_event, running, view};
     use rvbox_store_port::ops::{Backend, StoreOp};
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    /// Sleeps once at the commit point, as a paused process would.
-    #[derive(Debug)]
-    struct PauseOnce(AtomicBool);
-    impl rvbox_store::crash::CrashHook for PauseOnce {
-        fn at(&self, point: &str) {
-            if point == rvbox_store_pg::points::BEFORE_COMMIT
-                && self.0.swap(false, Ordering::SeqCst)
-            {
-                std::thread::sleep(Duration::from_secs(9));
-            }
-        }
-    }
 
     let pg = Postgres::start();
     let (mut a, mut b) = two(&pg);
     let (cmd, session) = running(&mut a, "web-1");
-    a.set_crash_hook(Arc::new(PauseOnce(AtomicBool::new(true))));
+    a.set_crash_hook(Arc::new(PauseOnce::new(Duration::from_secs(9))));
     let paused = std::thread::spawn(move || {
         let mut ev = output_event(&cmd, 2, b"paused\n");
         ev.session = Some(session);
@@ -185,6 +198,60 @@ fn a_write_paused_mid_transaction_holds_back_another_replicas_registration_only_
         "the paused write: {r:?}"
     );
     assert_eq!(view(&mut b, &cmd).last_event_seq, 1, "nothing of it stored");
+}
+
+/// A replica killed with its last write's COMMIT already sent but not yet
+/// arrived (a SIGKILL does not recall bytes on the wire): that write lands
+/// before its client's registration on another replica, never after it.
+/// The write is a dispatch, the replica's own decision for the session
+/// (output would be the client's bytes, the same whoever stores them). It
+/// holds its session row `FOR SHARE`, and the registration that ends the
+/// session waits for it; without that lock the dispatch would commit to a
+/// session already ended. Here the commit arrives 2 s late, within the
+/// database's idle limit, so it lands; past the limit it lands nowhere
+/// (the test above).
+#[test]
+fn a_dispatch_on_the_wire_when_its_replica_dies_lands_before_the_client_moves() {
+    use rvbox_conformance::support::{run, view};
+    use rvbox_store_port::ops::{Backend, Completion, StoreOp};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    let pg = Postgres::start();
+    let (mut a, mut b) = two(&pg);
+    let session = live_session(&mut a, "web-1");
+    let cmd = run(&mut a, "web-1");
+    let revision = view(&mut a, &cmd).revision;
+    a.set_crash_hook(Arc::new(PauseOnce::new(Duration::from_secs(2))));
+    let in_flight = std::thread::spawn(move || {
+        let r = a.perform(
+            0,
+            StoreOp::Dispatch {
+                issue: cmd,
+                revision,
+                write: true,
+                session,
+            },
+        );
+        (r, Instant::now())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let moved = live_session(&mut b, "web-1");
+    let registered = Instant::now();
+    assert_ne!(moved, session);
+    let (r, committed) = in_flight.join().unwrap();
+    assert!(
+        matches!(&r, Ok(Completion::Spec(_))),
+        "the dispatch whose commit arrived late: {r:?}"
+    );
+    let waited = registered - started;
+    assert!(
+        waited >= Duration::from_secs(1) && registered >= committed,
+        "the registration ended the session after {waited:?}, while a dispatch to it was \
+         still to commit: it committed {:?} after the move",
+        committed.saturating_duration_since(registered)
+    );
 }
 
 /// Maintenance runs only on the replica holding its duty: another replica
