@@ -11,6 +11,10 @@
 //!   while disconnected, resent on reattach, and applied to the PTY
 //!   exactly once ([`input::KeyBuffer`] on the viewer's side,
 //!   [`input::InputGate`] on the holder's);
+//! - [`local`] and [`holder`]: the private protocol between the client
+//!   daemon and a terminal's holder process (checksummed, bounded records;
+//!   the token proof of the holder's identity), and the holder's decisions
+//!   as a state machine;
 //! - [`asciicast`]: the recording as an asciicast v2 stream (output, input
 //!   timing and resizes), written incrementally and read back for replay.
 //!
@@ -19,5 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod asciicast;
+pub mod holder;
 pub mod input;
+pub mod local;
 pub mod ring;
