@@ -153,6 +153,17 @@ impl Holder {
         }
     }
 
+    /// The answer to an input frame the process cannot take now (its
+    /// queue to the PTY is full): not written, not recorded.
+    #[must_use]
+    pub fn input_busy(&self, viewer: ViewerId) -> Effect {
+        Effect::Send(FromHolder::InputAck {
+            viewer,
+            acked: self.gate.acked(&viewer),
+            refused: Some(Refused::Busy),
+        })
+    }
+
     /// The daemon's connection closed: output is kept in the ring for the
     /// next attach.
     pub fn detached(&mut self) {

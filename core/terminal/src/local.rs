@@ -116,6 +116,8 @@ pub enum Refused {
     UnknownViewer,
     /// The frame is larger than [`MAX_CHUNK`].
     TooLarge,
+    /// The PTY is not taking input now: send it again later.
+    Busy,
 }
 
 /// A record that cannot be read.
@@ -337,6 +339,7 @@ impl FromHolder {
                     Some(Refused::Gap) => 1,
                     Some(Refused::UnknownViewer) => 2,
                     Some(Refused::TooLarge) => 3,
+                    Some(Refused::Busy) => 4,
                 });
             }
             Self::OffsetAhead { from, end } => {
@@ -382,6 +385,7 @@ impl FromHolder {
                     1 => Some(Refused::Gap),
                     2 => Some(Refused::UnknownViewer),
                     3 => Some(Refused::TooLarge),
+                    4 => Some(Refused::Busy),
                     _ => return Err(DecodeError::Body("unknown refusal")),
                 },
             },

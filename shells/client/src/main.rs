@@ -20,9 +20,17 @@ fn main() {
     #[cfg(unix)]
     {
         let mut args = std::env::args_os().skip(1);
-        if args.next().as_deref() == Some(std::ffi::OsStr::new(rvbox_supervisor::LAUNCHER_MODE_ARG))
-        {
+        let mode = args.next();
+        let is = |m: &str| mode.as_deref() == Some(std::ffi::OsStr::new(m));
+        if is(rvbox_supervisor::LAUNCHER_MODE_ARG) {
             std::process::exit(rvbox_supervisor::launcher_main(args.collect()));
+        }
+        // a terminal's holder, and its shell's first step (docs/terminals.md)
+        if is(rvbox_supervisor::HOLDER_MODE_ARG) {
+            std::process::exit(rvbox_supervisor::holder_main(args.collect()));
+        }
+        if is(rvbox_supervisor::CHILD_MODE_ARG) {
+            std::process::exit(rvbox_supervisor::child_main(args.collect()));
         }
     }
     let daemon = rvbox_config::Daemon::Client;

@@ -35,6 +35,8 @@ mod diag;
 #[cfg(unix)]
 mod frame;
 #[cfg(unix)]
+pub mod holder;
+#[cfg(unix)]
 mod hub;
 #[cfg(unix)]
 pub mod launcher;
@@ -47,6 +49,8 @@ mod unix;
 
 #[cfg(unix)]
 pub use cgroup::{CgroupLayout, CommandCgroups, V1Controller, V1Layout, V2Layout};
+#[cfg(unix)]
+pub use holder::{CHILD_MODE_ARG, HOLDER_MODE_ARG, child_main, holder_main};
 #[cfg(unix)]
 pub use hub::{DEFAULT_COMMAND_HANDOVER_BYTES, DEFAULT_HANDOVER_BYTES, HandoverBounds};
 #[cfg(unix)]

@@ -1,0 +1,288 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+//! The terminal holder as a real process (`rvbox __terminal-holder`) on a
+//! real PTY with `/bin/sh`, driven over its socket as the client daemon
+//! drives it: the token proof, output by offset across a daemon that went
+//! away, every key written once though sent twice, Ctrl-C reaching the
+//! shell's foreground job, a malformed record, and the close.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rvbox_terminal::local::{FromHolder, ToHolder, take_record, verify};
+
+const TOKEN: [u8; 32] = [0x5a; 32];
+const VIEWER: [u8; 16] = [7; 16];
+
+fn start(dir: &Path) -> (Child, PathBuf) {
+    let socket = dir.join("t.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rvbox"))
+        .args(["__terminal-holder", "--socket"])
+        .arg(&socket)
+        .args(["--shell", "/bin/sh", "--cwd"])
+        .arg(dir)
+        .args(["--cols", "100", "--rows", "30", "--linger", "60"])
+        .env("PS1", "$ ")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("holder.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let hex: String = TOKEN.iter().map(|b| format!("{b:02x}")).collect();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{hex}").unwrap();
+    drop(stdin);
+    let until = Instant::now() + Duration::from_secs(10);
+    while UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < until, "the holder's socket did not appear");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, socket)
+}
+
+/// One connection, as a daemon holds it.
+struct Daemon {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    /// Output bytes received, and the offset after the last of them.
+    output: Vec<u8>,
+    end: u64,
+}
+
+impl Daemon {
+    fn connect(socket: &Path) -> Self {
+        let stream = UnixStream::connect(socket).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        Self {
+            stream,
+            buf: Vec::new(),
+            output: Vec::new(),
+            end: 0,
+        }
+    }
+
+    fn send(&mut self, m: &ToHolder) {
+        self.stream.write_all(&m.encode()).unwrap();
+    }
+
+    fn input(&mut self, seq: u64, keys: &str) {
+        self.send(&ToHolder::Input {
+            viewer: VIEWER,
+            seq,
+            bytes: keys.as_bytes().to_vec(),
+        });
+    }
+
+    /// The next message, or `None` once the holder closed the connection.
+    fn next(&mut self, within: Duration) -> Option<FromHolder> {
+        let until = Instant::now() + within;
+        loop {
+            if let Some(body) = take_record(&mut self.buf).unwrap() {
+                let m = FromHolder::decode(&body).unwrap();
+                if let FromHolder::Output { offset, bytes } = &m {
+                    assert_eq!(*offset, self.end, "output with a hole or an overlap");
+                    self.end += bytes.len() as u64;
+                    self.output.extend_from_slice(bytes);
+                }
+                return Some(m);
+            }
+            assert!(
+                Instant::now() < until,
+                "nothing from the holder in {within:?}"
+            );
+            let mut b = [0u8; 4096];
+            match self.stream.read(&mut b) {
+                Ok(0) => return None,
+                Ok(n) => self.buf.extend_from_slice(&b[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// Reads until the output shows `text`; every message on the way.
+    fn until_output(&mut self, text: &str) -> Vec<FromHolder> {
+        let mut seen = Vec::new();
+        let until = Instant::now() + Duration::from_secs(10);
+        while !String::from_utf8_lossy(&self.output).contains(text) {
+            assert!(
+                Instant::now() < until,
+                "no {text:?} in the output: {:?}",
+                String::from_utf8_lossy(&self.output)
+            );
+            if let Some(m) = self.next(Duration::from_secs(10)) {
+                seen.push(m);
+            }
+        }
+        seen
+    }
+
+    fn prove(&mut self, pid: u32) {
+        let nonce = [0x11; 32];
+        self.send(&ToHolder::Challenge { nonce });
+        let Some(FromHolder::Proof { mac, pid: p, .. }) = self.next(Duration::from_secs(5)) else {
+            panic!("no proof")
+        };
+        assert!(verify(&TOKEN, &nonce, &mac), "the proof does not verify");
+        assert!(!verify(&[0; 32], &nonce, &mac));
+        assert_eq!(p, pid);
+    }
+
+    /// Attaches from `from`; input acknowledgements may come first.
+    fn attach(&mut self, from: u64) {
+        self.end = from;
+        self.send(&ToHolder::Attach { from });
+        loop {
+            match self.next(Duration::from_secs(5)) {
+                Some(FromHolder::Replay { offset, cut }) => {
+                    assert_eq!(
+                        (offset, cut),
+                        (from, 0),
+                        "a reattach inside the ring is exact"
+                    );
+                    return;
+                }
+                Some(FromHolder::InputAck { .. }) => {}
+                other => panic!("no replay: {other:?}"),
+            }
+        }
+    }
+}
+
+fn count(hay: &[u8], needle: &str) -> usize {
+    String::from_utf8_lossy(hay).matches(needle).count()
+}
+
+#[test]
+fn a_terminal_outlives_its_daemon_and_writes_each_key_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut holder, socket) = start(dir.path());
+    let mode = std::fs::metadata(&socket).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+        0o600
+    );
+    let mut d1 = Daemon::connect(&socket);
+    d1.prove(holder.id());
+    d1.attach(0);
+    d1.input(1, "echo one$((1+1))\n");
+    let acks = d1.until_output("one2");
+    d1.input(2, "stty size\n");
+    d1.until_output("30 100");
+    assert!(
+        acks.iter().any(|m| matches!(
+            m,
+            FromHolder::InputAck {
+                acked: 1,
+                refused: None,
+                ..
+            }
+        )),
+        "the first frame is acknowledged: {acks:?}"
+    );
+    let seen = d1.end;
+    // the daemon goes away; the shell goes on
+    drop(d1);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut d2 = Daemon::connect(&socket);
+    d2.prove(holder.id());
+    // the new daemon resends what it did not see acknowledged, once more
+    d2.input(1, "echo one$((1+1))\n");
+    d2.input(2, "stty size\n");
+    d2.input(3, "echo two$((2+1))\n");
+    d2.attach(seen);
+    d2.until_output("two3");
+    assert_eq!(
+        count(&d2.output, "one2"),
+        0,
+        "a resent frame was written again"
+    );
+    // Ctrl-C reaches the foreground job, not the holder
+    d2.input(4, "sleep 30\n");
+    std::thread::sleep(Duration::from_millis(500));
+    d2.input(5, "\u{3}");
+    d2.input(6, "echo after$((3+4))\n");
+    let started = Instant::now();
+    d2.until_output("after7");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the sleep was not interrupted"
+    );
+    // a gap is refused, not written
+    d2.input(9, "echo gap$((4+5))\n");
+    let m = loop {
+        match d2.next(Duration::from_secs(5)) {
+            Some(
+                m @ FromHolder::InputAck {
+                    refused: Some(_), ..
+                },
+            ) => break m,
+            Some(_) => {}
+            None => panic!("closed"),
+        }
+    };
+    assert_eq!(
+        m,
+        FromHolder::InputAck {
+            viewer: VIEWER,
+            acked: 6,
+            refused: Some(rvbox_terminal::local::Refused::Gap)
+        }
+    );
+    // the close hangs the shell up; its end is told and the holder exits
+    d2.send(&ToHolder::Close);
+    let exited = loop {
+        match d2.next(Duration::from_secs(10)) {
+            Some(FromHolder::Exited { signal, value }) => break (signal, value),
+            Some(_) => {}
+            None => panic!("closed before the exit was told"),
+        }
+    };
+    assert_eq!(exited, (true, 1), "the shell ends on SIGHUP");
+    let until = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = holder.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "the holder did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(!socket.exists(), "the socket is left behind");
+    assert_eq!(count(&d2.output, "gap9"), 0);
+}
+
+#[test]
+fn a_malformed_record_closes_the_connection_not_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut holder, socket) = start(dir.path());
+    let mut d1 = Daemon::connect(&socket);
+    let mut bad = ToHolder::Attach { from: 0 }.encode();
+    bad[9] ^= 0xff;
+    d1.stream.write_all(&bad).unwrap();
+    assert!(d1.next(Duration::from_secs(5)).is_none(), "still connected");
+    let mut d2 = Daemon::connect(&socket);
+    d2.prove(holder.id());
+    d2.attach(0);
+    d2.input(1, "echo still$((20+1))\n");
+    d2.until_output("still21");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(
+        std::fs::read_to_string(dir.path().join("holder.log"))
+            .unwrap()
+            .contains("checksum"),
+        "the holder names what was wrong"
+    );
+}
