@@ -10,8 +10,9 @@
 //! hex digits and a newline), open the PTY and set its size, start the
 //! shell through the child mode `rvbox __terminal-child SLAVE SHELL
 //! [ARG...]` (which leads a new session, takes the slave as its
-//! controlling terminal and as its standard streams, then executes the
-//! shell), and listen on the socket (mode 0600; one connection at a time,
+//! controlling terminal and as its standard streams, resets the signal
+//! dispositions it inherited as ignored, then executes the shell), and
+//! listen on the socket (mode 0600; one connection at a time,
 //! a new one replaces the old). It then drives `rvbox_terminal::holder`:
 //! PTY output into the ring and to the attached daemon, the daemon's
 //! messages in, effects out. Input waits in a bounded queue for the PTY
@@ -152,6 +153,10 @@ pub fn child_main(args: Vec<OsString>) -> i32 {
         eprintln!("rvbox {CHILD_MODE_ARG}: taking the terminal: {e}");
         return EXIT_SETUP;
     }
+    // a signal the daemon inherited as ignored (HUP under nohup) would stay
+    // ignored across exec: caught here, exec resets it for the shell, so a
+    // close's hang-up ends it
+    crate::launcher::catch_inherited_signals();
     let e = Command::new(&shell).args(it).exec();
     eprintln!(
         "rvbox {CHILD_MODE_ARG}: starting {}: {e}",

@@ -244,7 +244,7 @@ const RESET_FOR_THE_TREE: [i32; 16] = {
     ]
 };
 
-fn catch_inherited_signals() {
+pub(crate) fn catch_inherited_signals() {
     let seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for sig in RESET_FOR_THE_TREE {
         if let Err(e) = signal_hook::flag::register(sig, seen.clone()) {
