@@ -287,3 +287,69 @@ fn a_malformed_record_closes_the_connection_not_the_terminal() {
         "the holder names what was wrong"
     );
 }
+
+fn spec(dir: &Path) -> rvbox_supervisor::terminal::HolderSpec {
+    rvbox_supervisor::terminal::HolderSpec {
+        socket: dir.join("adopt.sock"),
+        shell: "/bin/sh".into(),
+        shell_args: Vec::new(),
+        cwd: dir.to_path_buf(),
+        cols: 80,
+        rows: 24,
+        ring: 1 << 20,
+        linger: Duration::from_secs(60),
+    }
+}
+
+/// A restarted daemon adopts its holder only with the recorded token,
+/// pid, birth time and boot id; each mismatch is refused and named.
+#[test]
+fn a_holder_is_adopted_only_after_it_proves_its_identity() {
+    use rvbox_supervisor::terminal::{TerminalError, adopt, start_holder};
+    let dir = tempfile::tempdir().unwrap();
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_rvbox"));
+    let (record, mut child) = start_holder(&exe, &spec(dir.path())).unwrap();
+    assert_eq!(record.pid, child.id());
+    // the record's Debug never shows the token
+    assert!(!format!("{record:?}").contains("token"));
+    // adopted: the connection works as a daemon's
+    let stream = adopt(&record).unwrap();
+    let mut d = Daemon {
+        stream,
+        buf: Vec::new(),
+        output: Vec::new(),
+        end: 0,
+    };
+    d.stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    d.attach(0);
+    d.input(1, "echo adopted$((40+2))\n");
+    d.until_output("adopted42");
+    drop(d);
+    // another token: whoever answers is not our holder
+    let mut wrong = record.clone();
+    wrong.token[0] ^= 1;
+    let e = adopt(&wrong).unwrap_err();
+    assert!(
+        matches!(&e, TerminalError::NotTheHolder { why, .. } if why.contains("token")),
+        "{e}"
+    );
+    // the pid born at another time is not the holder (pid reuse)
+    let mut reborn = record.clone();
+    reborn.start_ticks += 1;
+    assert!(matches!(adopt(&reborn), Err(TerminalError::Gone(_))));
+    // another boot: the terminal ended with the host
+    let mut rebooted = record.clone();
+    rebooted.boot_id = "00000000-0000-0000-0000-000000000000".into();
+    let e = adopt(&rebooted).unwrap_err();
+    assert!(
+        e.to_string().starts_with("terminal closed: host restarted"),
+        "{e}"
+    );
+    // still adoptable after all that, by the right record
+    drop(adopt(&record).unwrap());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(matches!(adopt(&record), Err(TerminalError::Gone(_))));
+}

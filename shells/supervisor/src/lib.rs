@@ -45,6 +45,8 @@ mod pipes;
 #[cfg(unix)]
 mod procfs;
 #[cfg(unix)]
+pub mod terminal;
+#[cfg(unix)]
 mod unix;
 
 #[cfg(unix)]
