@@ -15,6 +15,8 @@
 //!   daemon and a terminal's holder process (checksummed, bounded records;
 //!   the token proof of the holder's identity), and the holder's decisions
 //!   as a state machine;
+//! - [`escape`]: the viewer's local escape sequences (`~.` detaches), as
+//!   ssh's;
 //! - [`asciicast`]: the recording as an asciicast v2 stream (output, input
 //!   timing and resizes), written incrementally and read back for replay.
 //!
@@ -23,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod asciicast;
+pub mod escape;
 pub mod holder;
 pub mod input;
 pub mod local;
