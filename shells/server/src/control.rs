@@ -209,6 +209,9 @@ type FleetFollowStream =
 type PtyStream = Pin<
     Box<dyn tokio_stream::Stream<Item = Result<wire::AttachPtySessionResponse, Status>> + Send>,
 >;
+type RecordingStream = Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<wire::ReadPtyRecordingResponse, Status>> + Send>,
+>;
 
 #[tonic::async_trait]
 impl Control for ControlService {
@@ -598,6 +601,15 @@ impl Control for ControlService {
         _request: Request<wire::ListPtySessionsRequest>,
     ) -> Result<Response<wire::ListPtySessionsResponse>, Status> {
         Err(not_served("ListPtySessions"))
+    }
+
+    type ReadPtyRecordingStream = RecordingStream;
+
+    async fn read_pty_recording(
+        &self,
+        _request: Request<wire::ReadPtyRecordingRequest>,
+    ) -> Result<Response<Self::ReadPtyRecordingStream>, Status> {
+        Err(not_served("ReadPtyRecording"))
     }
 }
 

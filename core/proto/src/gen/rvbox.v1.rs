@@ -2974,6 +2974,22 @@ pub struct PtySessionInfo {
     /// How the shell ended; present when CLOSED.
     #[prost(message, optional, tag = "9")]
     pub exit_result: ::core::option::Option<ExitResult>,
+    /// Viewers attached to this server now (AttachPtySession streams).
+    #[prost(uint32, tag = "10")]
+    pub viewers: u32,
+    /// UTC time of the last input or output; the idle timeout counts from it.
+    #[prost(message, optional, tag = "11")]
+    pub last_activity_time: ::core::option::Option<::prost_types::Timestamp>,
+    /// Why the session ended (operator close, shell exit, idle timeout, host
+    /// restart); empty while not CLOSED; \<= 4096 bytes (4 KiB).
+    #[prost(string, tag = "12")]
+    pub close_reason: ::prost::alloc::string::String,
+    /// The shell requested; UNSPECIFIED = the platform default.
+    #[prost(enumeration = "ShellType", tag = "13")]
+    pub shell_type: i32,
+    /// Bytes of the recording kept on the server (output, input and resizes).
+    #[prost(uint64, tag = "14")]
+    pub recorded_bytes: u64,
 }
 /// Request of OpenPtySession (mutation).
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -3138,6 +3154,26 @@ pub struct ListPtySessionsRequest {
     /// Opaque token from a previous response; empty for the first page.
     #[prost(string, tag = "4")]
     pub page_token: ::prost::alloc::string::String,
+}
+/// Request of ReadPtyRecording (read, server streaming).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ReadPtyRecordingRequest {
+    /// Optional UUIDv7; ignored.
+    #[prost(string, tag = "1")]
+    pub request_id: ::prost::alloc::string::String,
+    /// The PTY session.
+    #[prost(string, tag = "2")]
+    pub pty_session_id: ::prost::alloc::string::String,
+}
+/// One piece of a ReadPtyRecording stream, in order. Concatenated, the
+/// pieces are one asciicast v2 document: a header line, then one event line
+/// per output ("o"), input ("i") or resize ("r"), and a marker line
+/// ("m", "cut N bytes") where output was lost.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ReadPtyRecordingResponse {
+    /// Whole lines of the document, each ending in a newline; \<= 1 MiB.
+    #[prost(bytes = "vec", tag = "1")]
+    pub asciicast: ::prost::alloc::vec::Vec<u8>,
 }
 /// Response of ListPtySessions.
 #[derive(Clone, PartialEq, ::prost::Message)]

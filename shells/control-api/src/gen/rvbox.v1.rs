@@ -607,6 +607,33 @@ pub mod control_client {
                 .insert(GrpcMethod::new("rvbox.v1.Control", "ListPtySessions"));
             self.inner.unary(req, path, codec).await
         }
+        /// Streams a PTY session's recording as asciicast v2 (read).
+        pub async fn read_pty_recording(
+            &mut self,
+            request: impl tonic::IntoRequest<::rvbox_proto::v1::ReadPtyRecordingRequest>,
+        ) -> std::result::Result<
+            tonic::Response<
+                tonic::codec::Streaming<::rvbox_proto::v1::ReadPtyRecordingResponse>,
+            >,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/rvbox.v1.Control/ReadPtyRecording",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("rvbox.v1.Control", "ReadPtyRecording"));
+            self.inner.server_streaming(req, path, codec).await
+        }
         /// Run one command on every client a selection resolves to (mutation).
         pub async fn run_fleet(
             &mut self,
@@ -1027,6 +1054,23 @@ pub mod control_server {
             request: tonic::Request<::rvbox_proto::v1::ListPtySessionsRequest>,
         ) -> std::result::Result<
             tonic::Response<::rvbox_proto::v1::ListPtySessionsResponse>,
+            tonic::Status,
+        >;
+        /// Server streaming response type for the ReadPtyRecording method.
+        type ReadPtyRecordingStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<
+                    ::rvbox_proto::v1::ReadPtyRecordingResponse,
+                    tonic::Status,
+                >,
+            >
+            + std::marker::Send
+            + 'static;
+        /// Streams a PTY session's recording as asciicast v2 (read).
+        async fn read_pty_recording(
+            &self,
+            request: tonic::Request<::rvbox_proto::v1::ReadPtyRecordingRequest>,
+        ) -> std::result::Result<
+            tonic::Response<Self::ReadPtyRecordingStream>,
             tonic::Status,
         >;
         /// Run one command on every client a selection resolves to (mutation).
@@ -2138,6 +2182,55 @@ pub mod control_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/rvbox.v1.Control/ReadPtyRecording" => {
+                    #[allow(non_camel_case_types)]
+                    struct ReadPtyRecordingSvc<T: Control>(pub Arc<T>);
+                    impl<
+                        T: Control,
+                    > tonic::server::ServerStreamingService<
+                        ::rvbox_proto::v1::ReadPtyRecordingRequest,
+                    > for ReadPtyRecordingSvc<T> {
+                        type Response = ::rvbox_proto::v1::ReadPtyRecordingResponse;
+                        type ResponseStream = T::ReadPtyRecordingStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                ::rvbox_proto::v1::ReadPtyRecordingRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Control>::read_pty_recording(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ReadPtyRecordingSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.server_streaming(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)
