@@ -42,6 +42,8 @@ pub enum TokenKind {
     FleetRunPage = 5,
     /// `ListFleetTargets`.
     FleetTargetPage = 6,
+    /// `ListPtySessions`.
+    PtyPage = 7,
 }
 
 /// A refused token.

@@ -19,6 +19,7 @@ pub mod fleet;
 pub mod incidents;
 pub mod maintenance;
 pub mod ops;
+pub mod pty;
 pub mod replica;
 pub mod sessions;
 pub mod signals;

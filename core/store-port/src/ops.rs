@@ -27,6 +27,7 @@ use crate::audit::{Caller, SessionAudit};
 use crate::commands::{CommandView, Knowledge, ReconcileWrite, ServerTerminal};
 use crate::events::{AppendReport, EventAppend};
 use crate::incidents::NewIncident;
+use crate::pty::{PtyApplied, PtyLimits, PtyMutation, PtyOutcome, PtyReport, PtyResume, PtyView};
 use crate::sessions::{ClientRecord, Registration, SessionFence};
 use crate::signals::SignalOutcome;
 use crate::stdin::{StdinOutcome, StdinWrites};
@@ -305,6 +306,46 @@ pub enum StoreOp {
         /// Writes the window has room for.
         max_writes: u64,
     },
+    /// An operator mutation of a terminal, idempotent by `request_id`,
+    /// audited with the caller, in one transaction (an input gets its
+    /// `input_seq` there). -> [`Completion::Pty`]
+    PtyMutation {
+        /// The mutation.
+        mutation: PtyMutation,
+        /// Who asked (audited with the effect).
+        caller: Caller,
+        /// The configured bounds an open is checked against.
+        limits: PtyLimits,
+    },
+    /// What a client reported of its terminals, in arrival order, in one
+    /// transaction: openings, input acknowledgements, output (recorded by
+    /// offset) and closes. -> [`Completion::PtyApplied`]
+    PtyApply {
+        /// The client.
+        client_id: String,
+        /// The session the reports arrived on.
+        session: SessionFence,
+        /// The reports.
+        reports: Vec<PtyReport>,
+        /// Recording kept per terminal (bytes).
+        recording_bytes: u64,
+    },
+    /// The terminals of a client that are not closed, with their pending
+    /// input, for sending again after a reconnect.
+    /// -> [`Completion::PtyResume`]
+    PtyResume {
+        /// The client.
+        client_id: String,
+    },
+    /// Terminals idle (no input or output) since before `idle_before_ms`
+    /// and not yet asked to close: each is marked asked to close, with
+    /// the reason `idle timeout`. -> [`Completion::PtyIdle`]
+    PtyIdle {
+        /// Last activity before this (Unix ms) is idle.
+        idle_before_ms: i64,
+        /// Most terminals one pass marks.
+        limit: usize,
+    },
     /// Session audit records that no effect carries (rate-limited by the
     /// core). -> [`Completion::Done`]
     Audit(Vec<SessionAudit>),
@@ -355,6 +396,10 @@ impl StoreOp {
             Self::AppendStdin { .. } => "append_stdin",
             Self::CloseStdin { .. } => "close_stdin",
             Self::PendingStdin { .. } => "pending_stdin",
+            Self::PtyMutation { .. } => "pty_mutation",
+            Self::PtyApply { .. } => "pty_apply",
+            Self::PtyResume { .. } => "pty_resume",
+            Self::PtyIdle { .. } => "pty_idle",
             Self::Audit(_) => "audit",
             Self::Maintain => "maintain",
             Self::Scrub => "scrub",
@@ -376,6 +421,7 @@ impl StoreOp {
                 | Self::ScriptInfo { .. }
                 | Self::ScriptRange { .. }
                 | Self::PendingStdin { .. }
+                | Self::PtyResume { .. }
         )
     }
 }
@@ -430,6 +476,14 @@ pub enum Completion {
     Stdin(Box<StdinOutcome>),
     /// [`StoreOp::PendingStdin`].
     StdinWrites(StdinWrites),
+    /// [`StoreOp::PtyMutation`].
+    Pty(Box<PtyOutcome>),
+    /// [`StoreOp::PtyApply`]: one outcome per report, in order.
+    PtyApplied(Vec<PtyApplied>),
+    /// [`StoreOp::PtyResume`]: the terminals, oldest first.
+    PtyResume(Vec<PtyResume>),
+    /// [`StoreOp::PtyIdle`]: the terminals now asked to close.
+    PtyIdle(Vec<PtyView>),
     /// [`StoreOp::Maintain`].
     Maintained(crate::maintenance::MaintenanceReport),
     /// [`StoreOp::Scrub`].

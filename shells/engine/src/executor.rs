@@ -528,6 +528,40 @@ impl Executor {
                 .session_audits(&records, wall_ms)
                 .map(|()| Completion::Done)
                 .map_err(port_store),
+            StoreOp::PtyMutation {
+                mutation,
+                caller,
+                limits,
+            } => s
+                .pty_mutation_as(&mutation, &caller, limits, wall_ms)
+                .map(|o| Completion::Pty(Box::new(o)))
+                .map_err(port),
+            StoreOp::PtyApply {
+                client_id,
+                session,
+                reports,
+                recording_bytes,
+            } => s
+                .pty_apply(
+                    &client_id,
+                    Some(&session),
+                    &reports,
+                    recording_bytes,
+                    wall_ms,
+                )
+                .map(Completion::PtyApplied)
+                .map_err(port),
+            StoreOp::PtyResume { client_id } => s
+                .pty_resume(&client_id)
+                .map(Completion::PtyResume)
+                .map_err(port_store),
+            StoreOp::PtyIdle {
+                idle_before_ms,
+                limit,
+            } => s
+                .pty_idle(idle_before_ms, limit)
+                .map(Completion::PtyIdle)
+                .map_err(port),
             StoreOp::AppendStdin { request, caller } => s
                 .append_stdin_as(&request, &caller, wall_ms)
                 .map(|o| Completion::Stdin(Box::new(o)))

@@ -546,6 +546,13 @@ impl PgStore {
             StoreOp::SignalCommand { request, caller } => self
                 .signal_command(&request, &caller, wall_ms)
                 .map(Completion::Signal),
+            StoreOp::PtyMutation { .. }
+            | StoreOp::PtyApply { .. }
+            | StoreOp::PtyResume { .. }
+            | StoreOp::PtyIdle { .. } => Err(Fail::Refused(rvbox_domain::error::DomainError::new(
+                rvbox_domain::error::Code::Unsupported,
+                "terminals are not served on the PostgreSQL store yet",
+            ))),
             StoreOp::AppendStdin { request, caller } => self
                 .append_stdin(&request, &caller, wall_ms)
                 .map(|o| Completion::Stdin(Box::new(o))),

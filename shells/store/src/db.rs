@@ -54,6 +54,10 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 10,
         sql: include_str!("migrations/0010_fleet_run_tombstones.sql"),
     },
+    Migration {
+        version: 11,
+        sql: include_str!("migrations/0011_pty_sessions.sql"),
+    },
 ];
 
 /// Applies every missing server-store migration and validates the
@@ -77,7 +81,7 @@ mod tests {
         let mut c = open(&path, DbOptions::default()).unwrap();
         assert_eq!(
             migrate(&mut c, 1).unwrap(),
-            vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
         );
         assert_eq!(migrate(&mut c, 2).unwrap(), Vec::<i64>::new());
         quick_check(&c).unwrap();
@@ -101,7 +105,7 @@ mod tests {
             migrate(&mut c, 3),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 10
+                known: 11
             })
         ));
     }

@@ -37,6 +37,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod operator;
 pub mod output;
+pub mod pty;
 pub mod reader;
 pub mod records;
 pub mod recovery;

@@ -491,6 +491,48 @@ pub trait ControlReads: Send {
         after_seq: u64,
         limit: usize,
     ) -> Result<(wire::FleetRunRecord, Vec<wire::FleetTarget>), OpError>;
+    /// `ListPtySessions`: one page, newest first.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT`, or a store failure; `UNSUPPORTED` on a backend
+    /// without terminals.
+    fn list_pty_sessions(
+        &mut self,
+        _req: &wire::ListPtySessionsRequest,
+    ) -> Result<wire::ListPtySessionsResponse, OpError> {
+        Err(no_terminals())
+    }
+    /// One terminal.
+    ///
+    /// # Errors
+    /// `NOT_FOUND`, or a store failure; `UNSUPPORTED` on a backend without
+    /// terminals.
+    fn pty_session(&mut self, _id: &[u8; 16]) -> Result<wire::PtySessionInfo, OpError> {
+        Err(no_terminals())
+    }
+    /// A terminal's records after `after_rec_seq`, within `max_bytes` of
+    /// data (at least one record).
+    ///
+    /// # Errors
+    /// `NOT_FOUND`, or a store failure; `UNSUPPORTED` on a backend without
+    /// terminals.
+    fn pty_records(
+        &mut self,
+        _id: &[u8; 16],
+        _after_rec_seq: u64,
+        _max_bytes: usize,
+    ) -> Result<Vec<rvbox_store_port::pty::PtyRecord>, OpError> {
+        Err(no_terminals())
+    }
+}
+
+/// The refusal of a backend that keeps no terminals.
+#[must_use]
+pub fn no_terminals() -> OpError {
+    OpError::Refused(rvbox_domain::error::DomainError::new(
+        rvbox_domain::error::Code::Unsupported,
+        "terminals are not served on this server's store backend",
+    ))
 }
 
 /// What opens [`ControlReads`] readers of one store.
@@ -521,6 +563,24 @@ impl ReaderSource for ReadHandle {
 }
 
 impl ControlReads for StoreReader {
+    fn list_pty_sessions(
+        &mut self,
+        req: &wire::ListPtySessionsRequest,
+    ) -> Result<wire::ListPtySessionsResponse, OpError> {
+        let key = self.token_key;
+        self.snapshot(|c| crate::pty::list(c, key, req))
+    }
+    fn pty_session(&mut self, id: &[u8; 16]) -> Result<wire::PtySessionInfo, OpError> {
+        self.snapshot(|c| crate::pty::info(c, id))
+    }
+    fn pty_records(
+        &mut self,
+        id: &[u8; 16],
+        after_rec_seq: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<rvbox_store_port::pty::PtyRecord>, OpError> {
+        self.snapshot(|c| crate::pty::records_after(c, id, after_rec_seq, max_bytes))
+    }
     fn list_clients(
         &mut self,
         req: &wire::ListClientsRequest,

@@ -307,7 +307,7 @@ pub fn page_size(asked: u32) -> Result<u32, DomainError> {
     }
 }
 
-fn token_error(e: &rvbox_domain::token::TokenError) -> OpError {
+pub(crate) fn token_error(e: &rvbox_domain::token::TokenError) -> OpError {
     OpError::Refused(DomainError::new(Code::InvalidArgument, e.to_string()))
 }
 
@@ -1016,16 +1016,7 @@ pub fn incidents_page(
                 "page_token is malformed",
             ))
         };
-        let ms = pos
-            .get(..8)
-            .and_then(|b| <[u8; 8]>::try_from(b).ok())
-            .map(i64::from_be_bytes)
-            .ok_or_else(malformed)?;
-        let id = pos
-            .get(8..24)
-            .and_then(|b| <[u8; 16]>::try_from(b).ok())
-            .ok_or_else(malformed)?;
-        Some((ms, id))
+        Some(time_and_id(&pos).ok_or_else(malformed)?)
     };
     // one more row than the page says whether another page follows
     let mut rows = src
@@ -1050,4 +1041,15 @@ pub fn incidents_page(
             .collect(),
         next_page_token,
     })
+}
+
+/// The position of a page token that orders by a time in milliseconds and
+/// then a 16-byte id: `(ms, id)`, or `None` when the bytes are not that.
+pub(crate) fn time_and_id(pos: &[u8]) -> Option<(i64, [u8; 16])> {
+    let ms = pos
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(i64::from_be_bytes)?;
+    let id = pos.get(8..24).and_then(|b| <[u8; 16]>::try_from(b).ok())?;
+    Some((ms, id))
 }

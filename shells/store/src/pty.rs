@@ -1,0 +1,1083 @@
+//! Interactive terminals (docs/terminals.md; the port's values are in
+//! [`rvbox_store_port::pty`]).
+//!
+//! Each operator mutation (open, input, resize, close) commits with its
+//! idempotency row (owner: the terminal's client), so a retry with the
+//! same `request_id` gets the same answer and changes nothing. Input is
+//! numbered in that transaction and stays in `pty_inputs` until the client
+//! acknowledges it. What a client reports (opened, input acknowledged,
+//! output, closed) is applied in one transaction per batch, fenced by the
+//! session it arrived on: output is recorded by byte offset, an exact
+//! repeat is recognised by its offset, and bytes the client's ring had
+//! lost are a cut record, never a silent gap.
+//!
+//! The recording of each terminal is bounded (`PtyLimits::recording_bytes`):
+//! past it the oldest records go, and an attach or a replay from before
+//! the oldest output kept starts with a cut marker.
+
+use prost::Message as _;
+use rusqlite::{Connection, OptionalExtension as _, Transaction, TransactionBehavior, params};
+use rvbox_domain::error::{Code, DomainError};
+use rvbox_domain::hash::request_hash;
+use rvbox_domain::ids::Uuid7;
+use rvbox_proto::v1 as wire;
+use rvbox_store_port::pty::{
+    MAX_PENDING_PTY_INPUT_BYTES, MAX_PENDING_PTY_INPUTS, MAX_PTY_OUTPUT_BYTES,
+    MAX_PTY_REASON_BYTES, PtyApplied, PtyLimits, PtyMutation, PtyOutcome, PtyReport, PtyResume,
+    PtyView, check_mutation,
+};
+use rvbox_store_port::sessions::SessionFence;
+
+use crate::db::Cached as _;
+use crate::error::StoreError;
+use crate::mutations::{self, Assigned, OpError, Owner};
+use crate::store::{Store, to_i64, to_timestamp, to_u64};
+
+/// `pty_records.kind`: output bytes at `pos`.
+pub const REC_OUTPUT: i64 = 1;
+/// `pty_records.kind`: input `pos` (its `input_seq`).
+pub const REC_INPUT: i64 = 2;
+/// `pty_records.kind`: a resize to `pos` columns and `aux` rows.
+pub const REC_RESIZE: i64 = 3;
+/// `pty_records.kind`: output lost on the client between `aux` and `pos`.
+pub const REC_CUT: i64 = 4;
+
+const OPENING: i64 = wire::PtyState::Opening as i64;
+const OPEN: i64 = wire::PtyState::Open as i64;
+const CLOSED: i64 = wire::PtyState::Closed as i64;
+
+/// The reason kept when an operator closes a terminal.
+pub const CLOSED_BY_OPERATOR: &str = "closed by an operator";
+/// The reason kept when the idle timeout closes a terminal.
+pub const IDLE_TIMEOUT: &str = "idle timeout";
+
+const VIEW_COLUMNS: &str = "pty_session_id, client_id, state, open_frame, shell_type, rows, cols,
+     opened_ms, closed_ms, last_activity_ms, output_offset, recorded_bytes, input_seq,
+     input_acked, close_requested, close_reason, exit_result";
+
+fn uuid_text(b: &[u8; 16]) -> String {
+    uuid::Uuid::from_bytes(*b).hyphenated().to_string()
+}
+
+fn bounded_reason(reason: &str) -> String {
+    if reason.len() <= MAX_PTY_REASON_BYTES {
+        return reason.to_owned();
+    }
+    let mut end = MAX_PTY_REASON_BYTES;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason[..end].to_owned()
+}
+
+fn view_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<PtyView, StoreError>> {
+    let id: Vec<u8> = r.get(0)?;
+    let client_id: String = r.get(1)?;
+    let state: i64 = r.get(2)?;
+    let open_frame: Vec<u8> = r.get(3)?;
+    let shell_type: i64 = r.get(4)?;
+    let rows: i64 = r.get(5)?;
+    let cols: i64 = r.get(6)?;
+    let opened_ms: i64 = r.get(7)?;
+    let closed_ms: Option<i64> = r.get(8)?;
+    let last_ms: i64 = r.get(9)?;
+    let output_offset: i64 = r.get(10)?;
+    let recorded: i64 = r.get(11)?;
+    let input_seq: i64 = r.get(12)?;
+    let input_acked: i64 = r.get(13)?;
+    let close_requested: i64 = r.get(14)?;
+    let close_reason: String = r.get(15)?;
+    let exit: Option<Vec<u8>> = r.get(16)?;
+    Ok((|| {
+        let id = <[u8; 16]>::try_from(id.as_slice())
+            .map_err(|_| StoreError::Integrity("pty_session_id is not 16 bytes".into()))?;
+        let open = wire::PtyOpen::decode(open_frame.as_slice())
+            .map_err(|_| StoreError::Integrity("a stored PtyOpen does not decode".into()))?;
+        let exit_result = exit
+            .map(|b| wire::ExitResult::decode(b.as_slice()))
+            .transpose()
+            .map_err(|_| StoreError::Integrity("a stored ExitResult does not decode".into()))?;
+        Ok(PtyView {
+            info: wire::PtySessionInfo {
+                pty_session_id: uuid_text(&id),
+                client_id,
+                state: i32::try_from(state).unwrap_or(0),
+                opened_time: Some(to_timestamp(opened_ms)),
+                closed_time: closed_ms.map(to_timestamp),
+                output_offset: to_u64(output_offset),
+                rows: u32::try_from(rows).unwrap_or(0),
+                cols: u32::try_from(cols).unwrap_or(0),
+                exit_result,
+                viewers: 0,
+                last_activity_time: Some(to_timestamp(last_ms)),
+                close_reason,
+                shell_type: i32::try_from(shell_type).unwrap_or(0),
+                recorded_bytes: to_u64(recorded),
+            },
+            open,
+            input_seq: to_u64(input_seq),
+            input_acked: to_u64(input_acked),
+            close_requested: close_requested == 1,
+        })
+    })())
+}
+
+/// One terminal, if the server has it.
+///
+/// # Errors
+/// A store failure.
+pub fn load_view(conn: &Connection, id: &[u8; 16]) -> Result<Option<PtyView>, StoreError> {
+    conn.query_row_cached(
+        &format!("SELECT {VIEW_COLUMNS} FROM pty_sessions WHERE pty_session_id = ?1"),
+        params![id.as_slice()],
+        view_of,
+    )
+    .optional()
+    .map_err(|e| StoreError::sqlite("read terminal", e))?
+    .transpose()
+}
+
+fn not_found(id: &[u8; 16]) -> OpError {
+    OpError::Refused(
+        DomainError::new(
+            Code::NotFound,
+            format!("no terminal {} on this server", uuid_text(id)),
+        )
+        .with_field("pty_session_id"),
+    )
+}
+
+fn closed_error(v: &PtyView) -> OpError {
+    let why = if v.info.close_reason.is_empty() {
+        "closed".to_owned()
+    } else {
+        v.info.close_reason.clone()
+    };
+    OpError::Refused(
+        DomainError::new(
+            Code::FailedPrecondition,
+            format!("the terminal is closed ({why})"),
+        )
+        .with_field("pty_session_id"),
+    )
+}
+
+/// Appends one record and charges it, inside `tx`.
+#[allow(clippy::too_many_arguments)]
+fn record(
+    tx: &Transaction<'_>,
+    id: &[u8; 16],
+    opened_ms: i64,
+    now_ms: i64,
+    kind: i64,
+    pos: u64,
+    aux: u64,
+    data: &[u8],
+) -> Result<(), StoreError> {
+    let seq: i64 = tx
+        .query_row_cached(
+            "UPDATE pty_sessions SET next_rec_seq = next_rec_seq + 1,
+                 recorded_bytes = recorded_bytes + ?2
+             WHERE pty_session_id = ?1 RETURNING next_rec_seq - 1",
+            params![id.as_slice(), data.len() as i64],
+            |r| r.get(0),
+        )
+        .map_err(|e| StoreError::sqlite("number a terminal record", e))?;
+    tx.execute_cached(
+        "INSERT INTO pty_records (pty_session_id, rec_seq, at_ms, kind, pos, aux, data)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![
+            id.as_slice(),
+            seq,
+            now_ms.saturating_sub(opened_ms).max(0),
+            kind,
+            to_i64(pos),
+            to_i64(aux),
+            data
+        ],
+    )
+    .map_err(|e| StoreError::sqlite("insert a terminal record", e))?;
+    Ok(())
+}
+
+/// Drops the oldest records of `id` while its recording is over `cap`.
+fn trim_recording(tx: &Transaction<'_>, id: &[u8; 16], cap: u64) -> Result<(), StoreError> {
+    let recorded: i64 = tx
+        .query_row_cached(
+            "SELECT recorded_bytes FROM pty_sessions WHERE pty_session_id = ?1",
+            params![id.as_slice()],
+            |r| r.get(0),
+        )
+        .map_err(|e| StoreError::sqlite("read recording size", e))?;
+    let mut over = to_u64(recorded).saturating_sub(cap);
+    if over == 0 {
+        return Ok(());
+    }
+    let mut doomed: Vec<(i64, u64)> = Vec::new();
+    {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT rec_seq, length(data) FROM pty_records WHERE pty_session_id = ?1
+                 ORDER BY rec_seq",
+            )
+            .map_err(|e| StoreError::sqlite("prepare recording trim", e))?;
+        let mut rows = stmt
+            .query(params![id.as_slice()])
+            .map_err(|e| StoreError::sqlite("read recording for trim", e))?;
+        while over > 0
+            && let Some(r) = rows
+                .next()
+                .map_err(|e| StoreError::sqlite("read recording for trim", e))?
+        {
+            let seq: i64 = r
+                .get(0)
+                .map_err(|e| StoreError::sqlite("read recording for trim", e))?;
+            let len: i64 = r
+                .get(1)
+                .map_err(|e| StoreError::sqlite("read recording for trim", e))?;
+            let len = to_u64(len);
+            over = over.saturating_sub(len);
+            doomed.push((seq, len));
+        }
+    }
+    let Some(&(last, _)) = doomed.last() else {
+        return Ok(());
+    };
+    let freed: u64 = doomed.iter().map(|(_, l)| l).sum();
+    tx.execute_cached(
+        "DELETE FROM pty_records WHERE pty_session_id = ?1 AND rec_seq <= ?2",
+        params![id.as_slice(), last],
+    )
+    .map_err(|e| StoreError::sqlite("trim recording", e))?;
+    tx.execute_cached(
+        "UPDATE pty_sessions SET recorded_bytes = max(recorded_bytes - ?2, 0)
+         WHERE pty_session_id = ?1",
+        params![id.as_slice(), to_i64(freed)],
+    )
+    .map_err(|e| StoreError::sqlite("trim recording", e))?;
+    tracing::info!(bytes = freed, "terminal recording trimmed to its cap");
+    Ok(())
+}
+
+fn decode_stored<T: prost::Message + Default>(stored: mutations::Stored) -> Result<T, OpError> {
+    let bytes = stored.map_err(|d| OpError::Refused(crate::incidents::detail_to_error(&d)))?;
+    T::decode(bytes.as_slice()).map_err(|_| {
+        OpError::Store(StoreError::Integrity(
+            "a stored terminal answer does not decode".into(),
+        ))
+    })
+}
+
+impl Store {
+    /// An operator mutation of a terminal (`OpenPtySession`,
+    /// `WritePtyInput`, `ResizePtySession`, `ClosePtySession`), idempotent
+    /// by `request_id`; opens and closes are audited with `caller` (input
+    /// is recorded, never audited: it may hold a password).
+    ///
+    /// # Errors
+    /// A refusal naming the field or the state that forbids it, or a
+    /// store failure.
+    pub fn pty_mutation_as(
+        &mut self,
+        m: &PtyMutation,
+        caller: &crate::operator::Caller,
+        limits: PtyLimits,
+        now_ms: i64,
+    ) -> Result<PtyOutcome, OpError> {
+        let method = m.method();
+        let audited = matches!(m, PtyMutation::Open(_) | PtyMutation::Close(_));
+        let mut rec = crate::audit::AuditRecord::control(caller, method, now_ms);
+        if let PtyMutation::Open(r) = m {
+            rec.client_id = Some(r.client_id.clone());
+            rec.detail = format!(
+                "terminal {} {}x{} {}",
+                r.request_id,
+                r.cols,
+                r.rows,
+                wire::ShellType::try_from(r.shell_type)
+                    .map_or("shell unknown", |s| s.as_str_name())
+            );
+            rec = rec.with_env_names(r.env.keys());
+        }
+        if let PtyMutation::Close(r) = m {
+            rec.detail = format!("terminal {}", r.pty_session_id);
+        }
+        let mut intent = crate::audit::AuditIntent::control(rec);
+        let result = check_mutation(m)
+            .map_err(OpError::Refused)
+            .and_then(|c| self.pty_mutation_in(m, &c, limits, &mut intent, audited, now_ms));
+        if audited {
+            self.audit_unwritten(&mut intent, &result, now_ms);
+        }
+        if let Ok(o) = &result
+            && !o.replayed
+        {
+            tracing::info!(
+                method,
+                terminal = %o.view.info.pty_session_id,
+                client = %o.view.info.client_id,
+                input_seq = o.input_seq,
+                "terminal mutation recorded"
+            );
+        }
+        result
+    }
+
+    fn pty_mutation_in(
+        &mut self,
+        m: &PtyMutation,
+        c: &rvbox_store_port::pty::CheckedMutation,
+        limits: PtyLimits,
+        intent: &mut crate::audit::AuditIntent,
+        audited: bool,
+        now_ms: i64,
+    ) -> Result<PtyOutcome, OpError> {
+        let id = c.pty_session_id;
+        // the client owns the idempotency row: an open names it, the other
+        // mutations find it through their terminal
+        let client = match &c.client_id {
+            Some(client) => client.clone(),
+            None => {
+                load_view(&self.conn, &id)?
+                    .ok_or_else(|| not_found(&id))?
+                    .info
+                    .client_id
+            }
+        };
+        self.health
+            .check_writable(&[(wire::ScopeKind::Client, client.as_str())])?;
+        let request_id = Uuid7::from_bytes("request_id", c.request_id)
+            .map_err(|e| OpError::Refused(DomainError::from(e)))?;
+        let mut canonical = m.clone();
+        let hash = match &mut canonical {
+            PtyMutation::Open(r) => {
+                r.request_id.clear();
+                request_hash("OpenPtySession", r)
+            }
+            PtyMutation::Write(r) => {
+                r.request_id.clear();
+                request_hash("WritePtyInput", r)
+            }
+            PtyMutation::Resize(r) => {
+                r.request_id.clear();
+                request_hash("ResizePtySession", r)
+            }
+            PtyMutation::Close(r) => {
+                r.request_id.clear();
+                request_hash("ClosePtySession", r)
+            }
+        };
+        let method = m.method();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin terminal mutation", e))?;
+        let owner = Owner::Client(&client);
+        if let Some(stored) = mutations::lookup(&tx, &request_id, method, &hash, owner)? {
+            let input_seq = match m {
+                PtyMutation::Write(_) => {
+                    Some(decode_stored::<wire::WritePtyInputResponse>(stored)?.input_seq)
+                }
+                _ => {
+                    stored.map_err(|d| OpError::Refused(crate::incidents::detail_to_error(&d)))?;
+                    None
+                }
+            };
+            let view = load_view(&tx, &id)?.ok_or_else(|| not_found(&id))?;
+            return Ok(PtyOutcome {
+                view,
+                input_seq,
+                replayed: true,
+            });
+        }
+        let mut input_seq = None;
+        let response: Vec<u8> = match m {
+            PtyMutation::Open(r) => {
+                let known: bool = tx
+                    .query_row_cached(
+                        "SELECT EXISTS (SELECT 1 FROM clients WHERE client_id = ?1)",
+                        params![client],
+                        |r| r.get(0),
+                    )
+                    .map_err(|e| StoreError::sqlite("look up the terminal's client", e))?;
+                if !known {
+                    return Err(OpError::Refused(
+                        DomainError::new(
+                            Code::NotFound,
+                            format!(
+                                "no client {client:?} has registered with this server; a terminal opens only on a known client"
+                            ),
+                        )
+                        .with_field("client_id"),
+                    ));
+                }
+                let (mine, all): (i64, i64) = tx
+                    .query_row_cached(
+                        "SELECT COUNT(*) FILTER (WHERE client_id = ?1), COUNT(*)
+                         FROM pty_sessions WHERE state <> 3",
+                        params![client],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .map_err(|e| StoreError::sqlite("count open terminals", e))?;
+                if to_u64(mine) >= u64::from(limits.per_client) {
+                    return Err(OpError::Refused(
+                        DomainError::new(
+                            Code::CapacityExhausted,
+                            format!(
+                                "client {client:?} has {mine} terminals open; terminals.max_per_client is {}; close one first",
+                                limits.per_client
+                            ),
+                        )
+                        .with_field("client_id"),
+                    ));
+                }
+                if to_u64(all) >= u64::from(limits.per_server) {
+                    return Err(OpError::Refused(DomainError::new(
+                        Code::CapacityExhausted,
+                        format!(
+                            "this server has {all} terminals open; terminals.max_open is {}; close one first",
+                            limits.per_server
+                        ),
+                    )));
+                }
+                let open = wire::PtyOpen {
+                    pty_session_id: uuid_text(&id),
+                    shell_type: r.shell_type,
+                    cwd: r.cwd.clone(),
+                    env: r.env.clone(),
+                    rows: r.rows,
+                    cols: r.cols,
+                };
+                tx.execute_cached(
+                    "INSERT INTO pty_sessions (pty_session_id, client_id, state, open_frame,
+                         shell_type, rows, cols, opened_ms, last_activity_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)",
+                    params![
+                        id.as_slice(),
+                        client,
+                        OPENING,
+                        open.encode_to_vec(),
+                        i64::from(r.shell_type),
+                        i64::from(r.rows),
+                        i64::from(r.cols),
+                        now_ms
+                    ],
+                )
+                .map_err(|e| StoreError::sqlite("insert terminal", e))?;
+                wire::OpenPtySessionResponse {
+                    pty_session_id: uuid_text(&id),
+                }
+                .encode_to_vec()
+            }
+            PtyMutation::Write(r) => {
+                let view = load_view(&tx, &id)?.ok_or_else(|| not_found(&id))?;
+                if view.closed() || view.close_requested {
+                    return Err(closed_error(&view));
+                }
+                let (count, bytes): (i64, i64) = tx
+                    .query_row_cached(
+                        "SELECT COUNT(*), COALESCE(SUM(length(data)), 0) FROM pty_inputs
+                         WHERE pty_session_id = ?1",
+                        params![id.as_slice()],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .map_err(|e| StoreError::sqlite("count pending terminal input", e))?;
+                if to_u64(count) >= MAX_PENDING_PTY_INPUTS
+                    || to_u64(bytes).saturating_add(r.data.len() as u64)
+                        > MAX_PENDING_PTY_INPUT_BYTES
+                {
+                    return Err(OpError::Refused(
+                        DomainError::new(
+                            Code::CapacityExhausted,
+                            format!(
+                                "the terminal has {count} inputs ({bytes} bytes) its client has not acknowledged; at most {MAX_PENDING_PTY_INPUTS} inputs and {MAX_PENDING_PTY_INPUT_BYTES} bytes wait; retry once the client catches up"
+                            ),
+                        )
+                        .with_field("data"),
+                    ));
+                }
+                let seq = view.input_seq.saturating_add(1);
+                tx.execute_cached(
+                    "INSERT INTO pty_inputs (pty_session_id, input_seq, data) VALUES (?1, ?2, ?3)",
+                    params![id.as_slice(), to_i64(seq), r.data],
+                )
+                .map_err(|e| StoreError::sqlite("insert terminal input", e))?;
+                tx.execute_cached(
+                    "UPDATE pty_sessions SET input_seq = ?2, last_activity_ms = ?3
+                     WHERE pty_session_id = ?1",
+                    params![id.as_slice(), to_i64(seq), now_ms],
+                )
+                .map_err(|e| StoreError::sqlite("number terminal input", e))?;
+                let opened = opened_ms(&view);
+                record(&tx, &id, opened, now_ms, REC_INPUT, seq, 0, &r.data)?;
+                trim_recording(&tx, &id, limits.recording_bytes)?;
+                input_seq = Some(seq);
+                wire::WritePtyInputResponse {
+                    pty_session_id: uuid_text(&id),
+                    input_seq: seq,
+                }
+                .encode_to_vec()
+            }
+            PtyMutation::Resize(r) => {
+                let view = load_view(&tx, &id)?.ok_or_else(|| not_found(&id))?;
+                if view.closed() {
+                    return Err(closed_error(&view));
+                }
+                tx.execute_cached(
+                    "UPDATE pty_sessions SET rows = ?2, cols = ?3 WHERE pty_session_id = ?1",
+                    params![id.as_slice(), i64::from(r.rows), i64::from(r.cols)],
+                )
+                .map_err(|e| StoreError::sqlite("resize terminal", e))?;
+                let opened = opened_ms(&view);
+                record(
+                    &tx,
+                    &id,
+                    opened,
+                    now_ms,
+                    REC_RESIZE,
+                    u64::from(r.cols),
+                    u64::from(r.rows),
+                    &[],
+                )?;
+                wire::ResizePtySessionResponse {
+                    pty_session_id: uuid_text(&id),
+                }
+                .encode_to_vec()
+            }
+            PtyMutation::Close(_) => {
+                // closing a closed terminal is answered as done
+                tx.execute_cached(
+                    "UPDATE pty_sessions SET close_requested = 1,
+                         close_reason = CASE WHEN close_reason = '' THEN ?2 ELSE close_reason END
+                     WHERE pty_session_id = ?1 AND state <> 3",
+                    params![id.as_slice(), CLOSED_BY_OPERATOR],
+                )
+                .map_err(|e| StoreError::sqlite("close terminal", e))?;
+                wire::ClosePtySessionResponse {
+                    pty_session_id: uuid_text(&id),
+                }
+                .encode_to_vec()
+            }
+        };
+        if audited {
+            intent.write_in(&tx, Ok(()))?;
+        }
+        mutations::record(
+            &tx,
+            &request_id,
+            method,
+            &hash,
+            owner,
+            &Ok(response),
+            Assigned {
+                write_seq: input_seq,
+                revision: None,
+            },
+            now_ms,
+        )?;
+        let view = load_view(&tx, &id)?.ok_or_else(|| not_found(&id))?;
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit terminal mutation", e))?;
+        Ok(PtyOutcome {
+            view,
+            input_seq,
+            replayed: false,
+        })
+    }
+
+    /// What `client_id` reported of its terminals, applied in order in one
+    /// transaction fenced by `session`: one outcome per report.
+    ///
+    /// # Errors
+    /// `STALE_SESSION` when `session` is no longer the client's live one
+    /// (nothing is applied), or a store failure.
+    pub fn pty_apply(
+        &mut self,
+        client_id: &str,
+        session: Option<&SessionFence>,
+        reports: &[PtyReport],
+        recording_bytes: u64,
+        now_ms: i64,
+    ) -> Result<Vec<PtyApplied>, OpError> {
+        self.health
+            .check_writable(&[(wire::ScopeKind::Client, client_id)])?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin terminal reports", e))?;
+        crate::sessions::check_fence(&tx, &self.metrics.writes_fenced, session, client_id)?;
+        let mut out = Vec::with_capacity(reports.len());
+        let mut touched: Vec<[u8; 16]> = Vec::new();
+        for report in reports {
+            let applied = apply_one(&tx, client_id, report, now_ms)?;
+            if let Ok(u) = Uuid7::parse("pty_session_id", report.id())
+                && matches!(report, PtyReport::Output(_))
+                && matches!(applied, PtyApplied::Recorded { .. })
+                && !touched.contains(u.as_bytes())
+            {
+                touched.push(*u.as_bytes());
+            }
+            out.push(applied);
+        }
+        for id in &touched {
+            trim_recording(&tx, id, recording_bytes)?;
+        }
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit terminal reports", e))?;
+        Ok(out)
+    }
+
+    /// The terminals of `client_id` that are not closed, oldest first,
+    /// each with its pending input.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub fn pty_resume(&self, client_id: &str) -> Result<Vec<PtyResume>, StoreError> {
+        let views = {
+            let mut stmt = self
+                .conn
+                .prepare_cached(&format!(
+                    "SELECT {VIEW_COLUMNS} FROM pty_sessions WHERE client_id = ?1 AND state <> 3
+                     ORDER BY opened_ms, pty_session_id"
+                ))
+                .map_err(|e| StoreError::sqlite("prepare terminal resume", e))?;
+            let rows = stmt
+                .query_map(params![client_id], view_of)
+                .map_err(|e| StoreError::sqlite("read terminals to resume", e))?;
+            let mut views = Vec::new();
+            for r in rows {
+                views.push(r.map_err(|e| StoreError::sqlite("read terminals to resume", e))??);
+            }
+            views
+        };
+        let mut out = Vec::with_capacity(views.len());
+        for view in views {
+            let id = Uuid7::parse("pty_session_id", &view.info.pty_session_id).map_err(|_| {
+                StoreError::Integrity("a stored terminal id is not a UUIDv7".into())
+            })?;
+            let mut stmt = self
+                .conn
+                .prepare_cached(
+                    "SELECT input_seq, data FROM pty_inputs WHERE pty_session_id = ?1
+                     ORDER BY input_seq LIMIT ?2",
+                )
+                .map_err(|e| StoreError::sqlite("prepare pending terminal input", e))?;
+            let rows = stmt
+                .query_map(
+                    params![id.as_bytes().as_slice(), to_i64(MAX_PENDING_PTY_INPUTS)],
+                    |r| {
+                        Ok(wire::PtyInput {
+                            pty_session_id: view.info.pty_session_id.clone(),
+                            input_seq: to_u64(r.get(0)?),
+                            data: r.get(1)?,
+                        })
+                    },
+                )
+                .map_err(|e| StoreError::sqlite("read pending terminal input", e))?;
+            let mut inputs = Vec::new();
+            for r in rows {
+                inputs.push(r.map_err(|e| StoreError::sqlite("read pending terminal input", e))?);
+            }
+            out.push(PtyResume { view, inputs });
+        }
+        Ok(out)
+    }
+
+    /// Terminals idle since before `idle_before_ms` and not yet asked to
+    /// close: each is asked to close, with the reason [`IDLE_TIMEOUT`].
+    ///
+    /// # Errors
+    /// A store failure.
+    pub fn pty_idle(&mut self, idle_before_ms: i64, limit: usize) -> Result<Vec<PtyView>, OpError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sqlite("begin terminal idle pass", e))?;
+        let ids: Vec<Vec<u8>> = {
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT pty_session_id FROM pty_sessions
+                     WHERE state <> 3 AND close_requested = 0 AND last_activity_ms < ?1
+                     ORDER BY last_activity_ms LIMIT ?2",
+                )
+                .map_err(|e| StoreError::sqlite("prepare idle terminals", e))?;
+            let rows = stmt
+                .query_map(params![idle_before_ms, limit as i64], |r| r.get(0))
+                .map_err(|e| StoreError::sqlite("read idle terminals", e))?;
+            rows.collect::<Result<_, _>>()
+                .map_err(|e| StoreError::sqlite("read idle terminals", e))?
+        };
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let Ok(id) = <[u8; 16]>::try_from(id.as_slice()) else {
+                continue;
+            };
+            tx.execute_cached(
+                "UPDATE pty_sessions SET close_requested = 1, close_reason = ?2
+                 WHERE pty_session_id = ?1",
+                params![id.as_slice(), IDLE_TIMEOUT],
+            )
+            .map_err(|e| StoreError::sqlite("close idle terminal", e))?;
+            if let Some(v) = load_view(&tx, &id)? {
+                out.push(v);
+            }
+        }
+        tx.commit()
+            .map_err(|e| StoreError::sqlite("commit terminal idle pass", e))?;
+        Ok(out)
+    }
+}
+
+fn opened_ms(v: &PtyView) -> i64 {
+    v.info.opened_time.as_ref().map_or(0, |t| {
+        t.seconds.saturating_mul(1000) + i64::from(t.nanos / 1_000_000)
+    })
+}
+
+fn protocol(why: String) -> PtyApplied {
+    PtyApplied::Refused(DomainError::new(Code::ProtocolError, why))
+}
+
+fn apply_one(
+    tx: &Transaction<'_>,
+    client_id: &str,
+    report: &PtyReport,
+    now_ms: i64,
+) -> Result<PtyApplied, StoreError> {
+    let Ok(uuid) = Uuid7::parse("pty_session_id", report.id()) else {
+        return Ok(protocol(format!(
+            "pty_session_id {:?} is not a canonical UUIDv7",
+            report.id()
+        )));
+    };
+    let id = *uuid.as_bytes();
+    let Some(view) = load_view(tx, &id)? else {
+        return Ok(PtyApplied::Unknown);
+    };
+    if view.info.client_id != client_id {
+        return Ok(PtyApplied::Unknown);
+    }
+    let end = view.info.output_offset;
+    let done = |offset: u64, closed: bool| PtyApplied::Recorded {
+        output_offset: offset,
+        closed,
+    };
+    if view.closed() {
+        // a closed terminal takes nothing more: repeats are harmless
+        return Ok(done(end, true));
+    }
+    let opened = opened_ms(&view);
+    match report {
+        PtyReport::Opened(m) => {
+            if view.info.state == OPENING as i32 {
+                if m.outcome == wire::AcceptOutcome::Positive as i32 {
+                    tx.execute_cached(
+                        "UPDATE pty_sessions SET state = ?2, last_activity_ms = ?3
+                         WHERE pty_session_id = ?1",
+                        params![id.as_slice(), OPEN, now_ms],
+                    )
+                    .map_err(|e| StoreError::sqlite("mark terminal open", e))?;
+                    tracing::info!(terminal = %view.info.pty_session_id, "terminal opened on its client");
+                } else {
+                    let reason = m.error.as_ref().map_or_else(
+                        || "the client refused to open the terminal".to_owned(),
+                        |e| format!("the client refused to open the terminal: {}", e.reason),
+                    );
+                    close_row(tx, &id, None, &reason, now_ms)?;
+                    tracing::warn!(terminal = %view.info.pty_session_id, reason = %reason, "terminal refused by its client");
+                    return Ok(done(end, true));
+                }
+            }
+            Ok(done(end, false))
+        }
+        PtyReport::InputAck(m) => {
+            if m.input_seq > view.input_seq {
+                return Ok(protocol(format!(
+                    "pty_input_ack acknowledges input_seq {} of a terminal given only {}",
+                    m.input_seq, view.input_seq
+                )));
+            }
+            if m.input_seq > view.input_acked {
+                tx.execute_cached(
+                    "DELETE FROM pty_inputs WHERE pty_session_id = ?1 AND input_seq <= ?2",
+                    params![id.as_slice(), to_i64(m.input_seq)],
+                )
+                .map_err(|e| StoreError::sqlite("settle terminal input", e))?;
+                tx.execute_cached(
+                    "UPDATE pty_sessions SET input_acked = ?2 WHERE pty_session_id = ?1",
+                    params![id.as_slice(), to_i64(m.input_seq)],
+                )
+                .map_err(|e| StoreError::sqlite("settle terminal input", e))?;
+            }
+            Ok(done(end, false))
+        }
+        PtyReport::Output(m) => {
+            if m.data.is_empty() || m.data.len() > MAX_PTY_OUTPUT_BYTES {
+                return Ok(protocol(format!(
+                    "pty_output.data is {} bytes; it must be 1..={MAX_PTY_OUTPUT_BYTES}",
+                    m.data.len()
+                )));
+            }
+            let mut end = end;
+            if let Some(cut) = &m.cut {
+                if cut.ring_start_offset != m.offset {
+                    return Ok(protocol(format!(
+                        "pty_output.cut resumes at {} but the output starts at {}",
+                        cut.ring_start_offset, m.offset
+                    )));
+                }
+                if cut.ring_start_offset > end {
+                    record(
+                        tx,
+                        &id,
+                        opened,
+                        now_ms,
+                        REC_CUT,
+                        cut.ring_start_offset,
+                        end,
+                        &[],
+                    )?;
+                    tracing::warn!(
+                        terminal = %view.info.pty_session_id,
+                        lost = cut.ring_start_offset - end,
+                        "terminal output lost on the client; recorded as a cut"
+                    );
+                    end = cut.ring_start_offset;
+                }
+            }
+            if m.offset > end {
+                return Ok(PtyApplied::Gap { output_offset: end });
+            }
+            let upto = m.offset.saturating_add(m.data.len() as u64);
+            if upto > end {
+                let skip = usize::try_from(end - m.offset).unwrap_or(usize::MAX);
+                let fresh = m.data.get(skip..).unwrap_or(&[]);
+                record(tx, &id, opened, now_ms, REC_OUTPUT, end, 0, fresh)?;
+                end = upto;
+            }
+            if end != view.info.output_offset {
+                tx.execute_cached(
+                    "UPDATE pty_sessions SET output_offset = ?2, last_activity_ms = ?3
+                     WHERE pty_session_id = ?1",
+                    params![id.as_slice(), to_i64(end), now_ms],
+                )
+                .map_err(|e| StoreError::sqlite("advance terminal output", e))?;
+            }
+            Ok(done(end, false))
+        }
+        PtyReport::Closed(m) => {
+            if m.final_offset > end {
+                // output the client could not send before the end: the
+                // recording says so
+                record(tx, &id, opened, now_ms, REC_CUT, m.final_offset, end, &[])?;
+                tx.execute_cached(
+                    "UPDATE pty_sessions SET output_offset = ?2 WHERE pty_session_id = ?1",
+                    params![id.as_slice(), to_i64(m.final_offset)],
+                )
+                .map_err(|e| StoreError::sqlite("advance terminal output", e))?;
+            }
+            let reason = if m.reason.is_empty() {
+                if view.info.close_reason.is_empty() {
+                    "the shell ended".to_owned()
+                } else {
+                    view.info.close_reason.clone()
+                }
+            } else {
+                bounded_reason(&m.reason)
+            };
+            close_row(tx, &id, m.exit_result.as_ref(), &reason, now_ms)?;
+            tracing::info!(terminal = %view.info.pty_session_id, reason = %reason, "terminal closed");
+            Ok(done(m.final_offset.max(end), true))
+        }
+    }
+}
+
+fn close_row(
+    tx: &Transaction<'_>,
+    id: &[u8; 16],
+    exit: Option<&wire::ExitResult>,
+    reason: &str,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    tx.execute_cached(
+        "UPDATE pty_sessions SET state = ?2, closed_ms = ?3, exit_result = ?4, close_reason = ?5,
+             last_activity_ms = ?3
+         WHERE pty_session_id = ?1",
+        params![
+            id.as_slice(),
+            CLOSED,
+            now_ms,
+            exit.map(prost::Message::encode_to_vec),
+            reason
+        ],
+    )
+    .map_err(|e| StoreError::sqlite("close terminal", e))?;
+    // input never written now never will be
+    tx.execute_cached(
+        "DELETE FROM pty_inputs WHERE pty_session_id = ?1",
+        params![id.as_slice()],
+    )
+    .map_err(|e| StoreError::sqlite("drop terminal input", e))?;
+    Ok(())
+}
+
+/// `ListPtySessions`: one page, newest first (`viewers` is the serving
+/// server's to fill).
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a bad page size, client id or token, or a store
+/// failure.
+pub fn list(
+    conn: &Connection,
+    key: [u8; 32],
+    req: &wire::ListPtySessionsRequest,
+) -> Result<wire::ListPtySessionsResponse, OpError> {
+    use rvbox_domain::token::{TokenCodec, TokenKey, TokenKind, encode_filters};
+    let limit = crate::records::page_size(req.page_size).map_err(OpError::Refused)?;
+    if let Some(c) = &req.client_id {
+        rvbox_domain::ids::ClientId::parse("client_id", c)
+            .map_err(|e| OpError::Refused(DomainError::from(e)))?;
+    }
+    let client = req.client_id.clone().unwrap_or_default();
+    let filters = encode_filters(&[("client_id", client.as_bytes())]);
+    let codec = TokenCodec::new(TokenKey::new(key));
+    let malformed = || {
+        OpError::Refused(
+            DomainError::new(Code::InvalidArgument, "page_token is malformed")
+                .with_field("page_token"),
+        )
+    };
+    let after = if req.page_token.is_empty() {
+        None
+    } else {
+        let pos = codec
+            .open(TokenKind::PtyPage, &filters, &req.page_token)
+            .map_err(|e| crate::records::token_error(&e))?;
+        Some(crate::records::time_and_id(&pos).ok_or_else(malformed)?)
+    };
+    let (after_ms, after_id) =
+        after.map_or((i64::MAX, vec![0xff_u8; 17]), |(ms, id)| (ms, id.to_vec()));
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {VIEW_COLUMNS} FROM pty_sessions
+             WHERE (?1 = '' OR client_id = ?1) AND (opened_ms, pty_session_id) < (?2, ?3)
+             ORDER BY opened_ms DESC, pty_session_id DESC LIMIT ?4"
+        ))
+        .map_err(|e| StoreError::sqlite("prepare terminal list", e))?;
+    let rows = stmt
+        .query_map(
+            params![client, after_ms, after_id, i64::from(limit) + 1],
+            view_of,
+        )
+        .map_err(|e| StoreError::sqlite("list terminals", e))?;
+    let mut sessions = Vec::new();
+    for r in rows {
+        sessions.push(
+            r.map_err(|e| StoreError::sqlite("list terminals", e))??
+                .info,
+        );
+    }
+    let more = sessions.len() > limit as usize;
+    sessions.truncate(limit as usize);
+    let next_page_token = match (more, sessions.last()) {
+        (true, Some(last)) => {
+            let ms = last
+                .opened_time
+                .as_ref()
+                .map_or(0, |t| t.seconds * 1000 + i64::from(t.nanos / 1_000_000));
+            let id = Uuid7::parse("pty_session_id", &last.pty_session_id).map_err(|_| {
+                StoreError::Integrity("a stored terminal id is not a UUIDv7".into())
+            })?;
+            let mut pos = ms.to_be_bytes().to_vec();
+            pos.extend_from_slice(id.as_bytes());
+            codec
+                .seal(TokenKind::PtyPage, &filters, &pos)
+                .map_err(|e| crate::records::token_error(&e))?
+        }
+        _ => String::new(),
+    };
+    Ok(wire::ListPtySessionsResponse {
+        sessions,
+        next_page_token,
+    })
+}
+
+/// One terminal's record for operators.
+///
+/// # Errors
+/// `NOT_FOUND`, or a store failure.
+pub fn info(conn: &Connection, id: &[u8; 16]) -> Result<wire::PtySessionInfo, OpError> {
+    Ok(load_view(conn, id)?.ok_or_else(|| not_found(id))?.info)
+}
+
+/// The records of `id` after `after_rec_seq`, in order, while they fit in
+/// `max_bytes` of data (at least one).
+///
+/// # Errors
+/// `NOT_FOUND`, or a store failure.
+pub fn records_after(
+    conn: &Connection,
+    id: &[u8; 16],
+    after_rec_seq: u64,
+    max_bytes: usize,
+) -> Result<Vec<rvbox_store_port::pty::PtyRecord>, OpError> {
+    use rvbox_store_port::pty::{PtyRecord, PtyRecordKind};
+    if load_view(conn, id)?.is_none() {
+        return Err(not_found(id));
+    }
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT rec_seq, at_ms, kind, pos, aux, data FROM pty_records
+             WHERE pty_session_id = ?1 AND rec_seq > ?2 ORDER BY rec_seq LIMIT 1024",
+        )
+        .map_err(|e| StoreError::sqlite("prepare terminal records", e))?;
+    let mut rows = stmt
+        .query(params![id.as_slice(), to_i64(after_rec_seq)])
+        .map_err(|e| StoreError::sqlite("read terminal records", e))?;
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    while let Some(r) = rows
+        .next()
+        .map_err(|e| StoreError::sqlite("read terminal records", e))?
+    {
+        let get = |e| StoreError::sqlite("read terminal records", e);
+        let seq: i64 = r.get(0).map_err(get)?;
+        let at: i64 = r.get(1).map_err(get)?;
+        let kind: i64 = r.get(2).map_err(get)?;
+        let pos: i64 = r.get(3).map_err(get)?;
+        let aux: i64 = r.get(4).map_err(get)?;
+        let data: Vec<u8> = r.get(5).map_err(get)?;
+        if !out.is_empty() && bytes.saturating_add(data.len()) > max_bytes {
+            break;
+        }
+        bytes = bytes.saturating_add(data.len());
+        let kind = match kind {
+            REC_OUTPUT => PtyRecordKind::Output {
+                offset: to_u64(pos),
+            },
+            REC_INPUT => PtyRecordKind::Input {
+                input_seq: to_u64(pos),
+            },
+            REC_RESIZE => PtyRecordKind::Resize {
+                cols: u32::try_from(pos).unwrap_or(0),
+                rows: u32::try_from(aux).unwrap_or(0),
+            },
+            REC_CUT => PtyRecordKind::Cut {
+                from: to_u64(aux),
+                to: to_u64(pos),
+            },
+            other => {
+                return Err(OpError::Store(StoreError::Integrity(format!(
+                    "terminal record kind {other} is unknown"
+                ))));
+            }
+        };
+        out.push(PtyRecord {
+            rec_seq: to_u64(seq),
+            at_ms: to_u64(at),
+            kind,
+            data,
+        });
+    }
+    Ok(out)
+}
