@@ -44,7 +44,7 @@ pub use registry::{Daemon, KeyDef, Kind};
 pub use server::{
     AgentConfig, AuditConfig, ControlConfig, JsonRpcConfig, PostgresConfig, ProtocolLimits,
     QueueConfig, ServerConfig, ServerFlowConfig, ServerSessionConfig, SqliteSynchronous,
-    StorageConfig, StoreBackend, check_conninfo, load_server,
+    StorageConfig, StoreBackend, TerminalsConfig, check_conninfo, load_server,
 };
 pub use shells::{
     ResolvedShell, ShellChanged, ShellKind, ShellsConfig, check_windows_path, resolve_shell,

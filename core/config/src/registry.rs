@@ -394,6 +394,19 @@ pub static SERVER_KEYS: &[KeyDef] = &[
         "Close a session (RECONCILE_TIMEOUT) whose reconciliation is not complete this long after its welcome."),
     KeyDef::duration("session.takeover_grant_ttl", l::DEFAULT_TAKEOVER_GRANT_TTL_MS,
         "Lifetime of a one-shot live-conflict takeover grant."),
+    // [terminals]
+    KeyDef::duration("terminals.idle_timeout", 12 * 3600 * 1000,
+        "Close a terminal after this long with no input or output.")
+        .zero_means("terminals are never closed for idleness"),
+    KeyDef::count("terminals.max_per_client", 8,
+        "Terminals open (or opening) at once on one client host.")
+        .ceiling(1024).min(1),
+    KeyDef::count("terminals.max_open", 256,
+        "Terminals open (or opening) at once across the server.")
+        .ceiling(65_536).min(1),
+    KeyDef::bytes("terminals.recording_bytes", 64 * 1024 * 1024,
+        "Recording kept per terminal (output, input and resizes); the oldest records go first, and a viewer or a replay gets a marker where they were.")
+        .min(1024 * 1024),
     // [flow]
     KeyDef::bytes("flow.command_send_window", l::DEFAULT_COMMAND_SEND_WINDOW_BYTES,
         "Unacknowledged bytes per command in each direction: script chunks the server sends, and client events it accepts (announced in the welcome; a client sends within the smaller of its own window and this one)."

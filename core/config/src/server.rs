@@ -216,6 +216,20 @@ pub struct ServerSessionConfig {
     pub takeover_grant_ttl: Duration,
 }
 
+/// `[terminals]` of the server (docs/terminals.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TerminalsConfig {
+    /// Idle terminals close after this; `None` = never.
+    pub idle_timeout: Option<Duration>,
+    /// Terminals per client host.
+    pub max_per_client: u64,
+    /// Terminals across the server.
+    pub max_open: u64,
+    /// Recording kept per terminal (bytes).
+    pub recording_bytes: u64,
+}
+
 /// `[flow]` of the server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -307,6 +321,8 @@ pub struct ServerConfig {
     pub queue: QueueConfig,
     /// `[session]`.
     pub session: ServerSessionConfig,
+    /// `[terminals]`.
+    pub terminals: TerminalsConfig,
     /// `[flow]`.
     pub flow: ServerFlowConfig,
     /// `[limits]`.
@@ -609,6 +625,12 @@ pub fn load_server(
             liveness_timeout: r.duration("session.liveness_timeout"),
             reconcile_timeout: r.duration("session.reconcile_timeout"),
             takeover_grant_ttl: r.duration("session.takeover_grant_ttl"),
+        },
+        terminals: TerminalsConfig {
+            idle_timeout: optional(r.duration("terminals.idle_timeout")),
+            max_per_client: r.num("terminals.max_per_client"),
+            max_open: r.num("terminals.max_open"),
+            recording_bytes: r.num("terminals.recording_bytes"),
         },
         flow: ServerFlowConfig {
             command_send_window: r.num("flow.command_send_window"),

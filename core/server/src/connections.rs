@@ -32,6 +32,8 @@ pub(crate) struct Conn {
     pub(crate) uploads: Uploads,
     /// Stdin writes in flight on this connection (plan §9.1).
     pub(crate) stdin: crate::stdin::StdinFlows,
+    /// Terminal traffic on this connection (docs/terminals.md).
+    pub(crate) pty: crate::pty::PtyLinks,
     /// The connection's two-lane write schedule (plan §6.1): frames wait
     /// here until the writer has room.
     pub(crate) lanes: WriteScheduler<Frame>,
@@ -123,6 +125,7 @@ impl ServerCore {
                         rows: Vec::new(),
                         uploads: Uploads::default(),
                         stdin: crate::stdin::StdinFlows::default(),
+                        pty: crate::pty::PtyLinks::default(),
                         lanes: WriteScheduler::default(),
                         writer_credit: WRITER_WINDOW,
                         data_in_session: 0,
@@ -383,6 +386,13 @@ impl ServerCore {
                     Pending::Signal(crate::signals::Pending::Resend { conn }),
                 );
             }
+        }
+        if self
+            .conns
+            .get(&conn)
+            .is_some_and(|c| c.lanes.data_has_room())
+        {
+            self.pty_unblocked(conn);
         }
     }
 

@@ -310,7 +310,8 @@ impl ServerCore {
             ClientMessage::ScriptUploadStatus { issue, message } => {
                 self.upload_status(conn, issue, &message);
             }
-            ClientMessage::Pty { .. } | ClientMessage::ControlError(_) => {}
+            ClientMessage::Pty { payload, .. } => self.pty_report(conn, payload),
+            ClientMessage::ControlError(_) => {}
         }
     }
 

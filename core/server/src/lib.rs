@@ -39,6 +39,7 @@ mod dispatch;
 pub mod fleet;
 pub mod ingest;
 pub use ingest::GroupPolicy;
+pub mod pty;
 mod reconcile;
 mod registration;
 mod signals;
@@ -62,6 +63,7 @@ pub use ingest::{
     GROUP_MAX_BYTES, GROUP_MAX_EVENTS, GROUPS_IN_FLIGHT, INGEST_QUANTUM_BYTES,
     INGEST_QUEUE_PER_CONNECTION, IngestQueue, Queued,
 };
+pub use pty::{PtyAnswer, PtyPolicy};
 pub use reconcile::MAX_STALE_ROUNDS;
 pub use signals::signal_plan;
 
@@ -132,6 +134,22 @@ pub enum ControlCall {
     /// `SignalFleetRun`, `CancelFleetRun`, `PauseFleetRun` or
     /// `ResumeFleetRun`, idempotent by `request_id`.
     FleetAction(rvbox_store_port::fleet::FleetAction),
+    /// `OpenPtySession`, `WritePtyInput`, `ResizePtySession` or
+    /// `ClosePtySession`, idempotent by `request_id`.
+    Pty(rvbox_store_port::pty::PtyMutation),
+    /// A viewer attached to a terminal (`AttachPtySession`) or left it:
+    /// audited, answered at once.
+    PtyViewer {
+        /// The terminal.
+        pty_session_id: String,
+        /// The terminal's client.
+        client_id: String,
+        /// Attached (true) or detached.
+        attach: bool,
+        /// The output offset the viewer asked from (attach) or had
+        /// reached (detach).
+        offset: u64,
+    },
 }
 
 /// The answer to a [`ControlCall`].
@@ -153,6 +171,8 @@ pub enum ControlAnswer {
     CloseStdin(Result<wire::CloseStdinResponse, PortError>),
     /// A fleet mutation: its answer, durable.
     Fleet(Result<Box<rvbox_store_port::fleet::FleetAnswer>, PortError>),
+    /// A terminal mutation: its answer, durable.
+    Pty(Result<Box<PtyAnswer>, PortError>),
 }
 
 /// Something that happened, for the core to handle.
@@ -434,6 +454,26 @@ pub struct EngineStats {
     pub fleet_passes: u64,
     /// Fleet targets released (their commands created).
     pub fleet_released: u64,
+    /// Terminal mutations answered (fresh or replayed).
+    pub pty_mutations: u64,
+    /// Terminal reports of clients recorded.
+    pub pty_reports: u64,
+    /// Terminal output that did not continue the recording (attached
+    /// again from the recorded end).
+    pub pty_gaps: u64,
+    /// Terminal reports refused as protocol errors.
+    pub pty_refused: u64,
+    /// Terminal reads or groups that failed.
+    pub pty_failures: u64,
+    /// Terminal sync reads completed.
+    pub pty_syncs: u64,
+    /// Terminal input frames sent.
+    pub pty_inputs_sent: u64,
+    /// Clients whose idle terminals an idle pass closed.
+    pub pty_idle_closed: u64,
+    /// Connections closed because their terminal reports exceeded the
+    /// queue bound.
+    pub pty_queue_full: u64,
 }
 
 /// What the core waits for, by token.
@@ -448,6 +488,7 @@ enum Pending {
     Upload(upload::Pending),
     Stdin(stdin::Pending),
     Fleet(fleet::Pending),
+    Pty(pty::Pending),
     /// An operator's takeover grant.
     Takeover {
         request: RequestId,
@@ -471,7 +512,8 @@ impl Pending {
         match self {
             Self::Accept(accept::Pending::Write { conn, .. })
             | Self::Dispatch(dispatch::Pending::Dispatch { conn, .. })
-            | Self::Reconcile(reconcile::Pending::Apply { conn, .. }) => Some(*conn),
+            | Self::Reconcile(reconcile::Pending::Apply { conn, .. })
+            | Self::Pty(pty::Pending::Apply { conn, .. }) => Some(*conn),
             _ => None,
         }
     }
@@ -536,6 +578,12 @@ pub struct ServerCore {
     scrub_running: bool,
     /// The fleet runs as the core sees them (the release pump).
     fleet: fleet::FleetState,
+    /// The terminal policy (`terminals.*`).
+    pty_policy: PtyPolicy,
+    /// An idle pass is in flight.
+    pty_idle_running: bool,
+    /// Monotonic time of the last idle pass.
+    last_pty_idle_ms: Option<u64>,
     now_ms: u64,
     wall_ms: i64,
 }
@@ -575,6 +623,9 @@ impl ServerCore {
             next_scrub_ms: 0,
             scrub_running: false,
             fleet: fleet::FleetState::default(),
+            pty_policy: PtyPolicy::default(),
+            pty_idle_running: false,
+            last_pty_idle_ms: None,
             now_ms: 0,
             wall_ms: 0,
         }
@@ -681,6 +732,7 @@ impl ServerCore {
         };
         self.stats.wakeups += 1;
         self.mark_ready(client);
+        self.pty_sync(conn);
         if let Some(issue) = issue {
             self.store(
                 StoreOp::PendingSignals {
@@ -754,10 +806,20 @@ impl ServerCore {
             .fleet
             .due_at(self.now_ms)
             .filter(|_| self.runs(Duty::FleetPump));
-        [sessions, expiry, wake, maintenance, group, scrub, fleet]
-            .into_iter()
-            .flatten()
-            .min()
+        let idle = self.pty_idle_due().filter(|_| self.runs(Duty::Maintenance));
+        [
+            sessions,
+            expiry,
+            wake,
+            maintenance,
+            group,
+            scrub,
+            fleet,
+            idle,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Handles one input at monotonic `now_ms` and wall-clock `wall_ms`.
@@ -923,6 +985,9 @@ impl ServerCore {
         if self.runs(Duty::FleetPump) {
             self.fleet_timeout();
         }
+        if self.runs(Duty::Maintenance) {
+            self.pty_idle_pass();
+        }
         self.wake_backoffs();
     }
 
@@ -1017,6 +1082,13 @@ impl ServerCore {
                     Pending::Fleet(fleet::Pending::Mutation { request }),
                 );
             }
+            ControlCall::Pty(mutation) => self.pty_mutation(request, caller, mutation),
+            ControlCall::PtyViewer {
+                pty_session_id,
+                client_id,
+                attach,
+                offset,
+            } => self.pty_viewer(request, &caller, &pty_session_id, client_id, attach, offset),
             ControlCall::AcknowledgeStorageIncident(req) => {
                 self.store(
                     StoreOp::AcknowledgeIncident {
@@ -1175,6 +1247,7 @@ impl ServerCore {
             Pending::Upload(p) => self.upload_done(p, result),
             Pending::Stdin(p) => self.stdin_done(p, result),
             Pending::Fleet(p) => self.fleet_done(p, result),
+            Pending::Pty(p) => self.pty_done(p, result),
             Pending::Scrub => {
                 self.scrub_running = false;
                 match result {

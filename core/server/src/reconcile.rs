@@ -370,6 +370,7 @@ impl ServerCore {
             st.ready = true;
         }
         self.mark_ready(&client);
+        self.pty_live(conn);
     }
 
     fn refuse_snapshot(&mut self, conn: ConnId, e: &ReconcileError) {

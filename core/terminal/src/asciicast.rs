@@ -1,6 +1,7 @@
 //! A terminal's recording as an asciicast v2 stream: a JSON header line,
 //! then one JSON array per event, `[seconds, code, data]`, with code `o`
-//! for output, `i` for input and `r` for a resize (`"COLSxROWS"`). The
+//! for output, `i` for input, `r` for a resize (`"COLSxROWS"`) and `m` for
+//! a marker (where output was lost: `"cut N bytes"`). The
 //! format asciinema plays; the server stores the lines as the terminal's
 //! recording, and `rvc terminal replay` reads them back.
 //!
@@ -51,6 +52,8 @@ pub enum Code {
     Input,
     /// A window size change.
     Resize,
+    /// A marker (asciicast v2 `m`): where output was lost, `cut N bytes`.
+    Marker,
 }
 
 impl Code {
@@ -59,6 +62,7 @@ impl Code {
             Self::Output => "o",
             Self::Input => "i",
             Self::Resize => "r",
+            Self::Marker => "m",
         }
     }
 }
@@ -164,6 +168,19 @@ impl Recorder {
             .unwrap_or_default()
     }
 
+    /// The marker line for output lost at `now_ms`: `bytes` were cut. A
+    /// character split before the cut is given up (U+FFFD).
+    pub fn cut(&mut self, now_ms: u64, bytes: u64) -> String {
+        let rest = self.output.flush();
+        let mut s = self.line(now_ms, Code::Output, &rest).unwrap_or_default();
+        s.push_str(
+            &self
+                .line(now_ms, Code::Marker, &format!("cut {bytes} bytes"))
+                .unwrap_or_default(),
+        );
+        s
+    }
+
     /// The line for what is left of a character split at the end (the
     /// terminal closed).
     pub fn finish(&mut self, now_ms: u64) -> Option<String> {
@@ -252,7 +269,8 @@ fn event_of(n: usize, line: &str) -> Result<Event, ParseError> {
         Some("o") => Code::Output,
         Some("i") => Code::Input,
         Some("r") => Code::Resize,
-        _ => return Err(bad("its code is not o, i or r")),
+        Some("m") => Code::Marker,
+        _ => return Err(bad("its code is not o, i, r or m")),
     };
     let data = d.as_str().ok_or_else(|| bad("its data is not text"))?;
     Ok(Event {
@@ -352,6 +370,27 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_is_a_marker_after_what_was_pending() {
+        let mut r = Recorder::new(0);
+        // half of "é" then a cut: the half is given up, then the marker
+        assert_eq!(r.output(1000, &[0xc3]), None);
+        let lines = r.cut(2000, 7);
+        let h = Header {
+            width: 80,
+            height: 24,
+            timestamp: 0,
+            title: None,
+        }
+        .line();
+        let (_, events) = parse(&format!("{h}{lines}")).unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].data, "\u{fffd}");
+        assert_eq!(events[1].code, Code::Marker);
+        assert_eq!(events[1].data, "cut 7 bytes");
+        assert!((events[1].time - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn a_broken_recording_names_its_line() {
         assert_eq!(parse(""), Err(ParseError::Empty));
         assert!(matches!(
@@ -369,7 +408,7 @@ mod tests {
             parse(&format!("{h}[0.1, \"o\", \"a\"]\n[0.2, \"x\", \"a\"]\n")),
             Err(ParseError::Event {
                 line: 3,
-                reason: "its code is not o, i or r".into()
+                reason: "its code is not o, i, r or m".into()
             })
         );
     }

@@ -134,6 +134,7 @@ impl Engine {
         core.set_ingress_watermarks(settings.ingress.0, settings.ingress.1)?;
         core.set_group_policy(settings.group);
         core.set_takeover_ttl(settings.takeover_ttl_ms);
+        core.set_pty_policy(settings.pty);
         Ok(Self::from_core(store, core))
     }
 
@@ -395,6 +396,25 @@ impl Engine {
         match self.call(now_ms, wall_ms, ControlCall::CloseStdin(req.clone())) {
             Some(ControlAnswer::CloseStdin(r)) => r,
             _ => Err(PortError::Unavailable("CloseStdin got no answer".into())),
+        }
+    }
+
+    /// A terminal mutation (`OpenPtySession`, `WritePtyInput`,
+    /// `ResizePtySession`, `ClosePtySession`) through the core.
+    ///
+    /// # Errors
+    /// The refusal or store failure.
+    pub fn pty(
+        &mut self,
+        now_ms: u64,
+        wall_ms: i64,
+        mutation: rvbox_store_port::pty::PtyMutation,
+    ) -> Result<rvbox_server_core::PtyAnswer, PortError> {
+        match self.call(now_ms, wall_ms, ControlCall::Pty(mutation)) {
+            Some(ControlAnswer::Pty(r)) => r.map(|a| *a),
+            _ => Err(PortError::Unavailable(
+                "the terminal mutation got no answer".into(),
+            )),
         }
     }
 

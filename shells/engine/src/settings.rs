@@ -24,6 +24,8 @@ pub struct ServerSettings {
     /// Lifetime of an operator's takeover grant
     /// (`session.takeover_grant_ttl`).
     pub takeover_ttl_ms: u64,
+    /// The terminal policy (`terminals.*`).
+    pub pty: rvbox_server_core::PtyPolicy,
 }
 
 /// A configuration the cores cannot take (the configuration's own
@@ -101,5 +103,13 @@ pub fn server_settings(
                 .map_err(|_| SettingsError::GroupCommit("out of range".into()))?,
         },
         takeover_ttl_ms: ms(cfg.session.takeover_grant_ttl),
+        pty: rvbox_server_core::PtyPolicy {
+            limits: rvbox_store_port::pty::PtyLimits {
+                per_client: u32::try_from(cfg.terminals.max_per_client).unwrap_or(u32::MAX),
+                per_server: u32::try_from(cfg.terminals.max_open).unwrap_or(u32::MAX),
+                recording_bytes: cfg.terminals.recording_bytes,
+            },
+            idle_timeout_ms: cfg.terminals.idle_timeout.map_or(0, ms),
+        },
     })
 }

@@ -23,12 +23,13 @@ use rvbox_control_api::v1::control_server::{Control, ControlServer};
 use rvbox_domain::error::{Code, DomainError};
 use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
-use rvbox_server_core::{Caller, ControlAnswer, ControlCall};
+use rvbox_server_core::{Caller, ControlAnswer, ControlCall, PtyAnswer};
 use rvbox_store::mutations::OpError;
 use rvbox_store::output::HistoryItem;
 use rvbox_store::reader::{ControlReads, ReaderSource};
 use rvbox_store_port::fleet::{FleetAction, FleetAnswer};
 use rvbox_store_port::ops::PortError;
+use rvbox_store_port::pty::PtyMutation;
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::{Request, Response, Status};
@@ -137,6 +138,8 @@ pub(crate) struct ControlService {
     readers: Arc<Readers>,
     changes: watch::Receiver<u64>,
     stop: watch::Receiver<bool>,
+    /// Viewers attached to each terminal on this server.
+    viewers: Arc<crate::pty_follow::Viewers>,
 }
 
 impl ControlService {
@@ -151,6 +154,20 @@ impl ControlService {
             readers: Arc::new(Readers::new(reads)),
             changes,
             stop,
+            viewers: Arc::new(crate::pty_follow::Viewers::default()),
+        }
+    }
+
+    /// A terminal mutation through the core.
+    async fn pty(
+        &self,
+        caller: Caller,
+        mutation: PtyMutation,
+    ) -> Result<rvbox_server_core::PtyAnswer, Status> {
+        match self.call(caller, ControlCall::Pty(mutation)).await? {
+            ControlAnswer::Pty(Ok(a)) => Ok(*a),
+            ControlAnswer::Pty(Err(e)) => Err(port_status(&e)),
+            _ => Err(unavailable("mismatched answer")),
         }
     }
 
@@ -193,13 +210,6 @@ fn issue_of(field: &'static str, text: &str) -> Result<[u8; 16], Status> {
     Uuid7::parse(field, text)
         .map(|u| *u.as_bytes())
         .map_err(|e| status(&DomainError::from(e)))
-}
-
-fn not_served(method: &str) -> Status {
-    status(&DomainError::new(
-        Code::Unsupported,
-        format!("{method} is not served by this server version"),
-    ))
 }
 
 type FollowStream =
@@ -561,55 +571,158 @@ impl Control for ControlService {
 
     async fn open_pty_session(
         &self,
-        _request: Request<wire::OpenPtySessionRequest>,
+        request: Request<wire::OpenPtySessionRequest>,
     ) -> Result<Response<wire::OpenPtySessionResponse>, Status> {
-        Err(not_served("OpenPtySession"))
+        let who = caller(&request);
+        match self
+            .pty(who, PtyMutation::Open(request.into_inner()))
+            .await?
+        {
+            PtyAnswer::Open(r) => Ok(Response::new(r)),
+            _ => Err(unavailable("mismatched answer")),
+        }
     }
 
     type AttachPtySessionStream = PtyStream;
 
     async fn attach_pty_session(
         &self,
-        _request: Request<wire::AttachPtySessionRequest>,
+        request: Request<wire::AttachPtySessionRequest>,
     ) -> Result<Response<Self::AttachPtySessionStream>, Status> {
-        Err(not_served("AttachPtySession"))
+        let who = caller(&request);
+        let req = request.into_inner();
+        let id = issue_of("pty_session_id", &req.pty_session_id)?;
+        // an unknown terminal, or an offset past what was recorded, is an
+        // error of the call, not of the stream
+        let info = self.readers.read(move |r| r.pty_session(&id)).await?;
+        if req.from_offset > info.output_offset {
+            return Err(status(
+                &DomainError::new(
+                    Code::InvalidArgument,
+                    format!(
+                        "from_offset {} is past the end of the terminal's output ({})",
+                        req.from_offset, info.output_offset
+                    ),
+                )
+                .with_field("from_offset"),
+            ));
+        }
+        let (tx, rx) = mpsc::channel(FOLLOW_BUFFER);
+        let viewer = crate::pty_follow::PtyViewer {
+            readers: Arc::clone(&self.readers),
+            changes: self.changes.clone(),
+            stop: self.stop.clone(),
+            id,
+            want: req.from_offset,
+            tx,
+            viewers: Arc::clone(&self.viewers),
+        };
+        let this = self.clone();
+        let text = info.pty_session_id.clone();
+        let client_id = info.client_id.clone();
+        let _ = self
+            .call(
+                who.clone(),
+                ControlCall::PtyViewer {
+                    pty_session_id: text.clone(),
+                    client_id: client_id.clone(),
+                    attach: true,
+                    offset: req.from_offset,
+                },
+            )
+            .await;
+        tokio::spawn(async move {
+            let offset = viewer.run().await;
+            let _ = this
+                .call(
+                    who,
+                    ControlCall::PtyViewer {
+                        pty_session_id: text,
+                        client_id,
+                        attach: false,
+                        offset,
+                    },
+                )
+                .await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn write_pty_input(
         &self,
-        _request: Request<wire::WritePtyInputRequest>,
+        request: Request<wire::WritePtyInputRequest>,
     ) -> Result<Response<wire::WritePtyInputResponse>, Status> {
-        Err(not_served("WritePtyInput"))
+        let who = caller(&request);
+        match self
+            .pty(who, PtyMutation::Write(request.into_inner()))
+            .await?
+        {
+            PtyAnswer::Write(r) => Ok(Response::new(r)),
+            _ => Err(unavailable("mismatched answer")),
+        }
     }
 
     async fn resize_pty_session(
         &self,
-        _request: Request<wire::ResizePtySessionRequest>,
+        request: Request<wire::ResizePtySessionRequest>,
     ) -> Result<Response<wire::ResizePtySessionResponse>, Status> {
-        Err(not_served("ResizePtySession"))
+        let who = caller(&request);
+        match self
+            .pty(who, PtyMutation::Resize(request.into_inner()))
+            .await?
+        {
+            PtyAnswer::Resize(r) => Ok(Response::new(r)),
+            _ => Err(unavailable("mismatched answer")),
+        }
     }
 
     async fn close_pty_session(
         &self,
-        _request: Request<wire::ClosePtySessionRequest>,
+        request: Request<wire::ClosePtySessionRequest>,
     ) -> Result<Response<wire::ClosePtySessionResponse>, Status> {
-        Err(not_served("ClosePtySession"))
+        let who = caller(&request);
+        match self
+            .pty(who, PtyMutation::Close(request.into_inner()))
+            .await?
+        {
+            PtyAnswer::Close(r) => Ok(Response::new(r)),
+            _ => Err(unavailable("mismatched answer")),
+        }
     }
 
     async fn list_pty_sessions(
         &self,
-        _request: Request<wire::ListPtySessionsRequest>,
+        request: Request<wire::ListPtySessionsRequest>,
     ) -> Result<Response<wire::ListPtySessionsResponse>, Status> {
-        Err(not_served("ListPtySessions"))
+        let req = request.into_inner();
+        if let Some(c) = &req.client_id {
+            rvbox_domain::ids::ClientId::parse("client_id", c)
+                .map_err(|e| status(&DomainError::from(e)))?;
+        }
+        let mut out = self
+            .readers
+            .read(move |r| r.list_pty_sessions(&req))
+            .await?;
+        self.viewers.fill(&mut out.sessions);
+        Ok(Response::new(out))
     }
 
     type ReadPtyRecordingStream = RecordingStream;
 
     async fn read_pty_recording(
         &self,
-        _request: Request<wire::ReadPtyRecordingRequest>,
+        request: Request<wire::ReadPtyRecordingRequest>,
     ) -> Result<Response<Self::ReadPtyRecordingStream>, Status> {
-        Err(not_served("ReadPtyRecording"))
+        let id = issue_of("pty_session_id", &request.get_ref().pty_session_id)?;
+        let info = self.readers.read(move |r| r.pty_session(&id)).await?;
+        let (tx, rx) = mpsc::channel(FOLLOW_BUFFER);
+        tokio::spawn(crate::pty_follow::stream_recording(
+            Arc::clone(&self.readers),
+            id,
+            info,
+            tx,
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
 

@@ -570,6 +570,7 @@ fn build_core(server_id: [u8; 16], settings: &mut ServerSettings) -> Result<Serv
         .map_err(|e| format!("ingress watermarks: {e}"))?;
     core.set_group_policy(settings.group);
     core.set_takeover_ttl(settings.takeover_ttl_ms);
+    core.set_pty_policy(settings.pty);
     Ok(core)
 }
 

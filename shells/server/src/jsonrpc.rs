@@ -82,7 +82,7 @@ impl JsonRpcMetrics {
 
 /// The methods, lower camel case, and whether each is a mutation (which
 /// gets a server-made `requestId` when the caller sends none).
-const METHODS: [(&str, bool); 21] = [
+const METHODS: [(&str, bool); 26] = [
     ("listClients", false),
     ("getClient", false),
     ("listCommands", false),
@@ -104,6 +104,11 @@ const METHODS: [(&str, bool); 21] = [
     ("cancelFleetRun", true),
     ("pauseFleetRun", true),
     ("resumeFleetRun", true),
+    ("openPtySession", true),
+    ("writePtyInput", true),
+    ("resizePtySession", true),
+    ("closePtySession", true),
+    ("listPtySessions", false),
 ];
 
 /// A JSON-RPC error object.
@@ -666,6 +671,51 @@ async fn call(
             resume_fleet_run,
             ResumeFleetRunRequest,
             ResumeFleetRunResponse
+        ),
+        "openPtySession" => unary!(
+            service,
+            params,
+            caller,
+            max,
+            open_pty_session,
+            OpenPtySessionRequest,
+            OpenPtySessionResponse
+        ),
+        "writePtyInput" => unary!(
+            service,
+            params,
+            caller,
+            max,
+            write_pty_input,
+            WritePtyInputRequest,
+            WritePtyInputResponse
+        ),
+        "resizePtySession" => unary!(
+            service,
+            params,
+            caller,
+            max,
+            resize_pty_session,
+            ResizePtySessionRequest,
+            ResizePtySessionResponse
+        ),
+        "closePtySession" => unary!(
+            service,
+            params,
+            caller,
+            max,
+            close_pty_session,
+            ClosePtySessionRequest,
+            ClosePtySessionResponse
+        ),
+        "listPtySessions" => unary!(
+            service,
+            params,
+            caller,
+            max,
+            list_pty_sessions,
+            ListPtySessionsRequest,
+            ListPtySessionsResponse
         ),
         other => Err(RpcError::new(
             METHOD_NOT_FOUND,

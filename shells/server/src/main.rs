@@ -12,6 +12,7 @@ mod daemon;
 mod fleet_follow;
 mod jsonrpc;
 mod metrics;
+mod pty_follow;
 mod repair;
 mod replica;
 mod state;

@@ -162,6 +162,27 @@ fn closed_error(v: &PtyView) -> OpError {
     )
 }
 
+/// Records a window size (`rows` x `cols`).
+fn record_size(
+    tx: &Transaction<'_>,
+    id: &[u8; 16],
+    opened_ms: i64,
+    now_ms: i64,
+    rows: u32,
+    cols: u32,
+) -> Result<(), StoreError> {
+    record(
+        tx,
+        id,
+        opened_ms,
+        now_ms,
+        REC_RESIZE,
+        u64::from(cols),
+        u64::from(rows),
+        &[],
+    )
+}
+
 /// Appends one record and charges it, inside `tx`.
 #[allow(clippy::too_many_arguments)]
 fn record(
@@ -464,6 +485,9 @@ impl Store {
                     ],
                 )
                 .map_err(|e| StoreError::sqlite("insert terminal", e))?;
+                // the recording starts with the size at open (its
+                // asciicast header)
+                record_size(&tx, &id, now_ms, now_ms, r.rows, r.cols)?;
                 wire::OpenPtySessionResponse {
                     pty_session_id: uuid_text(&id),
                 }
@@ -529,16 +553,7 @@ impl Store {
                 )
                 .map_err(|e| StoreError::sqlite("resize terminal", e))?;
                 let opened = opened_ms(&view);
-                record(
-                    &tx,
-                    &id,
-                    opened,
-                    now_ms,
-                    REC_RESIZE,
-                    u64::from(r.cols),
-                    u64::from(r.rows),
-                    &[],
-                )?;
+                record_size(&tx, &id, opened, now_ms, r.rows, r.cols)?;
                 wire::ResizePtySessionResponse {
                     pty_session_id: uuid_text(&id),
                 }
