@@ -94,6 +94,11 @@ impl Engine {
         self.core.set_group_policy(policy);
     }
 
+    /// Sets the terminal policy (`terminals.*`).
+    pub fn set_pty_policy(&mut self, policy: rvbox_server_core::PtyPolicy) {
+        self.core.set_pty_policy(policy);
+    }
+
     fn from_core(store: Store, core: ServerCore) -> Self {
         Self {
             core,

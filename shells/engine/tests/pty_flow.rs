@@ -385,3 +385,54 @@ fn output_that_breaks_the_protocol_closes_the_connection() {
     assert_eq!(closes, vec![wire::CloseReason::ProtocolError]);
     assert_eq!(e.stats().pty_refused, 1);
 }
+
+#[test]
+fn a_terminal_idle_past_the_timeout_is_closed_and_zero_means_never() {
+    for (timeout_ms, expect_close) in [(60_000_u64, true), (0, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = engine(dir.path());
+        e.set_pty_policy(rvbox_server_core::PtyPolicy {
+            idle_timeout_ms: timeout_ms,
+            ..Default::default()
+        });
+        let (_, _, _) = connect(&mut e, 0, 1);
+        let pty = id();
+        e.pty(
+            1,
+            WALL,
+            PtyMutation::Open(wire::OpenPtySessionRequest {
+                request_id: pty.clone(),
+                client_id: "web-1".into(),
+                rows: 24,
+                cols: 80,
+                ..Default::default()
+            }),
+        )
+        .unwrap();
+        drain(&mut e, 1);
+        // the connection stays alive throughout
+        let alive = |e: &mut Engine, from: u64, to: u64| {
+            for t in (from..to).step_by(10_000) {
+                e.pong(t, WALL + i64::try_from(t).unwrap(), 1);
+            }
+        };
+        // busy a minute ago: not yet idle
+        alive(&mut e, 2, 100_000);
+        e.tick(100_000, WALL + 30_000);
+        assert!(pty_frames(&drain(&mut e, 1).0).is_empty());
+        // two passes later, idle for more than the timeout
+        alive(&mut e, 100_001, 300_000);
+        e.tick(300_000, WALL + 200_000);
+        let (frames, closes) = drain(&mut e, 1);
+        assert!(closes.is_empty(), "{closes:?}");
+        let frames = pty_frames(&frames);
+        if expect_close {
+            assert!(
+                matches!(&frames[..], [Payload::PtyClose(c)] if c.pty_session_id == pty),
+                "{frames:?}"
+            );
+        } else {
+            assert!(frames.is_empty(), "{frames:?}");
+        }
+    }
+}
