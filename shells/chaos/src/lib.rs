@@ -19,6 +19,8 @@
     clippy::indexing_slicing
 )]
 
+pub mod tmux;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Output;
