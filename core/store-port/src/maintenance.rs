@@ -34,6 +34,9 @@ pub struct MaintenanceReport {
     pub clients_pruned: u64,
     /// Done fleet runs deleted (their commands gone, or past retention).
     pub fleet_runs_pruned: u64,
+    /// Closed terminals removed with their recordings after the
+    /// terminal retention.
+    pub terminals_pruned: u64,
 }
 
 /// What one slice of the background scrub did (counters only).

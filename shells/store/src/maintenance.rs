@@ -237,6 +237,16 @@ impl Store {
             Ok(n) => report.fleet_runs_pruned = n,
             Err(e) => tracing::warn!(error = %e, "done fleet runs not pruned"),
         }
+        // closed terminals go with their recordings after the retention
+        match crate::pty::prune_closed(
+            &mut self.conn,
+            now_ms,
+            self.opts.terminal_retention_ms,
+            crate::pty::PRUNE_BATCH,
+        ) {
+            Ok(n) => report.terminals_pruned = n,
+            Err(e) => tracing::warn!(error = %e, "closed terminals not pruned"),
+        }
         // the audit outbox goes to its segments; what cannot move now stays
         // durable for the next pass
         match self.flush_audit(now_ms) {

@@ -222,6 +222,94 @@ fn record(
 }
 
 /// Drops the oldest records of `id` while its recording is over `cap`.
+/// Closed terminals one maintenance pass removes at most.
+pub(crate) const PRUNE_BATCH: usize = 256;
+
+/// What the quotas leave for the recording of `id` (a terminal of
+/// `client_id`): the client's quota less its charged command bytes and
+/// its other recordings, within the server's quota less every charged
+/// byte and every other recording.
+fn recording_room(
+    tx: &Transaction<'_>,
+    client_id: &str,
+    id: &[u8; 16],
+    tiers: &rvbox_retention::Tiers,
+) -> Result<u64, StoreError> {
+    let read = |e| StoreError::sqlite("read the quota left for a recording", e);
+    let client_charged: i64 = tx
+        .query_row_cached(
+            "SELECT COALESCE((SELECT charged_bytes FROM clients WHERE client_id = ?1), 0)",
+            params![client_id],
+            |r| r.get(0),
+        )
+        .map_err(read)?;
+    let (client_others, all_others): (i64, i64) = tx
+        .query_row_cached(
+            "SELECT COALESCE(SUM(CASE WHEN client_id = ?1 THEN recorded_bytes ELSE 0 END), 0),
+                    COALESCE(SUM(recorded_bytes), 0)
+             FROM pty_sessions WHERE pty_session_id <> ?2",
+            params![client_id, id.as_slice()],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .map_err(read)?;
+    let global = crate::store::global_charged(tx)?;
+    let client_room = tiers
+        .per_owner_total
+        .saturating_sub(to_u64(client_charged))
+        .saturating_sub(to_u64(client_others));
+    let global_room = tiers
+        .global_total
+        .saturating_sub(global)
+        .saturating_sub(to_u64(all_others));
+    Ok(client_room.min(global_room))
+}
+
+/// Closed terminals older than `retention_ms` (0 keeps them) go with
+/// their recordings, at most `limit` a pass; returns how many went.
+///
+/// # Errors
+/// A store failure (nothing of the pass committed).
+pub(crate) fn prune_closed(
+    conn: &mut rusqlite::Connection,
+    now_ms: i64,
+    retention_ms: u64,
+    limit: usize,
+) -> Result<u64, StoreError> {
+    if retention_ms == 0 {
+        return Ok(0);
+    }
+    let before = now_ms.saturating_sub(to_i64(retention_ms));
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| StoreError::sqlite("begin terminal pruning", e))?;
+    let ids: Vec<Vec<u8>> = {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT pty_session_id FROM pty_sessions
+                 WHERE state = 3 AND closed_ms < ?1 ORDER BY closed_ms LIMIT ?2",
+            )
+            .map_err(|e| StoreError::sqlite("prepare terminal pruning", e))?;
+        let rows = stmt
+            .query_map(params![before, limit as i64], |r| r.get(0))
+            .map_err(|e| StoreError::sqlite("read terminals to prune", e))?;
+        rows.collect::<Result<_, _>>()
+            .map_err(|e| StoreError::sqlite("read terminals to prune", e))?
+    };
+    for id in &ids {
+        for sql in [
+            "DELETE FROM pty_records WHERE pty_session_id = ?1",
+            "DELETE FROM pty_inputs WHERE pty_session_id = ?1",
+            "DELETE FROM pty_sessions WHERE pty_session_id = ?1",
+        ] {
+            tx.execute_cached(sql, params![id])
+                .map_err(|e| StoreError::sqlite("prune a closed terminal", e))?;
+        }
+    }
+    tx.commit()
+        .map_err(|e| StoreError::sqlite("commit terminal pruning", e))?;
+    Ok(ids.len() as u64)
+}
+
 fn trim_recording(tx: &Transaction<'_>, id: &[u8; 16], cap: u64) -> Result<(), StoreError> {
     let recorded: i64 = tx
         .query_row_cached(
@@ -635,7 +723,11 @@ impl Store {
             out.push(applied);
         }
         for id in &touched {
-            trim_recording(&tx, id, recording_bytes)?;
+            // a recording shares the client's and the server's quotas with
+            // command output, which goes first: it is trimmed (oldest
+            // records first, the cut marked) to what they leave
+            let room = recording_room(&tx, client_id, id, &self.opts.tiers)?;
+            trim_recording(&tx, id, recording_bytes.min(room))?;
         }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit terminal reports", e))?;

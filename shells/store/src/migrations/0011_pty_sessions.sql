@@ -30,6 +30,7 @@ CREATE TABLE pty_sessions (
 
 CREATE INDEX pty_sessions_by_client ON pty_sessions (client_id, state);
 CREATE INDEX pty_sessions_live ON pty_sessions (last_activity_ms) WHERE state <> 3;
+CREATE INDEX pty_sessions_closed ON pty_sessions (closed_ms) WHERE state = 3;
 CREATE INDEX pty_sessions_by_opened ON pty_sessions (opened_ms, pty_session_id);
 
 -- Input not yet acknowledged by the client, in input_seq order.
