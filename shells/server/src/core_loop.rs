@@ -338,6 +338,7 @@ impl<B: Backend + Send + 'static> Loop<B> {
         self.core
             .handle(self.clock.now_ms(), Clock::wall_ms(), input);
         self.drain();
+        self.metrics.terminal_stats(self.core.stats());
     }
 
     /// Performs every output of the core, in order. Inputs the outputs

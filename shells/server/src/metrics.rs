@@ -51,7 +51,24 @@ pub(crate) struct ServerMetrics {
     pub(crate) ready: Gauge,
     /// Times a batch found the executor gone.
     pub(crate) executor_gone: Counter,
+    /// Terminal events of the core, by event (docs/terminals.md).
+    pub(crate) terminals: Family<ReasonLabel, Counter>,
+    /// The core's terminal counters last exported.
+    terminals_seen: std::sync::Mutex<[u64; TERMINAL_EVENTS.len()]>,
 }
+
+/// The terminal counters of the core, by their bounded event name.
+const TERMINAL_EVENTS: [&str; 9] = [
+    "mutation",
+    "report_recorded",
+    "gap",
+    "report_refused",
+    "failure",
+    "sync",
+    "input_sent",
+    "idle_closed",
+    "queue_full",
+];
 
 impl ServerMetrics {
     /// Counts one session counter.
@@ -62,6 +79,32 @@ impl ServerMetrics {
                 reason: reason.unwrap_or(""),
             })
             .inc();
+    }
+
+    /// Exports what the core's terminal counters moved since the last call.
+    pub(crate) fn terminal_stats(&self, s: &rvbox_server_core::EngineStats) {
+        let now = [
+            s.pty_mutations,
+            s.pty_reports,
+            s.pty_gaps,
+            s.pty_refused,
+            s.pty_failures,
+            s.pty_syncs,
+            s.pty_inputs_sent,
+            s.pty_idle_closed,
+            s.pty_queue_full,
+        ];
+        let Ok(mut seen) = self.terminals_seen.lock() else {
+            return;
+        };
+        for ((reason, n), last) in TERMINAL_EVENTS.iter().zip(now).zip(seen.iter_mut()) {
+            if n > *last {
+                self.terminals
+                    .get_or_create(&ReasonLabel { reason })
+                    .inc_by(n - *last);
+                *last = n;
+            }
+        }
     }
 
     /// Counts one close by the core.
@@ -95,6 +138,11 @@ impl ServerMetrics {
             "session_events",
             "Session state changes and failures, by counter and reason",
             self.sessions.clone(),
+        );
+        r.register(
+            "terminal_events",
+            "Terminal mutations, client reports, gaps, refusals, failures, syncs, input frames, idle closes and queue overflows of the server core, by event",
+            self.terminals.clone(),
         );
         r.register(
             "agent_closes",

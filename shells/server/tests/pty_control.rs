@@ -278,5 +278,13 @@ async fn viewers_get_exact_output_live_and_the_recording_holds_everything() {
         .await
         .unwrap_err();
     assert_eq!(late.code(), tonic::Code::FailedPrecondition, "{late:?}");
+    // the terminal events are counted, by event only
+    let (_, metrics) = rvbox_testkit::http_get(stack.server_metrics, "/metrics").unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("rvbox_server_terminal_events_total{reason=\"mutation\"} ")),
+        "{metrics}"
+    );
     drop(stack);
 }
