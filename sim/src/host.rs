@@ -553,6 +553,7 @@ fn core_config(c: &ClientConfig, client_id: &ClientId, work: &Path) -> ClientCor
         ]),
         profiles: BTreeMap::new(),
         hello: wire::ClientHello::default(),
+        terminals: rvbox_client_core::machine::TerminalLimits::default(),
     }
 }
 
@@ -1113,7 +1114,9 @@ impl SimHost {
                     self.conn = None;
                     self.effects.push_back(ClientEffect::Connect);
                 }
-                Wire::Binary(b) => self.send_binary(b),
+                // the simulated network has one ordered stream per
+                // connection: the data lane goes in order with the rest
+                Wire::Binary(b) | Wire::Data(b) => self.send_binary(b),
                 Wire::Ping => {
                     self.counters.pings = self.counters.pings.saturating_add(1);
                     self.send(Item::Ping);

@@ -16,14 +16,25 @@
 //!
 //! Trees die with their daemon: after a crash nothing of them runs on,
 //! and reaping finds them gone.
+//!
+//! Terminals are modelled with the real holder (`rvbox_terminal::holder`,
+//! its output ring and input gate) over a model shell that echoes every
+//! byte written to its PTY. Holders outlive their daemon, as real ones
+//! do: a restarted daemon adopts them with the token it recorded. The
+//! [`TerminalRecord`] of each terminal in the shared log is what its PTY
+//! really got (every input frame and byte written, once each) and
+//! produced (every output byte, by offset), for the oracles.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rvbox_client_core::process::{
-    CommandProcessEvent, Exit, LaunchFailure, LaunchIdentity, LaunchSpec, ProcessEvent, Supervision,
+    CommandProcessEvent, Exit, HolderIdentity, HolderLoss, LaunchFailure, LaunchIdentity,
+    LaunchSpec, ProcessEvent, Supervision, TerminalEvent, TerminalProcessEvent, TerminalSpec,
 };
+use rvbox_client_core::terminal::holder::{Effect, Holder, Identity};
+use rvbox_client_core::terminal::local::{FromHolder, ToHolder};
 use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
 use rvbox_supervisor::{OrphanOutcome, Supervisor, SupervisorError};
@@ -36,6 +47,16 @@ pub const READ_CHUNK: usize = 64 * 1024;
 pub const MAX_LOGGED_COMMANDS: usize = 100_000;
 /// Most bytes one tree writes (bursts included); a bound, not a target.
 pub const MAX_TREE_BYTES: u64 = 16 * 1024 * 1024;
+/// Most terminals the log keeps.
+pub const MAX_LOGGED_TERMINALS: usize = 10_000;
+/// Most bytes a terminal's record keeps of its input and of its output
+/// (past it the record says it overflowed).
+pub const MAX_TERMINAL_LOG_BYTES: usize = 16 * 1024 * 1024;
+/// The model holder's output ring (the real holder's default).
+pub const MODEL_RING_BYTES: usize = rvbox_client_core::terminal::ring::DEFAULT_CAPACITY;
+/// Input frames a model shell takes before its holder answers `Busy`
+/// (never: the model PTY takes everything at once).
+const MODEL_VIEWERS: usize = rvbox_client_core::terminal::input::DEFAULT_VIEWERS;
 
 /// The shape of the programs a supervisor runs (from the host's
 /// configuration).
@@ -142,16 +163,64 @@ pub struct ProcessRecord {
     pub end_unrecorded: bool,
 }
 
+/// What one terminal's PTY really got and produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TerminalRecord {
+    /// The host (client index) whose holder ran it.
+    pub host: u32,
+    /// Holders started for it (an orphan of a crash before its record was
+    /// durable is reclaimed by the next start).
+    pub starts: u32,
+    /// Adoptions of its holder by a restarted daemon.
+    pub adoptions: u32,
+    /// Input frames written to the PTY, by `input_seq`, in order: each
+    /// acknowledged frame appears exactly once.
+    pub input_seqs: Vec<u64>,
+    /// Every input byte written to the PTY, in order.
+    pub written: Vec<u8>,
+    /// Every output byte the PTY produced; output offset `n` is index `n`.
+    pub output: Vec<u8>,
+    /// How its shell ended (`None` while it runs).
+    pub ended: Option<Exit>,
+    /// It was hung up (a close).
+    pub hung_up: bool,
+    /// `written` or `output` reached [`MAX_TERMINAL_LOG_BYTES`].
+    pub truncated: bool,
+}
+
 /// Every tree's record, shared between the supervisor (which writes it)
 /// and the world's oracles (which read it).
 #[derive(Debug, Default)]
 pub struct ProcessLog {
     records: BTreeMap<Uuid7, ProcessRecord>,
+    terminals: BTreeMap<Uuid7, TerminalRecord>,
     /// A record could not be kept (the bound): the run must fail.
     pub overflowed: bool,
 }
 
 impl ProcessLog {
+    /// Every terminal's record.
+    #[must_use]
+    pub fn terminals(&self) -> &BTreeMap<Uuid7, TerminalRecord> {
+        &self.terminals
+    }
+
+    /// The record of terminal `id`.
+    #[must_use]
+    pub fn terminal(&self, id: &Uuid7) -> Option<&TerminalRecord> {
+        self.terminals.get(id)
+    }
+
+    fn terminal_entry(&mut self, id: Uuid7, host: u32) -> Option<&mut TerminalRecord> {
+        if !self.terminals.contains_key(&id) && self.terminals.len() >= MAX_LOGGED_TERMINALS {
+            self.overflowed = true;
+            return None;
+        }
+        let r = self.terminals.entry(id).or_default();
+        r.host = host;
+        Some(r)
+    }
+
     /// The records.
     #[must_use]
     pub fn records(&self) -> &BTreeMap<Uuid7, ProcessRecord> {
@@ -202,6 +271,36 @@ struct Tree {
     exited: bool,
 }
 
+/// A model terminal holder: the real holder's decisions over a shell that
+/// echoes its input.
+#[derive(Debug)]
+struct ModelHolder {
+    holder: Holder,
+    identity: HolderIdentity,
+    /// The daemon it is attached to told the exit: the holder is gone.
+    gone: bool,
+}
+
+/// The holders of one host, shared by every daemon that runs there (they
+/// outlive it).
+type SharedHolders = Arc<Mutex<BTreeMap<Uuid7, ModelHolder>>>;
+
+fn holders(shared: &SharedHolders) -> std::sync::MutexGuard<'_, BTreeMap<Uuid7, ModelHolder>> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What one daemon's connection to a holder carries besides the holder
+/// (the real supervisor's I/O thread).
+#[derive(Debug, Clone, Default)]
+struct HolderLink {
+    /// The offset after the last output byte handed over.
+    forwarded: u64,
+    /// Bytes cut before the next output (from a replay).
+    cut: u64,
+}
+
 /// The simulated supervisor of one host.
 #[derive(Debug, Clone)]
 pub struct SimSupervisor {
@@ -227,6 +326,14 @@ pub struct SimSupervisor {
     chatty: SimRng,
     /// Chatty lines written so far (numbered apart from `lines`).
     chatty_lines: u64,
+    /// The host's terminal holders.
+    holders: SharedHolders,
+    /// The holders this daemon drives.
+    links: BTreeMap<Uuid7, HolderLink>,
+    /// Terminal events not yet taken.
+    terminal_ready: VecDeque<TerminalProcessEvent>,
+    /// Holders started on this host so far (their pids).
+    holder_pids: u32,
 }
 
 impl SimSupervisor {
@@ -257,6 +364,10 @@ impl SimSupervisor {
             log,
             started: Vec::new(),
             lines: 0,
+            holders: Arc::new(Mutex::new(BTreeMap::new())),
+            links: BTreeMap::new(),
+            terminal_ready: VecDeque::new(),
+            holder_pids: 0,
         }
     }
 
@@ -274,10 +385,10 @@ impl SimSupervisor {
         std::mem::take(&mut self.started)
     }
 
-    /// Whether process events wait to be taken.
+    /// Whether process or terminal events wait to be taken.
     #[must_use]
     pub fn has_events(&self) -> bool {
-        !self.ready.is_empty()
+        !self.ready.is_empty() || !self.terminal_ready.is_empty()
     }
 
     /// The next time a tree does something.
@@ -328,6 +439,165 @@ impl SimSupervisor {
         self.trees.clear();
         self.prepared.clear();
         self.ready.clear();
+        // the holders go on, detached, keeping their output in their rings
+        for h in holders(&self.holders).values_mut() {
+            h.holder.detached();
+        }
+        self.links.clear();
+        self.terminal_ready.clear();
+    }
+
+    fn terminal_push(&mut self, terminal: Uuid7, event: TerminalEvent) {
+        self.terminal_ready
+            .push_back(TerminalProcessEvent { terminal, event });
+    }
+
+    /// Performs a model holder's effects as its process would, and hands
+    /// what it says to this daemon as terminal events (as the real
+    /// supervisor's thread does).
+    fn perform(&mut self, id: Uuid7, effects: Vec<Effect>) {
+        let mut queue: VecDeque<Effect> = effects.into();
+        while let Some(e) = queue.pop_front() {
+            match e {
+                Effect::WritePty(bytes) => {
+                    // the model shell echoes every byte it reads
+                    let echo = {
+                        let mut hs = holders(&self.holders);
+                        let Some(h) = hs.get_mut(&id) else { continue };
+                        h.holder.pty_output(&bytes)
+                    };
+                    self.log_output(id, &bytes);
+                    queue.extend(echo);
+                }
+                Effect::Resize { .. } => {}
+                Effect::HangUp => {
+                    let fx = {
+                        let mut hs = holders(&self.holders);
+                        let Some(h) = hs.get_mut(&id) else { continue };
+                        h.holder.shell_exited(true, 1)
+                    };
+                    if let Some(r) = log(&self.log).terminal_entry(id, self.host) {
+                        r.hung_up = true;
+                        r.ended = Some(Exit::Signal(1));
+                    }
+                    queue.extend(fx);
+                }
+                Effect::Send(m) => self.told(id, m),
+            }
+        }
+    }
+
+    fn log_output(&self, id: Uuid7, bytes: &[u8]) {
+        if let Some(r) = log(&self.log).terminal_entry(id, self.host) {
+            if r.output.len() + bytes.len() > MAX_TERMINAL_LOG_BYTES {
+                r.truncated = true;
+            } else {
+                r.output.extend_from_slice(bytes);
+            }
+        }
+    }
+
+    /// A message of a holder to this daemon.
+    fn told(&mut self, id: Uuid7, m: FromHolder) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return; // no daemon of this host drives it now
+        };
+        match m {
+            FromHolder::Replay { cut, .. } => link.cut = cut,
+            FromHolder::Output { offset, bytes } => {
+                let cut = std::mem::take(&mut link.cut);
+                link.forwarded = link
+                    .forwarded
+                    .max(offset.saturating_add(bytes.len() as u64));
+                self.terminal_push(id, TerminalEvent::Output { offset, bytes, cut });
+            }
+            FromHolder::InputAck { acked, .. } => {
+                if acked > 0 {
+                    self.terminal_push(id, TerminalEvent::InputAcked { seq: acked });
+                }
+            }
+            FromHolder::Exited { signal, value } => {
+                let final_offset = link.forwarded;
+                self.links.remove(&id);
+                if let Some(h) = holders(&self.holders).get_mut(&id) {
+                    // told: the holder exits
+                    h.gone = true;
+                }
+                let exit = if signal {
+                    Exit::Signal(value)
+                } else {
+                    Exit::Code(value)
+                };
+                self.terminal_push(id, TerminalEvent::Exited { exit, final_offset });
+            }
+            FromHolder::OffsetAhead { end, .. } => {
+                let fx = holders(&self.holders)
+                    .get_mut(&id)
+                    .map(|h| h.holder.message(ToHolder::Attach { from: end }))
+                    .unwrap_or_default();
+                self.perform(id, fx);
+            }
+            FromHolder::Proof { .. } => {}
+        }
+    }
+
+    /// The model holder of `id` driven by this daemon, or why not.
+    fn driven(&self, id: &Uuid7) -> Result<(), SupervisorError> {
+        let live = holders(&self.holders).get(id).is_some_and(|h| !h.gone);
+        if live && self.links.contains_key(id) {
+            Ok(())
+        } else {
+            Err(SupervisorError::UnknownTerminal(*id))
+        }
+    }
+
+    fn message(&mut self, id: &Uuid7, m: ToHolder) -> Result<(), SupervisorError> {
+        self.driven(id)?;
+        let fx = holders(&self.holders)
+            .get_mut(id)
+            .map(|h| h.holder.message(m))
+            .unwrap_or_default();
+        self.perform(*id, fx);
+        Ok(())
+    }
+
+    /// The shell of terminal `id` writes `bytes` by itself (a prompt, a
+    /// program's output), as the world's workload decides.
+    pub fn terminal_writes(&mut self, id: &Uuid7, bytes: &[u8]) {
+        let fx = {
+            let mut hs = holders(&self.holders);
+            let Some(h) = hs.get_mut(id).filter(|h| !h.gone) else {
+                return;
+            };
+            h.holder.pty_output(bytes)
+        };
+        self.log_output(*id, bytes);
+        self.perform(*id, fx);
+    }
+
+    /// The shell of terminal `id` ends by itself with `code`.
+    pub fn terminal_exits(&mut self, id: &Uuid7, code: i32) {
+        let fx = {
+            let mut hs = holders(&self.holders);
+            let Some(h) = hs.get_mut(id).filter(|h| !h.gone) else {
+                return;
+            };
+            h.holder.shell_exited(false, code)
+        };
+        if let Some(r) = log(&self.log).terminal_entry(*id, self.host) {
+            r.ended = Some(Exit::Code(code));
+        }
+        self.perform(*id, fx);
+    }
+
+    /// The host's terminal holders still running.
+    #[must_use]
+    pub fn live_holders(&self) -> Vec<Uuid7> {
+        holders(&self.holders)
+            .iter()
+            .filter(|(_, h)| !h.gone)
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// A write of `len` seeded bytes on `stream`, handed over in reads of
@@ -729,5 +999,280 @@ impl Supervisor for SimSupervisor {
 
     fn next_event(&mut self, _: Duration) -> Option<CommandProcessEvent> {
         self.ready.pop_front()
+    }
+
+    fn start_terminal(&mut self, spec: TerminalSpec) -> Result<(), SupervisorError> {
+        let id = spec.terminal;
+        if self.links.contains_key(&id) {
+            return Err(SupervisorError::TerminalBusy {
+                terminal: id,
+                what: "it already has a holder here",
+            });
+        }
+        self.holder_pids = self.holder_pids.saturating_add(1);
+        let pid = 20_000u32.saturating_add(self.holder_pids);
+        let mut token = [0u8; 32];
+        for chunk in token.chunks_mut(8) {
+            chunk.copy_from_slice(&self.rng.next_u64().to_le_bytes());
+        }
+        let start_ticks = self.rng.next_u64();
+        let identity = HolderIdentity {
+            socket: format!("/sim/host-{}/run/pty-{id}.sock", self.host),
+            pid,
+            start_ticks,
+            boot_id: format!("sim-boot-{}", self.host),
+            token,
+            cgroup: None,
+        };
+        let holder = Holder::new(
+            Identity {
+                token,
+                pid,
+                start_ticks,
+            },
+            MODEL_RING_BYTES,
+            MODEL_VIEWERS,
+        );
+        // an orphan of an unrecorded start (its cgroup) is reclaimed first
+        let orphan = holders(&self.holders)
+            .insert(
+                id,
+                ModelHolder {
+                    holder,
+                    identity: identity.clone(),
+                    gone: false,
+                },
+            )
+            .is_some_and(|old| !old.gone);
+        if let Some(r) = log(&self.log).terminal_entry(id, self.host) {
+            r.starts = r.starts.saturating_add(1);
+            if orphan {
+                r.ended = Some(Exit::Signal(9));
+            }
+        }
+        self.links.insert(id, HolderLink::default());
+        self.terminal_push(id, TerminalEvent::Started(identity));
+        Ok(())
+    }
+
+    fn adopt_terminal(
+        &mut self,
+        terminal: &Uuid7,
+        holder: &HolderIdentity,
+    ) -> Result<(), SupervisorError> {
+        let proven = holders(&self.holders)
+            .get(terminal)
+            .is_some_and(|h| !h.gone && h.identity == *holder);
+        if !proven {
+            self.terminal_push(
+                *terminal,
+                TerminalEvent::Lost {
+                    loss: HolderLoss::Gone,
+                    detail: format!("the terminal's holder (pid {}) is gone", holder.pid),
+                },
+            );
+            return Ok(());
+        }
+        if let Some(h) = holders(&self.holders).get_mut(terminal) {
+            // a new connection replaces the old
+            h.holder.detached();
+        }
+        if let Some(r) = log(&self.log).terminal_entry(*terminal, self.host) {
+            r.adoptions = r.adoptions.saturating_add(1);
+        }
+        self.links.insert(*terminal, HolderLink::default());
+        self.terminal_push(*terminal, TerminalEvent::Adopted);
+        Ok(())
+    }
+
+    fn attach_terminal(&mut self, terminal: &Uuid7, from: u64) -> Result<(), SupervisorError> {
+        if let Some(l) = self.links.get_mut(terminal) {
+            l.cut = 0;
+        }
+        self.message(terminal, ToHolder::Attach { from })
+    }
+
+    fn terminal_input(
+        &mut self,
+        terminal: &Uuid7,
+        seq: u64,
+        bytes: Vec<u8>,
+    ) -> Result<(), SupervisorError> {
+        self.driven(terminal)?;
+        let viewer = *terminal.as_bytes();
+        let fx = holders(&self.holders)
+            .get_mut(terminal)
+            .map(|h| {
+                h.holder.message(ToHolder::Input {
+                    viewer,
+                    seq,
+                    bytes: bytes.clone(),
+                })
+            })
+            .unwrap_or_default();
+        if fx.iter().any(|e| matches!(e, Effect::WritePty(_)))
+            && let Some(r) = log(&self.log).terminal_entry(*terminal, self.host)
+        {
+            // what the PTY really got, once per frame the gate lets through
+            r.input_seqs.push(seq);
+            if r.written.len() + bytes.len() > MAX_TERMINAL_LOG_BYTES {
+                r.truncated = true;
+            } else {
+                r.written.extend_from_slice(&bytes);
+            }
+        }
+        self.perform(*terminal, fx);
+        Ok(())
+    }
+
+    fn resize_terminal(
+        &mut self,
+        terminal: &Uuid7,
+        rows: u16,
+        cols: u16,
+    ) -> Result<(), SupervisorError> {
+        self.message(terminal, ToHolder::Resize { cols, rows })
+    }
+
+    fn close_terminal(&mut self, terminal: &Uuid7) -> Result<(), SupervisorError> {
+        self.message(terminal, ToHolder::Close)
+    }
+
+    fn next_terminal_event(&mut self) -> Option<TerminalProcessEvent> {
+        self.terminal_ready.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+    use super::*;
+
+    fn sup(log: &SharedLog) -> SimSupervisor {
+        SimSupervisor::new(
+            0,
+            SimRng::new(7),
+            Programs::default(),
+            1_800_000_000_000,
+            Arc::clone(log),
+        )
+    }
+
+    fn term() -> Uuid7 {
+        Uuid7::parse("t", "01890a5d-ac96-774b-bcce-b302099a8301").unwrap()
+    }
+
+    fn spec() -> TerminalSpec {
+        TerminalSpec {
+            terminal: term(),
+            shell: wire::ShellType::Sh,
+            shell_path: "/bin/sh".into(),
+            cwd: "/tmp".into(),
+            env: vec![],
+            rows: 24,
+            cols: 80,
+            limits: rvbox_client_core::process::ResourceLimits::default(),
+        }
+    }
+
+    fn events(s: &mut SimSupervisor) -> Vec<TerminalEvent> {
+        std::iter::from_fn(|| s.next_terminal_event())
+            .map(|e| e.event)
+            .collect()
+    }
+
+    fn output(ev: &[TerminalEvent]) -> Vec<(u64, Vec<u8>)> {
+        ev.iter()
+            .filter_map(|e| match e {
+                TerminalEvent::Output { offset, bytes, .. } => Some((*offset, bytes.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_model_terminal_echoes_each_frame_once_outlives_its_daemon_and_is_adopted() {
+        let log: SharedLog = Arc::default();
+        let mut s = sup(&log);
+        s.start_terminal(spec()).unwrap();
+        let ev = events(&mut s);
+        let [TerminalEvent::Started(identity)] = ev.as_slice() else {
+            panic!("{ev:?}")
+        };
+        let identity = identity.clone();
+        s.attach_terminal(&term(), 0).unwrap();
+        s.terminal_writes(&term(), b"$ ");
+        s.terminal_input(&term(), 1, b"ls\r".to_vec()).unwrap();
+        s.terminal_input(&term(), 1, b"ls\r".to_vec()).unwrap();
+        let ev = events(&mut s);
+        assert_eq!(
+            output(&ev),
+            vec![(0, b"$ ".to_vec()), (2, b"ls\r".to_vec())],
+            "echoed once, by offset"
+        );
+        let acks: Vec<u64> = ev
+            .iter()
+            .filter_map(|e| match e {
+                TerminalEvent::InputAcked { seq } => Some(*seq),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(acks, vec![1, 1], "the repeat is acknowledged again");
+        // a gap is not written
+        s.terminal_input(&term(), 3, b"x".to_vec()).unwrap();
+        assert!(output(&events(&mut s)).is_empty());
+        {
+            let l = log.lock().unwrap();
+            let r = l.terminal(&term()).unwrap();
+            assert_eq!(r.input_seqs, vec![1]);
+            assert_eq!(r.written, b"ls\r");
+            assert_eq!(r.output, b"$ ls\r");
+            assert_eq!(r.starts, 1);
+        }
+        // the daemon dies; the holder keeps its ring and gate
+        s.daemon_died(&BTreeSet::new(), &BTreeMap::new());
+        assert!(matches!(
+            s.terminal_input(&term(), 2, b"y".to_vec()),
+            Err(SupervisorError::UnknownTerminal(_))
+        ));
+        let mut forged = identity.clone();
+        forged.token = [0; 32];
+        s.adopt_terminal(&term(), &forged).unwrap();
+        assert!(matches!(
+            events(&mut s).as_slice(),
+            [TerminalEvent::Lost {
+                loss: HolderLoss::Gone,
+                ..
+            }]
+        ));
+        s.adopt_terminal(&term(), &identity).unwrap();
+        assert_eq!(events(&mut s), vec![TerminalEvent::Adopted]);
+        s.attach_terminal(&term(), 0).unwrap();
+        assert_eq!(output(&events(&mut s)), vec![(0, b"$ ls\r".to_vec())]);
+        s.terminal_input(&term(), 1, b"ls\r".to_vec()).unwrap();
+        s.terminal_input(&term(), 2, b"y".to_vec()).unwrap();
+        s.close_terminal(&term()).unwrap();
+        let ev = events(&mut s);
+        assert_eq!(output(&ev), vec![(5, b"y".to_vec())]);
+        assert_eq!(
+            ev.last(),
+            Some(&TerminalEvent::Exited {
+                exit: Exit::Signal(1),
+                final_offset: 6
+            })
+        );
+        let l = log.lock().unwrap();
+        let r = l.terminal(&term()).unwrap();
+        assert_eq!(r.input_seqs, vec![1, 2], "every acknowledged frame once");
+        assert_eq!(r.adoptions, 1);
+        assert!(r.hung_up);
+        drop(l);
+        // the holder is gone with its shell
+        s.adopt_terminal(&term(), &identity).unwrap();
+        assert!(matches!(
+            events(&mut s).as_slice(),
+            [TerminalEvent::Lost { .. }]
+        ));
+        assert!(s.live_holders().is_empty());
     }
 }

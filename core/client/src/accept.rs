@@ -177,7 +177,7 @@ fn timestamp_ms(t: &prost_types::Timestamp) -> i64 {
 /// A lexically normalized absolute path: no `.`/`..` components, no empty
 /// components, no trailing slash (except `/`). `None` when `path` is not
 /// absolute or climbs above the root.
-fn normalize(path: &str) -> Option<String> {
+pub(crate) fn normalize(path: &str) -> Option<String> {
     if !path.starts_with('/') {
         return None;
     }
@@ -194,7 +194,7 @@ fn normalize(path: &str) -> Option<String> {
     Some(format!("/{}", parts.join("/")))
 }
 
-fn under_root(cwd: &str, root: &str) -> bool {
+pub(crate) fn under_root(cwd: &str, root: &str) -> bool {
     cwd == root
         || root == "/"
         || cwd

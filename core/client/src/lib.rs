@@ -11,7 +11,9 @@
 //! the spool ([`spool`]: one durable command-local order, wire sequences
 //! on admission to the send windows, watermarks and loss mode, rolling
 //! caps, truncation markers), and the values every supervisor speaks
-//! ([`process`]: launch specs, launcher identities, process events).
+//! ([`process`]: launch specs, launcher identities, process events; terminal
+//! specs, holder identities and terminal events), and the client's side of
+//! the terminals ([`machine::terminals`]).
 //!
 //! Must never: do I/O, read a clock, draw randomness, spawn threads or read
 //! the environment. Time arrives with every input; durability is always a
@@ -26,6 +28,11 @@ pub mod machine;
 pub mod ops;
 pub mod process;
 pub mod spool;
+
+/// The terminal core the client's parts share (the holder's decisions,
+/// the output ring by offset, the input gate), for a supervisor that
+/// models a holder with the real code.
+pub use rvbox_terminal as terminal;
 
 pub use accept::{
     AcceptDecision, AcceptPolicy, Capacity, CheckedDispatch, ExistingCommand, MAX_COMMAND_RECORDS,

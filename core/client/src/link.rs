@@ -179,8 +179,12 @@ pub struct LiveSession {
 pub enum LinkEffect {
     /// Open a transport to the server.
     Dial,
-    /// Send this binary frame (an encoded envelope).
+    /// Send this binary frame (an encoded envelope) on the control lane,
+    /// in order with every other frame of that lane.
     Send(Vec<u8>),
+    /// Send this binary frame on the data lane (terminal traffic): it may
+    /// wait behind the control lane, never the other way round.
+    SendData(Vec<u8>),
     /// Answer a WebSocket Ping.
     SendPong,
     /// Send a WebSocket Ping (heartbeat).
@@ -611,15 +615,20 @@ impl Link {
             | Payload::Signal(_)
             | Payload::StdinWrite(_)
             | Payload::ScriptChunk(_)
-            | Payload::PtyOpen(_)
+                if active =>
+            {
+                self.push(LinkEffect::Message(payload));
+            }
+            // terminals do not depend on the commands' reconciliation: the
+            // server sends their frames once it wrote its round, which may
+            // be before this client applied the result
+            Payload::PtyOpen(_)
             | Payload::PtyInput(_)
             | Payload::PtyResize(_)
             | Payload::PtyAttach(_)
             | Payload::PtyOutputAck(_)
             | Payload::PtyDetach(_)
-            | Payload::PtyClose(_)
-                if active =>
-            {
+            | Payload::PtyClose(_) => {
                 self.push(LinkEffect::Message(payload));
             }
             _ => self.violation(now_ms, codes::protocol_error()),
@@ -647,6 +656,21 @@ impl Link {
             payload: Some(payload),
         };
         self.push(LinkEffect::Send(env.encode_to_vec()));
+        Ok(())
+    }
+
+    /// Like [`Link::send`], on the data lane.
+    ///
+    /// # Errors
+    /// [`NotLive`] when there is no welcomed session.
+    pub fn send_data(&mut self, payload: Payload) -> Result<(), NotLive> {
+        let s = self.session.as_ref().ok_or(NotLive)?;
+        let env = wire::Envelope {
+            session_id: s.session_id.clone(),
+            generation: s.generation,
+            payload: Some(payload),
+        };
+        self.push(LinkEffect::SendData(env.encode_to_vec()));
         Ok(())
     }
 

@@ -8,7 +8,7 @@ use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
 
 use crate::accept::{CheckedDispatch, Refusal};
-use crate::process::{LaunchIdentity, LaunchSpec};
+use crate::process::{HolderIdentity, LaunchIdentity, LaunchSpec, TerminalSpec};
 use crate::spool::{SpoolCompletion, SpoolOp};
 
 /// A completion token of the client core.
@@ -121,6 +121,49 @@ pub enum ClientOp {
         /// The command.
         issue: Uuid7,
     },
+    /// A new terminal's opening record, durable before its holder starts.
+    TerminalOpening {
+        /// The terminal.
+        terminal: Uuid7,
+        /// The shell it opens.
+        resolved_shell: wire::ShellType,
+        /// The checked open request.
+        open: Box<wire::PtyOpen>,
+    },
+    /// The started holder's record, durable before `PtyOpened` is sent.
+    TerminalOpened {
+        /// The terminal.
+        terminal: Uuid7,
+        /// Its holder.
+        holder: Box<HolderIdentity>,
+    },
+    /// The terminal's end, kept for a day so that the server's questions
+    /// about it are answered from it.
+    TerminalClosed {
+        /// The terminal.
+        terminal: Uuid7,
+        /// How it ended.
+        closed: Box<ClosedTerminal>,
+    },
+    /// Closed terminals closed before `closed_before_ms` (wall time), and
+    /// opening records created before it, are forgotten.
+    TerminalsExpire {
+        /// The cut-off.
+        closed_before_ms: i64,
+    },
+}
+
+/// How a terminal ended, as the client keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClosedTerminal {
+    /// How the shell ended.
+    pub exit_result: wire::ExitResult,
+    /// The offset after the last output byte.
+    pub final_offset: u64,
+    /// Operator-readable explanation.
+    pub reason: String,
+    /// When it closed (wall time).
+    pub closed_at_ms: i64,
 }
 
 /// How a [`ClientOp`] ended.
@@ -230,6 +273,43 @@ pub enum SuperviseOp {
         /// What was recorded.
         identity: LaunchIdentity,
     },
-    /// Orderly shutdown of every tree.
+    /// Orderly shutdown of every tree (terminal holders outlive it).
     StopAll,
+    /// Start a terminal's holder (answered by `Started` or `Failed`).
+    StartTerminal(Box<TerminalSpec>),
+    /// Adopt a recorded holder after a restart (answered by `Adopted` or
+    /// `Lost`).
+    AdoptTerminal {
+        /// The terminal.
+        terminal: Uuid7,
+        /// What was recorded.
+        holder: Box<HolderIdentity>,
+    },
+    /// Stream the holder's output from `from` (its replay, then live).
+    AttachTerminal {
+        /// The terminal.
+        terminal: Uuid7,
+        /// The offset to start from.
+        from: u64,
+    },
+    /// One input frame (answered by `InputAcked`).
+    TerminalInput {
+        /// The terminal.
+        terminal: Uuid7,
+        /// Its `input_seq`.
+        seq: u64,
+        /// The keys.
+        bytes: Vec<u8>,
+    },
+    /// A window size change.
+    ResizeTerminal {
+        /// The terminal.
+        terminal: Uuid7,
+        /// Rows.
+        rows: u16,
+        /// Columns.
+        cols: u16,
+    },
+    /// Hang up the terminal's shell (answered by `Exited`).
+    CloseTerminal(Uuid7),
 }

@@ -196,3 +196,122 @@ pub struct CommandProcessEvent {
     /// What happened.
     pub event: ProcessEvent,
 }
+
+/// Everything a supervisor needs to start one terminal's holder
+/// (docs/terminals.md): the shell runs on a PTY the holder owns, in the
+/// terminal's own cgroup where the host has them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TerminalSpec {
+    /// The terminal (the PTY session id).
+    pub terminal: Uuid7,
+    /// The shell type (sh or bash on Unix).
+    pub shell: wire::ShellType,
+    /// The canonical absolute shell executable validated at startup.
+    pub shell_path: String,
+    /// The effective working directory.
+    pub cwd: String,
+    /// Environment overrides on top of the daemon's environment, sorted by
+    /// key.
+    pub env: Vec<(String, String)>,
+    /// Rows (1..=1000).
+    pub rows: u16,
+    /// Columns (1..=1000).
+    pub cols: u16,
+    /// Resource controls of the terminal's cgroup (empty: none).
+    pub limits: ResourceLimits,
+}
+
+/// What the daemon keeps durably to find a terminal's holder again and
+/// prove it is the one it started.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HolderIdentity {
+    /// The holder's private socket.
+    pub socket: String,
+    /// Its pid.
+    pub pid: u32,
+    /// Field 22 of its `/proc/<pid>/stat`: with the pid, its birth
+    /// identity.
+    pub start_ticks: u64,
+    /// The host's boot id when it started.
+    pub boot_id: String,
+    /// The token it proves itself with (never logged).
+    pub token: [u8; 32],
+    /// The terminal's v2 cgroup, when one holds it.
+    pub cgroup: Option<String>,
+}
+
+impl std::fmt::Debug for HolderIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // never the token
+        f.debug_struct("HolderIdentity")
+            .field("socket", &self.socket)
+            .field("pid", &self.pid)
+            .field("start_ticks", &self.start_ticks)
+            .field("boot_id", &self.boot_id)
+            .field("cgroup", &self.cgroup)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a holder is no longer reachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HolderLoss {
+    /// The host restarted since the holder started: the terminal ended
+    /// with it.
+    HostRestarted,
+    /// The holder is gone, or what answers is not it.
+    Gone,
+}
+
+/// What a terminal's holder reports through the supervisor, in order per
+/// terminal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TerminalEvent {
+    /// The holder runs and its identity is known (answers a start).
+    Started(HolderIdentity),
+    /// The holder could not be started (answers a start).
+    Failed(LaunchFailure),
+    /// The recorded holder proved its identity (answers an adoption).
+    Adopted,
+    /// Output bytes from `offset` (at most 64 KiB). `cut` bytes before
+    /// `offset` left the holder's ring before they could be read (a
+    /// replay from an offset older than the ring).
+    Output {
+        /// The offset of the first byte.
+        offset: u64,
+        /// The bytes.
+        bytes: Vec<u8>,
+        /// Bytes lost just before `offset`.
+        cut: u64,
+    },
+    /// Every input frame up to `seq` is written to the PTY (cumulative; a
+    /// repeat is acknowledged again and never written twice).
+    InputAcked {
+        /// The highest frame written.
+        seq: u64,
+    },
+    /// The shell ended; no output follows `final_offset`.
+    Exited {
+        /// How it ended.
+        exit: Exit,
+        /// The offset after the last output byte.
+        final_offset: u64,
+    },
+    /// The holder cannot be reached (answers an adoption, or ends a live
+    /// terminal).
+    Lost {
+        /// Why.
+        loss: HolderLoss,
+        /// What was found (for logs).
+        detail: String,
+    },
+}
+
+/// A terminal event of one terminal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TerminalProcessEvent {
+    /// The terminal.
+    pub terminal: Uuid7,
+    /// What happened.
+    pub event: TerminalEvent,
+}

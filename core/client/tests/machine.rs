@@ -62,6 +62,7 @@ fn config() -> ClientCoreConfig {
             supported_minors: vec![0],
             ..Default::default()
         },
+        terminals: rvbox_client_core::machine::TerminalLimits::default(),
     }
 }
 
@@ -145,6 +146,10 @@ fn op_name(op: &ClientOp) -> &'static str {
         ClientOp::StdinWrite { .. } => "stdin",
         ClientOp::StdinWritten { .. } => "stdin_written",
         ClientOp::Finish { .. } => "finish",
+        ClientOp::TerminalOpening { .. } => "terminal_opening",
+        ClientOp::TerminalOpened { .. } => "terminal_opened",
+        ClientOp::TerminalClosed { .. } => "terminal_closed",
+        ClientOp::TerminalsExpire { .. } => "terminals_expire",
     }
 }
 
@@ -231,7 +236,7 @@ impl World {
             match o {
                 Output::Dial | Output::SendPing | Output::SendPong => {}
                 Output::Close(c) => self.closes.push(c),
-                Output::Send(bytes) => {
+                Output::Send(bytes) | Output::SendData(bytes) => {
                     let env = wire::Envelope::decode(bytes.as_slice()).unwrap();
                     self.sent.push(env.payload.unwrap());
                 }
@@ -275,6 +280,20 @@ impl World {
                         SuperviseOp::CloseStdin(i) => ("close_stdin", *i),
                         SuperviseOp::Reap { issue, .. } => ("reap", *issue),
                         SuperviseOp::StopAll => ("stop_all", issue(0)),
+                        SuperviseOp::StartTerminal(s) => ("start_terminal", s.terminal),
+                        SuperviseOp::AdoptTerminal { terminal, .. } => {
+                            ("adopt_terminal", *terminal)
+                        }
+                        SuperviseOp::AttachTerminal { terminal, .. } => {
+                            ("attach_terminal", *terminal)
+                        }
+                        SuperviseOp::TerminalInput { terminal, .. } => {
+                            ("terminal_input", *terminal)
+                        }
+                        SuperviseOp::ResizeTerminal { terminal, .. } => {
+                            ("resize_terminal", *terminal)
+                        }
+                        SuperviseOp::CloseTerminal(t) => ("close_terminal", *t),
                     };
                     self.steps.push(Step::Supervise(name, id));
                     self.supervise.push_back(op);
@@ -422,7 +441,11 @@ impl World {
             ClientOp::ScriptChunk { .. } => ClientCompletion::Script(ScriptOutcome::Committed),
             ClientOp::Reconcile { .. }
             | ClientOp::Unprepared { .. }
-            | ClientOp::StdinWritten { .. } => ClientCompletion::Done,
+            | ClientOp::StdinWritten { .. }
+            | ClientOp::TerminalOpening { .. }
+            | ClientOp::TerminalOpened { .. }
+            | ClientOp::TerminalClosed { .. }
+            | ClientOp::TerminalsExpire { .. } => ClientCompletion::Done,
             ClientOp::StdinWrite { write, .. } => {
                 ClientCompletion::Stdin(StdinOutcome::Stored(write.payload.clone()))
             }

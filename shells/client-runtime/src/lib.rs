@@ -26,19 +26,25 @@ use prost::Message as _;
 use rvbox_client_core::accept::AcceptPolicy;
 use rvbox_client_core::machine::{ClientCore, ClientCoreConfig, Input, Output};
 use rvbox_client_core::ops::{ClientCompletion, ClientOp, SuperviseOp};
-use rvbox_client_core::process::{CommandProcessEvent, LaunchFailure, ProcessEvent};
+use rvbox_client_core::process::{
+    CommandProcessEvent, HolderLoss, LaunchFailure, ProcessEvent, TerminalEvent,
+    TerminalProcessEvent,
+};
 use rvbox_client_core::spool::SpoolOp;
 use rvbox_client_store::{ClientStore, StoreError};
 use rvbox_proto::v1 as wire;
-use rvbox_supervisor::{OrphanOutcome, Supervisor};
+use rvbox_supervisor::{OrphanOutcome, Supervisor, SupervisorError};
 
 /// What the transport is asked to do, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Wire {
     /// Open a connection to the server.
     Dial,
-    /// Send one binary frame.
+    /// Send one binary frame on the control lane.
     Binary(Vec<u8>),
+    /// Send one binary frame on the data lane (terminal traffic): the
+    /// transport writes the control lane, pings and pongs first.
+    Data(Vec<u8>),
     /// Send a WebSocket Ping.
     Ping,
     /// Send a WebSocket Pong.
@@ -164,8 +170,16 @@ impl<S: Supervisor, E: Env> Runtime<S, E> {
         let records = store.restore_records()?;
         let spool = store.restore_spool()?;
         let floor = store.last_generation()?;
+        let terminals = store.restore_terminals()?;
         let policy = config.policy.clone();
-        let core = ClientCore::new(config, records, spool, floor, seed, env.now_ms())?;
+        let mut core = ClientCore::new(config, records, spool, floor, seed, env.now_ms())?;
+        if !terminals.is_empty() {
+            tracing::info!(
+                terminals = terminals.len(),
+                "terminal records restored; open ones are adopted"
+            );
+        }
+        core.restore_terminals(terminals, env.wall_ms());
         let mut rt = Self {
             core,
             store,
@@ -271,22 +285,36 @@ impl<S: Supervisor, E: Env> Runtime<S, E> {
     }
 
     /// Waits at most `timeout` for one process event, then takes every
-    /// event already waiting (at most [`MAX_EVENTS_PER_PUMP`]) and handles
-    /// them together, so that their spool appends share one durable group.
-    /// Returns whether any came.
+    /// event already waiting (at most [`MAX_EVENTS_PER_PUMP`] of the
+    /// commands' and as many of the terminals') and handles them together,
+    /// so that their spool appends share one durable group. Returns
+    /// whether any came.
     pub fn pump_processes(&mut self, timeout: Duration) -> bool {
-        let Some(first) = self.supervisor.next_event(timeout) else {
-            return false;
-        };
-        self.inputs.push_back(Input::Process(first));
-        for _ in 1..MAX_EVENTS_PER_PUMP {
-            match self.supervisor.next_event(Duration::ZERO) {
-                Some(ev) => self.inputs.push_back(Input::Process(ev)),
+        let mut any = false;
+        if let Some(first) = self.supervisor.next_event(timeout) {
+            any = true;
+            self.inputs.push_back(Input::Process(first));
+            for _ in 1..MAX_EVENTS_PER_PUMP {
+                match self.supervisor.next_event(Duration::ZERO) {
+                    Some(ev) => self.inputs.push_back(Input::Process(ev)),
+                    None => break,
+                }
+            }
+        }
+        for _ in 0..MAX_EVENTS_PER_PUMP {
+            match self.supervisor.next_terminal_event() {
+                Some(ev) => {
+                    any = true;
+                    log_terminal_event(&ev);
+                    self.inputs.push_back(Input::Terminal(ev));
+                }
                 None => break,
             }
         }
-        self.settle();
-        true
+        if any {
+            self.settle();
+        }
+        any
     }
 
     /// Handles every queued input, then performs every output they caused
@@ -358,6 +386,7 @@ impl<S: Supervisor, E: Env> Runtime<S, E> {
         match out {
             Output::Dial => self.push_wire(Wire::Dial),
             Output::Send(b) => self.push_wire(Wire::Binary(b)),
+            Output::SendData(b) => self.push_wire(Wire::Data(b)),
             Output::SendPing => self.push_wire(Wire::Ping),
             Output::SendPong => self.push_wire(Wire::Pong),
             Output::Close(c) => self.push_wire(Wire::Close(c)),
@@ -490,6 +519,79 @@ impl<S: Supervisor, E: Env> Runtime<S, E> {
                 });
             }
             SuperviseOp::StopAll => self.supervisor.stop_all(),
+            SuperviseOp::StartTerminal(spec) => {
+                let terminal = spec.terminal;
+                if let Err(e) = self.supervisor.start_terminal(*spec) {
+                    tracing::warn!(%terminal, error = %e, "terminal holder not started");
+                    let failure = match e {
+                        SupervisorError::NoTerminals => LaunchFailure::Permanent(e.to_string()),
+                        _ => LaunchFailure::Transient(e.to_string()),
+                    };
+                    self.terminal_input(terminal, TerminalEvent::Failed(failure));
+                }
+            }
+            SuperviseOp::AdoptTerminal { terminal, holder } => {
+                if let Err(e) = self.supervisor.adopt_terminal(&terminal, &holder) {
+                    tracing::warn!(%terminal, error = %e, "terminal holder not adopted");
+                    self.terminal_lost(terminal, &e);
+                }
+            }
+            SuperviseOp::AttachTerminal { terminal, from } => {
+                if let Err(e) = self.supervisor.attach_terminal(&terminal, from) {
+                    tracing::warn!(%terminal, from, error = %e, "terminal attach refused");
+                    self.terminal_lost(terminal, &e);
+                }
+            }
+            SuperviseOp::TerminalInput {
+                terminal,
+                seq,
+                bytes,
+            } => {
+                if let Err(e) = self.supervisor.terminal_input(&terminal, seq, bytes) {
+                    // not acknowledged: the server sends it again
+                    tracing::warn!(%terminal, seq, error = %e, "terminal input refused");
+                    self.terminal_lost(terminal, &e);
+                }
+            }
+            SuperviseOp::ResizeTerminal {
+                terminal,
+                rows,
+                cols,
+            } => {
+                if let Err(e) = self.supervisor.resize_terminal(&terminal, rows, cols) {
+                    tracing::warn!(%terminal, rows, cols, error = %e, "terminal resize refused");
+                    self.terminal_lost(terminal, &e);
+                }
+            }
+            SuperviseOp::CloseTerminal(terminal) => {
+                if let Err(e) = self.supervisor.close_terminal(&terminal) {
+                    tracing::warn!(%terminal, error = %e, "terminal close refused");
+                    self.terminal_lost(terminal, &e);
+                }
+            }
+        }
+    }
+
+    fn terminal_input(&mut self, terminal: rvbox_domain::ids::Uuid7, event: TerminalEvent) {
+        self.inputs
+            .push_back(Input::Terminal(TerminalProcessEvent { terminal, event }));
+    }
+
+    /// A terminal the supervisor has no holder of (its thread ended, or it
+    /// has no terminals at all) is lost; a busy queue only loses that one
+    /// step (input is sent again by the server after a reconnect).
+    fn terminal_lost(&mut self, terminal: rvbox_domain::ids::Uuid7, e: &SupervisorError) {
+        if matches!(
+            e,
+            SupervisorError::UnknownTerminal(_) | SupervisorError::NoTerminals
+        ) {
+            self.terminal_input(
+                terminal,
+                TerminalEvent::Lost {
+                    loss: HolderLoss::Gone,
+                    detail: e.to_string(),
+                },
+            );
         }
     }
 
@@ -511,5 +613,27 @@ impl<S: Supervisor, E: Env> Runtime<S, E> {
     /// dropped), supervisor and environment.
     pub fn into_parts(self) -> (ClientStore, S, E) {
         (self.store, self.supervisor, self.env)
+    }
+}
+
+/// A structured log line for each terminal state change (never output or
+/// keys).
+fn log_terminal_event(ev: &TerminalProcessEvent) {
+    let terminal = ev.terminal;
+    match &ev.event {
+        TerminalEvent::Started(h) => {
+            tracing::info!(%terminal, pid = h.pid, cgroup = ?h.cgroup, "terminal holder running");
+        }
+        TerminalEvent::Failed(f) => {
+            tracing::warn!(%terminal, failure = ?f, "terminal start failed")
+        }
+        TerminalEvent::Adopted => tracing::info!(%terminal, "terminal holder adopted"),
+        TerminalEvent::Exited { exit, final_offset } => {
+            tracing::info!(%terminal, ?exit, final_offset, "terminal shell ended");
+        }
+        TerminalEvent::Lost { loss, detail } => {
+            tracing::warn!(%terminal, ?loss, %detail, "terminal holder lost");
+        }
+        TerminalEvent::Output { .. } | TerminalEvent::InputAcked { .. } => {}
     }
 }

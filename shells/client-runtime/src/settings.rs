@@ -158,6 +158,9 @@ pub fn client_core_config(
         shell_paths,
         profiles: profiles.limits.clone(),
         hello,
+        // `terminals.max_open` is not a key of the client's configuration
+        // yet: its default applies
+        terminals: rvbox_client_core::machine::TerminalLimits::default(),
     })
 }
 

@@ -135,6 +135,7 @@ fn config(cwd: &str) -> ClientCoreConfig {
             supported_minors: vec![0],
             ..Default::default()
         },
+        terminals: rvbox_client_core::machine::TerminalLimits::default(),
     }
 }
 

@@ -65,6 +65,13 @@ pub const SCRIPT_CHUNK_AFTER_COMMIT: &str = "script.chunk.after_commit";
 /// The verified script is committed as launch-eligible.
 pub const SCRIPT_COMMIT_AFTER_COMMIT: &str = "script.commit.after_commit";
 
+/// A terminal's opening record is committed; its holder is not started.
+pub const TERMINAL_OPENING_AFTER_COMMIT: &str = "terminal.opening.after_commit";
+/// A terminal's holder record is committed; `PtyOpened` is not sent.
+pub const TERMINAL_OPENED_AFTER_COMMIT: &str = "terminal.opened.after_commit";
+/// A terminal's end is committed; `PtyClosed` is not sent.
+pub const TERMINAL_CLOSED_AFTER_COMMIT: &str = "terminal.closed.after_commit";
+
 /// Every point, for tests that iterate them.
 pub const ALL: &[&str] = &[
     IDENTITY_BEFORE_RENAME,
@@ -95,4 +102,13 @@ pub const ALL: &[&str] = &[
     SCRIPT_CHUNK_AFTER_FSYNC,
     SCRIPT_CHUNK_AFTER_COMMIT,
     SCRIPT_COMMIT_AFTER_COMMIT,
+];
+
+/// The terminals' points, apart from [`ALL`]: the simulator's workload
+/// opens no terminal yet, so its batch could not pass them (the store's
+/// crash tests iterate these).
+pub const TERMINAL_POINTS: &[&str] = &[
+    TERMINAL_OPENING_AFTER_COMMIT,
+    TERMINAL_OPENED_AFTER_COMMIT,
+    TERMINAL_CLOSED_AFTER_COMMIT,
 ];

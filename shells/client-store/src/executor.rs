@@ -69,6 +69,20 @@ impl ClientStore {
                 done(self.stdin_written(issue, *write_seq))
             }
             ClientOp::Finish { issue } => done(self.finish_acknowledged(issue, now_ms).map(|_| ())),
+            ClientOp::TerminalOpening {
+                terminal,
+                resolved_shell,
+                open,
+            } => done(self.terminal_opening(terminal, *resolved_shell, open, now_ms)),
+            ClientOp::TerminalOpened { terminal, holder } => {
+                done(self.terminal_opened(terminal, holder))
+            }
+            ClientOp::TerminalClosed { terminal, closed } => {
+                done(self.terminal_closed(terminal, closed))
+            }
+            ClientOp::TerminalsExpire { closed_before_ms } => {
+                done(self.expire_terminals(*closed_before_ms).map(|_| ()))
+            }
         };
         match result {
             Ok(c) => c,

@@ -6,7 +6,8 @@
 //! atomically), the SQLite database (accepted commands with phase, revision
 //! and hash, launch identity, spool entries with local ordinals and
 //! optional wire sequences, payload digests, stdin state, script ranges,
-//! the last server acknowledgement, the tombstone FIFO, local incidents),
+//! the last server acknowledgement, the tombstone FIFO, local incidents,
+//! the terminals' records: their holders' identities and their ends),
 //! the spool and script segment files with the committed-offset discipline
 //! of the server store, and the named crash point of every commit step.
 //! Decisions come from `rvbox-client-core`; files and SQLite connections
@@ -27,6 +28,7 @@ pub mod recovery;
 pub mod script;
 pub mod spool;
 pub mod store;
+pub mod terminals;
 
 pub use layout::ClientLayout;
 pub use rvbox_storage::StoreError;

@@ -37,6 +37,10 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 2,
         sql: include_str!("migrations/0002_loss_run.sql"),
     },
+    Migration {
+        version: 3,
+        sql: include_str!("migrations/0003_terminals.sql"),
+    },
 ];
 
 /// Default length of the tombstone FIFO (plan §7.1).

@@ -52,6 +52,7 @@ fn config(cwd: &str) -> ClientCoreConfig {
             supported_minors: vec![0],
             ..Default::default()
         },
+        terminals: rvbox_client_core::machine::TerminalLimits::default(),
     }
 }
 
@@ -174,7 +175,7 @@ impl Daemon {
                 return;
             };
             match o {
-                Output::Send(b) => {
+                Output::Send(b) | Output::SendData(b) => {
                     let env = wire::Envelope::decode(b.as_slice()).unwrap();
                     self.sent.push(env.payload.unwrap());
                 }

@@ -15,6 +15,9 @@
 //! and terminates every supervised tree; the loop keeps spooling their
 //! last output and terminal events (bounded by the drain and kill grace),
 //! and the store closes. Everything spooled is sent after the next start.
+//! Interactive terminals are not stopped: their holders outlive the
+//! daemon, and the next start adopts each from its record
+//! (docs/terminals.md).
 //!
 //! Must never: wait on the network (frames go to an unbounded queue that
 //! the core's own send windows bound), or launch anything before the

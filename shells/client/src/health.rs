@@ -16,9 +16,12 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use rvbox_client_core::link::Phase;
+use rvbox_client_core::machine::TerminalStats;
 use rvbox_client_runtime::Runtime;
 use rvbox_client_store::LocalHealth;
 use rvbox_supervisor::{Supervisor as _, UnixSupervisor};
@@ -56,6 +59,36 @@ pub(crate) struct HealthView {
     pub(crate) queued: u32,
     /// Trees recorded before a restart that could not be verified gone.
     pub(crate) unverified_trees: u64,
+    /// Terminals open or opening (or closed with output not yet
+    /// delivered).
+    pub(crate) terminals_open: u64,
+    /// The terminals' counters since start.
+    pub(crate) terminals: TerminalStats,
+}
+
+/// A terminal event, by a bounded name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabel {
+    event: &'static str,
+}
+
+/// Each terminal counter by its bounded name.
+fn terminal_counts(t: &TerminalStats) -> [(&'static str, u64); 13] {
+    [
+        ("opened", t.opened),
+        ("refused", t.refused),
+        ("start_failed", t.start_failures),
+        ("adopted", t.adopted),
+        ("lost", t.lost),
+        ("closed", t.closed),
+        ("unknown", t.unknown),
+        ("input_relayed", t.inputs_relayed),
+        ("input_repeat", t.input_repeats),
+        ("held_input_dropped", t.held_input_dropped),
+        ("output_cut", t.output_cuts),
+        ("window_full", t.window_pauses),
+        ("close_record_failed", t.close_failures),
+    ]
 }
 
 impl HealthView {
@@ -80,6 +113,13 @@ impl HealthView {
                 "running": self.running,
                 "queued": self.queued,
                 "unverified_trees": self.unverified_trees,
+            },
+            "terminals": {
+                "open": self.terminals_open,
+                "events": terminal_counts(&self.terminals)
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), serde_json::json!(v)))
+                    .collect::<serde_json::Map<_, _>>(),
             },
         })
         .to_string()
@@ -124,6 +164,8 @@ pub(crate) fn view_of(rt: &Runtime<UnixSupervisor>) -> HealthView {
         running,
         queued,
         unverified_trees: core.stats().unverified_trees,
+        terminals_open: core.open_terminals() as u64,
+        terminals: core.terminal_stats(),
     }
 }
 
@@ -142,6 +184,8 @@ struct Gauges {
     running: Gauge,
     queued: Gauge,
     unverified: Gauge,
+    terminals_open: Gauge,
+    terminal_events: Family<EventLabel, Gauge>,
 }
 
 fn g(n: u64) -> i64 {
@@ -221,6 +265,16 @@ impl Health {
                 "Recorded trees that could not be verified gone",
                 gauges.unverified.clone(),
             );
+            r.register(
+                "terminals_open",
+                "Terminals open or opening on this host",
+                gauges.terminals_open.clone(),
+            );
+            r.register(
+                "terminal_events",
+                "Terminal events since start, by event (opened, refused, start_failed, adopted, lost, closed, unknown, input_relayed, input_repeat, held_input_dropped, output_cut, window_full, close_record_failed)",
+                gauges.terminal_events.clone(),
+            );
         }
         store_metrics.register(&mut registry);
         Arc::new(Self {
@@ -254,9 +308,22 @@ impl Health {
         gs.running.set(i64::from(v.running));
         gs.queued.set(i64::from(v.queued));
         gs.unverified.set(g(v.unverified_trees));
+        gs.terminals_open.set(g(v.terminals_open));
+        for (event, n) in terminal_counts(&v.terminals) {
+            gs.terminal_events
+                .get_or_create(&EventLabel { event })
+                .set(g(n));
+        }
         if let Ok(mut view) = self.view.lock() {
             if view.link != v.link {
                 tracing::info!(from = view.link, to = v.link, "client link state");
+            }
+            if view.terminals_open != v.terminals_open {
+                tracing::info!(
+                    from = view.terminals_open,
+                    to = v.terminals_open,
+                    "terminals open"
+                );
             }
             *view = v;
         }

@@ -5,9 +5,12 @@
 //!
 //! Owns: dialing when the core asks, one reader task that only hands
 //! frames to the runtime thread, one writer task that writes what the
-//! core released under a deadline, and telling the core when the
-//! connection it had ended (never about one it closed itself, and never
-//! about an older one).
+//! core released under a deadline, with two lanes (agent.proto): the
+//! control lane (every frame but terminal traffic, and the pings, pongs
+//! and close) always goes before the data lane (terminal traffic), so a
+//! terminal streaming at full speed never holds up a heartbeat; and
+//! telling the core when the connection it had ended (never about one it
+//! closed itself, and never about an older one).
 //!
 //! Must never: decide anything of the protocol, reconnect on its own (the
 //! core's backoff decides when to dial), or let a frame of an older
@@ -214,7 +217,10 @@ impl Poster {
 /// One open connection.
 struct Conn {
     epoch: u64,
+    /// The control lane.
     out: UnboundedSender<Message>,
+    /// The data lane (terminal traffic).
+    data: UnboundedSender<Message>,
     reader: JoinHandle<()>,
     writer: JoinHandle<()>,
 }
@@ -237,9 +243,11 @@ impl Conn {
         };
         self.reader.abort();
         let _ = self.reader.await;
-        // the writer sends what it holds, then the close, then ends
+        // the writer sends what the control lane holds, then the close,
+        // then ends
         let _ = self.out.send(Message::Close(Some(frame)));
         drop(self.out);
+        drop(self.data);
         if tokio::time::timeout(WRITE_DEADLINE, self.writer)
             .await
             .is_err()
@@ -297,6 +305,7 @@ pub(crate) async fn run(cfg: NetConfig, mut wire: UnboundedReceiver<Wire>, poste
                         }
                     }
                     Wire::Binary(b) => send(conn.as_ref(), Message::Binary(b.into())),
+                    Wire::Data(b) => send_data(conn.as_ref(), Message::Binary(b.into())),
                     Wire::Ping => send(conn.as_ref(), Message::Ping(Bytes::new())),
                     Wire::Pong => send(conn.as_ref(), Message::Pong(Bytes::new())),
                     Wire::Close(code) => {
@@ -344,6 +353,67 @@ fn send(conn: Option<&Conn>, msg: Message) {
     }
 }
 
+fn send_data(conn: Option<&Conn>, msg: Message) {
+    if let Some(c) = conn {
+        // as `send`: a writer that ended has reported it
+        let _ = c.data.send(msg);
+    }
+}
+
+/// What the writer takes next.
+enum Next {
+    /// A frame, the control lane's first.
+    Frame(Message),
+    /// Nothing waits now (only when not waiting).
+    Idle,
+    /// The control lane closed: the connection is ending.
+    Closed,
+}
+
+/// The next frame to write, the control lane's first; waits for one when
+/// `wait`.
+async fn next_frame(
+    ctl: &mut mpsc::UnboundedReceiver<Message>,
+    data: &mut mpsc::UnboundedReceiver<Message>,
+    data_open: &mut bool,
+    wait: bool,
+) -> Next {
+    use mpsc::error::TryRecvError;
+    match ctl.try_recv() {
+        Ok(m) => return Next::Frame(m),
+        Err(TryRecvError::Disconnected) => return Next::Closed,
+        Err(TryRecvError::Empty) => {}
+    }
+    if *data_open {
+        match data.try_recv() {
+            Ok(m) => return Next::Frame(m),
+            Err(TryRecvError::Disconnected) => *data_open = false,
+            Err(TryRecvError::Empty) => {}
+        }
+    }
+    if !wait {
+        return Next::Idle;
+    }
+    loop {
+        let got = if *data_open {
+            tokio::select! {
+                biased;
+                m = ctl.recv() => m.map_or(Next::Closed, Next::Frame),
+                m = data.recv() => match m {
+                    Some(m) => Next::Frame(m),
+                    None => {
+                        *data_open = false;
+                        continue;
+                    }
+                },
+            }
+        } else {
+            ctl.recv().await.map_or(Next::Closed, Next::Frame)
+        };
+        return got;
+    }
+}
+
 async fn dial(cfg: &NetConfig, url: &str) -> Result<Ws, String> {
     let connector = if url.starts_with("wss://") {
         cfg.tls.as_ref().map(|t| Connector::Rustls(Arc::clone(t)))
@@ -373,9 +443,12 @@ async fn dial(cfg: &NetConfig, url: &str) -> Result<Ws, String> {
 fn start(ws: Ws, epoch: u64, poster: Poster, ended: UnboundedSender<(u64, Option<u16>)>) -> Conn {
     let (mut sink, mut stream) = ws.split();
     let (out, mut rx) = mpsc::unbounded_channel::<Message>();
+    let (data, mut data_rx) = mpsc::unbounded_channel::<Message>();
     let ended_w = ended.clone();
     let writer = tokio::spawn(async move {
-        while let Some(first) = rx.recv().await {
+        let mut data_open = true;
+        while let Next::Frame(first) = next_frame(&mut rx, &mut data_rx, &mut data_open, true).await
+        {
             let mut item = Some(first);
             let mut n = 0;
             let mut closing = false;
@@ -396,7 +469,13 @@ fn start(ws: Ws, epoch: u64, poster: Poster, ended: UnboundedSender<(u64, Option
                 }
                 n += 1;
                 if n < WRITE_BURST && !closing {
-                    item = rx.try_recv().ok();
+                    // the control lane first again: a ping queued behind a
+                    // burst of terminal output waits for one frame at most
+                    if let Next::Frame(m) =
+                        next_frame(&mut rx, &mut data_rx, &mut data_open, false).await
+                    {
+                        item = Some(m);
+                    }
                 }
             }
             match tokio::time::timeout(WRITE_DEADLINE, sink.flush()).await {
@@ -447,7 +526,77 @@ fn start(ws: Ws, epoch: u64, poster: Poster, ended: UnboundedSender<(u64, Option
     Conn {
         epoch,
         out,
+        data,
         reader,
         writer,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+
+    fn name(n: Next) -> String {
+        match n {
+            Next::Frame(Message::Binary(b)) => String::from_utf8_lossy(&b).into_owned(),
+            Next::Frame(Message::Ping(_)) => "ping".into(),
+            Next::Frame(other) => format!("{other:?}"),
+            Next::Idle => "idle".into(),
+            Next::Closed => "closed".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_control_lane_goes_before_terminal_traffic_already_queued() {
+        let (ctl_tx, mut ctl) = mpsc::unbounded_channel::<Message>();
+        let (data_tx, mut data) = mpsc::unbounded_channel::<Message>();
+        let mut open = true;
+        for i in 0..3 {
+            data_tx
+                .send(Message::Binary(format!("output {i}").into_bytes().into()))
+                .unwrap();
+        }
+        assert_eq!(
+            name(next_frame(&mut ctl, &mut data, &mut open, false).await),
+            "output 0"
+        );
+        ctl_tx.send(Message::Ping(Bytes::new())).unwrap();
+        ctl_tx
+            .send(Message::Binary(b"ack".to_vec().into()))
+            .unwrap();
+        // a heartbeat queued behind terminal output overtakes it
+        assert_eq!(
+            name(next_frame(&mut ctl, &mut data, &mut open, false).await),
+            "ping"
+        );
+        assert_eq!(
+            name(next_frame(&mut ctl, &mut data, &mut open, true).await),
+            "ack"
+        );
+        assert_eq!(
+            name(next_frame(&mut ctl, &mut data, &mut open, true).await),
+            "output 1"
+        );
+        assert_eq!(
+            name(next_frame(&mut ctl, &mut data, &mut open, false).await),
+            "output 2"
+        );
+        assert_eq!(
+            name(next_frame(&mut ctl, &mut data, &mut open, false).await),
+            "idle"
+        );
+        // the data lane closing is not the end; the control lane's is
+        drop(data_tx);
+        ctl_tx.send(Message::Pong(Bytes::new())).unwrap();
+        assert!(matches!(
+            next_frame(&mut ctl, &mut data, &mut open, true).await,
+            Next::Frame(Message::Pong(_))
+        ));
+        drop(ctl_tx);
+        assert!(matches!(
+            next_frame(&mut ctl, &mut data, &mut open, true).await,
+            Next::Closed
+        ));
     }
 }

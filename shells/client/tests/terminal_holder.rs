@@ -293,6 +293,7 @@ fn spec(dir: &Path) -> rvbox_supervisor::terminal::HolderSpec {
         socket: dir.join("adopt.sock"),
         shell: "/bin/sh".into(),
         shell_args: Vec::new(),
+        env: Vec::new(),
         cwd: dir.to_path_buf(),
         cols: 80,
         rows: 24,

@@ -349,13 +349,23 @@ impl CgroupLayout {
     /// The directories a command's cgroups have (or would have).
     #[must_use]
     pub fn command_dirs(&self, issue: &Uuid7) -> CommandCgroups {
-        let name = issue.to_string();
+        self.named_dirs(&issue.to_string())
+    }
+
+    /// The directories a terminal's cgroups have (or would have): named
+    /// apart from every command's.
+    #[must_use]
+    pub fn terminal_dirs(&self, terminal: &Uuid7) -> CommandCgroups {
+        self.named_dirs(&format!("pty-{terminal}"))
+    }
+
+    fn named_dirs(&self, name: &str) -> CommandCgroups {
         CommandCgroups {
-            v2: self.v2.as_ref().map(|v| v.parent.join(&name)),
+            v2: self.v2.as_ref().map(|v| v.parent.join(name)),
             v1: self
                 .v1
                 .iter()
-                .map(|l| (l.controller, l.parent.join(&name)))
+                .map(|l| (l.controller, l.parent.join(name)))
                 .collect(),
         }
     }
@@ -367,8 +377,25 @@ impl CgroupLayout {
         issue: &Uuid7,
         limits: &ResourceLimits,
     ) -> Result<CommandCgroups, Refusal> {
+        self.create_in(issue, self.command_dirs(issue), limits)
+    }
+
+    /// Creates a terminal's cgroups as [`Self::create`] does a command's.
+    pub(crate) fn create_terminal(
+        &self,
+        terminal: &Uuid7,
+        limits: &ResourceLimits,
+    ) -> Result<CommandCgroups, Refusal> {
+        self.create_in(terminal, self.terminal_dirs(terminal), limits)
+    }
+
+    fn create_in(
+        &self,
+        issue: &Uuid7,
+        all: CommandCgroups,
+        limits: &ResourceLimits,
+    ) -> Result<CommandCgroups, Refusal> {
         let plan = self.plan(limits)?;
-        let all = self.command_dirs(issue);
         let mut made = CommandCgroups::default();
         let result = (|| {
             if let Some(dir) = &all.v2 {

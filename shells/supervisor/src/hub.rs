@@ -1,18 +1,22 @@
 //! Where the supervisor's threads hand over to `next_event` (plan §7.4,
 //! §7.2): one bounded output queue per command that a pipe reader never
 //! waits on (when it is full the reader counts the bytes it discards and a
-//! `Dropped` takes the next free slot), and one control queue for the
+//! `Dropped` takes the next free slot), one control queue for the
 //! essential messages (launcher records, stdin completions), which is never
-//! dropped from.
+//! dropped from, and one bounded queue of terminal events
+//! (`next_terminal_event`), whose producers (the holders' threads) wait
+//! for room while their holders keep the output.
 //!
 //! Ordering: a command's outputs and its `Dropped` records leave its queue
 //! in the order they were read; a stream counts as drained only once its
 //! reader saw end of file and nothing of the stream is left in the queue.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use rvbox_client_core::process::TerminalProcessEvent;
 use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
 
@@ -69,6 +73,15 @@ impl HandoverBounds {
         }
     }
 }
+/// Terminal events waiting for `next_terminal_event`, all terminals
+/// together (an output event holds at most 16 KiB, so at most 4 MiB wait
+/// here). A holder's I/O thread waits for room, and its holder keeps the
+/// output meanwhile.
+pub(crate) const TERMINAL_QUEUE_EVENTS: usize = 256;
+/// How long a waiting terminal producer sleeps between looks at its stop
+/// flag.
+const TERMINAL_POST_POLL: Duration = Duration::from_millis(100);
+
 /// Essential messages waiting for `next_event`, all commands together. The
 /// producers are the supervisor's own threads (never a pipe reader); when
 /// it is full they wait for room.
@@ -175,6 +188,8 @@ struct State<C> {
     outputs: BTreeMap<Uuid7, OutputQueue>,
     /// Chunk bytes in every output queue.
     queued_bytes: u64,
+    /// Terminal events, in order per terminal.
+    terminal: VecDeque<TerminalProcessEvent>,
 }
 
 /// The hand-over point.
@@ -203,6 +218,7 @@ impl<C> Hub<C> {
                 control: VecDeque::new(),
                 outputs: BTreeMap::new(),
                 queued_bytes: 0,
+                terminal: VecDeque::new(),
             }),
             cond: Condvar::new(),
         }
@@ -384,6 +400,37 @@ impl<C> Hub<C> {
         st.control.push_back((issue, msg));
         self.bump(&mut st);
         true
+    }
+
+    /// Posts a terminal event; waits for room until `stop` is set (then
+    /// false: nobody takes events any more).
+    pub(crate) fn post_terminal(&self, ev: TerminalProcessEvent, stop: &AtomicBool) -> bool {
+        let mut st = self.lock();
+        while st.terminal.len() >= TERMINAL_QUEUE_EVENTS {
+            if stop.load(Ordering::Acquire) {
+                return false;
+            }
+            st = match self.cond.wait_timeout(st, TERMINAL_POST_POLL) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        st.terminal.push_back(ev);
+        self.bump(&mut st);
+        true
+    }
+
+    /// The next terminal event.
+    pub(crate) fn pop_terminal(&self) -> Option<TerminalProcessEvent> {
+        let mut st = self.lock();
+        let ev = st.terminal.pop_front()?;
+        self.bump(&mut st);
+        Some(ev)
+    }
+
+    /// Whether a terminal event waits.
+    pub(crate) fn terminal_waiting(&self) -> bool {
+        !self.lock().terminal.is_empty()
     }
 
     /// Every waiting essential message.

@@ -6,12 +6,16 @@
 //! layout detection and per-command cgroups, resource profiles written and
 //! read back while the launcher is blocked, pipe readers that never block
 //! the child, stdin writers, signals to the whole tree, the drain grace
-//! period, orphan reaping after positive birth-identity checks, and the
-//! `/proc` diagnostics sampler.
+//! period, orphan reaping after positive birth-identity checks, the
+//! `/proc` diagnostics sampler, and the terminals' holders (the holder
+//! mode, starting one in the terminal's cgroup, adopting one after a
+//! restart only once it proved itself, one thread per holder speaking its
+//! private protocol).
 //!
 //! Must never: run user code before `release`, search `PATH` for a shell,
 //! signal a pid that is not positively ours, block a pipe reader on
-//! anything but its pipe, or log command output.
+//! anything but its pipe, log command or terminal output or keys, or
+//! speak to a holder that has not proven its token.
 //!
 //! Unix only: Windows is not supported (its supervisor would implement the
 //! same trait). See `docs/supervisor.md` for the launch sequence, the
@@ -21,7 +25,8 @@
 use std::time::Duration;
 
 use rvbox_client_core::process::{
-    CommandProcessEvent, LaunchIdentity, LaunchSpec, ResourceLimits, Supervision,
+    CommandProcessEvent, HolderIdentity, LaunchIdentity, LaunchSpec, ResourceLimits, Supervision,
+    TerminalProcessEvent, TerminalSpec,
 };
 use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
@@ -44,6 +49,8 @@ pub mod launcher;
 mod pipes;
 #[cfg(unix)]
 mod procfs;
+#[cfg(unix)]
+mod pty;
 #[cfg(unix)]
 pub mod terminal;
 #[cfg(unix)]
@@ -79,6 +86,21 @@ pub enum SupervisorError {
     /// Too many supervised trees.
     #[error("the supervisor holds the most process trees it may")]
     Full,
+    /// This supervisor does not run terminals.
+    #[error("this supervisor has no terminals")]
+    NoTerminals,
+    /// The terminal has no holder here (never started or adopted, or it
+    /// ended).
+    #[error("terminal {0} has no holder here")]
+    UnknownTerminal(Uuid7),
+    /// Too many terminals, or a terminal's queue is full.
+    #[error("terminal {terminal}: {what}")]
+    TerminalBusy {
+        /// The terminal.
+        terminal: Uuid7,
+        /// What is full.
+        what: &'static str,
+    },
     /// An OS operation failed.
     #[error("{context}: {source}")]
     Io {
@@ -162,6 +184,93 @@ pub trait Supervisor: Send {
     fn reap_orphan(&mut self, issue: &Uuid7, identity: &LaunchIdentity) -> OrphanOutcome;
     /// Orderly shutdown: terminates every supervised tree.
     fn stop_all(&mut self);
-    /// The next process event, waiting at most `timeout`.
+    /// The next process event, waiting at most `timeout`. It returns
+    /// `None` at once while a terminal event waits for
+    /// [`Supervisor::next_terminal_event`].
     fn next_event(&mut self, timeout: Duration) -> Option<CommandProcessEvent>;
+
+    // ---- terminals (docs/terminals.md) ---------------------------------
+    //
+    // A terminal's shell runs on a PTY its holder owns, so that it outlives
+    // the daemon. Every outcome arrives as a `TerminalEvent`, in order per
+    // terminal: a start is answered by `Started` or `Failed`, an adoption
+    // by `Adopted` or `Lost`; after an attach the output follows by offset,
+    // each input frame is acknowledged (`InputAcked`), and a terminal ends
+    // with `Exited` or `Lost`. A supervisor without terminals refuses them
+    // all.
+
+    /// Starts a terminal's holder (in the terminal's own cgroup where the
+    /// host has them).
+    ///
+    /// # Errors
+    /// [`SupervisorError::NoTerminals`], or when nothing could be started.
+    fn start_terminal(&mut self, spec: TerminalSpec) -> Result<(), SupervisorError> {
+        let _ = spec;
+        Err(SupervisorError::NoTerminals)
+    }
+    /// Adopts the holder of a record kept before a restart: the boot id,
+    /// then the pid's birth time, then the answer to a fresh challenge.
+    ///
+    /// # Errors
+    /// [`SupervisorError::NoTerminals`].
+    fn adopt_terminal(
+        &mut self,
+        terminal: &Uuid7,
+        holder: &HolderIdentity,
+    ) -> Result<(), SupervisorError> {
+        let _ = (terminal, holder);
+        Err(SupervisorError::NoTerminals)
+    }
+    /// Streams the holder's output from `from`: its replay (exact, or the
+    /// whole ring after a cut), then every new byte.
+    ///
+    /// # Errors
+    /// [`SupervisorError::NoTerminals`] or
+    /// [`SupervisorError::UnknownTerminal`].
+    fn attach_terminal(&mut self, terminal: &Uuid7, from: u64) -> Result<(), SupervisorError> {
+        let _ = (terminal, from);
+        Err(SupervisorError::NoTerminals)
+    }
+    /// Writes one numbered input frame (the holder writes a frame once,
+    /// and acknowledges a repeat again).
+    ///
+    /// # Errors
+    /// [`SupervisorError::NoTerminals`] or
+    /// [`SupervisorError::UnknownTerminal`].
+    fn terminal_input(
+        &mut self,
+        terminal: &Uuid7,
+        seq: u64,
+        bytes: Vec<u8>,
+    ) -> Result<(), SupervisorError> {
+        let _ = (terminal, seq, bytes);
+        Err(SupervisorError::NoTerminals)
+    }
+    /// Sets the window size.
+    ///
+    /// # Errors
+    /// [`SupervisorError::NoTerminals`] or
+    /// [`SupervisorError::UnknownTerminal`].
+    fn resize_terminal(
+        &mut self,
+        terminal: &Uuid7,
+        rows: u16,
+        cols: u16,
+    ) -> Result<(), SupervisorError> {
+        let _ = (terminal, rows, cols);
+        Err(SupervisorError::NoTerminals)
+    }
+    /// Hangs the terminal's shell up (`Exited` follows).
+    ///
+    /// # Errors
+    /// [`SupervisorError::NoTerminals`] or
+    /// [`SupervisorError::UnknownTerminal`].
+    fn close_terminal(&mut self, terminal: &Uuid7) -> Result<(), SupervisorError> {
+        let _ = terminal;
+        Err(SupervisorError::NoTerminals)
+    }
+    /// The next terminal event, if one waits (never waits itself).
+    fn next_terminal_event(&mut self) -> Option<TerminalProcessEvent> {
+        None
+    }
 }

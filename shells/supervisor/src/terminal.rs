@@ -65,6 +65,8 @@ pub struct HolderSpec {
     pub shell: PathBuf,
     /// The shell's arguments.
     pub shell_args: Vec<String>,
+    /// Environment overrides of the holder and so of its shell.
+    pub env: Vec<(String, String)>,
     /// The working directory.
     pub cwd: PathBuf,
     /// Columns.
@@ -134,6 +136,23 @@ pub fn boot_id() -> Result<String, TerminalError> {
 /// # Errors
 /// When the holder cannot be started or does not bind its socket in time.
 pub fn start_holder(exe: &Path, spec: &HolderSpec) -> Result<(HolderRecord, Child), TerminalError> {
+    start_holder_placed(exe, spec, |_| Ok(()))
+}
+
+/// [`start_holder`], with `place` called with the holder's pid before it
+/// gets its token: the holder waits for the token before it opens the PTY
+/// and starts the shell, so what `place` does (joining the terminal's
+/// cgroup) holds for the shell and everything it starts. A failure of
+/// `place` ends the holder before any shell ran.
+///
+/// # Errors
+/// When the holder cannot be started or placed, or does not bind its
+/// socket in time.
+pub fn start_holder_placed(
+    exe: &Path,
+    spec: &HolderSpec,
+    place: impl FnOnce(u32) -> Result<(), String>,
+) -> Result<(HolderRecord, Child), TerminalError> {
     let mut token = [0u8; 32];
     getrandom::fill(&mut token)
         .map_err(|e| TerminalError::Start(format!("no randomness for the token: {e}")))?;
@@ -157,12 +176,22 @@ pub fn start_holder(exe: &Path, spec: &HolderSpec) -> Result<(HolderRecord, Chil
     for a in &spec.shell_args {
         cmd.arg("--arg").arg(a);
     }
+    for (k, v) in &spec.env {
+        cmd.env(k, v);
+    }
     let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| TerminalError::Start(e.to_string()))?;
+    if let Err(why) = place(child.id()) {
+        // no token: the holder exits without opening anything
+        drop(child.stdin.take());
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(TerminalError::Start(why));
+    }
     let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
     if let Some(mut stdin) = child.stdin.take() {
         writeln!(stdin, "{hex}").map_err(io_err("giving the holder its token"))?;

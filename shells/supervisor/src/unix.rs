@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use rvbox_client_core::process::{
-    CommandProcessEvent, Exit, LaunchFailure, LaunchIdentity, LaunchSpec, ProcessEvent,
-    ResourceLimits, Supervision,
+    CommandProcessEvent, Exit, HolderIdentity, LaunchFailure, LaunchIdentity, LaunchSpec,
+    ProcessEvent, ResourceLimits, Supervision, TerminalEvent, TerminalProcessEvent, TerminalSpec,
 };
 use rvbox_domain::ids::Uuid7;
 use rvbox_domain::limits::{
@@ -41,6 +41,7 @@ use crate::hub::{HandoverBounds, Hub, OutItem};
 use crate::launcher::{self, ENV_PREFIX, LAUNCHER_MODE_ARG};
 use crate::pipes::{self, StdinOp, StdinSink};
 use crate::procfs;
+use crate::pty;
 use crate::{OrphanOutcome, Supervisor, SupervisorError};
 
 /// How long a started launcher has to connect and report `Ready`.
@@ -563,6 +564,12 @@ pub struct UnixSupervisor {
     out: VecDeque<CommandProcessEvent>,
     diag: Diagnostics,
     cursor: Option<Uuid7>,
+    /// The threads of the terminals' holders (bounded by
+    /// [`pty::MAX_TERMINALS`]).
+    terminals: BTreeMap<Uuid7, pty::Handle>,
+    /// Terminal events decided on the caller's thread (a refused start),
+    /// before those of the threads.
+    terminal_out: VecDeque<TerminalProcessEvent>,
 }
 
 fn io_err(context: &'static str) -> impl FnOnce(std::io::Error) -> SupervisorError {
@@ -646,6 +653,8 @@ impl UnixSupervisor {
             out: VecDeque::new(),
             diag,
             cursor: None,
+            terminals: BTreeMap::new(),
+            terminal_out: VecDeque::new(),
         })
     }
 
@@ -692,37 +701,83 @@ impl UnixSupervisor {
         self.emit(issue, ProcessEvent::Drained { incomplete: vec![] });
     }
 
-    fn validate(&self, spec: &LaunchSpec) -> Result<(), LaunchFailure> {
+    /// The shell of a launch or a terminal: sh or bash, one validated at
+    /// startup, unchanged since.
+    fn validate_shell(&self, kind: wire::ShellType, path: &str) -> Result<(), LaunchFailure> {
         let permanent = |what: String| Err(LaunchFailure::Permanent(what));
-        if !matches!(spec.shell, wire::ShellType::Sh | wire::ShellType::Bash) {
+        if !matches!(kind, wire::ShellType::Sh | wire::ShellType::Bash) {
             return permanent(format!(
                 "shell {} is unsupported on Unix",
-                spec.shell.as_str_name()
+                kind.as_str_name()
             ));
         }
-        let shell = Path::new(&spec.shell_path);
+        let shell = Path::new(path);
         if !shell.is_absolute() {
-            return permanent(format!("shell path {} is not absolute", spec.shell_path));
+            return permanent(format!("shell path {path} is not absolute"));
         }
         let Some(validated) = self.config.shells.get(shell) else {
-            return permanent(format!(
-                "shell {} is not one validated at startup",
-                spec.shell_path
-            ));
+            return permanent(format!("shell {path} is not one validated at startup"));
         };
         match identity_of(shell) {
             Ok(now) if now == *validated => {}
             Ok(_) => {
                 return permanent(format!(
-                    "shell {} changed since it was validated: its identity (device, inode, size, mtime, mode or owner) differs",
-                    spec.shell_path
+                    "shell {path} changed since it was validated: its identity (device, inode, size, mtime, mode or owner) differs"
                 ));
             }
             Err(e) => {
-                return permanent(format!("shell {} cannot be examined: {e}", spec.shell_path));
+                return permanent(format!("shell {path} cannot be examined: {e}"));
             }
         }
-        launcher::check_shell(shell).map_err(LaunchFailure::Permanent)?;
+        launcher::check_shell(shell).map_err(LaunchFailure::Permanent)
+    }
+
+    /// What a terminal's start needs from the host.
+    fn validate_terminal(&self, spec: &TerminalSpec) -> Result<(), LaunchFailure> {
+        self.validate_shell(spec.shell, &spec.shell_path)?;
+        let cwd = Path::new(&spec.cwd);
+        if !cwd.is_absolute() || !cwd.is_dir() {
+            return Err(LaunchFailure::Permanent(format!(
+                "working directory {} is not a directory",
+                spec.cwd
+            )));
+        }
+        for (k, v) in &spec.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(LaunchFailure::Permanent(
+                    "an environment override has an invalid name or value".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The thread of a terminal, or why there is none.
+    fn terminal(&self, terminal: &Uuid7) -> Result<&pty::Handle, SupervisorError> {
+        self.terminals
+            .get(terminal)
+            .ok_or(SupervisorError::UnknownTerminal(*terminal))
+    }
+
+    fn room_for_terminal(&self, terminal: &Uuid7) -> Result<(), SupervisorError> {
+        if self.terminals.contains_key(terminal) {
+            return Err(SupervisorError::TerminalBusy {
+                terminal: *terminal,
+                what: "it already has a holder here",
+            });
+        }
+        if self.terminals.len() >= pty::MAX_TERMINALS {
+            return Err(SupervisorError::TerminalBusy {
+                terminal: *terminal,
+                what: "the supervisor drives the most terminals it may",
+            });
+        }
+        Ok(())
+    }
+
+    fn validate(&self, spec: &LaunchSpec) -> Result<(), LaunchFailure> {
+        let permanent = |what: String| Err(LaunchFailure::Permanent(what));
+        self.validate_shell(spec.shell, &spec.shell_path)?;
         if !Path::new(&spec.wrapper_path).is_absolute() || !Path::new(&spec.wrapper_path).is_file()
         {
             return permanent(format!("wrapper {} is not a file", spec.wrapper_path));
@@ -1718,6 +1773,98 @@ impl Supervisor for UnixSupervisor {
         }
     }
 
+    fn start_terminal(&mut self, spec: TerminalSpec) -> Result<(), SupervisorError> {
+        let id = spec.terminal;
+        self.room_for_terminal(&id)?;
+        if let Err(f) = self.validate_terminal(&spec) {
+            tracing::warn!(terminal = %id, failure = ?f, "terminal refused before its holder started");
+            self.terminal_out.push_back(TerminalProcessEvent {
+                terminal: id,
+                event: TerminalEvent::Failed(f),
+            });
+            return Ok(());
+        }
+        let holder = crate::terminal::HolderSpec {
+            socket: self.config.run_dir.join(format!("pty-{id}.sock")),
+            shell: PathBuf::from(&spec.shell_path),
+            shell_args: Vec::new(),
+            env: spec.env,
+            cwd: PathBuf::from(&spec.cwd),
+            cols: spec.cols.max(1),
+            rows: spec.rows.max(1),
+            ring: rvbox_terminal::ring::DEFAULT_CAPACITY,
+            linger: pty::HOLDER_LINGER,
+        };
+        let mode = pty::Mode::Start {
+            exe: self.config.launcher.clone(),
+            spec: holder,
+            layout: Box::new(self.layout.clone()),
+            limits: spec.limits,
+        };
+        let handle = pty::spawn(id, mode, Arc::clone(&self.hub))?;
+        self.terminals.insert(id, handle);
+        Ok(())
+    }
+
+    fn adopt_terminal(
+        &mut self,
+        terminal: &Uuid7,
+        holder: &HolderIdentity,
+    ) -> Result<(), SupervisorError> {
+        self.room_for_terminal(terminal)?;
+        let mode = pty::Mode::Adopt {
+            record: pty::record_of(holder),
+            cgroups: self.layout.terminal_dirs(terminal),
+        };
+        let handle = pty::spawn(*terminal, mode, Arc::clone(&self.hub))?;
+        self.terminals.insert(*terminal, handle);
+        Ok(())
+    }
+
+    fn attach_terminal(&mut self, terminal: &Uuid7, from: u64) -> Result<(), SupervisorError> {
+        self.terminal(terminal)?
+            .send(*terminal, pty::Cmd::Attach(from))
+    }
+
+    fn terminal_input(
+        &mut self,
+        terminal: &Uuid7,
+        seq: u64,
+        bytes: Vec<u8>,
+    ) -> Result<(), SupervisorError> {
+        self.terminal(terminal)?
+            .send(*terminal, pty::Cmd::Input(seq, bytes))
+    }
+
+    fn resize_terminal(
+        &mut self,
+        terminal: &Uuid7,
+        rows: u16,
+        cols: u16,
+    ) -> Result<(), SupervisorError> {
+        self.terminal(terminal)?
+            .send(*terminal, pty::Cmd::Resize(rows.max(1), cols.max(1)))
+    }
+
+    fn close_terminal(&mut self, terminal: &Uuid7) -> Result<(), SupervisorError> {
+        self.terminal(terminal)?.send(*terminal, pty::Cmd::Close)
+    }
+
+    fn next_terminal_event(&mut self) -> Option<TerminalProcessEvent> {
+        let ev = match self.terminal_out.pop_front() {
+            Some(ev) => ev,
+            None => self.hub.pop_terminal()?,
+        };
+        if matches!(
+            ev.event,
+            TerminalEvent::Exited { .. } | TerminalEvent::Lost { .. } | TerminalEvent::Failed(_)
+        ) {
+            // its thread has ended
+            self.terminals.remove(&ev.terminal);
+        }
+        Some(ev)
+    }
+
     fn next_event(&mut self, timeout: Duration) -> Option<CommandProcessEvent> {
         let deadline = crate::procfs::after(timeout);
         loop {
@@ -1733,6 +1880,10 @@ impl Supervisor for UnixSupervisor {
                 return Some(ev);
             }
             if self.hub.take_wake() {
+                return None;
+            }
+            // a terminal event waits for `next_terminal_event`
+            if !self.terminal_out.is_empty() || self.hub.terminal_waiting() {
                 return None;
             }
             let now = Instant::now();
@@ -1752,6 +1903,8 @@ impl Supervisor for UnixSupervisor {
 
 impl Drop for UnixSupervisor {
     fn drop(&mut self) {
+        // the holders go on; their threads end
+        self.terminals.clear();
         // as a daemon exit: every channel closes, so a blocked launcher
         // exits and a released one kills its tree
         for tree in self.trees.values() {

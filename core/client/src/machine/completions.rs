@@ -152,6 +152,10 @@ impl ClientCore {
                     self.stats.finished += 1;
                 }
             }
+            p @ (Pending::TermOpening(_)
+            | Pending::TermOpened(_)
+            | Pending::TermClosed(_)
+            | Pending::TermExpire) => self.terminal_completed(p, result),
         }
     }
 
@@ -250,8 +254,9 @@ impl ClientCore {
 
     // ---- settling: the spool's outputs and capacity -------------------------
 
-    pub(super) fn settle(&mut self, _now_ms: u64, _wall_ms: i64) {
+    pub(super) fn settle(&mut self, _now_ms: u64, wall_ms: i64) {
         self.drain_spool();
+        self.expire_terminals(wall_ms);
         if self.shutting_down {
             return;
         }

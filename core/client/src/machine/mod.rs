@@ -24,12 +24,12 @@
 //! routing of server messages; each concern has a submodule of its own:
 //! `launch` (acceptance and the launch sequence), `process_events`
 //! (process events and the end of a command), `signals`, `stdin`,
-//! `scripts`, and `completions` (store completions, reconciliation and
-//! the spool's outputs).
+//! `scripts`, `terminals` (PTY sessions and their holders), and
+//! `completions` (store completions, reconciliation and the spool's
+//! outputs).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use rvbox_domain::error::{Code, DomainError};
 use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::envelope::Payload;
@@ -37,7 +37,9 @@ use rvbox_proto::v1::envelope::Payload;
 use crate::accept::AcceptPolicy;
 use crate::link::{Link, LinkConfig, LinkEffect};
 use crate::ops::{ClientCompletion, ClientOp, SuperviseOp, Token};
-use crate::process::{CommandProcessEvent, Exit, LaunchIdentity, ResourceLimits};
+use crate::process::{
+    CommandProcessEvent, Exit, LaunchIdentity, ResourceLimits, TerminalProcessEvent,
+};
 use crate::spool::{RestoredCommand, Spool, SpoolLimits, SpoolToken};
 
 mod completions;
@@ -46,8 +48,10 @@ mod process_events;
 mod scripts;
 mod signals;
 mod stdin;
+pub mod terminals;
 
 use launch::normalize_cwd;
+pub use terminals::{RestoredTerminal, TerminalLimits, TerminalPhase, TerminalStats};
 
 /// How far beyond the reported prefix the server may stream a script
 /// (agent.proto: 1 MiB per command).
@@ -145,6 +149,8 @@ pub struct ClientCoreConfig {
     pub profiles: BTreeMap<i32, ResourceLimits>,
     /// The hello sent on every connection.
     pub hello: wire::ClientHello,
+    /// Terminal bounds.
+    pub terminals: TerminalLimits,
 }
 
 /// An input of the client core.
@@ -175,6 +181,8 @@ pub enum Input {
         /// What happened.
         outcome: wire::SignalOutcome,
     },
+    /// A terminal event.
+    Terminal(TerminalProcessEvent),
     /// An orphan of before a restart was dealt with.
     Reaped {
         /// The command.
@@ -191,8 +199,12 @@ pub enum Input {
 pub enum Output {
     /// Open a transport.
     Dial,
-    /// Send a binary frame.
+    /// Send a binary frame on the control lane (in order with every
+    /// other frame of it).
     Send(Vec<u8>),
+    /// Send a binary frame on the data lane (terminal traffic): it never
+    /// holds up the control lane or the heartbeats.
+    SendData(Vec<u8>),
     /// Send a WebSocket Ping.
     SendPing,
     /// Send a WebSocket Pong.
@@ -336,6 +348,10 @@ enum Pending {
     Stdin(Uuid7, u64, bool),
     StdinWritten,
     Finish(Uuid7),
+    TermOpening(Uuid7),
+    TermOpened(Uuid7),
+    TermClosed(Uuid7),
+    TermExpire,
 }
 
 /// The client daemon's protocol core.
@@ -356,6 +372,8 @@ pub struct ClientCore {
     wall: i64,
     /// What the next snapshot reports (the store shell keeps it current).
     store_health: wire::ScopeState,
+    /// The terminals.
+    terminals: terminals::Terminals,
 }
 
 fn lifecycle_of(launch: u8, lifecycle: wire::Lifecycle) -> wire::Lifecycle {
@@ -404,6 +422,7 @@ impl ClientCore {
             shutting_down: false,
             wall: 0,
             store_health: wire::ScopeState::Ready,
+            terminals: terminals::Terminals::default(),
             config,
         };
         for c in spool {
@@ -642,6 +661,7 @@ impl ClientCore {
             Input::Pong => self.link.pong(now_ms),
             Input::Completion(token, result) => self.completed(now_ms, wall_ms, token, result),
             Input::Process(ev) => self.process(now_ms, wall_ms, ev),
+            Input::Terminal(ev) => self.terminal_event(ev),
             Input::Signalled {
                 issue,
                 kind,
@@ -665,6 +685,7 @@ impl ClientCore {
             match e {
                 LinkEffect::Dial => self.push(Output::Dial),
                 LinkEffect::Send(b) => self.push(Output::Send(b)),
+                LinkEffect::SendData(b) => self.push(Output::SendData(b)),
                 LinkEffect::SendPing => self.push(Output::SendPing),
                 LinkEffect::SendPong => self.push(Output::SendPong),
                 LinkEffect::Close(c) => self.push(Output::Close(c)),
@@ -702,6 +723,7 @@ impl ClientCore {
                 LinkEffect::Down => {
                     self.spool.session_closed();
                     self.last_capacity = None;
+                    self.terminals_down();
                 }
             }
         }
@@ -718,6 +740,7 @@ impl ClientCore {
         while let Some(e) = self.link.poll_effect() {
             match e {
                 LinkEffect::Send(b) => self.push(Output::Send(b)),
+                LinkEffect::SendData(b) => self.push(Output::SendData(b)),
                 LinkEffect::Close(c) => self.push(Output::Close(c)),
                 other => {
                     // no other effect comes from a send
@@ -748,16 +771,13 @@ impl ClientCore {
             Payload::Signal(s) => self.signal(now_ms, s),
             Payload::StdinWrite(w) => self.stdin(now_ms, w),
             Payload::ScriptChunk(c) => self.script_chunk(now_ms, c),
-            Payload::PtyOpen(p) => {
-                let error = DomainError::new(Code::Unsupported, "this client has no PTY support");
-                self.send(Payload::PtyOpened(wire::PtyOpened {
-                    pty_session_id: p.pty_session_id,
-                    outcome: wire::AcceptOutcome::Permanent as i32,
-                    error: Some(error.to_detail()),
-                    resolved_shell: wire::ShellType::Unspecified as i32,
-                }));
-            }
-            // PTY traffic for sessions this client never opened
+            Payload::PtyOpen(_)
+            | Payload::PtyInput(_)
+            | Payload::PtyResize(_)
+            | Payload::PtyAttach(_)
+            | Payload::PtyOutputAck(_)
+            | Payload::PtyDetach(_)
+            | Payload::PtyClose(_) => self.pty_message(now_ms, payload),
             _ => {}
         }
     }

@@ -53,6 +53,7 @@ pub fn config(cwd: &str) -> ClientCoreConfig {
             supported_minors: vec![0],
             ..Default::default()
         },
+        terminals: rvbox_client_core::machine::TerminalLimits::default(),
     }
 }
 
