@@ -119,6 +119,17 @@ fn weight(r: &PtyReport) -> u64 {
     .max(1)
 }
 
+/// What kind of report a group item was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReportKind {
+    /// `PtyOutput`.
+    Output,
+    /// `PtyClosed`.
+    Closed,
+    /// `PtyOpened` or `PtyInputAck`.
+    Other,
+}
+
 /// What a terminal completion waits on.
 #[derive(Debug)]
 pub(crate) enum Pending {
@@ -131,8 +142,8 @@ pub(crate) enum Pending {
     /// A group of a connection's reports.
     Apply {
         conn: ConnId,
-        /// `(terminal, is output)` of each report, in order.
-        reports: Vec<([u8; 16], bool)>,
+        /// Each report's terminal and kind, in order.
+        reports: Vec<([u8; 16], ReportKind)>,
     },
     /// The sync read of a connection.
     Resume { conn: ConnId },
@@ -328,7 +339,11 @@ impl ServerCore {
             .map(|r| {
                 (
                     id_bytes(r.id()).unwrap_or_default(),
-                    matches!(r, PtyReport::Output(_)),
+                    match r {
+                        PtyReport::Output(_) => ReportKind::Output,
+                        PtyReport::Closed(_) => ReportKind::Closed,
+                        _ => ReportKind::Other,
+                    },
                 )
             })
             .collect();
@@ -507,7 +522,7 @@ impl ServerCore {
         });
     }
 
-    fn pty_applied(&mut self, conn: ConnId, reports: &[([u8; 16], bool)], result: OpResult) {
+    fn pty_applied(&mut self, conn: ConnId, reports: &[([u8; 16], ReportKind)], result: OpResult) {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.pty.applying = false;
         }
@@ -531,7 +546,8 @@ impl ServerCore {
         };
         let mut acks: BTreeMap<[u8; 16], u64> = BTreeMap::new();
         let mut resync = false;
-        for ((id, output), a) in reports.iter().zip(applied) {
+        for ((id, kind), a) in reports.iter().zip(applied) {
+            let output = *kind == ReportKind::Output;
             let text = Uuid7::from_bytes("pty_session_id", *id)
                 .map(|u| u.to_string())
                 .unwrap_or_default();
@@ -541,7 +557,7 @@ impl ServerCore {
                     closed,
                 } => {
                     self.stats.pty_reports += 1;
-                    if *output {
+                    if output {
                         acks.insert(*id, output_offset);
                         if let Some(t) = self
                             .conns
@@ -573,6 +589,9 @@ impl ServerCore {
                         }
                     }
                 }
+                // a close of a terminal the server does not have needs no
+                // answer: answering it with a close would loop
+                PtyApplied::Unknown if *kind == ReportKind::Closed => {}
                 PtyApplied::Unknown => {
                     tracing::warn!(terminal = %text, "a client reported a terminal the server does not have; closing it there");
                     self.send(

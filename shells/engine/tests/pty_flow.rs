@@ -295,6 +295,26 @@ fn a_terminal_goes_to_its_client_only_when_durable_and_again_after_a_reconnect()
         "{frames:?}"
     );
 
+    // the close of a terminal the server does not have is not answered
+    // (a close would loop with the client's answer)
+    e.frame(
+        22,
+        WALL,
+        2,
+        env(
+            &sid,
+            g,
+            Payload::PtyClosed(wire::PtyClosed {
+                pty_session_id: stray.clone(),
+                exit_result: None,
+                final_offset: 0,
+                reason: "unknown terminal on this client".into(),
+            }),
+        ),
+    );
+    let frames = pty_frames(&drain(&mut e, 2).0);
+    assert!(frames.is_empty(), "{frames:?}");
+
     // the close: durable, then PtyClose; the client's PtyClosed ends it
     e.pty(
         23,
