@@ -63,6 +63,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "audit_usage",
         include_str!("../migrations/0004_audit_usage.sql"),
     ),
+    (
+        5,
+        "pty_sessions",
+        include_str!("../migrations/0005_pty_sessions.sql"),
+    ),
 ];
 
 /// Named crash points of the PostgreSQL store (conventions rule 8).

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Differential test: the SQLite schema after migration 0010 against its
-PostgreSQL form (shells/store-pg/migrations/0001_initial.sql).
+"""Differential test: the SQLite schema after migration 0011 against its
+PostgreSQL form (shells/store-pg/migrations/0001_initial.sql and
+0005_pty_sessions.sql).
 
 Run from the repository root:  python3 shells/store-pg/tests/schema_diff.py
 
 What it does:
-  1. applies the ten SQLite migrations to an in-memory database with the
+  1. applies the eleven SQLite migrations to an in-memory database with the
      store's PRAGMAs (foreign_keys = ON, trusted_schema = OFF), each in its
      own transaction as the migration runner does: the reference;
   2. a second SQLite copy whose triggers also log their name into `_fired`
@@ -46,7 +47,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 SQLITE_MIGRATIONS = sorted(glob.glob(os.path.join(REPO, "shells/store/src/migrations/00*.sql")))
-PG_SCHEMA = os.path.join(REPO, "shells/store-pg/migrations/0001_initial.sql")
+# the PostgreSQL migrations that mirror SQLite ones (0002..0004 hold what
+# only the PostgreSQL store has)
+PG_SCHEMA = [os.path.join(REPO, "shells/store-pg/migrations", f)
+             for f in ("0001_initial.sql", "0005_pty_sessions.sql")]
 def _pg_bin():
     """The newest installed PostgreSQL 15+ (as the Rust test kit finds it)."""
     found = []
@@ -218,11 +222,12 @@ class Harness:
         self._instrument(self.cov)
         self.pg = psycopg.connect(host="127.0.0.1", port=pg.port, user="postgres",
                                   dbname="postgres", autocommit=True)
-        schema = open(PG_SCHEMA).read()
-        if re.search(r"^\s*(BEGIN|COMMIT|START\s+TRANSACTION)\s*;", schema, re.I | re.M):
-            raise Fail("0001_initial.sql must not contain BEGIN/COMMIT")
-        with self.pg.transaction():
-            self.pg.execute(schema)
+        for path in PG_SCHEMA:
+            schema = open(path).read()
+            if re.search(r"^\s*(BEGIN|COMMIT|START\s+TRANSACTION)\s*;", schema, re.I | re.M):
+                raise Fail(f"{os.path.basename(path)} must not contain BEGIN/COMMIT")
+            with self.pg.transaction():
+                self.pg.execute(schema)
         self.tables = [r[0] for r in self.ref.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
         self.cols = {t: [r[1] for r in self.ref.execute(f'PRAGMA table_info("{t}")')] for t in self.tables}
@@ -243,8 +248,8 @@ class Harness:
         c.execute("PRAGMA foreign_keys = ON")
         c.execute("PRAGMA trusted_schema = OFF")
         assert c.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-        if len(SQLITE_MIGRATIONS) != 10:
-            raise Fail(f"expected 10 SQLite migrations, found {len(SQLITE_MIGRATIONS)}")
+        if len(SQLITE_MIGRATIONS) != 11:
+            raise Fail(f"expected 11 SQLite migrations, found {len(SQLITE_MIGRATIONS)}")
         for path in SQLITE_MIGRATIONS:
             # one transaction per migration, as rvbox_storage::db::migrate does
             c.executescript("BEGIN IMMEDIATE;\n" + open(path).read() + "\nCOMMIT;")
@@ -778,6 +783,30 @@ def phase1(H):
     ok("INSERT INTO sessions (session_id, client_id, instance_id, generation, opened_ms, closed_ms, live) "
        "VALUES (?, ?, ?, ?, ?, ?, ?)", u(107), "Beta", u(53), 1, NOW - 10, NOW - 5, B(0))
 
+    # terminals: one open (input pending, records), one closed, one deleted with its rows
+    P = ("INSERT INTO pty_sessions (pty_session_id, client_id, state, open_frame, shell_type, rows, cols, "
+         "opened_ms, last_activity_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+    ok(P, u(800), "alpha", 1, b"open", 1, 24, 80, NOW, NOW)
+    ok(P, u(801), "Beta", 2, b"open", 2, 1000, 1, NOW, NOW)
+    ok(P, u(802), "gamma", 2, b"open", 1, 1, 1000, NOW, NOW)
+    ok("UPDATE pty_sessions SET state = 2, input_seq = 2, input_acked = 1, output_offset = 10, "
+       "recorded_bytes = 30, next_rec_seq = 4, last_activity_ms = ? WHERE pty_session_id = ?", NOW + 1, u(800))
+    I = "INSERT INTO pty_inputs (pty_session_id, input_seq, data) VALUES (?, ?, ?)"
+    ok(I, u(800), 1, b"ls\r")
+    ok(I, u(800), 2, b"\x03")
+    ok("DELETE FROM pty_inputs WHERE pty_session_id = ? AND input_seq <= ?", u(800), 1)
+    RC = ("INSERT INTO pty_records (pty_session_id, rec_seq, at_ms, kind, pos, aux, data) "
+          "VALUES (?, ?, ?, ?, ?, ?, ?)")
+    ok(RC, u(800), 1, 0, 3, 80, 24, b"")
+    ok(RC, u(800), 2, 5, 1, 0, 0, b"hello")
+    ok(RC, u(800), 3, 9, 4, 10, 5, b"")
+    ok(RC, u(801), 1, 0, 2, 1, 0, b"x")
+    ok("UPDATE pty_sessions SET state = 3, closed_ms = ?, close_requested = ?, close_reason = ?, "
+       "exit_result = ? WHERE pty_session_id = ?", NOW + 2, B(1), "closed by operator", b"exit", u(801))
+    ok(RC, u(802), 1, 0, 1, 0, 0, b"gone")
+    ok(I, u(802), 1, b"gone")
+    ok("DELETE FROM pty_sessions WHERE pty_session_id = ?", u(802))     # cascades to its inputs and records
+
 
 def phase2(H):
     bad = H.bad
@@ -822,6 +851,29 @@ def phase2(H):
         for k, v in kw.items():
             vals[names.index(k)] = v
         return vals
+    # terminals
+    P = ("INSERT INTO pty_sessions (pty_session_id, client_id, state, open_frame, shell_type, rows, cols, "
+         "opened_ms, last_activity_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+    bad(P, u(850), "nobody", 1, b"o", 1, 24, 80, NOW, NOW, expect=FK)
+    bad(P, b"\x01" * 15, "alpha", 1, b"o", 1, 24, 80, NOW, NOW, expect=CK)
+    bad(P, u(850), "alpha", 4, b"o", 1, 24, 80, NOW, NOW, expect=CK)
+    bad(P, u(850), "alpha", 1, b"o", 1, 0, 80, NOW, NOW, expect=CK)
+    bad(P, u(850), "alpha", 1, b"o", 1, 24, 1001, NOW, NOW, expect=CK)
+    bad(P, u(850), "alpha", 1, None, 1, 24, 80, NOW, NOW, expect=NN)
+    bad(P, u(800), "alpha", 1, b"o", 1, 24, 80, NOW, NOW, expect=UQ)
+    bad("UPDATE pty_sessions SET input_acked = input_seq + 1 WHERE pty_session_id = ?", u(800), expect=CK)
+    bad("UPDATE pty_sessions SET output_offset = -1 WHERE pty_session_id = ?", u(800), expect=CK)
+    bad("UPDATE pty_sessions SET close_requested = ? WHERE pty_session_id = ?", B(2), u(800),
+        expect=CK, pg_expect="type")
+    bad("INSERT INTO pty_inputs (pty_session_id, input_seq, data) VALUES (?, 0, ?)", u(800), b"x", expect=CK)
+    bad("INSERT INTO pty_inputs (pty_session_id, input_seq, data) VALUES (?, 2, ?)", u(800), b"x", expect=UQ)
+    bad("INSERT INTO pty_inputs (pty_session_id, input_seq, data) VALUES (?, 9, ?)", u(899), b"x", expect=FK)
+    RC = ("INSERT INTO pty_records (pty_session_id, rec_seq, at_ms, kind, pos, aux, data) "
+          "VALUES (?, ?, ?, ?, ?, ?, ?)")
+    bad(RC, u(800), 9, 0, 5, 0, 0, b"", expect=CK)
+    bad(RC, u(800), 9, -1, 1, 0, 0, b"", expect=CK)
+    bad(RC, u(800), 1, 0, 1, 0, 0, b"", expect=UQ)
+    bad(RC, u(899), 1, 0, 1, 0, 0, b"", expect=FK)
     bad(Cc, *cmd(lifecycle=12), expect=CK)
     bad(Cc, *cmd(lifecycle=0), expect=CK)
     bad(Cc, *cmd(revision=0), expect=CK)
