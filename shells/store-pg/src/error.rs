@@ -56,6 +56,10 @@ impl Fail {
         match self {
             Self::Db { source, .. } => {
                 source.is_closed()
+                    // the socket failed (reset by the server that ended
+                    // the backend, before the client saw it close)
+                    || std::error::Error::source(source)
+                        .is_some_and(|e| e.downcast_ref::<std::io::Error>().is_some())
                     || source.code().is_some_and(|c| {
                         let code = c.code();
                         code.starts_with("08") || code.starts_with("57P")
