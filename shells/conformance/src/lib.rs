@@ -11,7 +11,10 @@
 //! ```
 //!
 //! or, inside one test that owns a shared resource, with [`run_suite!`]
-//! (or a subset of the cases by name with [`run_cases!`]).
+//! (or a subset of the cases by name with [`run_cases!`]). The cases over
+//! the control reads ([`read_suite!`]) take a backend with its reads; the
+//! terminal cases ([`pty_suite!`]) take a function that makes one from
+//! the store options they need ([`pty::options`]).
 //!
 //! Must never: reach into a backend's tables or files; every fact a case
 //! asserts is one the port answers.
@@ -25,6 +28,7 @@
 
 pub mod cases;
 pub mod fleet;
+pub mod pty;
 pub mod reads;
 pub mod support;
 
@@ -174,6 +178,71 @@ macro_rules! __read_cases_as {
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let mut backend = $fresh();
                 $crate::reads::$case(&mut backend);
+            }));
+            if ran.is_err() {
+                failed.push(stringify!($case));
+            }
+        )*
+        assert!(failed.is_empty(), "conformance cases failed: {failed:?}");
+    }};
+}
+
+/// Every terminal case, each its own `#[test]` function over
+/// `$fresh(rvbox_conformance::pty::options())` (a backend with its reads,
+/// made with the store options the cases need).
+#[macro_export]
+macro_rules! pty_suite {
+    ($fresh:path) => {
+        $crate::__every_pty_case!(tests[$fresh]);
+    };
+}
+
+/// Runs every terminal case, as [`run_suite!`] does, each on
+/// `$fresh(rvbox_conformance::pty::options())`.
+#[macro_export]
+macro_rules! run_pty_suite {
+    ($fresh:expr) => {
+        $crate::__every_pty_case!(run[$fresh])
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __every_pty_case {
+    ($how:ident [$($fresh:tt)+]) => {
+        $crate::__pty_cases_as!(
+            $how [$($fresh)+];
+            a_terminal_open_is_idempotent_bounded_and_needs_a_known_client,
+            terminal_input_is_numbered_once_and_pending_until_acknowledged,
+            terminal_output_is_recorded_once_by_offset_and_losses_are_cuts,
+            a_fenced_session_applies_no_terminal_report,
+            a_terminal_recording_keeps_its_cap_and_says_what_it_dropped,
+            a_recording_gets_only_what_the_client_quota_leaves,
+            terminals_resize_close_and_the_idle_pass,
+            terminals_are_listed_newest_first_page_by_page,
+            a_closed_terminal_goes_with_its_recording_after_the_retention,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __pty_cases_as {
+    (tests [$fresh:path]; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                let mut backend = $fresh($crate::pty::options());
+                $crate::pty::$case(&mut backend);
+            }
+        )*
+    };
+    (run [$fresh:expr]; $($case:ident),* $(,)?) => {{
+        let mut failed: Vec<&str> = Vec::new();
+        $(
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut backend = ($fresh)($crate::pty::options());
+                $crate::pty::$case(&mut backend);
             }));
             if ran.is_err() {
                 failed.push(stringify!($case));

@@ -23,8 +23,17 @@ impl Backend for Sqlite {
 }
 
 fn fresh() -> Sqlite {
+    fresh_with(rvbox_store::StoreOptions::default())
+}
+
+/// [`fresh`], with `opts`.
+fn fresh_with(opts: rvbox_store::StoreOptions) -> Sqlite {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let store = support::open(dir.path());
+    let store = support::open_with(
+        dir.path(),
+        std::sync::Arc::new(rvbox_store::fs::RealFs),
+        opts,
+    );
     let reader = Box::new(store.read_handle().open().expect("a reader"));
     Sqlite {
         exec: Executor::new(store),
@@ -44,4 +53,9 @@ rvbox_conformance::suite!(fresh);
 mod reads {
     use super::fresh;
     rvbox_conformance::read_suite!(fresh);
+}
+
+mod pty {
+    use super::fresh_with;
+    rvbox_conformance::pty_suite!(fresh_with);
 }

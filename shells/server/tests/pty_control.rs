@@ -9,7 +9,8 @@
 //! the client daemon. The agent gets the open, the attach and the input
 //! only once they are durable; viewers get exactly the bytes after their
 //! offset, live, and the close; the recording is asciicast v2 and holds
-//! every output byte, the input and the size.
+//! every output byte, the input and the size. The same on the SQLite and
+//! the PostgreSQL store.
 
 #[path = "../benches/support/agent_client.rs"]
 mod agent_client;
@@ -104,7 +105,40 @@ async fn attach(c: &mut ControlClient<tonic::transport::Channel>, pty: &str, fro
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn viewers_get_exact_output_live_and_the_recording_holds_everything() {
-    let stack = Stack::server_only();
+    viewers_and_recording(Stack::server_only()).await;
+}
+
+/// The same on the PostgreSQL store (one replica on a private instance).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn viewers_get_exact_output_live_and_the_recording_holds_everything_on_postgres() {
+    let pg = rvbox_testkit::Postgres::start();
+    pg.psql("postgres", "CREATE DATABASE rvbox");
+    let mut stack = Stack::configured();
+    let conf = stack.dir.path().join("server.toml");
+    let text = std::fs::read_to_string(&conf).unwrap().replacen(
+        "[server]\n",
+        "[server]\nstore = \"postgres\"\n",
+        1,
+    );
+    std::fs::write(
+        &conf,
+        format!(
+            "{text}[postgres]\nconninfo = \"{}\"\n",
+            pg.conninfo("rvbox")
+        ),
+    )
+    .unwrap();
+    stack.start_server();
+    viewers_and_recording(stack).await;
+    assert_eq!(
+        pg.psql("rvbox", "SELECT count(*) FROM pty_records WHERE kind = 1"),
+        "2",
+        "the output is recorded in the database"
+    );
+    drop(pg);
+}
+
+async fn viewers_and_recording(stack: Stack) {
     let (mut ws, sid, g) = register_session(1, stack.port).await;
     let mut c = control(stack.socket()).await;
 

@@ -29,6 +29,7 @@ mod mutations;
 pub mod notify;
 pub use reader::{PgReader, PgReaders};
 pub mod output;
+mod pty;
 mod reader;
 mod reads;
 mod replicas;
@@ -551,13 +552,30 @@ impl PgStore {
             StoreOp::SignalCommand { request, caller } => self
                 .signal_command(&request, &caller, wall_ms)
                 .map(Completion::Signal),
-            StoreOp::PtyMutation { .. }
-            | StoreOp::PtyApply { .. }
-            | StoreOp::PtyResume { .. }
-            | StoreOp::PtyIdle { .. } => Err(Fail::Refused(rvbox_domain::error::DomainError::new(
-                rvbox_domain::error::Code::Unsupported,
-                "terminals are not served on the PostgreSQL store yet",
-            ))),
+            StoreOp::PtyMutation {
+                mutation,
+                caller,
+                limits,
+            } => self
+                .pty_mutation(&mutation, &caller, limits, wall_ms)
+                .map(|o| Completion::Pty(Box::new(o))),
+            StoreOp::PtyApply {
+                client_id,
+                session,
+                reports,
+                recording_bytes,
+            } => self
+                .pty_apply(&client_id, session, &reports, recording_bytes, wall_ms)
+                .map(Completion::PtyApplied),
+            StoreOp::PtyResume { client_id } => {
+                self.pty_resume(&client_id).map(Completion::PtyResume)
+            }
+            StoreOp::PtyIdle {
+                idle_before_ms,
+                limit,
+            } => self
+                .pty_idle(idle_before_ms, limit)
+                .map(Completion::PtyIdle),
             StoreOp::AppendStdin { request, caller } => self
                 .append_stdin(&request, &caller, wall_ms)
                 .map(|o| Completion::Stdin(Box::new(o))),

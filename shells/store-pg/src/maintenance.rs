@@ -28,7 +28,8 @@
 //! deletion and starts the client again above the floor.
 //!
 //! Done fleet runs go once their commands are gone, or after the terminal
-//! retention (`crate::fleet::prune_done_runs_in`).
+//! retention (`crate::fleet::prune_done_runs_in`), and so do closed
+//! interactive terminals with their recordings (`crate::pty::prune_closed`).
 //!
 //! Not here: rotation of running commands' output. A command's window
 //! and total are kept by the append path (`crate::events`), and output
@@ -401,6 +402,19 @@ impl PgStore {
             }
             crate::fleet::prune_done_runs_in(tx, now_ms, retention_ms, cap)
         })?;
+        // closed terminals go with their recordings after the retention
+        report.terminals_pruned = self.in_tx("prune closed terminals", |tx, _| {
+            if !holds(tx, replica, Duty::Maintenance)? {
+                return Ok(0);
+            }
+            crate::pty::prune_closed(tx, now_ms, retention_ms)
+        })?;
+        if report.terminals_pruned > 0 {
+            tracing::info!(
+                terminals = report.terminals_pruned,
+                "closed terminals pruned with their recordings"
+            );
+        }
         tracing::info!(
             incidents_trimmed = report.incidents_trimmed,
             audit_rows_trimmed = report.audit_rotated,
@@ -408,6 +422,7 @@ impl PgStore {
             evicted_aged = report.evicted_aged,
             evictions_failed = report.evictions_failed,
             skipped_dirty = report.skipped_dirty,
+            terminals_pruned = report.terminals_pruned,
             "maintenance pass"
         );
         Ok(report)

@@ -1,12 +1,15 @@
 //! Wake-ups between replicas (docs/scaleout.md): a write that gives work
-//! to a client sends `NOTIFY rvbox_client, '<client_id>'` (a new command)
-//! or `'<client_id> <issue_uuid>'` (a signal or stdin of that command;
+//! to a client sends `NOTIFY rvbox_client, '<client_id>'` (a new command,
+//! or a terminal's open, input, resize or close) or
+//! `'<client_id> <issue_uuid>'` (a signal or stdin of that command;
 //! client ids never hold a space), and an append
 //! group sends `NOTIFY rvbox_command, '<issue_uuid>'` once per command it
-//! touched, each in the writing transaction, so it is delivered only if
-//! that transaction commits. A replica listens on both ([`Listener`]):
-//! the replica holding the client's socket looks for the client's work
-//! at once, and `FollowCommand` on any replica reads the new events.
+//! touched (a group of terminal reports likewise once per terminal whose
+//! recording grew or that closed, with the terminal's id), each in the
+//! writing transaction, so it is delivered only if that transaction
+//! commits. A replica listens on both ([`Listener`]): the replica holding
+//! the client's socket looks for the client's work at once, and
+//! `FollowCommand` and `AttachPtySession` on any replica read what is new.
 //!
 //! Notifications are a hint, never the only path: a listener that was
 //! not connected misses them, so the replica also polls (every second)
@@ -28,7 +31,8 @@ pub const FLEET_CHANNEL: &str = "rvbox_fleet";
 /// renewal periods knows its own connection went silent (a half-open
 /// connection raises no error) and connects again.
 pub const HEARTBEAT_CHANNEL: &str = "rvbox_heartbeat";
-/// The channel of commands that have new events.
+/// The channel of commands that have new events (and of terminals whose
+/// recording grew or that closed).
 pub const COMMAND_CHANNEL: &str = "rvbox_command";
 
 /// Queues a wake-up for `client_id` (about `issue` when given: its signal
@@ -70,8 +74,9 @@ pub(crate) fn heartbeat(tx: &mut Transaction<'_>) -> Result<(), Fail> {
     Ok(())
 }
 
-/// Queues one wake-up per command of `issues` for their followers,
-/// delivered when `tx` commits (one statement for the whole group).
+/// Queues one wake-up per command (or terminal) of `issues` for their
+/// followers, delivered when `tx` commits (one statement for the whole
+/// group).
 pub(crate) fn commands(
     tx: &mut Transaction<'_>,
     issues: &std::collections::BTreeSet<[u8; 16]>,
@@ -104,7 +109,8 @@ pub enum WakeUp {
         /// The command whose signal or stdin is new.
         issue: Option<[u8; 16]>,
     },
-    /// A command has new events (its canonical id).
+    /// A command has new events, or a terminal new output or its close
+    /// (its canonical id).
     Command(String),
     /// A fleet run may release now.
     Fleet,

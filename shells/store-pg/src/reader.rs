@@ -4,7 +4,9 @@
 //! history (`rvbox_store::output::{output_page, history}` over event rows,
 //! removed ranges and output chunks), command records and listings
 //! (`record_of`, `commands_page`), clients (`clients_page`,
-//! `client_detail`) and incidents (`incidents_page`).
+//! `client_detail`), incidents (`incidents_page`), and interactive
+//! terminals with their recordings (`rvbox_store::pty::{list_page,
+//! info_of, records_of}`).
 //!
 //! Page tokens are sealed with the database's token key (in `store_meta`,
 //! created once by the first replica), so a page token from one replica is
@@ -24,6 +26,7 @@ use rvbox_store::output::{
     EventRow, HistoryItem, OutputCommand, OutputSource, RemovedRow, Verified, history,
     missing_command, output_command, output_page,
 };
+use rvbox_store::pty::{PtyRow, PtySource, RecordRow};
 use rvbox_store::reader::{ControlReads, ReaderSource};
 use rvbox_store::records::{
     ClientRow, ClientSource, IncidentSource, MAX_DIRTY_SCOPES, Raw, RecordFacts, RecordSource,
@@ -753,6 +756,88 @@ impl ControlReads for PgReader {
         limit: usize,
     ) -> Result<(wire::FleetRunRecord, Vec<wire::FleetTarget>), OpError> {
         self.snapshot(|src, _| rvbox_store::fleet::fleet_changes(src, run, after_seq, limit))
+    }
+    fn list_pty_sessions(
+        &mut self,
+        req: &wire::ListPtySessionsRequest,
+    ) -> Result<wire::ListPtySessionsResponse, OpError> {
+        let key = self.key;
+        self.snapshot(|src, _| rvbox_store::pty::list_page(src, key, req))
+    }
+    fn pty_session(&mut self, id: &[u8; 16]) -> Result<wire::PtySessionInfo, OpError> {
+        self.snapshot(|src, _| rvbox_store::pty::info_of(src, id))
+    }
+    fn pty_records(
+        &mut self,
+        id: &[u8; 16],
+        after_rec_seq: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<rvbox_store_port::pty::PtyRecord>, OpError> {
+        self.snapshot(|src, _| rvbox_store::pty::records_of(src, id, after_rec_seq, max_bytes))
+    }
+}
+
+impl PtySource for PgSource<'_, '_> {
+    fn pty_row(&mut self, id: &[u8; 16]) -> Result<Option<PtyRow>, StoreError> {
+        self.tx
+            .query_opt(
+                concat!(
+                    "SELECT ",
+                    crate::pty::view_columns!(),
+                    " FROM pty_sessions WHERE pty_session_id = $1"
+                ),
+                &[&id.as_slice()],
+            )
+            .map_err(db("read terminal"))?
+            .map(|r| crate::pty::row_of(&r).map_err(db("read terminal")))
+            .transpose()
+    }
+
+    fn pty_rows_before(
+        &mut self,
+        client: &str,
+        before_ms: i64,
+        before_id: &[u8],
+        limit: usize,
+    ) -> Result<Vec<PtyRow>, StoreError> {
+        self.tx
+            .query(
+                concat!(
+                    "SELECT ",
+                    crate::pty::view_columns!(),
+                    " FROM pty_sessions
+                      WHERE ($1::text = '' OR client_id = $1)
+                        AND (opened_ms, pty_session_id) < ($2, $3)
+                      ORDER BY opened_ms DESC, pty_session_id DESC LIMIT $4"
+                ),
+                &[&client, &before_ms, &before_id, &to_i64(limit as u64)],
+            )
+            .map_err(db("list terminals"))?
+            .iter()
+            .map(|r| crate::pty::row_of(r).map_err(db("list terminals")))
+            .collect()
+    }
+
+    fn pty_records(
+        &mut self,
+        id: &[u8; 16],
+        after_rec_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordRow>, StoreError> {
+        self.tx
+            .query(
+                "SELECT rec_seq, at_ms, kind, pos, aux, data FROM pty_records
+                 WHERE pty_session_id = $1 AND rec_seq > $2 ORDER BY rec_seq LIMIT $3",
+                &[
+                    &id.as_slice(),
+                    &to_i64(after_rec_seq),
+                    &to_i64(limit as u64),
+                ],
+            )
+            .map_err(db("read terminal records"))?
+            .iter()
+            .map(|r| crate::pty::record_row_of(r).map_err(db("read terminal records")))
+            .collect()
     }
 }
 

@@ -17,10 +17,14 @@ fn fresh(pg: &Postgres) -> PgStore {
 
 /// A fresh database's name, and the store on it.
 fn fresh_named(pg: &Postgres) -> (String, PgStore) {
+    fresh_named_with(pg, StoreOptions::default())
+}
+
+/// A fresh database's name, and the store on it with `opts`.
+fn fresh_named_with(pg: &Postgres, opts: StoreOptions) -> (String, PgStore) {
     let db = format!("case_{}", NEXT_DB.fetch_add(1, Ordering::Relaxed));
     pg.psql("postgres", &format!("CREATE DATABASE {db}"));
-    let store = PgStore::connect(&pg.conninfo(&db), StoreOptions::default())
-        .expect("store on a fresh database");
+    let store = PgStore::connect(&pg.conninfo(&db), opts).expect("store on a fresh database");
     (db, store)
 }
 
@@ -53,7 +57,12 @@ impl rvbox_conformance::reads::WithReads for WithReader {
 }
 
 fn fresh_with_reader(pg: &Postgres) -> WithReader {
-    let store = fresh(pg);
+    fresh_with_options(pg, StoreOptions::default())
+}
+
+/// The store with `opts` and a reader on a fresh database.
+fn fresh_with_options(pg: &Postgres, opts: StoreOptions) -> WithReader {
+    let (_, store) = fresh_named_with(pg, opts);
     let reader = store.readers().open_pg().expect("a reader");
     WithReader { store, reader }
 }
@@ -162,4 +171,5 @@ fn conformance_on_postgres() {
     let pg = Postgres::start();
     rvbox_conformance::run_suite!(|| fresh(&pg));
     rvbox_conformance::run_read_suite!(|| fresh_with_reader(&pg));
+    rvbox_conformance::run_pty_suite!(|opts| fresh_with_options(&pg, opts));
 }

@@ -166,3 +166,108 @@ fn a_steady_trickle_of_notifications_is_passed_on_at_once() {
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     sender.join().unwrap();
 }
+
+/// Every terminal mutation its client must see (open, input, resize,
+/// close) and the idle pass's close wake the replica holding the client;
+/// a replay or a refusal wakes nobody; recorded output and a close wake
+/// the terminal's viewers on every replica.
+#[test]
+fn terminal_mutations_wake_the_client_and_recorded_output_its_viewers() {
+    use rvbox_proto::v1 as wire;
+    use rvbox_store_port::pty::{PtyLimits, PtyMutation, PtyReport};
+
+    let pg = Postgres::start();
+    pg.psql("postgres", "CREATE DATABASE notify");
+    let mut s = PgStore::connect(&pg.conninfo("notify"), StoreOptions::default()).unwrap();
+    let mut listener = Listener::connect(&pg.conninfo("notify")).unwrap();
+    let fence = live_session(&mut s, "web-1");
+    let _ = drain(&mut listener);
+    let client = vec![WakeUp::Client {
+        client: "web-1".into(),
+        issue: None,
+    }];
+    let mutate = |s: &mut PgStore, m: PtyMutation| {
+        s.perform(
+            NOW,
+            StoreOp::PtyMutation {
+                mutation: m,
+                caller: Caller::local(),
+                limits: PtyLimits::default(),
+            },
+        )
+    };
+    let id = rvbox_conformance::support::new_id();
+    let open = PtyMutation::Open(wire::OpenPtySessionRequest {
+        request_id: text(&id),
+        client_id: "web-1".into(),
+        rows: 24,
+        cols: 80,
+        ..Default::default()
+    });
+    assert!(mutate(&mut s, open.clone()).is_ok());
+    assert_eq!(drain(&mut listener), client, "open");
+    // a replay sends nothing new
+    assert!(mutate(&mut s, open).is_ok());
+    assert!(drain(&mut listener).is_empty(), "replay");
+    let write = PtyMutation::Write(wire::WritePtyInputRequest {
+        request_id: text(&rvbox_conformance::support::new_id()),
+        pty_session_id: text(&id),
+        data: b"ls\r".to_vec(),
+    });
+    assert!(mutate(&mut s, write).is_ok());
+    assert_eq!(drain(&mut listener), client, "input");
+    let resize = PtyMutation::Resize(wire::ResizePtySessionRequest {
+        request_id: text(&rvbox_conformance::support::new_id()),
+        pty_session_id: text(&id),
+        rows: 40,
+        cols: 100,
+    });
+    assert!(mutate(&mut s, resize).is_ok());
+    assert_eq!(drain(&mut listener), client, "resize");
+
+    // output recorded wakes the terminal's viewers
+    let r = s.perform(
+        NOW,
+        StoreOp::PtyApply {
+            client_id: "web-1".into(),
+            session: fence,
+            reports: vec![PtyReport::Output(wire::PtyOutput {
+                pty_session_id: text(&id),
+                offset: 0,
+                data: b"total 0\n".to_vec(),
+                cut: None,
+            })],
+            recording_bytes: 1 << 20,
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(drain(&mut listener), vec![WakeUp::Command(text(&id))]);
+
+    // the idle pass asks it to close: its client is told
+    let r = s.perform(
+        NOW,
+        StoreOp::PtyIdle {
+            idle_before_ms: NOW + 1,
+            limit: 10,
+        },
+    );
+    assert!(
+        matches!(&r, Ok(rvbox_store_port::ops::Completion::PtyIdle(v)) if v.len() == 1),
+        "{r:?}"
+    );
+    assert_eq!(drain(&mut listener), client, "idle close");
+    // input to a terminal asked to close is refused: nothing is sent
+    let late = PtyMutation::Write(wire::WritePtyInputRequest {
+        request_id: text(&rvbox_conformance::support::new_id()),
+        pty_session_id: text(&id),
+        data: b"x".to_vec(),
+    });
+    assert!(mutate(&mut s, late).is_err());
+    assert!(drain(&mut listener).is_empty(), "refused");
+    let close = PtyMutation::Close(wire::ClosePtySessionRequest {
+        request_id: text(&rvbox_conformance::support::new_id()),
+        pty_session_id: text(&id),
+    });
+    assert!(mutate(&mut s, close).is_ok());
+    assert_eq!(drain(&mut listener), client, "close");
+}

@@ -14,6 +14,10 @@
 //! The recording of each terminal is bounded (`PtyLimits::recording_bytes`):
 //! past it the oldest records go, and an attach or a replay from before
 //! the oldest output kept starts with a cut marker.
+//!
+//! The pure parts (the mutations' checks, refusals, audit records, hashes
+//! and stored answers, and the read rules over a [`PtySource`]) are the
+//! PostgreSQL store's too, so both backends decide and answer alike.
 
 use prost::Message as _;
 use rusqlite::{Connection, OptionalExtension as _, Transaction, TransactionBehavior, params};
@@ -59,7 +63,9 @@ fn uuid_text(b: &[u8; 16]) -> String {
     uuid::Uuid::from_bytes(*b).hyphenated().to_string()
 }
 
-fn bounded_reason(reason: &str) -> String {
+/// `reason` cut to [`MAX_PTY_REASON_BYTES`] on a character boundary.
+#[must_use]
+pub fn bounded_reason(reason: &str) -> String {
     if reason.len() <= MAX_PTY_REASON_BYTES {
         return reason.to_owned();
     }
@@ -70,56 +76,110 @@ fn bounded_reason(reason: &str) -> String {
     reason[..end].to_owned()
 }
 
-fn view_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<PtyView, StoreError>> {
-    let id: Vec<u8> = r.get(0)?;
-    let client_id: String = r.get(1)?;
-    let state: i64 = r.get(2)?;
-    let open_frame: Vec<u8> = r.get(3)?;
-    let shell_type: i64 = r.get(4)?;
-    let rows: i64 = r.get(5)?;
-    let cols: i64 = r.get(6)?;
-    let opened_ms: i64 = r.get(7)?;
-    let closed_ms: Option<i64> = r.get(8)?;
-    let last_ms: i64 = r.get(9)?;
-    let output_offset: i64 = r.get(10)?;
-    let recorded: i64 = r.get(11)?;
-    let input_seq: i64 = r.get(12)?;
-    let input_acked: i64 = r.get(13)?;
+/// A terminal's row as every store backend keeps it (the columns of
+/// `pty_sessions` that [`PtyView`] is made of).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PtyRow {
+    /// `pty_session_id` (16 bytes).
+    pub pty_session_id: Vec<u8>,
+    /// `client_id`.
+    pub client_id: String,
+    /// `state` (a `PtyState`).
+    pub state: i64,
+    /// `open_frame` (an encoded `PtyOpen`).
+    pub open_frame: Vec<u8>,
+    /// `shell_type`.
+    pub shell_type: i64,
+    /// `rows`.
+    pub rows: i64,
+    /// `cols`.
+    pub cols: i64,
+    /// `opened_ms`.
+    pub opened_ms: i64,
+    /// `closed_ms`.
+    pub closed_ms: Option<i64>,
+    /// `last_activity_ms`.
+    pub last_activity_ms: i64,
+    /// `output_offset`.
+    pub output_offset: i64,
+    /// `recorded_bytes`.
+    pub recorded_bytes: i64,
+    /// `input_seq`.
+    pub input_seq: i64,
+    /// `input_acked`.
+    pub input_acked: i64,
+    /// `close_requested`.
+    pub close_requested: bool,
+    /// `close_reason`.
+    pub close_reason: String,
+    /// `exit_result` (an encoded `ExitResult`).
+    pub exit_result: Option<Vec<u8>>,
+}
+
+/// The terminal a stored row describes.
+///
+/// # Errors
+/// [`StoreError::Integrity`] when the row's id or encoded frames are
+/// malformed.
+pub fn view_from_row(row: PtyRow) -> Result<PtyView, StoreError> {
+    let id = <[u8; 16]>::try_from(row.pty_session_id.as_slice())
+        .map_err(|_| StoreError::Integrity("pty_session_id is not 16 bytes".into()))?;
+    let open = wire::PtyOpen::decode(row.open_frame.as_slice())
+        .map_err(|_| StoreError::Integrity("a stored PtyOpen does not decode".into()))?;
+    let exit_result = row
+        .exit_result
+        .map(|b| wire::ExitResult::decode(b.as_slice()))
+        .transpose()
+        .map_err(|_| StoreError::Integrity("a stored ExitResult does not decode".into()))?;
+    Ok(PtyView {
+        info: wire::PtySessionInfo {
+            pty_session_id: uuid_text(&id),
+            client_id: row.client_id,
+            state: i32::try_from(row.state).unwrap_or(0),
+            opened_time: Some(to_timestamp(row.opened_ms)),
+            closed_time: row.closed_ms.map(to_timestamp),
+            output_offset: to_u64(row.output_offset),
+            rows: u32::try_from(row.rows).unwrap_or(0),
+            cols: u32::try_from(row.cols).unwrap_or(0),
+            exit_result,
+            viewers: 0,
+            last_activity_time: Some(to_timestamp(row.last_activity_ms)),
+            close_reason: row.close_reason,
+            shell_type: i32::try_from(row.shell_type).unwrap_or(0),
+            recorded_bytes: to_u64(row.recorded_bytes),
+        },
+        open,
+        input_seq: to_u64(row.input_seq),
+        input_acked: to_u64(row.input_acked),
+        close_requested: row.close_requested,
+    })
+}
+
+fn row_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<PtyRow> {
     let close_requested: i64 = r.get(14)?;
-    let close_reason: String = r.get(15)?;
-    let exit: Option<Vec<u8>> = r.get(16)?;
-    Ok((|| {
-        let id = <[u8; 16]>::try_from(id.as_slice())
-            .map_err(|_| StoreError::Integrity("pty_session_id is not 16 bytes".into()))?;
-        let open = wire::PtyOpen::decode(open_frame.as_slice())
-            .map_err(|_| StoreError::Integrity("a stored PtyOpen does not decode".into()))?;
-        let exit_result = exit
-            .map(|b| wire::ExitResult::decode(b.as_slice()))
-            .transpose()
-            .map_err(|_| StoreError::Integrity("a stored ExitResult does not decode".into()))?;
-        Ok(PtyView {
-            info: wire::PtySessionInfo {
-                pty_session_id: uuid_text(&id),
-                client_id,
-                state: i32::try_from(state).unwrap_or(0),
-                opened_time: Some(to_timestamp(opened_ms)),
-                closed_time: closed_ms.map(to_timestamp),
-                output_offset: to_u64(output_offset),
-                rows: u32::try_from(rows).unwrap_or(0),
-                cols: u32::try_from(cols).unwrap_or(0),
-                exit_result,
-                viewers: 0,
-                last_activity_time: Some(to_timestamp(last_ms)),
-                close_reason,
-                shell_type: i32::try_from(shell_type).unwrap_or(0),
-                recorded_bytes: to_u64(recorded),
-            },
-            open,
-            input_seq: to_u64(input_seq),
-            input_acked: to_u64(input_acked),
-            close_requested: close_requested == 1,
-        })
-    })())
+    Ok(PtyRow {
+        pty_session_id: r.get(0)?,
+        client_id: r.get(1)?,
+        state: r.get(2)?,
+        open_frame: r.get(3)?,
+        shell_type: r.get(4)?,
+        rows: r.get(5)?,
+        cols: r.get(6)?,
+        opened_ms: r.get(7)?,
+        closed_ms: r.get(8)?,
+        last_activity_ms: r.get(9)?,
+        output_offset: r.get(10)?,
+        recorded_bytes: r.get(11)?,
+        input_seq: r.get(12)?,
+        input_acked: r.get(13)?,
+        close_requested: close_requested == 1,
+        close_reason: r.get(15)?,
+        exit_result: r.get(16)?,
+    })
+}
+
+fn view_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<PtyView, StoreError>> {
+    Ok(view_from_row(row_of(r)?))
 }
 
 /// One terminal, if the server has it.
@@ -137,7 +197,10 @@ pub fn load_view(conn: &Connection, id: &[u8; 16]) -> Result<Option<PtyView>, St
     .transpose()
 }
 
-fn not_found(id: &[u8; 16]) -> OpError {
+/// The refusal of a mutation or a read of a terminal the server does not
+/// have.
+#[must_use]
+pub fn not_found(id: &[u8; 16]) -> OpError {
     OpError::Refused(
         DomainError::new(
             Code::NotFound,
@@ -147,7 +210,9 @@ fn not_found(id: &[u8; 16]) -> OpError {
     )
 }
 
-fn closed_error(v: &PtyView) -> OpError {
+/// The refusal of input (or a resize) to a closed terminal.
+#[must_use]
+pub fn closed_error(v: &PtyView) -> OpError {
     let why = if v.info.close_reason.is_empty() {
         "closed".to_owned()
     } else {
@@ -160,6 +225,180 @@ fn closed_error(v: &PtyView) -> OpError {
         )
         .with_field("pty_session_id"),
     )
+}
+
+/// The audit record of a mutation, and whether the mutation is audited
+/// (opens and closes are; input never is: it may hold a password).
+#[must_use]
+pub fn mutation_audit(
+    m: &PtyMutation,
+    caller: &crate::operator::Caller,
+    now_ms: i64,
+) -> (crate::audit::AuditRecord, bool) {
+    let audited = matches!(m, PtyMutation::Open(_) | PtyMutation::Close(_));
+    let mut rec = crate::audit::AuditRecord::control(caller, m.method(), now_ms);
+    if let PtyMutation::Open(r) = m {
+        rec.client_id = Some(r.client_id.clone());
+        rec.detail = format!(
+            "terminal {} {}x{} {}",
+            r.request_id,
+            r.cols,
+            r.rows,
+            wire::ShellType::try_from(r.shell_type).map_or("shell unknown", |s| s.as_str_name())
+        );
+        rec = rec.with_env_names(r.env.keys());
+    }
+    if let PtyMutation::Close(r) = m {
+        rec.detail = format!("terminal {}", r.pty_session_id);
+    }
+    (rec, audited)
+}
+
+/// The request hash a mutation's idempotency row keeps (the request
+/// without its `request_id`).
+#[must_use]
+pub fn mutation_hash(m: &PtyMutation) -> rvbox_domain::hash::RequestHash {
+    let mut canonical = m.clone();
+    match &mut canonical {
+        PtyMutation::Open(r) => {
+            r.request_id.clear();
+            request_hash("OpenPtySession", r)
+        }
+        PtyMutation::Write(r) => {
+            r.request_id.clear();
+            request_hash("WritePtyInput", r)
+        }
+        PtyMutation::Resize(r) => {
+            r.request_id.clear();
+            request_hash("ResizePtySession", r)
+        }
+        PtyMutation::Close(r) => {
+            r.request_id.clear();
+            request_hash("ClosePtySession", r)
+        }
+    }
+}
+
+/// The refusal of an open on a client that never registered.
+#[must_use]
+pub fn unknown_client(client: &str) -> OpError {
+    OpError::Refused(
+        DomainError::new(
+            Code::NotFound,
+            format!(
+                "no client {client:?} has registered with this server; a terminal opens only on a known client"
+            ),
+        )
+        .with_field("client_id"),
+    )
+}
+
+/// Checks an open against the bounds, given the terminals not closed of
+/// its client (`mine`) and of the server (`all`).
+///
+/// # Errors
+/// `CAPACITY_EXHAUSTED` naming the bound reached.
+pub fn check_open_limits(
+    client: &str,
+    mine: u64,
+    all: u64,
+    limits: PtyLimits,
+) -> Result<(), OpError> {
+    if mine >= u64::from(limits.per_client) {
+        return Err(OpError::Refused(
+            DomainError::new(
+                Code::CapacityExhausted,
+                format!(
+                    "client {client:?} has {mine} terminals open; terminals.max_per_client is {}; close one first",
+                    limits.per_client
+                ),
+            )
+            .with_field("client_id"),
+        ));
+    }
+    if all >= u64::from(limits.per_server) {
+        return Err(OpError::Refused(DomainError::new(
+            Code::CapacityExhausted,
+            format!(
+                "this server has {all} terminals open; terminals.max_open is {}; close one first",
+                limits.per_server
+            ),
+        )));
+    }
+    Ok(())
+}
+
+/// Checks an input of `len` bytes against what waits unacknowledged
+/// (`count` inputs of `bytes` bytes).
+///
+/// # Errors
+/// `CAPACITY_EXHAUSTED` naming `data`.
+pub fn check_pending_input(count: u64, bytes: u64, len: usize) -> Result<(), OpError> {
+    if count >= MAX_PENDING_PTY_INPUTS
+        || bytes.saturating_add(len as u64) > MAX_PENDING_PTY_INPUT_BYTES
+    {
+        return Err(OpError::Refused(
+            DomainError::new(
+                Code::CapacityExhausted,
+                format!(
+                    "the terminal has {count} inputs ({bytes} bytes) its client has not acknowledged; at most {MAX_PENDING_PTY_INPUTS} inputs and {MAX_PENDING_PTY_INPUT_BYTES} bytes wait; retry once the client catches up"
+                ),
+            )
+            .with_field("data"),
+        ));
+    }
+    Ok(())
+}
+
+/// The open frame of the terminal `id` an open asks for.
+#[must_use]
+pub fn open_frame(id: &[u8; 16], r: &wire::OpenPtySessionRequest) -> wire::PtyOpen {
+    wire::PtyOpen {
+        pty_session_id: uuid_text(id),
+        shell_type: r.shell_type,
+        cwd: r.cwd.clone(),
+        env: r.env.clone(),
+        rows: r.rows,
+        cols: r.cols,
+    }
+}
+
+/// The stored answer of a fresh mutation of terminal `id` (`input_seq`:
+/// the number a write got).
+#[must_use]
+pub fn fresh_response(m: &PtyMutation, id: &[u8; 16], input_seq: u64) -> Vec<u8> {
+    let pty_session_id = uuid_text(id);
+    match m {
+        PtyMutation::Open(_) => wire::OpenPtySessionResponse { pty_session_id }.encode_to_vec(),
+        PtyMutation::Write(_) => wire::WritePtyInputResponse {
+            pty_session_id,
+            input_seq,
+        }
+        .encode_to_vec(),
+        PtyMutation::Resize(_) => wire::ResizePtySessionResponse { pty_session_id }.encode_to_vec(),
+        PtyMutation::Close(_) => wire::ClosePtySessionResponse { pty_session_id }.encode_to_vec(),
+    }
+}
+
+/// The `input_seq` a replayed mutation's stored answer holds (a write's),
+/// or its stored refusal.
+///
+/// # Errors
+/// The stored refusal, or [`StoreError::Integrity`] when the stored
+/// answer does not decode.
+pub fn replayed_input_seq(
+    m: &PtyMutation,
+    stored: mutations::Stored,
+) -> Result<Option<u64>, OpError> {
+    match m {
+        PtyMutation::Write(_) => Ok(Some(
+            decode_stored::<wire::WritePtyInputResponse>(stored)?.input_seq,
+        )),
+        _ => {
+            stored.map_err(|d| OpError::Refused(crate::incidents::detail_to_error(&d)))?;
+            Ok(None)
+        }
+    }
 }
 
 /// Records a window size (`rows` x `cols`).
@@ -221,9 +460,8 @@ fn record(
     Ok(())
 }
 
-/// Drops the oldest records of `id` while its recording is over `cap`.
 /// Closed terminals one maintenance pass removes at most.
-pub(crate) const PRUNE_BATCH: usize = 256;
+pub const PRUNE_BATCH: usize = 256;
 
 /// What the quotas leave for the recording of `id` (a terminal of
 /// `client_id`): the client's quota less its charged command bytes and
@@ -310,6 +548,7 @@ pub(crate) fn prune_closed(
     Ok(ids.len() as u64)
 }
 
+/// Drops the oldest records of `id` while its recording is over `cap`.
 fn trim_recording(tx: &Transaction<'_>, id: &[u8; 16], cap: u64) -> Result<(), StoreError> {
     let recorded: i64 = tx
         .query_row_cached(
@@ -394,23 +633,7 @@ impl Store {
         now_ms: i64,
     ) -> Result<PtyOutcome, OpError> {
         let method = m.method();
-        let audited = matches!(m, PtyMutation::Open(_) | PtyMutation::Close(_));
-        let mut rec = crate::audit::AuditRecord::control(caller, method, now_ms);
-        if let PtyMutation::Open(r) = m {
-            rec.client_id = Some(r.client_id.clone());
-            rec.detail = format!(
-                "terminal {} {}x{} {}",
-                r.request_id,
-                r.cols,
-                r.rows,
-                wire::ShellType::try_from(r.shell_type)
-                    .map_or("shell unknown", |s| s.as_str_name())
-            );
-            rec = rec.with_env_names(r.env.keys());
-        }
-        if let PtyMutation::Close(r) = m {
-            rec.detail = format!("terminal {}", r.pty_session_id);
-        }
+        let (rec, audited) = mutation_audit(m, caller, now_ms);
         let mut intent = crate::audit::AuditIntent::control(rec);
         let result = check_mutation(m)
             .map_err(OpError::Refused)
@@ -457,25 +680,7 @@ impl Store {
             .check_writable(&[(wire::ScopeKind::Client, client.as_str())])?;
         let request_id = Uuid7::from_bytes("request_id", c.request_id)
             .map_err(|e| OpError::Refused(DomainError::from(e)))?;
-        let mut canonical = m.clone();
-        let hash = match &mut canonical {
-            PtyMutation::Open(r) => {
-                r.request_id.clear();
-                request_hash("OpenPtySession", r)
-            }
-            PtyMutation::Write(r) => {
-                r.request_id.clear();
-                request_hash("WritePtyInput", r)
-            }
-            PtyMutation::Resize(r) => {
-                r.request_id.clear();
-                request_hash("ResizePtySession", r)
-            }
-            PtyMutation::Close(r) => {
-                r.request_id.clear();
-                request_hash("ClosePtySession", r)
-            }
-        };
+        let hash = mutation_hash(m);
         let method = m.method();
         let tx = self
             .conn
@@ -483,15 +688,7 @@ impl Store {
             .map_err(|e| StoreError::sqlite("begin terminal mutation", e))?;
         let owner = Owner::Client(&client);
         if let Some(stored) = mutations::lookup(&tx, &request_id, method, &hash, owner)? {
-            let input_seq = match m {
-                PtyMutation::Write(_) => {
-                    Some(decode_stored::<wire::WritePtyInputResponse>(stored)?.input_seq)
-                }
-                _ => {
-                    stored.map_err(|d| OpError::Refused(crate::incidents::detail_to_error(&d)))?;
-                    None
-                }
-            };
+            let input_seq = replayed_input_seq(m, stored)?;
             let view = load_view(&tx, &id)?.ok_or_else(|| not_found(&id))?;
             return Ok(PtyOutcome {
                 view,
@@ -510,15 +707,7 @@ impl Store {
                     )
                     .map_err(|e| StoreError::sqlite("look up the terminal's client", e))?;
                 if !known {
-                    return Err(OpError::Refused(
-                        DomainError::new(
-                            Code::NotFound,
-                            format!(
-                                "no client {client:?} has registered with this server; a terminal opens only on a known client"
-                            ),
-                        )
-                        .with_field("client_id"),
-                    ));
+                    return Err(unknown_client(&client));
                 }
                 let (mine, all): (i64, i64) = tx
                     .query_row_cached(
@@ -528,35 +717,8 @@ impl Store {
                         |r| Ok((r.get(0)?, r.get(1)?)),
                     )
                     .map_err(|e| StoreError::sqlite("count open terminals", e))?;
-                if to_u64(mine) >= u64::from(limits.per_client) {
-                    return Err(OpError::Refused(
-                        DomainError::new(
-                            Code::CapacityExhausted,
-                            format!(
-                                "client {client:?} has {mine} terminals open; terminals.max_per_client is {}; close one first",
-                                limits.per_client
-                            ),
-                        )
-                        .with_field("client_id"),
-                    ));
-                }
-                if to_u64(all) >= u64::from(limits.per_server) {
-                    return Err(OpError::Refused(DomainError::new(
-                        Code::CapacityExhausted,
-                        format!(
-                            "this server has {all} terminals open; terminals.max_open is {}; close one first",
-                            limits.per_server
-                        ),
-                    )));
-                }
-                let open = wire::PtyOpen {
-                    pty_session_id: uuid_text(&id),
-                    shell_type: r.shell_type,
-                    cwd: r.cwd.clone(),
-                    env: r.env.clone(),
-                    rows: r.rows,
-                    cols: r.cols,
-                };
+                check_open_limits(&client, to_u64(mine), to_u64(all), limits)?;
+                let open = open_frame(&id, r);
                 tx.execute_cached(
                     "INSERT INTO pty_sessions (pty_session_id, client_id, state, open_frame,
                          shell_type, rows, cols, opened_ms, last_activity_ms)
@@ -576,10 +738,7 @@ impl Store {
                 // the recording starts with the size at open (its
                 // asciicast header)
                 record_size(&tx, &id, now_ms, now_ms, r.rows, r.cols)?;
-                wire::OpenPtySessionResponse {
-                    pty_session_id: uuid_text(&id),
-                }
-                .encode_to_vec()
+                fresh_response(m, &id, 0)
             }
             PtyMutation::Write(r) => {
                 let view = load_view(&tx, &id)?.ok_or_else(|| not_found(&id))?;
@@ -594,20 +753,7 @@ impl Store {
                         |r| Ok((r.get(0)?, r.get(1)?)),
                     )
                     .map_err(|e| StoreError::sqlite("count pending terminal input", e))?;
-                if to_u64(count) >= MAX_PENDING_PTY_INPUTS
-                    || to_u64(bytes).saturating_add(r.data.len() as u64)
-                        > MAX_PENDING_PTY_INPUT_BYTES
-                {
-                    return Err(OpError::Refused(
-                        DomainError::new(
-                            Code::CapacityExhausted,
-                            format!(
-                                "the terminal has {count} inputs ({bytes} bytes) its client has not acknowledged; at most {MAX_PENDING_PTY_INPUTS} inputs and {MAX_PENDING_PTY_INPUT_BYTES} bytes wait; retry once the client catches up"
-                            ),
-                        )
-                        .with_field("data"),
-                    ));
-                }
+                check_pending_input(to_u64(count), to_u64(bytes), r.data.len())?;
                 let seq = view.input_seq.saturating_add(1);
                 tx.execute_cached(
                     "INSERT INTO pty_inputs (pty_session_id, input_seq, data) VALUES (?1, ?2, ?3)",
@@ -624,11 +770,7 @@ impl Store {
                 record(&tx, &id, opened, now_ms, REC_INPUT, seq, 0, &r.data)?;
                 trim_recording(&tx, &id, limits.recording_bytes)?;
                 input_seq = Some(seq);
-                wire::WritePtyInputResponse {
-                    pty_session_id: uuid_text(&id),
-                    input_seq: seq,
-                }
-                .encode_to_vec()
+                fresh_response(m, &id, seq)
             }
             PtyMutation::Resize(r) => {
                 let view = load_view(&tx, &id)?.ok_or_else(|| not_found(&id))?;
@@ -642,10 +784,7 @@ impl Store {
                 .map_err(|e| StoreError::sqlite("resize terminal", e))?;
                 let opened = opened_ms(&view);
                 record_size(&tx, &id, opened, now_ms, r.rows, r.cols)?;
-                wire::ResizePtySessionResponse {
-                    pty_session_id: uuid_text(&id),
-                }
-                .encode_to_vec()
+                fresh_response(m, &id, 0)
             }
             PtyMutation::Close(_) => {
                 // closing a closed terminal is answered as done
@@ -656,10 +795,7 @@ impl Store {
                     params![id.as_slice(), CLOSED_BY_OPERATOR],
                 )
                 .map_err(|e| StoreError::sqlite("close terminal", e))?;
-                wire::ClosePtySessionResponse {
-                    pty_session_id: uuid_text(&id),
-                }
-                .encode_to_vec()
+                fresh_response(m, &id, 0)
             }
         };
         if audited {
@@ -835,7 +971,9 @@ impl Store {
     }
 }
 
-fn opened_ms(v: &PtyView) -> i64 {
+/// When a terminal opened (Unix ms).
+#[must_use]
+pub fn opened_ms(v: &PtyView) -> i64 {
     v.info.opened_time.as_ref().map_or(0, |t| {
         t.seconds.saturating_mul(1000) + i64::from(t.nanos / 1_000_000)
     })
@@ -1028,14 +1166,68 @@ fn close_row(
     Ok(())
 }
 
-/// `ListPtySessions`: one page, newest first (`viewers` is the serving
-/// server's to fill).
+/// One stored record of a terminal's recording (the columns of
+/// `pty_records`), as every store backend keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordRow {
+    /// `rec_seq`.
+    pub rec_seq: i64,
+    /// `at_ms`.
+    pub at_ms: i64,
+    /// `kind` ([`REC_OUTPUT`], [`REC_INPUT`], [`REC_RESIZE`], [`REC_CUT`]).
+    pub kind: i64,
+    /// `pos`.
+    pub pos: i64,
+    /// `aux`.
+    pub aux: i64,
+    /// `data`.
+    pub data: Vec<u8>,
+}
+
+/// Records one read of a recording takes at most (before its byte
+/// bound).
+pub const MAX_RECORDS_PER_READ: usize = 1024;
+
+/// What the terminal reads need of a store backend, in one snapshot.
+pub trait PtySource {
+    /// One terminal's row, if the server has it.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn pty_row(&mut self, id: &[u8; 16]) -> Result<Option<PtyRow>, StoreError>;
+    /// At most `limit` terminals (of `client`, or of every client when it
+    /// is empty) whose `(opened_ms, pty_session_id)` sorts before
+    /// `(before_ms, before_id)`, newest first.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn pty_rows_before(
+        &mut self,
+        client: &str,
+        before_ms: i64,
+        before_id: &[u8],
+        limit: usize,
+    ) -> Result<Vec<PtyRow>, StoreError>;
+    /// At most `limit` records of `id` after `after_rec_seq`, in order.
+    ///
+    /// # Errors
+    /// A store failure.
+    fn pty_records(
+        &mut self,
+        id: &[u8; 16],
+        after_rec_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordRow>, StoreError>;
+}
+
+/// `ListPtySessions` over any backend: one page, newest first (`viewers`
+/// is the serving server's to fill).
 ///
 /// # Errors
 /// `INVALID_ARGUMENT` for a bad page size, client id or token, or a store
 /// failure.
-pub fn list(
-    conn: &Connection,
+pub fn list_page(
+    src: &mut dyn PtySource,
     key: [u8; 32],
     req: &wire::ListPtySessionsRequest,
 ) -> Result<wire::ListPtySessionsResponse, OpError> {
@@ -1062,27 +1254,13 @@ pub fn list(
             .map_err(|e| crate::records::token_error(&e))?;
         Some(crate::records::time_and_id(&pos).ok_or_else(malformed)?)
     };
+    // no token: before every terminal (17 bytes of 0xff sort after any id)
     let (after_ms, after_id) =
         after.map_or((i64::MAX, vec![0xff_u8; 17]), |(ms, id)| (ms, id.to_vec()));
-    let mut stmt = conn
-        .prepare_cached(&format!(
-            "SELECT {VIEW_COLUMNS} FROM pty_sessions
-             WHERE (?1 = '' OR client_id = ?1) AND (opened_ms, pty_session_id) < (?2, ?3)
-             ORDER BY opened_ms DESC, pty_session_id DESC LIMIT ?4"
-        ))
-        .map_err(|e| StoreError::sqlite("prepare terminal list", e))?;
-    let rows = stmt
-        .query_map(
-            params![client, after_ms, after_id, i64::from(limit) + 1],
-            view_of,
-        )
-        .map_err(|e| StoreError::sqlite("list terminals", e))?;
-    let mut sessions = Vec::new();
-    for r in rows {
-        sessions.push(
-            r.map_err(|e| StoreError::sqlite("list terminals", e))??
-                .info,
-        );
+    let rows = src.pty_rows_before(&client, after_ms, &after_id, limit as usize + 1)?;
+    let mut sessions = Vec::with_capacity(rows.len());
+    for row in rows {
+        sessions.push(view_from_row(row)?.info);
     }
     let more = sessions.len() > limit as usize;
     sessions.truncate(limit as usize);
@@ -1109,12 +1287,162 @@ pub fn list(
     })
 }
 
+/// One terminal's record for operators, over any backend.
+///
+/// # Errors
+/// `NOT_FOUND`, or a store failure.
+pub fn info_of(src: &mut dyn PtySource, id: &[u8; 16]) -> Result<wire::PtySessionInfo, OpError> {
+    let row = src.pty_row(id)?.ok_or_else(|| not_found(id))?;
+    Ok(view_from_row(row)?.info)
+}
+
+/// The records of `id` after `after_rec_seq`, in order, while they fit in
+/// `max_bytes` of data (at least one), over any backend.
+///
+/// # Errors
+/// `NOT_FOUND`, or a store failure.
+pub fn records_of(
+    src: &mut dyn PtySource,
+    id: &[u8; 16],
+    after_rec_seq: u64,
+    max_bytes: usize,
+) -> Result<Vec<rvbox_store_port::pty::PtyRecord>, OpError> {
+    use rvbox_store_port::pty::{PtyRecord, PtyRecordKind};
+    if src.pty_row(id)?.is_none() {
+        return Err(not_found(id));
+    }
+    let rows = src.pty_records(id, after_rec_seq, MAX_RECORDS_PER_READ)?;
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    for r in rows {
+        if !out.is_empty() && bytes.saturating_add(r.data.len()) > max_bytes {
+            break;
+        }
+        bytes = bytes.saturating_add(r.data.len());
+        let kind = match r.kind {
+            REC_OUTPUT => PtyRecordKind::Output {
+                offset: to_u64(r.pos),
+            },
+            REC_INPUT => PtyRecordKind::Input {
+                input_seq: to_u64(r.pos),
+            },
+            REC_RESIZE => PtyRecordKind::Resize {
+                cols: u32::try_from(r.pos).unwrap_or(0),
+                rows: u32::try_from(r.aux).unwrap_or(0),
+            },
+            REC_CUT => PtyRecordKind::Cut {
+                from: to_u64(r.aux),
+                to: to_u64(r.pos),
+            },
+            other => {
+                return Err(OpError::Store(StoreError::Integrity(format!(
+                    "terminal record kind {other} is unknown"
+                ))));
+            }
+        };
+        out.push(PtyRecord {
+            rec_seq: to_u64(r.rec_seq),
+            at_ms: to_u64(r.at_ms),
+            kind,
+            data: r.data,
+        });
+    }
+    Ok(out)
+}
+
+/// The terminal reads over one SQLite connection.
+struct SqliteSource<'a>(&'a Connection);
+
+impl PtySource for SqliteSource<'_> {
+    fn pty_row(&mut self, id: &[u8; 16]) -> Result<Option<PtyRow>, StoreError> {
+        self.0
+            .query_row_cached(
+                &format!("SELECT {VIEW_COLUMNS} FROM pty_sessions WHERE pty_session_id = ?1"),
+                params![id.as_slice()],
+                row_of,
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("read terminal", e))
+    }
+
+    fn pty_rows_before(
+        &mut self,
+        client: &str,
+        before_ms: i64,
+        before_id: &[u8],
+        limit: usize,
+    ) -> Result<Vec<PtyRow>, StoreError> {
+        let mut stmt = self
+            .0
+            .prepare_cached(&format!(
+                "SELECT {VIEW_COLUMNS} FROM pty_sessions
+                 WHERE (?1 = '' OR client_id = ?1) AND (opened_ms, pty_session_id) < (?2, ?3)
+                 ORDER BY opened_ms DESC, pty_session_id DESC LIMIT ?4"
+            ))
+            .map_err(|e| StoreError::sqlite("prepare terminal list", e))?;
+        let rows = stmt
+            .query_map(
+                params![client, before_ms, before_id, to_i64(limit as u64)],
+                row_of,
+            )
+            .map_err(|e| StoreError::sqlite("list terminals", e))?;
+        rows.collect::<Result<_, _>>()
+            .map_err(|e| StoreError::sqlite("list terminals", e))
+    }
+
+    fn pty_records(
+        &mut self,
+        id: &[u8; 16],
+        after_rec_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordRow>, StoreError> {
+        let mut stmt = self
+            .0
+            .prepare_cached(
+                "SELECT rec_seq, at_ms, kind, pos, aux, data FROM pty_records
+                 WHERE pty_session_id = ?1 AND rec_seq > ?2 ORDER BY rec_seq LIMIT ?3",
+            )
+            .map_err(|e| StoreError::sqlite("prepare terminal records", e))?;
+        let rows = stmt
+            .query_map(
+                params![id.as_slice(), to_i64(after_rec_seq), to_i64(limit as u64)],
+                |r| {
+                    Ok(RecordRow {
+                        rec_seq: r.get(0)?,
+                        at_ms: r.get(1)?,
+                        kind: r.get(2)?,
+                        pos: r.get(3)?,
+                        aux: r.get(4)?,
+                        data: r.get(5)?,
+                    })
+                },
+            )
+            .map_err(|e| StoreError::sqlite("read terminal records", e))?;
+        rows.collect::<Result<_, _>>()
+            .map_err(|e| StoreError::sqlite("read terminal records", e))
+    }
+}
+
+/// `ListPtySessions`: one page, newest first (`viewers` is the serving
+/// server's to fill).
+///
+/// # Errors
+/// `INVALID_ARGUMENT` for a bad page size, client id or token, or a store
+/// failure.
+pub fn list(
+    conn: &Connection,
+    key: [u8; 32],
+    req: &wire::ListPtySessionsRequest,
+) -> Result<wire::ListPtySessionsResponse, OpError> {
+    list_page(&mut SqliteSource(conn), key, req)
+}
+
 /// One terminal's record for operators.
 ///
 /// # Errors
 /// `NOT_FOUND`, or a store failure.
 pub fn info(conn: &Connection, id: &[u8; 16]) -> Result<wire::PtySessionInfo, OpError> {
-    Ok(load_view(conn, id)?.ok_or_else(|| not_found(id))?.info)
+    info_of(&mut SqliteSource(conn), id)
 }
 
 /// The records of `id` after `after_rec_seq`, in order, while they fit in
@@ -1128,63 +1456,5 @@ pub fn records_after(
     after_rec_seq: u64,
     max_bytes: usize,
 ) -> Result<Vec<rvbox_store_port::pty::PtyRecord>, OpError> {
-    use rvbox_store_port::pty::{PtyRecord, PtyRecordKind};
-    if load_view(conn, id)?.is_none() {
-        return Err(not_found(id));
-    }
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT rec_seq, at_ms, kind, pos, aux, data FROM pty_records
-             WHERE pty_session_id = ?1 AND rec_seq > ?2 ORDER BY rec_seq LIMIT 1024",
-        )
-        .map_err(|e| StoreError::sqlite("prepare terminal records", e))?;
-    let mut rows = stmt
-        .query(params![id.as_slice(), to_i64(after_rec_seq)])
-        .map_err(|e| StoreError::sqlite("read terminal records", e))?;
-    let mut out = Vec::new();
-    let mut bytes = 0usize;
-    while let Some(r) = rows
-        .next()
-        .map_err(|e| StoreError::sqlite("read terminal records", e))?
-    {
-        let get = |e| StoreError::sqlite("read terminal records", e);
-        let seq: i64 = r.get(0).map_err(get)?;
-        let at: i64 = r.get(1).map_err(get)?;
-        let kind: i64 = r.get(2).map_err(get)?;
-        let pos: i64 = r.get(3).map_err(get)?;
-        let aux: i64 = r.get(4).map_err(get)?;
-        let data: Vec<u8> = r.get(5).map_err(get)?;
-        if !out.is_empty() && bytes.saturating_add(data.len()) > max_bytes {
-            break;
-        }
-        bytes = bytes.saturating_add(data.len());
-        let kind = match kind {
-            REC_OUTPUT => PtyRecordKind::Output {
-                offset: to_u64(pos),
-            },
-            REC_INPUT => PtyRecordKind::Input {
-                input_seq: to_u64(pos),
-            },
-            REC_RESIZE => PtyRecordKind::Resize {
-                cols: u32::try_from(pos).unwrap_or(0),
-                rows: u32::try_from(aux).unwrap_or(0),
-            },
-            REC_CUT => PtyRecordKind::Cut {
-                from: to_u64(aux),
-                to: to_u64(pos),
-            },
-            other => {
-                return Err(OpError::Store(StoreError::Integrity(format!(
-                    "terminal record kind {other} is unknown"
-                ))));
-            }
-        };
-        out.push(PtyRecord {
-            rec_seq: to_u64(seq),
-            at_ms: to_u64(at),
-            kind,
-            data,
-        });
-    }
-    Ok(out)
+    records_of(&mut SqliteSource(conn), id, after_rec_seq, max_bytes)
 }
