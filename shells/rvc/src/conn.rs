@@ -220,6 +220,33 @@ impl Control {
         Ok(client)
     }
 
+    /// A client for single attempts made outside [`Self::retrying`] (the
+    /// terminal viewer, which keeps its own retry rule): it dials on its
+    /// first request, so getting it never waits on the server; a failed
+    /// call says why, and [`Self::reset`] forgets it.
+    pub(crate) fn lazy_client(&mut self) -> Result<ControlClient<Channel>, Failure> {
+        if let Some(c) = &self.client {
+            return Ok(c.clone());
+        }
+        let path = self.socket().to_owned();
+        let sent = self.sent.clone();
+        let endpoint = Endpoint::try_from("http://rvbox-server.invalid")
+            .map_err(|e| Failure::internal(format!("endpoint: {e}")))?;
+        let channel = endpoint.connect_with_connector_lazy(tower::service_fn(move |_| {
+            let path = path.clone();
+            let sent = sent.clone();
+            async move {
+                let inner = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(Counting { inner, sent }))
+            }
+        }));
+        let client = ControlClient::new(channel)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
     /// Says once that rvc is reconnecting.
     pub(crate) fn reconnecting(&mut self) {
         if !self.said_reconnecting {

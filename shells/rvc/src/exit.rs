@@ -22,6 +22,8 @@ pub(crate) const FLEET_FAILED: u8 = 34;
 /// A fleet run ended with no target failed but some that never ran
 /// (unreachable, cancelled, or skipped after --max-errors).
 pub(crate) const FLEET_INCOMPLETE: u8 = 35;
+/// rvc detached from a terminal (`~.`) that keeps running.
+pub(crate) const DETACHED: u8 = 36;
 /// The server could not be reached.
 pub(crate) const UNREACHABLE: u8 = 69;
 /// An answer rvc did not expect.
@@ -47,6 +49,21 @@ impl Failure {
             retry: false,
             unanswered: false,
         }
+    }
+
+    /// A failure with the exit status `code` and its message as it is.
+    pub(crate) fn new(code: u8, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            retry: false,
+            unanswered: false,
+        }
+    }
+
+    /// What went wrong, in words.
+    pub(crate) fn message(&self) -> &str {
+        &self.message
     }
 
     /// As the server's `NOT_FOUND` (the same exit status).
@@ -271,6 +288,8 @@ mod tests {
         assert!(meaning(FLEET_FAILED).contains("fleet run"));
         assert!(meaning(FLEET_FAILED).contains("failed"));
         assert!(meaning(FLEET_INCOMPLETE).contains("never ran"));
+        assert!(meaning(DETACHED).contains("detached"));
+        assert!(meaning(DETACHED).contains("keeps running"));
         assert!(meaning(INTERNAL).contains("did not expect"));
         assert!(meaning(INTERRUPTED_BY_USER).contains("Ctrl-C"));
     }

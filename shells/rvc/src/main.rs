@@ -15,8 +15,12 @@ mod follow;
 mod out;
 mod output;
 mod render;
+mod replay;
 mod script;
 mod stdin;
+mod terminal;
+mod tty;
+mod viewer;
 
 use std::process::ExitCode;
 
@@ -40,8 +44,10 @@ const DEFAULT_SOCKET: &str = "/run/rvbox-server/control.sock";
                   Exit status: the remote command's own status for `run` and `follow` \
                   (128+N when a signal N ended it); 11-28 for a refusal by the server \
                   (10 + the RVBox error code); 29-33 for a command that ended without \
-                  running to completion; 69 when the server cannot be reached; 130 when \
-                  rvc itself is interrupted (the command keeps running). See docs/cli.md.",
+                  running to completion; for `shell` and `attach` the shell's own status \
+                  when the terminal closes, 36 after a `~.` detach; 69 when the server \
+                  cannot be reached; 130 when rvc itself is interrupted (the command \
+                  keeps running). See docs/cli.md.",
     disable_help_subcommand = true,
     max_term_width = 80
 )]
@@ -210,6 +216,28 @@ enum Cmd {
     /// signal its running targets.
     #[command(subcommand)]
     Fleet(FleetCmd),
+    /// Open a terminal on a client and show it here (its id is printed on
+    /// stderr first): keys go to the remote shell, `~.` detaches and
+    /// leaves it running, `~?` lists the escapes. rvc exits with the
+    /// shell's status when it ends.
+    Shell(Box<ShellArgs>),
+    /// Show an open terminal from an output offset (the start by
+    /// default) and type into it, as `shell` does after opening one.
+    Attach {
+        /// The terminal's id.
+        terminal_id: String,
+        /// Show the output after this byte offset (0: from the start).
+        #[arg(long, default_value_t = 0, value_name = "OFFSET")]
+        from: u64,
+    },
+    /// List terminals, newest first: every client's, or one client's.
+    Terminals {
+        /// A client id; absent: every client.
+        client_id: Option<String>,
+    },
+    /// One terminal: close it, or replay its recording.
+    #[command(subcommand)]
+    Terminal(TerminalCmd),
     /// Print the completion script for a shell (bash, zsh or fish) to
     /// stdout, e.g. `rvc completions bash > /etc/bash_completion.d/rvc`.
     Completions {
@@ -220,6 +248,32 @@ enum Cmd {
     /// Print rvc's manual page (roff) to stdout, e.g.
     /// `rvc man > /usr/local/share/man/man1/rvc.1`.
     Man,
+}
+
+#[derive(Debug, Subcommand)]
+enum TerminalCmd {
+    /// End a terminal: its client hangs up the shell, and every viewer
+    /// sees the close.
+    Close {
+        /// The terminal's id.
+        terminal_id: String,
+    },
+    /// Play a terminal's recording back on stdout with its pauses, or
+    /// write it as it is (asciicast v2).
+    Replay {
+        /// The terminal's id.
+        terminal_id: String,
+        /// Play this many times as fast (0.5: half as fast); 0 plays
+        /// without pauses.
+        #[arg(long, default_value_t = 1.0, value_name = "X")]
+        speed: f64,
+        /// No pause longer than this (e.g. 2s).
+        #[arg(long, value_name = "DURATION")]
+        max_pause: Option<String>,
+        /// Write the asciicast v2 document itself.
+        #[arg(long)]
+        raw: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -402,6 +456,27 @@ impl WaitArgs {
             .map_err(|e| Failure::usage(format!("--wait-for {:?}: {e}", self.wait_for)))?;
         Ok(Some(std::time::Duration::from_millis(ms)))
     }
+}
+
+#[derive(Debug, Args)]
+struct ShellArgs {
+    /// The client id.
+    client_id: String,
+    /// Working directory on the client (within its allowed roots).
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<String>,
+    /// Shell: sh, bash, cmd or powershell (the client's default when
+    /// absent).
+    #[arg(long, value_name = "TYPE")]
+    shell: Option<String>,
+    /// An environment variable for the shell (repeatable); TERM is rvc's
+    /// own unless given.
+    #[arg(long = "env", value_name = "K=V")]
+    env: Vec<String>,
+    /// A resource profile, as for run: refused, a terminal takes none yet
+    /// (OpenPtySession has no field for it).
+    #[arg(long = "profile", value_name = "FLAG")]
+    profiles: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -770,6 +845,25 @@ async fn dispatch(
             let mut control = Control::new(socket);
             stdin::close(&mut control, given_id, &client_id, &issue_uuid, wait, fmt).await
         }
+        Cmd::Shell(args) => {
+            no_json(fmt, "shell")?;
+            // created before dialing, reused by every retry: the
+            // terminal's id
+            let id = request_id(given_id)?;
+            let open = open_request(&args)?;
+            let mut control = Control::new(socket);
+            terminal::shell(&mut control, id, open).await
+        }
+        Cmd::Attach { terminal_id, from } => {
+            no_json(fmt, "attach")?;
+            let mut control = Control::new(socket);
+            terminal::view(&mut control, &terminal_id, from, None).await
+        }
+        Cmd::Terminals { client_id } => {
+            let mut control = Control::new(socket);
+            terminal::list(&mut control, client_id, fmt).await
+        }
+        Cmd::Terminal(cmd) => terminal_cmd(socket, given_id, fmt, cmd).await,
         Cmd::Storage(cmd) => storage(socket, given_id, fmt, cmd).await,
         Cmd::Fleet(cmd) => fleet_cmd(socket, given_id, fmt, cmd).await,
         Cmd::Client(cmd) => client(socket, given_id, fmt, cmd).await,
@@ -1229,31 +1323,24 @@ async fn run_fleet(
     fleet::run(&mut control, req, args.fleet.view(), args.background, fmt).await
 }
 
-fn run_request(
-    id: &str,
-    args: &RunArgs,
-    client_id: &str,
-    words: &[String],
-) -> Result<wire::RunCommandRequest, Failure> {
-    let shell_type = match args
-        .shell
-        .as_deref()
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        None => wire::ShellType::Unspecified,
-        Some("sh") => wire::ShellType::Sh,
-        Some("bash") => wire::ShellType::Bash,
-        Some("cmd") => wire::ShellType::Cmd,
-        Some("powershell") => wire::ShellType::Powershell,
-        Some(other) => {
-            return Err(Failure::usage(format!(
-                "--shell {other:?}: use sh, bash, cmd or powershell"
-            )));
-        }
-    };
+/// `--shell TYPE`.
+fn shell_type(text: Option<&str>) -> Result<wire::ShellType, Failure> {
+    match text.map(str::to_ascii_lowercase).as_deref() {
+        None => Ok(wire::ShellType::Unspecified),
+        Some("sh") => Ok(wire::ShellType::Sh),
+        Some("bash") => Ok(wire::ShellType::Bash),
+        Some("cmd") => Ok(wire::ShellType::Cmd),
+        Some("powershell") => Ok(wire::ShellType::Powershell),
+        Some(other) => Err(Failure::usage(format!(
+            "--shell {other:?}: use sh, bash, cmd or powershell"
+        ))),
+    }
+}
+
+/// `--env K=V`, repeated.
+fn env_of(pairs: &[String]) -> Result<std::collections::BTreeMap<String, String>, Failure> {
     let mut env = std::collections::BTreeMap::new();
-    for kv in &args.env {
+    for kv in pairs {
         let Some((k, v)) = kv.split_once('=') else {
             return Err(Failure::usage(format!("--env {kv:?}: write KEY=VALUE")));
         };
@@ -1262,8 +1349,13 @@ fn run_request(
         }
         env.insert(k.to_owned(), v.to_owned());
     }
-    let mut profile_flags = Vec::new();
-    for p in &args.profiles {
+    Ok(env)
+}
+
+/// `--profile FLAG`, repeated.
+fn profile_flags(names: &[String]) -> Result<Vec<i32>, Failure> {
+    let mut flags = Vec::new();
+    for p in names {
         let name = format!("PROFILE_FLAG_{}", p.to_ascii_uppercase().replace('-', "_"));
         let flag = wire::ProfileFlag::from_str_name(&name)
             .filter(|f| *f != wire::ProfileFlag::Unspecified)
@@ -1272,8 +1364,87 @@ fn run_request(
                     "--profile {p:?}: use light, cpu-low, cpu-medium, cpu-high, mem-low, mem-medium, mem-high, disk-low, disk-medium or disk-high"
                 ))
             })?;
-        profile_flags.push(flag as i32);
+        flags.push(flag as i32);
     }
+    Ok(flags)
+}
+
+/// What `rvc shell` opens, checked before anything is sent.
+fn open_request(args: &ShellArgs) -> Result<terminal::Open, Failure> {
+    let shell_type = shell_type(args.shell.as_deref())?;
+    let env = env_of(&args.env)?;
+    if !profile_flags(&args.profiles)?.is_empty() {
+        return Err(Failure::usage(
+            "--profile: a terminal takes no resource profile yet (OpenPtySession has no field for one); open it without --profile",
+        ));
+    }
+    Ok(terminal::Open {
+        client: args.client_id.clone(),
+        shell_type,
+        cwd: args.cwd.clone().unwrap_or_default(),
+        env,
+    })
+}
+
+/// `shell` and `attach` draw a terminal: there is no JSON form of it.
+fn no_json(fmt: Format, what: &str) -> Result<(), Failure> {
+    if fmt == Format::Json {
+        return Err(Failure::usage(format!(
+            "rvc {what} shows a terminal and has no JSON output; `rvc terminals -o json` lists terminals and `rvc terminal replay --raw` gives a recording"
+        )));
+    }
+    Ok(())
+}
+
+async fn terminal_cmd(
+    socket: &str,
+    given_id: Option<String>,
+    fmt: Format,
+    cmd: TerminalCmd,
+) -> Result<u8, Failure> {
+    match cmd {
+        TerminalCmd::Close { terminal_id } => {
+            let id = request_id(given_id)?;
+            let mut control = Control::new(socket);
+            terminal::close(&mut control, id, terminal_id, fmt).await
+        }
+        TerminalCmd::Replay {
+            terminal_id,
+            speed,
+            max_pause,
+            raw,
+        } => {
+            if !speed.is_finite() || speed < 0.0 {
+                return Err(Failure::usage(format!(
+                    "--speed {speed}: use a number of times as fast, 0 or more (0: no pauses)"
+                )));
+            }
+            let max_pause_ms = max_pause
+                .as_deref()
+                .map(|t| {
+                    rvbox_config::units::parse_duration(t)
+                        .map_err(|e| Failure::usage(format!("--max-pause {t:?}: {e}")))
+                })
+                .transpose()?;
+            let pace = replay::Pace {
+                speed,
+                max_pause_ms,
+            };
+            let mut control = Control::new(socket);
+            replay::replay(&mut control, &terminal_id, pace, raw, fmt).await
+        }
+    }
+}
+
+fn run_request(
+    id: &str,
+    args: &RunArgs,
+    client_id: &str,
+    words: &[String],
+) -> Result<wire::RunCommandRequest, Failure> {
+    let shell_type = shell_type(args.shell.as_deref())?;
+    let env = env_of(&args.env)?;
+    let profile_flags = profile_flags(&args.profiles)?;
     let queue_ttl = match &args.queue_ttl {
         None => None,
         Some(text) => {

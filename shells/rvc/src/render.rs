@@ -368,3 +368,118 @@ pub(crate) fn command(c: &wire::CommandRecord, client: &wire::GetClientResponse)
     }
     out
 }
+
+/// A terminal's state's short name (`opening`, `open`, `closed`).
+pub(crate) fn pty_state_name(s: i32) -> String {
+    enum_name(
+        wire::PtyState::try_from(s).ok().map(|k| k.as_str_name()),
+        "PTY_STATE_",
+    )
+}
+
+/// `rvc terminals`: one row per terminal (id, client, state, size,
+/// viewers, idle time), and beneath it when it opened and, once closed,
+/// when, why and how its shell ended; every line within 80 columns.
+pub(crate) fn terminals(list: &[wire::PtySessionInfo], now: std::time::SystemTime) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<36} {:<12} {:<7} {:<9} {:<7} IDLE",
+        "TERMINAL", "CLIENT", "STATE", "SIZE", "VIEWERS"
+    );
+    for t in list {
+        let closed = t.state == wire::PtyState::Closed as i32;
+        let idle = if closed {
+            "-".to_owned()
+        } else {
+            t.last_activity_time
+                .as_ref()
+                .or(t.opened_time.as_ref())
+                .and_then(|at| std::time::SystemTime::try_from(*at).ok())
+                .map_or_else(
+                    || "-".to_owned(),
+                    // a time ahead of this host's clock reads as 0s
+                    |at| crate::terminal::idle_text(now.duration_since(at).unwrap_or_default()),
+                )
+        };
+        let _ = writeln!(
+            out,
+            "{:<36} {:<12} {:<7} {:<9} {:<7} {idle}",
+            shorten(&t.pty_session_id, 36),
+            shorten(&t.client_id, 12),
+            pty_state_name(t.state),
+            format!("{}x{}", t.cols, t.rows),
+            t.viewers,
+        );
+        let mut when = format!("  opened {}", time(t.opened_time.as_ref()));
+        if closed {
+            let reason = if t.close_reason.is_empty() {
+                "closed".to_owned()
+            } else {
+                t.close_reason.replace('\n', " ")
+            };
+            let _ = write!(when, ", closed {}", time(t.closed_time.as_ref()));
+            let _ = writeln!(out, "{when}");
+            let how = crate::viewer::exit_text(t.exit_result.as_ref());
+            let _ = writeln!(out, "  {}", shorten(&format!("{reason} ({how})"), 78));
+        } else {
+            let _ = writeln!(out, "{when}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_terminals_table_reads_at_80_columns() {
+        let at = |s: i64| {
+            Some(prost_types::Timestamp {
+                seconds: s,
+                nanos: 0,
+            })
+        };
+        let now = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+        let open = wire::PtySessionInfo {
+            pty_session_id: "0199aaaa-0000-7000-8000-000000000001".into(),
+            client_id: "web-1".into(),
+            state: wire::PtyState::Open as i32,
+            opened_time: at(1_800_000_000 - 7200),
+            last_activity_time: at(1_800_000_000 - 185),
+            rows: 24,
+            cols: 80,
+            viewers: 2,
+            ..Default::default()
+        };
+        let closed = wire::PtySessionInfo {
+            pty_session_id: "0199aaaa-0000-7000-8000-000000000002".into(),
+            client_id: "a-client-with-a-very-long-name".into(),
+            state: wire::PtyState::Closed as i32,
+            opened_time: at(1_800_000_000 - 9000),
+            closed_time: at(1_800_000_000 - 8000),
+            rows: 50,
+            cols: 200,
+            close_reason: "the shell exited".into(),
+            exit_result: Some(wire::ExitResult {
+                lifecycle: wire::Lifecycle::Failed as i32,
+                exit_code: Some(2),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let text = terminals(&[open, closed], now);
+        assert_eq!(
+            text,
+            "TERMINAL                             CLIENT       STATE   SIZE      VIEWERS IDLE\n\
+             0199aaaa-0000-7000-8000-000000000001 web-1        open    80x24     2       3m\n  \
+             opened 2027-01-15T06:00:00Z\n\
+             0199aaaa-0000-7000-8000-000000000002 a-client-wi… closed  200x50    0       -\n  \
+             opened 2027-01-15T05:30:00Z, closed 2027-01-15T05:46:40Z\n  \
+             the shell exited (exit status 2)\n"
+        );
+        assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
+    }
+}
