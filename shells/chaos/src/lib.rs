@@ -27,7 +27,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 pub use rvbox_faultproxy::{BackgroundProxy, Command, Dir, RouteSpec};
-pub use rvbox_testkit::{Nginx, Stack, text};
+pub use rvbox_testkit::{Nginx, Stack, bin, http_get, text};
 use serde_json::Value;
 
 /// The server's heartbeat idle time in the harness.
