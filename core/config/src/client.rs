@@ -119,6 +119,14 @@ pub struct ClientFlowConfig {
     pub session_send_window: u64,
 }
 
+/// `[terminals]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientTerminalsConfig {
+    /// Terminals open (or opening) at once on this host.
+    pub max_open: u64,
+}
+
 /// The validated, immutable `rvbox` configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -129,6 +137,8 @@ pub struct ClientConfig {
     pub shells: ShellsConfig,
     /// `[exec]`.
     pub exec: ExecConfig,
+    /// `[terminals]`.
+    pub terminals: ClientTerminalsConfig,
     /// `[reconnect]`.
     pub reconnect: ReconnectConfig,
     /// `[session]`.
@@ -423,6 +433,9 @@ pub fn load_client(
             kill_grace: r.duration("exec.kill_grace"),
             diagnostics_interval: r.duration("exec.diagnostics_interval"),
             suspected_hung_after: r.duration("exec.suspected_hung_after"),
+        },
+        terminals: ClientTerminalsConfig {
+            max_open: r.num("terminals.max_open"),
         },
         reconnect: ReconnectConfig {
             initial: r.duration("reconnect.initial"),

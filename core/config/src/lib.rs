@@ -28,8 +28,9 @@ mod shells;
 pub mod units;
 
 pub use client::{
-    ClientConfig, ClientFlowConfig, ClientIdentityConfig, ClientSessionConfig, ExecConfig,
-    ReconnectConfig, SpoolConfig, check_client_id, check_server_url, load_client,
+    ClientConfig, ClientFlowConfig, ClientIdentityConfig, ClientSessionConfig,
+    ClientTerminalsConfig, ExecConfig, ReconnectConfig, SpoolConfig, check_client_id,
+    check_server_url, load_client,
 };
 pub use common::{LogFormat, LogLevel, ObservabilityConfig};
 pub use decode::FlagValue;

@@ -526,6 +526,10 @@ pub static CLIENT_KEYS: &[KeyDef] = &[
         "Diagnostics sampling interval."),
     KeyDef::duration("exec.suspected_hung_after", l::DEFAULT_SUSPECTED_HUNG_MS,
         "No observable progress for this long sets the diagnostic suspected_hung flag."),
+    // [terminals]
+    KeyDef::count("terminals.max_open", 16,
+        "Terminals open (or opening) at once on this host; beyond it an open is refused TRANSIENT.")
+        .ceiling(1024).min(1),
     // [reconnect]
     KeyDef::duration("reconnect.initial", l::DEFAULT_RECONNECT_INITIAL_MS,
         "First reconnect backoff cap (full jitter below it)."),

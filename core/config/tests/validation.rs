@@ -40,6 +40,14 @@ fn defaults_are_valid() {
     assert_eq!(c.client.client_id, "testhost");
     assert_eq!(c.exec.max_running, 16);
     assert_eq!(c.exec.max_queued, 100);
+    assert_eq!(c.terminals.max_open, 16);
+    assert_eq!(
+        client("[terminals]\nmax_open = 3\n")
+            .unwrap()
+            .terminals
+            .max_open,
+        3
+    );
     assert_eq!(c.reconnect.initial, Duration::from_secs(1));
     assert_eq!(c.reconnect.max, Duration::from_secs(60));
     assert_eq!(c.shells.advertised(), vec![ShellKind::Sh, ShellKind::Bash]);
@@ -470,6 +478,7 @@ fn positive_page_and_queue_limits() {
     for (text, key) in [
         ("[exec]\nmax_running = 0\n", "exec.max_running"),
         ("[exec]\nmax_queued = 0\n", "exec.max_queued"),
+        ("[terminals]\nmax_open = 0\n", "terminals.max_open"),
     ] {
         assert_error(&client_err(text), key, "0 is not allowed", key);
     }

@@ -158,9 +158,10 @@ pub fn client_core_config(
         shell_paths,
         profiles: profiles.limits.clone(),
         hello,
-        // `terminals.max_open` is not a key of the client's configuration
-        // yet: its default applies
-        terminals: rvbox_client_core::machine::TerminalLimits::default(),
+        terminals: rvbox_client_core::machine::TerminalLimits {
+            // at most 1024 (the key's ceiling)
+            max_open: u32::try_from(cfg.terminals.max_open).unwrap_or(u32::MAX),
+        },
     })
 }
 
