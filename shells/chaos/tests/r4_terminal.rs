@@ -170,6 +170,15 @@ impl Term {
     }
 }
 
+/// Kills the rvc of tmux session `name` with SIGKILL.
+fn kill_rvc(term: &Term, name: &str) {
+    let pid = term.t.pid(name);
+    let _ = std::process::Command::new("pkill")
+        .args(["-KILL", "-P", &pid.to_string(), "rvc"])
+        .status();
+    term.t.wait_for(name, "rvc-exit=137", SCREEN_WAIT);
+}
+
 /// The id of the only terminal the server lists.
 fn only_terminal(c: &Chaos) -> String {
     let out = c.rvc(&["-o", "json", "terminals", "web-1"]);
@@ -447,11 +456,7 @@ fn r4_rvc_killed_then_two_viewers_attach_and_type() {
     term.line("op", "echo before-$((1+1))-kill");
     term.t.wait_for("op", "before-2-kill", SCREEN_WAIT);
     // rvc dies (SIGKILL): the terminal does not
-    let pid = term.t.pid("op");
-    let _ = std::process::Command::new("pkill")
-        .args(["-KILL", "-P", &pid.to_string(), "rvc"])
-        .status();
-    term.t.wait_for("op", "rvc-exit=137", SCREEN_WAIT);
+    kill_rvc(&term, "op");
     term.attach_in_tmux("v1", 100, 30);
     term.attach_in_tmux("v2", 100, 30);
     // each shows the screen from the start, and what either types
@@ -476,7 +481,8 @@ fn r4_rvc_killed_then_two_viewers_attach_and_type() {
 }
 
 #[test]
-fn r4_a_full_screen_program_redraws_and_the_recording_replays_to_the_same_screen() {
+fn r4_a_full_screen_program_redraws_after_a_resize_and_a_reattach_and_the_recording_replays_to_the_same_screen()
+ {
     let term = Term::open(80, 24);
     term.line("op", "top -d 1");
     term.t.wait_for("op", "load average", SCREEN_WAIT);
@@ -486,19 +492,37 @@ fn r4_a_full_screen_program_redraws_and_the_recording_replays_to_the_same_screen
         .wait("op", "top redrawn at 100x30", SCREEN_WAIT, false, |s| {
             s.lines().count() >= 30 && s.contains("load average")
         });
-    term.t.type_text("op", "q");
-    term.t.wait_for("op", PROMPT_SHOWN, SCREEN_WAIT);
+    // rvc killed while top runs; a new rvc in a window of another size
+    // shows it again, redrawn for that size
+    kill_rvc(&term, "op");
+    term.attach_in_tmux("v", 90, 28);
+    term.t.wait(
+        "v",
+        "top redrawn at 90x28 after the reattach",
+        SCREEN_WAIT,
+        false,
+        |s| s.lines().count() >= 28 && s.contains("load average"),
+    );
+    let sizes = term.c.rvc(&["-o", "json", "terminals", "web-1"]);
+    let doc: serde_json::Value = serde_json::from_slice(&sizes.stdout).unwrap();
+    assert_eq!(
+        (&doc["sessions"][0]["cols"], &doc["sessions"][0]["rows"]),
+        (&serde_json::json!(90), &serde_json::json!(28)),
+        "{doc}"
+    );
+    term.t.type_text("v", "q");
+    term.t.wait_for("v", PROMPT_SHOWN, SCREEN_WAIT);
     term.line(
-        "op",
+        "v",
         "clear; printf 'line one\\n\\033[1mbold\\033[0m line two\\n'; seq 1 5",
     );
-    term.t.wait_for("op", "5\n", SCREEN_WAIT);
+    term.t.wait_for("v", "5\n", SCREEN_WAIT);
     std::thread::sleep(Duration::from_millis(500));
-    let live = term.t.screen("op");
+    let live = term.t.screen("v");
     // closed from outside: the recording ends with what the screen shows
     let out = term.c.rvc(&["terminal", "close", &term.id]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    term.t.wait_for("op", "rvc-exit=", SCREEN_WAIT);
+    term.t.wait_for("v", "rvc-exit=", SCREEN_WAIT);
     let socket = term.c.stack.socket().display().to_string();
     let line = format!(
         "{} terminal replay --speed 0 {} 2>/dev/null; sleep 600",
@@ -507,8 +531,8 @@ fn r4_a_full_screen_program_redraws_and_the_recording_replays_to_the_same_screen
     );
     term.t.start(
         "replay",
-        100,
-        30,
+        90,
+        28,
         &[("RVC_SOCKET", &socket), ("TERM", "xterm-256color")],
         &["sh", "-c", &line],
     );
