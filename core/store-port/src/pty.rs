@@ -427,3 +427,136 @@ mod tests {
         assert_eq!(check_mutation(&w(4097)).unwrap_err().field(), "data");
     }
 }
+
+/// What a store records for one `PtyOutput` report, given the recorded
+/// end of the terminal's output: one decision for every backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutputPlan<'a> {
+    /// The report breaks the protocol, in words.
+    Protocol(String),
+    /// The output starts after the recorded end: nothing is recorded,
+    /// and the client is attached again from `output_offset`.
+    Gap {
+        /// The recorded end.
+        output_offset: u64,
+    },
+    /// Record, in order, the cut (when the client's ring lost bytes) and
+    /// the bytes not recorded yet (none when the report repeats what is
+    /// recorded); the recorded end becomes `end`.
+    Record {
+        /// `(resume, from)`: the bytes from `from` up to `resume` were
+        /// lost on the client.
+        cut: Option<(u64, u64)>,
+        /// The offset of the first fresh byte.
+        at: u64,
+        /// The bytes past the recorded end (an overlap is trimmed).
+        fresh: &'a [u8],
+        /// The new recorded end.
+        end: u64,
+    },
+}
+
+/// Decides what a `PtyOutput` report adds to a recording whose output
+/// ends at `end`.
+#[must_use]
+pub fn plan_output(end: u64, m: &wire::PtyOutput) -> OutputPlan<'_> {
+    if m.data.is_empty() || m.data.len() > MAX_PTY_OUTPUT_BYTES {
+        return OutputPlan::Protocol(format!(
+            "pty_output.data is {} bytes; it must be 1..={MAX_PTY_OUTPUT_BYTES}",
+            m.data.len()
+        ));
+    }
+    let mut end = end;
+    let mut lost = None;
+    if let Some(cut) = &m.cut {
+        if cut.ring_start_offset != m.offset {
+            return OutputPlan::Protocol(format!(
+                "pty_output.cut resumes at {} but the output starts at {}",
+                cut.ring_start_offset, m.offset
+            ));
+        }
+        if cut.ring_start_offset > end {
+            lost = Some((cut.ring_start_offset, end));
+            end = cut.ring_start_offset;
+        }
+    }
+    if m.offset > end {
+        return OutputPlan::Gap { output_offset: end };
+    }
+    let upto = m.offset.saturating_add(m.data.len() as u64);
+    if upto <= end {
+        return OutputPlan::Record {
+            cut: lost,
+            at: end,
+            fresh: &[],
+            end,
+        };
+    }
+    // what the recording has already is not recorded again
+    let skip = usize::try_from(end - m.offset).unwrap_or(usize::MAX);
+    OutputPlan::Record {
+        cut: lost,
+        at: end,
+        fresh: m.data.get(skip..).unwrap_or(&[]),
+        end: upto,
+    }
+}
+
+#[cfg(test)]
+mod output_plan_tests {
+    use super::*;
+
+    fn out(offset: u64, data: &[u8], cut: Option<u64>) -> wire::PtyOutput {
+        wire::PtyOutput {
+            offset,
+            data: data.to_vec(),
+            cut: cut.map(|ring_start_offset| wire::PtyCut {
+                ring_start_offset,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn output_is_recorded_once_by_offset_and_losses_are_cuts() {
+        let fresh = |at, fresh: &'static [u8], end| OutputPlan::Record {
+            cut: None,
+            at,
+            fresh,
+            end,
+        };
+        assert_eq!(plan_output(0, &out(0, b"abc", None)), fresh(0, b"abc", 3));
+        // an overlap is trimmed, a repeat adds nothing
+        assert_eq!(plan_output(2, &out(0, b"abcd", None)), fresh(2, b"cd", 4));
+        assert_eq!(plan_output(4, &out(0, b"ab", None)), fresh(4, b"", 4));
+        // a gap is never recorded
+        assert_eq!(
+            plan_output(4, &out(6, b"x", None)),
+            OutputPlan::Gap { output_offset: 4 }
+        );
+        // bytes lost on the client are a cut, then the output
+        assert_eq!(
+            plan_output(4, &out(10, b"xy", Some(10))),
+            OutputPlan::Record {
+                cut: Some((10, 4)),
+                at: 10,
+                fresh: b"xy",
+                end: 12
+            }
+        );
+        // a cut the recording is already past is no loss
+        assert_eq!(
+            plan_output(12, &out(10, b"xyz", Some(10))),
+            fresh(12, b"z", 13)
+        );
+        assert!(matches!(
+            plan_output(0, &out(0, b"", None)),
+            OutputPlan::Protocol(_)
+        ));
+        assert!(matches!(
+            plan_output(0, &out(3, b"a", Some(2))),
+            OutputPlan::Protocol(_)
+        ));
+    }
+}

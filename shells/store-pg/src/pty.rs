@@ -38,8 +38,8 @@ use rvbox_store::pty::{
 };
 use rvbox_store_port::audit::Caller;
 use rvbox_store_port::pty::{
-    CheckedMutation, MAX_PENDING_PTY_INPUTS, MAX_PTY_OUTPUT_BYTES, PtyApplied, PtyLimits,
-    PtyMutation, PtyOutcome, PtyReport, PtyResume, PtyView, check_mutation,
+    CheckedMutation, MAX_PENDING_PTY_INPUTS, OutputPlan, PtyApplied, PtyLimits, PtyMutation,
+    PtyOutcome, PtyReport, PtyResume, PtyView, check_mutation, plan_output,
 };
 use rvbox_store_port::sessions::SessionFence;
 
@@ -406,49 +406,28 @@ fn apply_one(
             Ok(done(end, false))
         }
         PtyReport::Output(m) => {
-            if m.data.is_empty() || m.data.len() > MAX_PTY_OUTPUT_BYTES {
-                return Ok(protocol(format!(
-                    "pty_output.data is {} bytes; it must be 1..={MAX_PTY_OUTPUT_BYTES}",
-                    m.data.len()
-                )));
-            }
-            let mut end = end;
-            if let Some(cut) = &m.cut {
-                if cut.ring_start_offset != m.offset {
-                    return Ok(protocol(format!(
-                        "pty_output.cut resumes at {} but the output starts at {}",
-                        cut.ring_start_offset, m.offset
-                    )));
+            let (cut, at, fresh, end) = match plan_output(end, m) {
+                OutputPlan::Protocol(why) => return Ok(protocol(why)),
+                OutputPlan::Gap { output_offset } => {
+                    return Ok(PtyApplied::Gap { output_offset });
                 }
-                if cut.ring_start_offset > end {
-                    record(
-                        tx,
-                        &id,
-                        opened,
-                        now_ms,
-                        REC_CUT,
-                        cut.ring_start_offset,
-                        end,
-                        &[],
-                    )?;
-                    tracing::warn!(
-                        terminal = %view.info.pty_session_id,
-                        lost = cut.ring_start_offset - end,
-                        "terminal output lost on the client; recorded as a cut"
-                    );
-                    end = cut.ring_start_offset;
-                }
+                OutputPlan::Record {
+                    cut,
+                    at,
+                    fresh,
+                    end,
+                } => (cut, at, fresh, end),
+            };
+            if let Some((resume, from)) = cut {
+                record(tx, &id, opened, now_ms, REC_CUT, resume, from, &[])?;
+                tracing::warn!(
+                    terminal = %view.info.pty_session_id,
+                    lost = resume - from,
+                    "terminal output lost on the client; recorded as a cut"
+                );
             }
-            if m.offset > end {
-                return Ok(PtyApplied::Gap { output_offset: end });
-            }
-            let upto = m.offset.saturating_add(m.data.len() as u64);
-            if upto > end {
-                // what the recording has already is not stored again
-                let skip = usize::try_from(end - m.offset).unwrap_or(usize::MAX);
-                let fresh = m.data.get(skip..).unwrap_or(&[]);
-                record(tx, &id, opened, now_ms, REC_OUTPUT, end, 0, fresh)?;
-                end = upto;
+            if !fresh.is_empty() {
+                record(tx, &id, opened, now_ms, REC_OUTPUT, at, 0, fresh)?;
             }
             if end != view.info.output_offset {
                 crate::prep::execute(
