@@ -202,6 +202,32 @@ pub(crate) fn under_root(cwd: &str, root: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('/'))
 }
 
+/// Checks that this host can enforce every profile in `flags` (plan
+/// §7.5): each must be one of [`AcceptPolicy::profiles`]. Commands and
+/// terminals are checked alike.
+///
+/// # Errors
+/// `UNSUPPORTED` on `field`, naming the first profile that cannot be
+/// enforced here.
+pub(crate) fn check_enforceable(
+    policy: &AcceptPolicy,
+    field: &str,
+    flags: &[i32],
+) -> Result<(), DomainError> {
+    for flag in flags {
+        let known = wire::ProfileFlag::try_from(*flag).ok();
+        if !known.is_some_and(|f| policy.profiles.contains(&f)) {
+            let name = known.map_or("an unknown profile", |f| f.as_str_name());
+            return Err(DomainError::new(
+                Code::Unsupported,
+                format!("{name} cannot be enforced on this host"),
+            )
+            .with_field(field));
+        }
+    }
+    Ok(())
+}
+
 /// Step 1: validates `d`, received on a session of `generation`, at wall
 /// time `wall_ms`.
 ///
@@ -288,17 +314,12 @@ pub fn check_dispatch(
             ),
         ));
     }
-    for flag in &spec.profile_flags {
-        let known = wire::ProfileFlag::try_from(*flag).ok();
-        if !known.is_some_and(|f| policy.profiles.contains(&f)) {
-            let name = known.map_or("an unknown profile", |f| f.as_str_name());
-            return Err(Refusal::permanent(
-                Code::Unsupported,
-                "spec.profile_flags",
-                format!("{name} cannot be enforced on this host"),
-            ));
+    check_enforceable(policy, "spec.profile_flags", &spec.profile_flags).map_err(|error| {
+        Refusal::Answer {
+            outcome: wire::AcceptOutcome::Permanent,
+            error,
         }
-    }
+    })?;
     let requested = if spec.cwd.is_empty() {
         policy.default_cwd.as_str()
     } else {

@@ -26,7 +26,8 @@ use rvbox_client_core::machine::{
 };
 use rvbox_client_core::ops::{ClientCompletion, ClientOp, SuperviseOp, Token};
 use rvbox_client_core::process::{
-    Exit, HolderIdentity, HolderLoss, LaunchFailure, TerminalEvent, TerminalProcessEvent,
+    Exit, HolderIdentity, HolderLoss, IoLimit, LaunchFailure, ResourceLimits, TerminalEvent,
+    TerminalProcessEvent,
 };
 use rvbox_client_core::spool::SpoolLimits;
 use rvbox_domain::ids::{ClientId, Uuid7};
@@ -44,7 +45,8 @@ fn config(max_open: u32) -> ClientCoreConfig {
             client_id: ClientId::parse("c", "web-1").unwrap(),
             shells: vec![wire::ShellType::Sh, wire::ShellType::Bash],
             default_shell: wire::ShellType::Sh,
-            profiles: vec![],
+            // MEM_HIGH and the others are not enforceable on this host
+            profiles: vec![wire::ProfileFlag::CpuLow, wire::ProfileFlag::MemLow],
             cwd_roots: vec!["/tmp".into(), "/srv".into()],
             default_cwd: "/tmp".into(),
             max_running: 2,
@@ -56,7 +58,10 @@ fn config(max_open: u32) -> ClientCoreConfig {
         spool: SpoolLimits::default(),
         // bash is allowed by the policy but has no executable here
         shell_paths: BTreeMap::from([(wire::ShellType::Sh as i32, "/bin/sh".to_string())]),
-        profiles: BTreeMap::new(),
+        profiles: BTreeMap::from([
+            (wire::ProfileFlag::CpuLow as i32, cpu_low()),
+            (wire::ProfileFlag::MemLow as i32, mem_low()),
+        ]),
         hello: wire::ClientHello {
             client_id: "web-1".into(),
             protocol_major: 1,
@@ -64,6 +69,33 @@ fn config(max_open: u32) -> ClientCoreConfig {
             ..Default::default()
         },
         terminals: TerminalLimits { max_open },
+    }
+}
+
+/// The compiled limits of profile `cpu_low` here.
+fn cpu_low() -> ResourceLimits {
+    ResourceLimits {
+        cpu_max: Some((25_000, 100_000)),
+        cpu_weight: Some(50),
+        ..ResourceLimits::default()
+    }
+}
+
+/// The compiled limits of profile `mem_low` here.
+fn mem_low() -> ResourceLimits {
+    ResourceLimits {
+        memory_max: Some(256 << 20),
+        memory_high: Some(192 << 20),
+        pids_max: Some(64),
+        io_max: vec![IoLimit {
+            major: 8,
+            minor: 0,
+            read_bps: Some(1 << 20),
+            write_bps: None,
+            read_iops: None,
+            write_iops: Some(100),
+        }],
+        ..ResourceLimits::default()
     }
 }
 
@@ -79,6 +111,7 @@ fn open_req(n: u8) -> wire::PtyOpen {
         env: BTreeMap::from([("LANG".to_string(), "C.UTF-8".to_string())]),
         rows: 24,
         cols: 80,
+        profile_flags: Vec::new(),
     }
 }
 
@@ -504,6 +537,28 @@ fn opens_that_break_a_rule_are_refused_permanently_naming_the_field() {
             "pty_open.env",
             "NUL",
         ),
+        (
+            Box::new(|p| p.profile_flags = vec![wire::ProfileFlag::MemHigh as i32]),
+            "pty_open.profile_flags",
+            "PROFILE_FLAG_MEM_HIGH cannot be enforced on this host",
+        ),
+        (
+            Box::new(|p| p.profile_flags = vec![99]),
+            "pty_open.profile_flags",
+            "unknown profile flag value 99",
+        ),
+        (
+            Box::new(|p| {
+                p.profile_flags = vec![
+                    wire::ProfileFlag::CpuLow as i32,
+                    wire::ProfileFlag::MemLow as i32,
+                    wire::ProfileFlag::MemLow as i32,
+                    wire::ProfileFlag::CpuHigh as i32,
+                ];
+            }),
+            "pty_open.profile_flags",
+            "same dimension",
+        ),
         (Box::new(|p| p.rows = 0), "pty_open.rows", "1..=1000"),
         (Box::new(|p| p.cols = 1001), "pty_open.cols", "1..=1000"),
         (
@@ -531,6 +586,72 @@ fn opens_that_break_a_rule_are_refused_permanently_naming_the_field() {
     assert!(w.take_supervise().is_empty(), "nothing started");
     assert!(w.stores.is_empty(), "nothing recorded");
     assert_eq!(w.core.open_terminals(), 0);
+}
+
+#[test]
+fn an_open_with_profiles_starts_its_holder_under_their_limits() {
+    let mut w = World::new(16);
+    w.connect();
+    // none asked: no restriction
+    w.frame(Payload::PtyOpen(open_req(1)));
+    let ops = w.take_supervise();
+    let [SuperviseOp::StartTerminal(plain)] = ops.as_slice() else {
+        panic!("one start: {ops:?}")
+    };
+    assert!(plain.limits.is_empty(), "{:?}", plain.limits);
+    w.event(term(1), TerminalEvent::Started(holder(1)));
+    w.take_supervise();
+    w.take_sent();
+    // two profiles of this host: the controls of both
+    let mut p = open_req(2);
+    p.profile_flags = vec![
+        wire::ProfileFlag::CpuLow as i32,
+        wire::ProfileFlag::MemLow as i32,
+    ];
+    w.frame(Payload::PtyOpen(p.clone()));
+    let ops = w.take_supervise();
+    let [SuperviseOp::StartTerminal(spec)] = ops.as_slice() else {
+        panic!("one start: {ops:?}")
+    };
+    assert_eq!(spec.terminal, term(2));
+    let want = ResourceLimits {
+        cpu_max: cpu_low().cpu_max,
+        cpu_weight: cpu_low().cpu_weight,
+        ..mem_low()
+    };
+    assert_eq!(spec.limits, want);
+    // the opening record keeps the profiles (a restart starts it alike)
+    let kept = w.stores.iter().any(|op| {
+        matches!(op, ClientOp::TerminalOpening { terminal, open, .. }
+            if *terminal == term(2) && open.profile_flags == p.profile_flags)
+    });
+    assert!(kept, "{:?}", w.stores);
+    w.event(term(2), TerminalEvent::Started(holder(2)));
+    w.take_supervise();
+    let answers = opened(&w.take_sent());
+    let [a] = answers.as_slice() else {
+        panic!("one answer: {answers:?}")
+    };
+    assert_eq!(a.outcome, wire::AcceptOutcome::Positive as i32, "{a:?}");
+    // one this host cannot enforce: PERMANENT UNSUPPORTED, nothing started
+    let mut p = open_req(3);
+    p.profile_flags = vec![
+        wire::ProfileFlag::CpuLow as i32,
+        wire::ProfileFlag::MemHigh as i32,
+    ];
+    w.frame(Payload::PtyOpen(p));
+    let answers = opened(&w.take_sent());
+    let [a] = answers.as_slice() else {
+        panic!("one answer: {answers:?}")
+    };
+    assert_eq!(a.outcome, wire::AcceptOutcome::Permanent as i32);
+    let e = a.error.as_ref().unwrap();
+    assert_eq!(e.code, wire::ErrorCode::Unsupported as i32);
+    assert_eq!(e.field, "pty_open.profile_flags");
+    assert!(e.reason.contains("PROFILE_FLAG_MEM_HIGH"), "{}", e.reason);
+    assert!(w.take_supervise().is_empty(), "no holder for it");
+    assert_eq!(w.core.terminal_phase(&term(3)), None);
+    assert_eq!(w.core.open_terminals(), 2);
 }
 
 #[test]

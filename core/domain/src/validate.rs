@@ -125,15 +125,24 @@ pub fn check_profile_set(
 /// # Errors
 /// `INVALID_ARGUMENT` on `spec.profile_flags` saying which rule failed.
 pub fn check_profile_flags(flags: &[i32]) -> Result<Vec<i32>, DomainError> {
-    const FIELD: &str = "spec.profile_flags";
+    check_profile_flags_of("spec.profile_flags", flags)
+}
+
+/// [`check_profile_flags`] for the flags of the request field `field`
+/// (a terminal's `profile_flags`): the same rules, the set returned
+/// deduplicated and sorted by wire value.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` on `field` saying which rule failed.
+pub fn check_profile_flags_of(field: &str, flags: &[i32]) -> Result<Vec<i32>, DomainError> {
     let mut typed = Vec::with_capacity(flags.len());
     for flag in flags {
         match wire::ProfileFlag::try_from(*flag) {
             Ok(f) => typed.push(f),
-            Err(_) => return Err(invalid(FIELD, format!("unknown profile flag value {flag}"))),
+            Err(_) => return Err(invalid(field, format!("unknown profile flag value {flag}"))),
         }
     }
-    let set = check_profile_set(&typed).map_err(|e| invalid(FIELD, e.to_string()))?;
+    let set = check_profile_set(&typed).map_err(|e| invalid(field, e.to_string()))?;
     Ok(set.into_iter().map(|f| f as i32).collect())
 }
 
@@ -418,6 +427,21 @@ mod tests {
         assert!(ok(&[F::DiskLow, F::DiskHigh]).is_err());
         assert!(ok(&[F::Unspecified]).is_err());
         assert!(check_profile_flags(&[99]).is_err());
+        assert_eq!(
+            check_profile_flags(&[0]).unwrap_err().field(),
+            "spec.profile_flags"
+        );
+        let e = check_profile_flags_of("profile_flags", &[99]).unwrap_err();
+        assert_eq!(e.field(), "profile_flags");
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert_eq!(
+            check_profile_flags_of(
+                "profile_flags",
+                &[F::MemLow as i32, F::CpuLow as i32, F::MemLow as i32]
+            )
+            .unwrap(),
+            vec![F::CpuLow as i32, F::MemLow as i32]
+        );
     }
 
     #[test]

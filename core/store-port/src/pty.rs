@@ -257,6 +257,18 @@ pub struct CheckedMutation {
     pub client_id: Option<String>,
 }
 
+/// An open as the server hashes and keeps it: its profile flags
+/// deduplicated and sorted by wire value (they are a set), everything else
+/// as given. A retry that lists the same profiles in another order is the
+/// same request; the open frame carries them in this order.
+#[must_use]
+pub fn normalize_open(r: &wire::OpenPtySessionRequest) -> wire::OpenPtySessionRequest {
+    let mut out = r.clone();
+    out.profile_flags.sort_unstable();
+    out.profile_flags.dedup();
+    out
+}
+
 /// Checks a mutation's fields (pure: every store backend checks them so).
 ///
 /// # Errors
@@ -311,6 +323,7 @@ pub fn check_mutation(m: &PtyMutation) -> Result<CheckedMutation, DomainError> {
                 }
             }
             check_size(r.rows, r.cols)?;
+            rvbox_domain::validate::check_profile_flags_of("profile_flags", &r.profile_flags)?;
             Ok(CheckedMutation {
                 request_id: id,
                 pty_session_id: id,
@@ -406,10 +419,53 @@ mod tests {
                 },
                 "shell_type",
             ),
+            (
+                wire::OpenPtySessionRequest {
+                    profile_flags: vec![wire::ProfileFlag::Unspecified as i32],
+                    ..open()
+                },
+                "profile_flags",
+            ),
+            (
+                wire::OpenPtySessionRequest {
+                    profile_flags: vec![99],
+                    ..open()
+                },
+                "profile_flags",
+            ),
+            (
+                wire::OpenPtySessionRequest {
+                    profile_flags: vec![
+                        wire::ProfileFlag::Light as i32,
+                        wire::ProfileFlag::CpuLow as i32,
+                    ],
+                    ..open()
+                },
+                "profile_flags",
+            ),
         ] {
             let e = check_mutation(&PtyMutation::Open(req)).unwrap_err();
             assert_eq!(e.field(), field, "{e}");
         }
+    }
+
+    #[test]
+    fn an_open_keeps_its_profiles_as_a_sorted_set() {
+        let flags = |f: &[wire::ProfileFlag]| f.iter().map(|x| *x as i32).collect::<Vec<_>>();
+        let r = wire::OpenPtySessionRequest {
+            profile_flags: flags(&[
+                wire::ProfileFlag::MemLow,
+                wire::ProfileFlag::CpuHigh,
+                wire::ProfileFlag::MemLow,
+            ]),
+            ..open()
+        };
+        assert!(check_mutation(&PtyMutation::Open(r.clone())).is_ok());
+        assert_eq!(
+            normalize_open(&r).profile_flags,
+            flags(&[wire::ProfileFlag::CpuHigh, wire::ProfileFlag::MemLow])
+        );
+        assert_eq!(normalize_open(&open()), open());
     }
 
     #[test]

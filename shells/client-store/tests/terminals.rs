@@ -49,6 +49,8 @@ fn open_req(n: u8) -> wire::PtyOpen {
         env: BTreeMap::from([("TERM".to_string(), "xterm".to_string())]),
         rows: 30,
         cols: 100,
+        // kept with the record, so a restarted daemon knows them
+        profile_flags: vec![wire::ProfileFlag::Light as i32],
     }
 }
 

@@ -527,6 +527,7 @@ fn the_daemon_opens_a_terminal_streams_it_and_adopts_it_again_after_a_restart() 
         env: std::collections::BTreeMap::from([("PS1".to_string(), "$ ".to_string())]),
         rows: 24,
         cols: 80,
+        profile_flags: Vec::new(),
     };
     let mut d = Daemon::start(dir.path(), &cwd, 1);
     d.frame(Payload::PtyOpen(open.clone()));

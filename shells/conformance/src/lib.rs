@@ -213,6 +213,7 @@ macro_rules! __every_pty_case {
         $crate::__pty_cases_as!(
             $how [$($fresh)+];
             a_terminal_open_is_idempotent_bounded_and_needs_a_known_client,
+            a_terminal_open_carries_its_profiles_as_a_sorted_set,
             terminal_input_is_numbered_once_and_pending_until_acknowledged,
             terminal_output_is_recorded_once_by_offset_and_losses_are_cuts,
             a_fenced_session_applies_no_terminal_report,

@@ -250,6 +250,69 @@ fn open_terminal(b: &mut dyn WithReads) -> ([u8; 16], SessionFence) {
     (id, fence)
 }
 
+/// An open's resource profiles are a set: checked as a command's
+/// (`INVALID_ARGUMENT` naming `profile_flags`), deduplicated and sorted in
+/// the open frame the client is sent, and part of the request: the same
+/// set in another order is a replay, another set `CONFLICT`.
+pub fn a_terminal_open_carries_its_profiles_as_a_sorted_set(b: &mut dyn WithReads) {
+    live_session(b, CLIENT);
+    let id = new_id();
+    let with = |flags: &[wire::ProfileFlag]| wire::OpenPtySessionRequest {
+        profile_flags: flags.iter().map(|f| *f as i32).collect(),
+        ..open_req(&id, CLIENT)
+    };
+    for bad in [
+        with(&[wire::ProfileFlag::Unspecified]),
+        with(&[wire::ProfileFlag::Light, wire::ProfileFlag::CpuLow]),
+        with(&[wire::ProfileFlag::MemLow, wire::ProfileFlag::MemHigh]),
+        wire::OpenPtySessionRequest {
+            profile_flags: vec![99],
+            ..open_req(&id, CLIENT)
+        },
+    ] {
+        match mutate(b, PtyMutation::Open(bad)) {
+            Err(rvbox_store_port::ops::PortError::Refused(e)) => {
+                assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+                assert_eq!(e.field(), "profile_flags", "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(resume(b, CLIENT).is_empty(), "nothing refused was kept");
+
+    let asked = with(&[
+        wire::ProfileFlag::MemLow,
+        wire::ProfileFlag::CpuHigh,
+        wire::ProfileFlag::MemLow,
+    ]);
+    let first = outcome(mutate(b, PtyMutation::Open(asked)));
+    assert!(!first.replayed);
+    let sorted = vec![
+        wire::ProfileFlag::CpuHigh as i32,
+        wire::ProfileFlag::MemLow as i32,
+    ];
+    assert_eq!(first.view.open.profile_flags, sorted);
+    // the same set in another order: the same request
+    let again = outcome(mutate(
+        b,
+        PtyMutation::Open(with(&[
+            wire::ProfileFlag::CpuHigh,
+            wire::ProfileFlag::MemLow,
+        ])),
+    ));
+    assert!(again.replayed);
+    assert_eq!(again.view, first.view);
+    // another set, or none, under the same id: CONFLICT
+    for other in [with(&[wire::ProfileFlag::CpuHigh]), with(&[])] {
+        let r = mutate(b, PtyMutation::Open(other));
+        assert_eq!(refused(&r), Some(Code::Conflict), "{r:?}");
+    }
+    // what the client is sent, again after every reconnect
+    let pending = resume(b, CLIENT);
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].view.open.profile_flags, sorted);
+}
+
 /// An open needs a known client, is answered the same for the same
 /// request (and `CONFLICT` for another one with its id), keeps the bounds
 /// per client and per server, and starts the recording with the size.

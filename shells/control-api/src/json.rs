@@ -120,6 +120,32 @@ mod tests {
     }
 
     #[test]
+    fn a_terminal_open_takes_its_profiles_by_name() {
+        let r: wire::OpenPtySessionRequest = from_value(
+            "rvbox.v1.OpenPtySessionRequest",
+            serde_json::json!({
+                "clientId": "web-1",
+                "rows": 24,
+                "cols": 80,
+                "profileFlags": ["PROFILE_FLAG_MEM_LOW", "PROFILE_FLAG_CPU_HIGH"],
+            }),
+        )
+        .unwrap();
+        assert_eq!(
+            r.profile_flags,
+            vec![
+                wire::ProfileFlag::MemLow as i32,
+                wire::ProfileFlag::CpuHigh as i32
+            ]
+        );
+        let v = to_value("rvbox.v1.OpenPtySessionRequest", &r).unwrap();
+        assert_eq!(
+            v["profileFlags"],
+            serde_json::json!(["PROFILE_FLAG_MEM_LOW", "PROFILE_FLAG_CPU_HIGH"])
+        );
+    }
+
+    #[test]
     fn a_bad_document_is_refused_with_what_is_wrong() {
         let e = from_value::<wire::CloseStdinRequest>(
             "rvbox.v1.CloseStdinRequest",

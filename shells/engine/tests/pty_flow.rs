@@ -456,3 +456,77 @@ fn a_terminal_idle_past_the_timeout_is_closed_and_zero_means_never() {
         }
     }
 }
+
+#[test]
+fn a_terminal_open_takes_its_profiles_to_the_client_and_a_retry_with_others_conflicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path());
+    connect(&mut e, 0, 1);
+    let pty = id();
+    let open = |flags: &[wire::ProfileFlag]| wire::OpenPtySessionRequest {
+        request_id: pty.clone(),
+        client_id: "web-1".into(),
+        rows: 24,
+        cols: 80,
+        profile_flags: flags.iter().map(|f| *f as i32).collect(),
+        ..Default::default()
+    };
+    let sorted = vec![
+        wire::ProfileFlag::CpuLow as i32,
+        wire::ProfileFlag::DiskHigh as i32,
+    ];
+    e.pty(
+        1,
+        WALL,
+        PtyMutation::Open(open(&[
+            wire::ProfileFlag::DiskHigh,
+            wire::ProfileFlag::CpuLow,
+        ])),
+    )
+    .unwrap();
+    let frames = pty_frames(&drain(&mut e, 1).0);
+    assert!(
+        matches!(&frames[..], [Payload::PtyOpen(o), Payload::PtyAttach(_)]
+            if o.pty_session_id == pty && o.profile_flags == sorted),
+        "{frames:?}"
+    );
+    // the same id with other profiles: CONFLICT, nothing sent
+    match e.pty(
+        2,
+        WALL,
+        PtyMutation::Open(open(&[wire::ProfileFlag::CpuLow])),
+    ) {
+        Err(rvbox_store_port::ops::PortError::Refused(err)) => {
+            assert_eq!(err.code(), rvbox_domain::error::Code::Conflict, "{err}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // an unknown profile: INVALID_ARGUMENT naming the field
+    match e.pty(
+        3,
+        WALL,
+        PtyMutation::Open(wire::OpenPtySessionRequest {
+            request_id: id(),
+            profile_flags: vec![42],
+            ..open(&[])
+        }),
+    ) {
+        Err(rvbox_store_port::ops::PortError::Refused(err)) => {
+            assert_eq!(
+                err.code(),
+                rvbox_domain::error::Code::InvalidArgument,
+                "{err}"
+            );
+            assert_eq!(err.field(), "profile_flags");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(pty_frames(&drain(&mut e, 1).0).is_empty());
+    // not yet opened on the client: a reconnect sends the same open again
+    e.disconnected(4, WALL, 1);
+    let (_, _, frames) = connect(&mut e, 5, 2);
+    assert!(
+        matches!(&frames[..], [Payload::PtyOpen(o), ..] if o.profile_flags == sorted),
+        "{frames:?}"
+    );
+}

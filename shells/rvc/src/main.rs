@@ -473,8 +473,9 @@ struct ShellArgs {
     /// own unless given.
     #[arg(long = "env", value_name = "K=V")]
     env: Vec<String>,
-    /// A resource profile, as for run: refused, a terminal takes none yet
-    /// (OpenPtySession has no field for it).
+    /// A resource profile the shell runs under, enforced by the client as
+    /// for run (repeatable): light, cpu-low|medium|high,
+    /// mem-low|medium|high, disk-low|medium|high.
     #[arg(long = "profile", value_name = "FLAG")]
     profiles: Vec<String>,
 }
@@ -1373,16 +1374,13 @@ fn profile_flags(names: &[String]) -> Result<Vec<i32>, Failure> {
 fn open_request(args: &ShellArgs) -> Result<terminal::Open, Failure> {
     let shell_type = shell_type(args.shell.as_deref())?;
     let env = env_of(&args.env)?;
-    if !profile_flags(&args.profiles)?.is_empty() {
-        return Err(Failure::usage(
-            "--profile: a terminal takes no resource profile yet (OpenPtySession has no field for one); open it without --profile",
-        ));
-    }
+    let profile_flags = profile_flags(&args.profiles)?;
     Ok(terminal::Open {
         client: args.client_id.clone(),
         shell_type,
         cwd: args.cwd.clone().unwrap_or_default(),
         env,
+        profile_flags,
     })
 }
 
@@ -1480,6 +1478,38 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    fn shell_args(args: &[&str]) -> ShellArgs {
+        let cli = Cli::try_parse_from(["rvc", "shell"].iter().chain(args)).unwrap();
+        match cli.command {
+            Some(Cmd::Shell(a)) => *a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn shell_takes_resource_profiles_as_run_does() {
+        let open = open_request(&shell_args(&[
+            "web-1",
+            "--profile",
+            "mem-low",
+            "--profile",
+            "CPU-HIGH",
+        ]))
+        .unwrap();
+        assert_eq!(open.client, "web-1");
+        assert_eq!(
+            open.profile_flags,
+            vec![
+                wire::ProfileFlag::MemLow as i32,
+                wire::ProfileFlag::CpuHigh as i32
+            ]
+        );
+        let none = open_request(&shell_args(&["web-1"])).unwrap();
+        assert!(none.profile_flags.is_empty());
+        let bad = open_request(&shell_args(&["web-1", "--profile", "turbo"])).unwrap_err();
+        assert!(bad.message().contains("--profile \"turbo\""), "{bad:?}");
     }
 
     #[test]

@@ -61,6 +61,24 @@ pub(crate) struct Open {
     pub(crate) cwd: String,
     /// Environment overrides.
     pub(crate) env: BTreeMap<String, String>,
+    /// Resource profiles the shell runs under (`rvbox.v1.ProfileFlag`
+    /// values); empty: none.
+    pub(crate) profile_flags: Vec<i32>,
+}
+
+/// The `OpenPtySession` request of `open`, with request id `id`, at
+/// `size` (rows, columns).
+fn open_request(id: &str, open: Open, size: (u16, u16)) -> wire::OpenPtySessionRequest {
+    wire::OpenPtySessionRequest {
+        request_id: id.to_owned(),
+        client_id: open.client,
+        shell_type: open.shell_type as i32,
+        cwd: open.cwd,
+        env: open.env.into_iter().collect(),
+        rows: u32::from(size.0),
+        cols: u32::from(size.1),
+        profile_flags: open.profile_flags,
+    }
 }
 
 /// `rvc shell`: opens a terminal with request id `id` (its id), says it,
@@ -80,15 +98,7 @@ pub(crate) async fn shell(
     {
         open.env.insert("TERM".to_owned(), term);
     }
-    let req = wire::OpenPtySessionRequest {
-        request_id: id.clone(),
-        client_id: open.client,
-        shell_type: open.shell_type as i32,
-        cwd: open.cwd,
-        env: open.env.into_iter().collect(),
-        rows: u32::from(size.0),
-        cols: u32::from(size.1),
-    };
+    let req = open_request(&id, open, size);
     let resp = control
         .retrying(|mut c| {
             let req = req.clone();
@@ -666,6 +676,34 @@ pub(crate) fn idle_text(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_open_request_carries_everything_asked() {
+        let open = Open {
+            client: "web-1".into(),
+            shell_type: wire::ShellType::Bash,
+            cwd: "/srv".into(),
+            env: BTreeMap::from([("TERM".to_owned(), "xterm".to_owned())]),
+            profile_flags: vec![
+                wire::ProfileFlag::CpuLow as i32,
+                wire::ProfileFlag::MemHigh as i32,
+            ],
+        };
+        let r = open_request("01890a5d-ac96-774b-bcce-b302099a8057", open, (40, 120));
+        assert_eq!(r.request_id, "01890a5d-ac96-774b-bcce-b302099a8057");
+        assert_eq!(r.client_id, "web-1");
+        assert_eq!(r.shell_type, wire::ShellType::Bash as i32);
+        assert_eq!(r.cwd, "/srv");
+        assert_eq!(r.env.get("TERM").map(String::as_str), Some("xterm"));
+        assert_eq!((r.rows, r.cols), (40, 120));
+        assert_eq!(
+            r.profile_flags,
+            vec![
+                wire::ProfileFlag::CpuLow as i32,
+                wire::ProfileFlag::MemHigh as i32
+            ]
+        );
+    }
 
     #[test]
     fn a_closed_terminal_gives_its_shell_status_or_a_documented_one() {

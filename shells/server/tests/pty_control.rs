@@ -322,3 +322,63 @@ async fn viewers_and_recording(stack: Stack) {
     );
     drop(stack);
 }
+
+/// An open's resource profiles reach the client's `PtyOpen`, sorted; a
+/// retry with other profiles is `CONFLICT` (gRPC ALREADY_EXISTS) and an
+/// unknown one `INVALID_ARGUMENT` naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_takes_its_profiles_to_the_client() {
+    let stack = Stack::server_only();
+    let (mut ws, _sid, _g) = register_session(1, stack.port).await;
+    let mut c = control(stack.socket()).await;
+    let pty = new_id();
+    let open = |flags: &[wire::ProfileFlag]| wire::OpenPtySessionRequest {
+        request_id: pty.clone(),
+        client_id: CLIENT.into(),
+        rows: 24,
+        cols: 80,
+        profile_flags: flags.iter().map(|f| *f as i32).collect(),
+        ..Default::default()
+    };
+    c.open_pty_session(open(&[
+        wire::ProfileFlag::MemMedium,
+        wire::ProfileFlag::CpuHigh,
+        wire::ProfileFlag::MemMedium,
+    ]))
+    .await
+    .unwrap();
+    let Payload::PtyOpen(o) = next_pty(&mut ws).await else {
+        panic!("the open first")
+    };
+    assert_eq!(o.pty_session_id, pty);
+    assert_eq!(
+        o.profile_flags,
+        vec![
+            wire::ProfileFlag::CpuHigh as i32,
+            wire::ProfileFlag::MemMedium as i32
+        ]
+    );
+    // the same set in another order is the same request
+    c.open_pty_session(open(&[
+        wire::ProfileFlag::CpuHigh,
+        wire::ProfileFlag::MemMedium,
+    ]))
+    .await
+    .unwrap();
+    let other = c
+        .open_pty_session(open(&[wire::ProfileFlag::CpuHigh]))
+        .await
+        .unwrap_err();
+    assert_eq!(other.code(), tonic::Code::AlreadyExists, "{other:?}");
+    let bad = c
+        .open_pty_session(wire::OpenPtySessionRequest {
+            request_id: new_id(),
+            profile_flags: vec![wire::ProfileFlag::Unspecified as i32],
+            ..open(&[])
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+    assert!(bad.message().contains("profile_flags"), "{bad:?}");
+    drop(stack);
+}

@@ -28,7 +28,7 @@ use rvbox_proto::v1 as wire;
 use rvbox_store_port::pty::{
     MAX_PENDING_PTY_INPUT_BYTES, MAX_PENDING_PTY_INPUTS, MAX_PTY_REASON_BYTES, OutputPlan,
     PtyApplied, PtyLimits, PtyMutation, PtyOutcome, PtyReport, PtyResume, PtyView, check_mutation,
-    plan_output,
+    normalize_open, plan_output,
 };
 use rvbox_store_port::sessions::SessionFence;
 
@@ -261,6 +261,7 @@ pub fn mutation_hash(m: &PtyMutation) -> rvbox_domain::hash::RequestHash {
     let mut canonical = m.clone();
     match &mut canonical {
         PtyMutation::Open(r) => {
+            *r = normalize_open(r);
             r.request_id.clear();
             request_hash("OpenPtySession", r)
         }
@@ -360,6 +361,7 @@ pub fn open_frame(id: &[u8; 16], r: &wire::OpenPtySessionRequest) -> wire::PtyOp
         env: r.env.clone(),
         rows: r.rows,
         cols: r.cols,
+        profile_flags: normalize_open(r).profile_flags,
     }
 }
 

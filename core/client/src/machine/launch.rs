@@ -4,6 +4,8 @@
 //! `materialize -> prepare -> launch_prepared -> launch_authorized ->
 //! release`, aborted or retried when a step fails.
 
+use std::collections::BTreeMap;
+
 use rvbox_domain::ids::Uuid7;
 use rvbox_proto::v1 as wire;
 use rvbox_proto::v1::envelope::Payload;
@@ -19,6 +21,27 @@ pub(super) fn normalize_cwd(policy: &AcceptPolicy, spec: &wire::ExecutionSpec) -
     } else {
         spec.cwd.clone()
     }
+}
+
+/// The resource controls of a launch under the requested profiles
+/// (`flags`), from each enforceable profile's compiled limits
+/// (`profiles`): each control is taken from the first profile that sets
+/// it, `io.max` rules from all. A command and a terminal's holder are
+/// limited alike; a flag with no compiled limits adds nothing (acceptance
+/// refused it already).
+pub(super) fn limits_of(profiles: &BTreeMap<i32, ResourceLimits>, flags: &[i32]) -> ResourceLimits {
+    let mut l = ResourceLimits::default();
+    for f in flags {
+        if let Some(p) = profiles.get(f) {
+            l.cpu_max = l.cpu_max.or(p.cpu_max);
+            l.cpu_weight = l.cpu_weight.or(p.cpu_weight);
+            l.memory_max = l.memory_max.or(p.memory_max);
+            l.memory_high = l.memory_high.or(p.memory_high);
+            l.pids_max = l.pids_max.or(p.pids_max);
+            l.io_max.extend(p.io_max.iter().copied());
+        }
+    }
+    l
 }
 
 impl ClientCore {
@@ -169,21 +192,6 @@ impl ClientCore {
         }
     }
 
-    fn limits_of(&self, spec: &wire::ExecutionSpec) -> ResourceLimits {
-        let mut l = ResourceLimits::default();
-        for f in &spec.profile_flags {
-            if let Some(p) = self.config.profiles.get(f) {
-                l.cpu_max = l.cpu_max.or(p.cpu_max);
-                l.cpu_weight = l.cpu_weight.or(p.cpu_weight);
-                l.memory_max = l.memory_max.or(p.memory_max);
-                l.memory_high = l.memory_high.or(p.memory_high);
-                l.pids_max = l.pids_max.or(p.pids_max);
-                l.io_max.extend(p.io_max.iter().copied());
-            }
-        }
-        l
-    }
-
     pub(super) fn prepare(&mut self, issue: Uuid7, wrapper_path: String) {
         let Some(r) = self.records.get(&issue) else {
             return;
@@ -209,7 +217,7 @@ impl ClientCore {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-            limits: self.limits_of(&r.spec),
+            limits: limits_of(&self.config.profiles, &r.spec.profile_flags),
         };
         if let Some(r) = self.records.get_mut(&issue) {
             r.wrapper = Some(wrapper_path);

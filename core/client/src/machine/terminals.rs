@@ -13,8 +13,9 @@
 //! ```
 //!
 //! The contract with the server:
-//! - a new `PtyOpen` is checked (shell, working directory, environment,
-//!   size; a refusal is PERMANENT and names the field), bounded
+//! - a new `PtyOpen` is checked (shell, resource profiles, working
+//!   directory, environment, size; a refusal is PERMANENT and names the
+//!   field; a profile this host cannot enforce is UNSUPPORTED), bounded
 //!   ([`TerminalLimits::max_open`]; beyond it TRANSIENT), recorded as
 //!   opening, its holder started, the holder's record made durable, and
 //!   only then answered `PtyOpened` POSITIVE; a repeat answers the same;
@@ -543,6 +544,9 @@ impl ClientCore {
             )
             .with_field("pty_open.shell_type"));
         }
+        // the profiles as for a command: a valid set, each enforceable here
+        rvbox_domain::validate::check_profile_flags_of("pty_open.profile_flags", &p.profile_flags)?;
+        crate::accept::check_enforceable(policy, "pty_open.profile_flags", &p.profile_flags)?;
         let cwd = self.resolve_cwd(&p.cwd)?;
         if p.env.len() > MAX_ENV_OVERRIDES {
             return Err(DomainError::new(
@@ -723,7 +727,7 @@ impl ClientCore {
                 .collect(),
             rows: u16::try_from(t.open.rows).unwrap_or(24),
             cols: u16::try_from(t.open.cols).unwrap_or(80),
-            limits: crate::process::ResourceLimits::default(),
+            limits: super::launch::limits_of(&self.config.profiles, &t.open.profile_flags),
         };
         let held: Vec<(u64, Vec<u8>)> = t.held.drain(..).collect();
         t.held_bytes = 0;

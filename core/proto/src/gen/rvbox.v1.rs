@@ -1982,6 +1982,12 @@ pub struct PtyOpen {
     /// Terminal columns; 1..=1000.
     #[prost(uint32, tag = "6")]
     pub cols: u32,
+    /// Resource profiles the holder runs under, as OpenPtySession asked:
+    /// deduplicated and sorted ascending by value (same rules as
+    /// ExecutionSpec.profile_flags). The client refuses the open PERMANENT
+    /// (UNSUPPORTED) when one cannot be enforced on its host; empty means none.
+    #[prost(enumeration = "ProfileFlag", repeated, tag = "7")]
+    pub profile_flags: ::prost::alloc::vec::Vec<i32>,
 }
 /// client->server. Answer to PtyOpen; an identical repeat gets the same answer.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -3018,6 +3024,13 @@ pub struct OpenPtySessionRequest {
     /// Terminal columns; 1..=1000.
     #[prost(uint32, tag = "7")]
     pub cols: u32,
+    /// Resource profiles the terminal's holder runs under (same rules as
+    /// ExecutionSpec.profile_flags): deduplicated and sorted ascending by value
+    /// by the server before hashing; LIGHT exclusive; at most one each of
+    /// CPU\_*, MEM\_*, DISK\_\*; UNSPECIFIED and unknown values refused; empty
+    /// means none.
+    #[prost(enumeration = "ProfileFlag", repeated, tag = "8")]
+    pub profile_flags: ::prost::alloc::vec::Vec<i32>,
 }
 /// Response of OpenPtySession, returned once the session is durably stored.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
