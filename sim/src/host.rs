@@ -328,6 +328,9 @@ pub struct ClientCounters {
     pub scripts_committed: u64,
     /// Replays of pinned events longer than one read-back of the spool.
     pub long_replays: u64,
+    /// Terminal holders started while an earlier holder of the same
+    /// terminal still ran (an unrecorded one, reclaimed).
+    pub holders_replaced: u64,
 }
 
 /// Crashes the client the next time its store passes one of the armed
@@ -385,6 +388,10 @@ pub struct SimEnv {
     /// Signal results the spool made durable since this daemon started,
     /// per command.
     results_durable: BTreeMap<Uuid7, u32>,
+    /// Terminals whose holder record the store made durable.
+    holders_recorded: BTreeSet<Uuid7>,
+    /// Terminals whose closed record the store made durable.
+    terminals_closed: BTreeSet<Uuid7>,
 }
 
 impl Env for SimEnv {
@@ -416,6 +423,12 @@ impl Env for SimEnv {
             }
             (ClientOp::Ended { issue, .. }, ClientCompletion::Done) => {
                 self.ended_durable.insert(*issue);
+            }
+            (ClientOp::TerminalOpened { terminal, .. }, ClientCompletion::Done) => {
+                self.holders_recorded.insert(*terminal);
+            }
+            (ClientOp::TerminalClosed { terminal, .. }, ClientCompletion::Done) => {
+                self.terminals_closed.insert(*terminal);
             }
             (ClientOp::Spool(op), ClientCompletion::Spool(done))
                 if !matches!(done, rvbox_client_core::spool::SpoolCompletion::Failed) =>
@@ -728,6 +741,8 @@ impl SimHost {
             scripts_committed: 0,
             ended_durable: BTreeSet::new(),
             results_durable: BTreeMap::new(),
+            holders_recorded: BTreeSet::new(),
+            terminals_closed: BTreeSet::new(),
         };
         let adversary = config
             .adversary
@@ -973,7 +988,11 @@ impl SimHost {
         };
         // what the stop spooled is durable; the store closes cleanly
         let (store, mut sup, mut env) = rt.into_parts();
-        sup.daemon_died(&env.ended_durable, &env.results_durable);
+        sup.daemon_died(
+            &env.ended_durable,
+            &env.results_durable,
+            &env.terminals_closed,
+        );
         env.results_durable.clear();
         drop(store);
         if let Err(e) = self.start_again(sup, env) {
@@ -1056,6 +1075,18 @@ impl SimHost {
             self.ledger.note_start(issue);
             self.counters.started = self.counters.started.saturating_add(1);
         }
+        let replaced = rt.supervisor_mut().take_replaced();
+        let mut second_holders = Vec::new();
+        for id in replaced {
+            self.counters.holders_replaced = self.counters.holders_replaced.saturating_add(1);
+            let env = rt.env();
+            // an unrecorded holder (its start died before its record) is
+            // reclaimed by the next start; a recorded one is adopted, never
+            // started again beside it
+            if env.holders_recorded.contains(&id) && !env.terminals_closed.contains(&id) {
+                second_holders.push(id);
+            }
+        }
         let env = rt.env_mut();
         for issue in std::mem::take(&mut env.accepted) {
             self.ledger.note_accept(issue);
@@ -1095,6 +1126,11 @@ impl SimHost {
         }
         if now.unaccountable > before.unaccountable {
             self.note("a command's output could no longer be accounted for".into());
+        }
+        for id in second_holders {
+            self.note(format!(
+                "terminal {id} got a second holder while its recorded one ran"
+            ));
         }
         match health {
             Ok(rvbox_client_store::LocalHealth::Ready) => {}
@@ -1291,7 +1327,11 @@ impl SimHost {
         // a crashed store closes without a checkpoint, as a power cut
         // leaves it
         let (mut sup, mut env) = rt.crash_into_parts();
-        sup.daemon_died(&env.ended_durable, &env.results_durable);
+        sup.daemon_died(
+            &env.ended_durable,
+            &env.results_durable,
+            &env.terminals_closed,
+        );
         env.results_durable.clear();
         let _ = self.fs.crash(mode);
         if let Err(e) = self.start_again(sup, env) {
@@ -1325,6 +1365,47 @@ impl SimHost {
             }
         }
         Err("the second instance sent no hello".into())
+    }
+
+    /// The shell of terminal `id` writes `bytes` by itself (a prompt, a
+    /// program's output): its holder keeps them and the daemon relays
+    /// them.
+    pub fn terminal_writes(&mut self, now: u64, id: &Uuid7, bytes: &[u8]) {
+        self.set_now(now);
+        if let Some(rt) = self.rt.as_mut() {
+            rt.supervisor_mut().terminal_writes(id, bytes);
+        }
+        self.pump();
+        self.after_step();
+    }
+
+    /// The shell of terminal `id` exits by itself with `code`.
+    pub fn terminal_exits(&mut self, now: u64, id: &Uuid7, code: i32) {
+        self.set_now(now);
+        if let Some(rt) = self.rt.as_mut() {
+            rt.supervisor_mut().terminal_exits(id, code);
+        }
+        self.pump();
+        self.after_step();
+    }
+
+    /// Whether terminal `id` has a holder here whose shell still runs.
+    #[must_use]
+    pub fn shell_runs(&self, id: &Uuid7) -> bool {
+        self.rt
+            .as_ref()
+            .is_some_and(|rt| rt.supervisor().shell_runs(id))
+    }
+
+    /// The client core's phase of terminal `id`.
+    #[must_use]
+    pub fn terminal_phase(
+        &self,
+        id: &Uuid7,
+    ) -> Option<rvbox_client_core::machine::TerminalPhase> {
+        self.rt
+            .as_ref()
+            .and_then(|rt| rt.core().terminal_phase(id))
     }
 
     /// The host index.

@@ -8,8 +8,9 @@
 //! over the real client store ([`host`]) with simulated process trees
 //! behind the real supervisor trait ([`supervisor`]), the adversary layer
 //! on a real client's outgoing frames ([`adversary`]), and the invariant
-//! checker and oracles ([`invariants`]). It has no client implementation
-//! of its own.
+//! checker and oracles ([`invariants`], [`oracles`]), and the operator's
+//! and viewers' side of terminals with their oracles ([`terminals`]). It
+//! has no client implementation of its own.
 //!
 //! Must never: read the real clock, use OS randomness, spawn threads, or
 //! let a `HashMap` iteration order reach anything observable (a frame, a
@@ -26,4 +27,5 @@ pub mod net;
 pub mod oracles;
 pub mod rng;
 pub mod supervisor;
+pub mod terminals;
 pub mod world;

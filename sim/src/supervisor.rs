@@ -178,6 +178,9 @@ pub struct TerminalRecord {
     pub input_seqs: Vec<u64>,
     /// Every input byte written to the PTY, in order.
     pub written: Vec<u8>,
+    /// Every input frame written to the PTY, in order: its `input_seq`
+    /// and its bytes.
+    pub frames: Vec<(u64, Vec<u8>)>,
     /// Every output byte the PTY produced; output offset `n` is index `n`.
     pub output: Vec<u8>,
     /// How its shell ended (`None` while it runs).
@@ -186,6 +189,18 @@ pub struct TerminalRecord {
     pub hung_up: bool,
     /// `written` or `output` reached [`MAX_TERMINAL_LOG_BYTES`].
     pub truncated: bool,
+    /// The holder told a daemon how its shell ended.
+    pub exit_told: bool,
+    /// A daemon that was told the end died before it made the terminal's
+    /// closed record durable: nobody can know how the shell ended any
+    /// more ("terminal holder is gone" is the honest end).
+    pub exit_unrecorded: bool,
+    /// Holders started while an earlier holder of the terminal still ran
+    /// (the earlier one is reclaimed first; `output` restarts with the new
+    /// holder's).
+    pub replaced: u32,
+    /// Window sizes the PTY got, in order (columns, rows).
+    pub sizes: Vec<(u16, u16)>,
 }
 
 /// Every tree's record, shared between the supervisor (which writes it)
@@ -279,6 +294,8 @@ struct ModelHolder {
     identity: HolderIdentity,
     /// The daemon it is attached to told the exit: the holder is gone.
     gone: bool,
+    /// Its shell ended by itself (a hang-up after it changes nothing).
+    shell_ended: bool,
 }
 
 /// The holders of one host, shared by every daemon that runs there (they
@@ -334,6 +351,9 @@ pub struct SimSupervisor {
     terminal_ready: VecDeque<TerminalProcessEvent>,
     /// Holders started on this host so far (their pids).
     holder_pids: u32,
+    /// Terminals whose holder was started while an earlier one still ran,
+    /// since the last [`Self::take_replaced`].
+    replaced: Vec<Uuid7>,
 }
 
 impl SimSupervisor {
@@ -368,6 +388,7 @@ impl SimSupervisor {
             links: BTreeMap::new(),
             terminal_ready: VecDeque::new(),
             holder_pids: 0,
+            replaced: Vec::new(),
         }
     }
 
@@ -407,8 +428,16 @@ impl SimSupervisor {
         &mut self,
         ended_durable: &BTreeSet<Uuid7>,
         results_durable: &BTreeMap<Uuid7, u32>,
+        terminals_closed: &BTreeSet<Uuid7>,
     ) {
         let mut l = log(&self.log);
+        let host = self.host;
+        for (id, r) in &mut l.terminals {
+            if r.host == host && r.exit_told && !terminals_closed.contains(id) {
+                // told the end, and died before the end was durable
+                r.exit_unrecorded = true;
+            }
+        }
         for issue in self.trees.keys() {
             if let Some(r) = l.entry(*issue, self.host)
                 && r.ended.is_none()
@@ -469,11 +498,20 @@ impl SimSupervisor {
                     self.log_output(id, &bytes);
                     queue.extend(echo);
                 }
-                Effect::Resize { .. } => {}
+                Effect::Resize { cols, rows } => {
+                    if let Some(r) = log(&self.log).terminal_entry(id, self.host) {
+                        r.sizes.push((cols, rows));
+                    }
+                }
                 Effect::HangUp => {
                     let fx = {
                         let mut hs = holders(&self.holders);
                         let Some(h) = hs.get_mut(&id) else { continue };
+                        if h.shell_ended {
+                            // the shell is gone already: nothing to hang up
+                            continue;
+                        }
+                        h.shell_ended = true;
                         h.holder.shell_exited(true, 1)
                     };
                     if let Some(r) = log(&self.log).terminal_entry(id, self.host) {
@@ -519,6 +557,9 @@ impl SimSupervisor {
             FromHolder::Exited { signal, value } => {
                 let final_offset = link.forwarded;
                 self.links.remove(&id);
+                if let Some(r) = log(&self.log).terminal_entry(id, self.host) {
+                    r.exit_told = true;
+                }
                 if let Some(h) = holders(&self.holders).get_mut(&id) {
                     // told: the holder exits
                     h.gone = true;
@@ -569,19 +610,39 @@ impl SimSupervisor {
             let Some(h) = hs.get_mut(id).filter(|h| !h.gone) else {
                 return;
             };
+            if h.shell_ended {
+                // an ended shell writes nothing more
+                return;
+            }
             h.holder.pty_output(bytes)
         };
         self.log_output(*id, bytes);
         self.perform(*id, fx);
     }
 
+    /// Terminals whose holder was started while an earlier one still ran,
+    /// since the last call.
+    pub fn take_replaced(&mut self) -> Vec<Uuid7> {
+        std::mem::take(&mut self.replaced)
+    }
+
+    /// Whether terminal `id` has a holder on this host whose shell still
+    /// runs.
+    #[must_use]
+    pub fn shell_runs(&self, id: &Uuid7) -> bool {
+        holders(&self.holders)
+            .get(id)
+            .is_some_and(|h| !h.gone && !h.shell_ended)
+    }
+
     /// The shell of terminal `id` ends by itself with `code`.
     pub fn terminal_exits(&mut self, id: &Uuid7, code: i32) {
         let fx = {
             let mut hs = holders(&self.holders);
-            let Some(h) = hs.get_mut(id).filter(|h| !h.gone) else {
+            let Some(h) = hs.get_mut(id).filter(|h| !h.gone && !h.shell_ended) else {
                 return;
             };
+            h.shell_ended = true;
             h.holder.shell_exited(false, code)
         };
         if let Some(r) = log(&self.log).terminal_entry(*id, self.host) {
@@ -1015,7 +1076,9 @@ impl Supervisor for SimSupervisor {
         for chunk in token.chunks_mut(8) {
             chunk.copy_from_slice(&self.rng.next_u64().to_le_bytes());
         }
-        let start_ticks = self.rng.next_u64();
+        // clock ticks since boot (`/proc/PID/stat` field 22): far below
+        // 2^63, as the client store's integer column holds them
+        let start_ticks = self.rng.below(1 << 40);
         let identity = HolderIdentity {
             socket: format!("/sim/host-{}/run/pty-{id}.sock", self.host),
             pid,
@@ -1041,14 +1104,24 @@ impl Supervisor for SimSupervisor {
                     holder,
                     identity: identity.clone(),
                     gone: false,
+                    shell_ended: false,
                 },
             )
             .is_some_and(|old| !old.gone);
         if let Some(r) = log(&self.log).terminal_entry(id, self.host) {
             r.starts = r.starts.saturating_add(1);
             if orphan {
-                r.ended = Some(Exit::Signal(9));
+                // the earlier holder is reclaimed (killed); what the new
+                // one produces is counted from its own start
+                r.replaced = r.replaced.saturating_add(1);
+                r.output.clear();
+                r.ended = None;
+                r.hung_up = false;
+                r.exit_told = false;
             }
+        }
+        if orphan {
+            self.replaced.push(id);
         }
         self.links.insert(id, HolderLink::default());
         self.terminal_push(id, TerminalEvent::Started(identity));
@@ -1119,6 +1192,7 @@ impl Supervisor for SimSupervisor {
                 r.truncated = true;
             } else {
                 r.written.extend_from_slice(&bytes);
+                r.frames.push((seq, bytes.clone()));
             }
         }
         self.perform(*terminal, fx);
@@ -1230,7 +1304,7 @@ mod tests {
             assert_eq!(r.starts, 1);
         }
         // the daemon dies; the holder keeps its ring and gate
-        s.daemon_died(&BTreeSet::new(), &BTreeMap::new());
+        s.daemon_died(&BTreeSet::new(), &BTreeMap::new(), &BTreeSet::new());
         assert!(matches!(
             s.terminal_input(&term(), 2, b"y".to_vec()),
             Err(SupervisorError::UnknownTerminal(_))

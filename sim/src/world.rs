@@ -7,7 +7,7 @@
 //! One `u64` seed decides everything ([`crate::rng::Seeds`]); the same seed
 //! gives a byte-identical [`Report::trace`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -31,6 +31,11 @@ use crate::net::{ClientSlot, ConnId, Delivery, Dir, Item, Net, NetConfig, NetEve
 use crate::oracles::{OracleCounts, Requests};
 use crate::rng::{SeededEntropy, Seeds, SimRng};
 use crate::supervisor::{Programs, SharedLog};
+use crate::terminals::{
+    CloseAsked, DRAIN_WAIT_MS, Ending, MAX_FRAMES_PER_TERMINAL, MAX_KEPT_ANSWERS,
+    MAX_TERMINALS_PER_RUN, MAX_VIEWER_ITEMS, MAX_VIEWERS_PER_RUN, TERMINAL_RETRY_BUDGET_MS,
+    TermCall, TermPlan, TerminalCounts, TypedFrame, ViewerItem, ViewerState,
+};
 
 /// The store crash points a run arms: every step of the append path, and
 /// every metadata commit the server core's operations reach (each at its
@@ -126,6 +131,14 @@ const MAX_KEPT_SIGNALS: usize = 256;
 const MAX_KEPT_FLEETS: usize = 64;
 /// Largest script the workload creates (a script command is 1 in 10).
 const MAX_WORKLOAD_SCRIPT_BYTES: u64 = 1_500_000;
+/// The idle timeout of terminals in runs that shorten it.
+const TERMINAL_IDLE_MS: u64 = 90_000;
+/// The recording cap of terminals with tight quotas.
+const TIGHT_RECORDING_BYTES: u64 = 256 * 1024;
+/// Largest burst of output a model shell writes at once.
+const MAX_TERMINAL_BURST: u64 = 2_500_000;
+/// Bursts one terminal's shell writes at most, in bytes.
+const MAX_TERMINAL_BURST_TOTAL: u64 = 5_000_000;
 
 /// What a run does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -312,6 +325,9 @@ struct Server {
     fs: FaultyFs,
     engine: Option<Engine>,
     entropy: Arc<SeededEntropy>,
+    /// The terminal policy (`terminals.*`): a short idle timeout in some
+    /// runs, a small recording cap with tight quotas.
+    pty: rvbox_server_core::PtyPolicy,
 }
 
 /// What the operator still writes to one command's stdin.
@@ -466,6 +482,17 @@ pub struct World {
     incident_armed: bool,
     /// Connections the server has closed (a run has a few hundred).
     server_closed: std::collections::BTreeSet<u64>,
+    /// The terminals of the workload (sim/src/terminals.rs).
+    terms: Vec<TermPlan>,
+    /// Their viewers.
+    viewers: Vec<ViewerState>,
+    /// When the terminals not yet planned open, earliest first.
+    term_opens: VecDeque<u64>,
+    /// The terminal workload's choices (its own stream).
+    term_rng: SimRng,
+    /// The store as the terminal observation last read it (see
+    /// `store_checked`).
+    terms_observed: Option<(u64, u64)>,
     failure: Option<String>,
 }
 
@@ -546,6 +573,7 @@ fn engine_over(
     entropy: &Arc<SeededEntropy>,
     tight: bool,
     small_windows: bool,
+    pty: rvbox_server_core::PtyPolicy,
 ) -> Result<Engine, String> {
     let server_id =
         Uuid7::from_bytes("server_id", store.server_id()).map_err(|e| format!("server id: {e}"))?;
@@ -570,6 +598,7 @@ fn engine_over(
     engine.set_deferred(true);
     // frames count as written when the client takes them off the wire
     engine.set_auto_written(false);
+    engine.set_pty_policy(pty);
     if tight {
         engine
             .set_ingress_watermarks(TIGHT_INGRESS.0, TIGHT_INGRESS.1)
@@ -733,7 +762,24 @@ impl World {
                 process_log.clone(),
             )?);
         }
-        let engine = engine_over(store, &entropy, tight, small_windows)?;
+        // terminals: their own stream, so the other draws of a seed stay
+        // what they were; a few opened over the workload, a short idle
+        // timeout in one faulty run in four (a wall clock that jumps ahead
+        // closes idle terminals), and with tight quotas a small recording
+        // cap (trimmed recordings serve cut markers)
+        let mut term_rng = seeds.stream(crate::rng::Stream::Named("terminals"));
+        let mut pty = rvbox_server_core::PtyPolicy::default();
+        if config.faults && term_rng.chance(250) {
+            pty.idle_timeout_ms = TERMINAL_IDLE_MS;
+        }
+        if tight {
+            pty.limits.recording_bytes = TIGHT_RECORDING_BYTES;
+        }
+        let mut term_opens: Vec<u64> = (0..term_rng.below(MAX_TERMINALS_PER_RUN as u64))
+            .map(|_| term_rng.range_inclusive(2_000..=(config.workload_ms * 3 / 4).max(2_000)))
+            .collect();
+        term_opens.sort_unstable();
+        let engine = engine_over(store, &entropy, tight, small_windows, pty)?;
         Ok(Self {
             seed,
             config,
@@ -747,6 +793,7 @@ impl World {
                 fs,
                 engine: Some(engine),
                 entropy,
+                pty,
             },
             clients,
             process_log,
@@ -804,6 +851,11 @@ impl World {
             adversary_awaiting: BTreeMap::new(),
             incident_armed: false,
             server_closed: std::collections::BTreeSet::new(),
+            terms: Vec::new(),
+            viewers: Vec::new(),
+            term_opens: term_opens.into(),
+            term_rng,
+            terms_observed: None,
             failure: None,
         })
     }
@@ -1253,6 +1305,11 @@ impl World {
         };
         self.log(format!("CRASH server at {at} ({mode:?})"));
         self.count("server_crash");
+        // every viewer's stream ends ("restarting"): each attaches again
+        // from the offset it printed
+        for v in &mut self.viewers {
+            v.attached = false;
+        }
         if let Some(e) = self.server.engine.take() {
             // what the core had issued and not yet learned is lost with it
             if e.queued_ops() > 0 {
@@ -1308,6 +1365,7 @@ impl World {
                     &self.server.entropy,
                     self.server.tight,
                     self.server.small_windows,
+                    self.server.pty,
                 ) {
                     Ok(e) => {
                         self.server.engine = Some(e);
@@ -1433,6 +1491,22 @@ impl World {
                 })
                 .collect::<Vec<_>>(),
         );
+        runs.extend(self.terms.iter().filter(|p| !p.done()).map(|p| {
+            format!(
+                "terminal {} on host-{} (opened {}, call in flight {:?}, close sent {}, {} frames typed, input confirmed to {})",
+                p.text,
+                p.host,
+                p.opened,
+                p.pending,
+                p.close_sent,
+                p.typed.len(),
+                p.input_confirmed
+            )
+        }));
+        let viewers = self.viewers.iter().filter(|v| !v.done).count();
+        if viewers > 0 {
+            runs.push(format!("{viewers} terminal viewer(s) never saw their terminal end"));
+        }
         runs
     }
 
@@ -3182,6 +3256,9 @@ impl World {
         if self.created < self.config.commands {
             return false;
         }
+        if !self.terminals_settled() {
+            return false;
+        }
         // every fleet run ended (its released targets are tracked below)
         let live: i64 = engine
             .store()
@@ -3269,6 +3346,7 @@ impl World {
                 self.check_agreement();
                 self.settle_stdin();
                 self.check_oracles();
+                self.check_terminal_oracles();
                 break;
             }
             let tail = CALM_TAIL_MS.saturating_add(self.calm_extra);
@@ -3302,6 +3380,7 @@ impl World {
                 self.server.engine.as_ref().and_then(Engine::next_deadline),
                 self.exec_at,
                 self.stdin_plans.iter().map(|p| p.at).min(),
+                self.terminal_due(),
                 self.replica_restore_at,
                 Some(self.next_workload_at),
                 Some(self.now.saturating_add(1_000)),
@@ -3328,9 +3407,12 @@ impl World {
             self.drain_clients();
             self.stdin_turn();
             self.drain_clients();
+            self.terminal_turns();
+            self.drain_clients();
             self.with_engine(|e, now, wall| e.tick(now, wall));
             self.executor_step();
             self.check();
+            self.observe_terminals();
             self.sync_fleet_targets();
             self.check_fleet_parallel();
         }
@@ -3390,6 +3472,976 @@ impl World {
             trace: self.trace,
             counters: self.counters,
             failure: self.failure,
+        }
+    }
+}
+
+/// The terminal workload and its oracles (docs/terminals.md;
+/// `sim/src/terminals.rs` keeps their state and checks).
+impl World {
+    /// When the terminal workload is next due.
+    fn terminal_due(&self) -> Option<u64> {
+        let opens = self.term_opens.front().copied().filter(|_| !self.calm);
+        let plans = self.terms.iter().filter(|p| !p.done()).map(|p| p.at).min();
+        let viewers = self
+            .viewers
+            .iter()
+            .filter(|v| !v.done)
+            .map(|v| v.at)
+            .min();
+        [opens, plans, viewers].into_iter().flatten().min()
+    }
+
+    /// Every terminal ended (or was never stored), every call answered,
+    /// and every viewer saw its terminal's end.
+    fn terminals_settled(&self) -> bool {
+        (self.calm || self.term_opens.is_empty())
+            && self.terms.iter().all(TermPlan::done)
+            && self.viewers.iter().all(|v| v.done)
+    }
+
+    /// The operators' and viewers' turns that are due.
+    fn terminal_turns(&mut self) {
+        if self.calm {
+            self.term_opens.clear();
+        }
+        while self.term_opens.front().is_some_and(|t| *t <= self.now) {
+            self.term_opens.pop_front();
+            self.plan_terminal();
+        }
+        for i in 0..self.terms.len() {
+            let due = self
+                .terms
+                .get(i)
+                .is_some_and(|p| !p.done() && p.at <= self.now);
+            if due {
+                self.terminal_turn(i);
+                self.drain_clients();
+            }
+            if self.failure.is_some() {
+                return;
+            }
+        }
+        for v in 0..self.viewers.len() {
+            let due = self
+                .viewers
+                .get(v)
+                .is_some_and(|x| !x.done && x.at <= self.now);
+            if due {
+                self.viewer_turn(v);
+            }
+            if self.failure.is_some() {
+                return;
+            }
+        }
+    }
+
+    /// A new terminal: an operator's `rvc shell` on one of the hosts.
+    fn plan_terminal(&mut self) {
+        if self.terms.len() >= MAX_TERMINALS_PER_RUN {
+            return;
+        }
+        let n = self.clients.len() as u64;
+        let host = u32::try_from(self.term_rng.below(n.max(1))).unwrap_or(0);
+        let wall = u64::try_from(self.wall()).unwrap_or(0);
+        let id = self.term_rng.uuid_v7(wall);
+        let text = crate::rng::uuid_text(&id);
+        let shell_type = if self.term_rng.chance(300) {
+            wire::ShellType::Bash
+        } else {
+            wire::ShellType::Unspecified
+        };
+        let mut env = BTreeMap::new();
+        if self.term_rng.chance(500) {
+            env.insert("TERM".to_owned(), "xterm-256color".to_owned());
+        }
+        let rows = u32::try_from(self.term_rng.range_inclusive(10..=80)).unwrap_or(24);
+        let cols = u32::try_from(self.term_rng.range_inclusive(40..=250)).unwrap_or(80);
+        let frames_left = self.term_rng.range_inclusive(3..=MAX_FRAMES_PER_TERMINAL);
+        let ending = match self.term_rng.below(100) {
+            0..=44 => Ending::Close,
+            45..=79 => Ending::Exit(if self.term_rng.chance(600) {
+                0
+            } else {
+                i32::try_from(self.term_rng.range_inclusive(1..=255)).unwrap_or(1)
+            }),
+            _ => Ending::Tail,
+        };
+        self.log(format!(
+            "terminal {text} planned on host-{host} ({frames_left} frames, then {ending:?})"
+        ));
+        self.count("terminal planned");
+        self.terms.push(TermPlan {
+            id,
+            text: text.clone(),
+            host,
+            open: wire::OpenPtySessionRequest {
+                request_id: text,
+                client_id: format!("host-{host}"),
+                shell_type: shell_type as i32,
+                cwd: String::new(),
+                env,
+                rows,
+                cols,
+            },
+            opened: false,
+            refused: false,
+            pending: None,
+            maybe_committed: false,
+            since: self.now,
+            typed: Vec::new(),
+            frames_left,
+            ending,
+            exited: false,
+            close_sent: false,
+            at: self.now,
+            drain_since: None,
+            closed: None,
+            gone: false,
+            input_confirmed: 0,
+            output_seen: 0,
+            answered: Vec::new(),
+            bursts: 0,
+        });
+    }
+
+    /// One turn of terminal `i`'s operator: the call in flight again, or
+    /// the open, or typing (and the shell writing by itself), or its end.
+    fn terminal_turn(&mut self, i: usize) {
+        let next = self
+            .now
+            .saturating_add(self.term_rng.range_inclusive(100..=2_500));
+        let Some(plan) = self.terms.get_mut(i) else {
+            return;
+        };
+        plan.at = next;
+        if let Some(call) = plan.pending.clone() {
+            self.terminal_call(i, call);
+            return;
+        }
+        if !plan.opened {
+            self.terminal_call(i, TermCall::Open);
+            return;
+        }
+        if plan.closed.is_some() || plan.gone {
+            return;
+        }
+        if !self.calm && plan.frames_left > 0 {
+            self.terminal_action(i);
+        } else {
+            self.terminal_end(i);
+        }
+    }
+
+    /// The operator types, or the shell writes, resizes, a request is
+    /// sent again, a viewer attaches.
+    fn terminal_action(&mut self, i: usize) {
+        let roll = self.term_rng.below(100);
+        match roll {
+            0..=61 => {
+                let wall = u64::try_from(self.wall()).unwrap_or(0);
+                let Some(plan) = self.terms.get_mut(i) else {
+                    return;
+                };
+                let k = plan.typed.len();
+                let len = if self.term_rng.chance(60) {
+                    self.term_rng.range_inclusive(1_000..=4_096)
+                } else {
+                    self.term_rng.range_inclusive(1..=64)
+                };
+                let mut data = format!("t{i}k{k} ").into_bytes();
+                if self.term_rng.chance(100) {
+                    // control keys and raw bytes travel as they are
+                    data.extend(self.term_rng.bytes(usize::try_from(len).unwrap_or(1)));
+                } else {
+                    for _ in 0..len {
+                        let c = b'a' + u8::try_from(self.term_rng.below(26)).unwrap_or(0);
+                        data.push(c);
+                    }
+                }
+                data.truncate(rvbox_store_port::pty::MAX_PTY_INPUT_BYTES - 1);
+                data.push(b'\r');
+                let request_id = crate::rng::uuid_text(&self.term_rng.uuid_v7(wall));
+                plan.typed.push(TypedFrame {
+                    request_id,
+                    data,
+                    acked: None,
+                    sent: false,
+                });
+                plan.frames_left = plan.frames_left.saturating_sub(1);
+                self.terminal_call(i, TermCall::Write(k));
+            }
+            62..=78 => {
+                // the shell writes by itself: a prompt, a program's lines
+                let lines = self.term_rng.range_inclusive(1..=20);
+                let mut bytes = Vec::new();
+                for _ in 0..lines {
+                    let n = self.term_rng.next_u32();
+                    bytes.extend_from_slice(format!("t{i} output line {n}\r\n").as_bytes());
+                }
+                self.shell_writes(i, &bytes);
+            }
+            79..=81 => {
+                // a program floods the terminal, now and then past the
+                // rings (the holder's and the client's copy, 1 MiB each)
+                let Some(plan) = self.terms.get(i) else {
+                    return;
+                };
+                if plan.bursts >= MAX_TERMINAL_BURST_TOTAL {
+                    return;
+                }
+                let len = self.term_rng.range_inclusive(64 * 1024..=MAX_TERMINAL_BURST);
+                let bytes = self.term_rng.bytes(usize::try_from(len).unwrap_or(0));
+                if let Some(plan) = self.terms.get_mut(i) {
+                    plan.bursts = plan.bursts.saturating_add(len);
+                }
+                self.count("terminal output bursts");
+                self.shell_writes(i, &bytes);
+            }
+            82..=86 => {
+                let Some(plan) = self.terms.get(i) else {
+                    return;
+                };
+                let pty_session_id = plan.text.clone();
+                let wall = u64::try_from(self.wall()).unwrap_or(0);
+                let req = wire::ResizePtySessionRequest {
+                    request_id: crate::rng::uuid_text(&self.term_rng.uuid_v7(wall)),
+                    pty_session_id,
+                    rows: u32::try_from(self.term_rng.range_inclusive(10..=80)).unwrap_or(24),
+                    cols: u32::try_from(self.term_rng.range_inclusive(40..=250)).unwrap_or(80),
+                };
+                self.terminal_call(i, TermCall::Resize(req));
+            }
+            87..=92 => self.terminal_replay(i),
+            _ => self.new_viewer(i),
+        }
+    }
+
+    /// The shell of terminal `i` writes `bytes` by itself.
+    fn shell_writes(&mut self, i: usize, bytes: &[u8]) {
+        let Some(plan) = self.terms.get(i) else {
+            return;
+        };
+        let Ok(id) = Uuid7::from_bytes("pty_session_id", plan.id) else {
+            return;
+        };
+        let now = self.now;
+        if let Some(c) = self
+            .clients
+            .get_mut(usize::try_from(plan.host).unwrap_or(usize::MAX))
+        {
+            c.terminal_writes(now, &id, bytes);
+        }
+        self.drain_clients();
+    }
+
+    /// Terminal `i`'s end: its shell exits by itself, or (once the client
+    /// confirmed what was typed, in the calm tail) the operator closes it.
+    fn terminal_end(&mut self, i: usize) {
+        let Some(plan) = self.terms.get(i) else {
+            return;
+        };
+        let (host, ending, exited, close_sent) =
+            (plan.host, plan.ending, plan.exited, plan.close_sent);
+        let Ok(id) = Uuid7::from_bytes("pty_session_id", plan.id) else {
+            return;
+        };
+        let idx = usize::try_from(host).unwrap_or(usize::MAX);
+        if let Ending::Exit(code) = ending
+            && !exited
+        {
+            let runs = self.clients.get(idx).is_some_and(|c| c.shell_runs(&id));
+            if runs {
+                let now = self.now;
+                if let Some(c) = self.clients.get_mut(idx) {
+                    c.terminal_exits(now, &id, code);
+                }
+                if let Some(p) = self.terms.get_mut(i) {
+                    p.exited = true;
+                }
+                self.log(format!("terminal {id}: its shell exits with {code}"));
+                self.count("terminal shell exits");
+                self.drain_clients();
+                return;
+            }
+            if !self.calm {
+                // its holder has not started yet
+                return;
+            }
+        }
+        if exited || close_sent {
+            // the end comes from the client
+            return;
+        }
+        if !self.calm && ending == Ending::Tail {
+            return;
+        }
+        if self.calm {
+            // the operator waits for every acknowledged frame to be
+            // confirmed written (bounded), then closes
+            let now = self.now;
+            let Some(plan) = self.terms.get_mut(i) else {
+                return;
+            };
+            let since = *plan.drain_since.get_or_insert(now);
+            if plan.input_confirmed < plan.last_acked()
+                && now.saturating_sub(since) < DRAIN_WAIT_MS
+            {
+                return;
+            }
+        }
+        let wall = u64::try_from(self.wall()).unwrap_or(0);
+        let req = wire::ClosePtySessionRequest {
+            request_id: crate::rng::uuid_text(&self.term_rng.uuid_v7(wall)),
+            pty_session_id: id.to_string(),
+        };
+        self.terminal_call(i, TermCall::Close(req));
+    }
+
+    /// Sends a terminal call (again, with its request id, after a lost
+    /// answer or a transient refusal) and takes its answer as rvc would.
+    fn terminal_call(&mut self, i: usize, call: TermCall) {
+        use rvbox_server_core::PtyAnswer;
+        use rvbox_store_port::pty::PtyMutation;
+        let Some(plan) = self.terms.get_mut(i) else {
+            return;
+        };
+        let retry = plan.pending.is_some();
+        let mutation = match &call {
+            TermCall::Open => PtyMutation::Open(plan.open.clone()),
+            TermCall::Write(k) => {
+                let Some(f) = plan.typed.get_mut(*k) else {
+                    return;
+                };
+                f.sent = true;
+                PtyMutation::Write(wire::WritePtyInputRequest {
+                    request_id: f.request_id.clone(),
+                    pty_session_id: plan.text.clone(),
+                    data: f.data.clone(),
+                })
+            }
+            TermCall::Resize(r) => PtyMutation::Resize(r.clone()),
+            TermCall::Close(r) => {
+                plan.close_sent = true;
+                PtyMutation::Close(r.clone())
+            }
+        };
+        let text = plan.text.clone();
+        let mut answer = None;
+        let m = mutation.clone();
+        self.with_engine(|e, now, wall| answer = Some(e.pty(now, wall, m)));
+        let now = self.now;
+        let line = format!(
+            "terminal {text} {}{}: {}",
+            mutation.method(),
+            if retry { " (again)" } else { "" },
+            match &answer {
+                Some(Ok(PtyAnswer::Write(w))) => format!("input_seq {}", w.input_seq),
+                Some(Ok(_)) => "done".to_owned(),
+                Some(Err(e)) => format!("refused {}", e.to_domain().code().as_str()),
+                None => "unanswered".to_owned(),
+            }
+        );
+        self.log(line);
+        let Some(plan) = self.terms.get_mut(i) else {
+            return;
+        };
+        let mut failure = None;
+        let mut counted: Vec<&'static str> = Vec::new();
+        if retry {
+            counted.push("terminal calls sent again");
+        }
+        match answer {
+            Some(Ok(a)) => {
+                plan.pending = None;
+                plan.maybe_committed = false;
+                match (&call, &a) {
+                    (TermCall::Open, PtyAnswer::Open(r)) => {
+                        if r.pty_session_id != plan.text {
+                            failure = Some(format!(
+                                "OpenPtySession {} answered with terminal {}",
+                                plan.text, r.pty_session_id
+                            ));
+                        }
+                        plan.opened = true;
+                        counted.push("terminal opened");
+                    }
+                    (TermCall::Write(k), PtyAnswer::Write(r)) => {
+                        let before = plan.last_acked();
+                        if let Some(f) = plan.typed.get_mut(*k) {
+                            f.acked = Some(r.input_seq);
+                        }
+                        if r.input_seq <= before {
+                            failure = Some(format!(
+                                "terminal {}: a frame typed after input_seq {before} was acknowledged as input_seq {}",
+                                plan.text, r.input_seq
+                            ));
+                        }
+                        counted.push("terminal frames acknowledged");
+                    }
+                    (TermCall::Resize(_), PtyAnswer::Resize(_)) => {
+                        counted.push("terminal resized");
+                    }
+                    (TermCall::Close(_), PtyAnswer::Close(_)) => {
+                        counted.push("terminal close answered");
+                    }
+                    _ => {
+                        failure = Some(format!(
+                            "terminal {}: {} answered with {a:?}",
+                            plan.text,
+                            mutation.method()
+                        ));
+                    }
+                }
+                if plan.answered.len() < MAX_KEPT_ANSWERS {
+                    plan.answered.push((mutation, a));
+                }
+            }
+            Some(Err(e)) => {
+                let d = e.to_domain();
+                let code = d.code();
+                if plan.maybe_committed && matches!(code, Code::Conflict | Code::AlreadyExecuted) {
+                    failure = Some(format!(
+                        "terminal {}: {} sent again after a lost answer was refused: {d:?}",
+                        plan.text,
+                        mutation.method()
+                    ));
+                }
+                if plan.pending.is_none() {
+                    plan.since = now;
+                }
+                let transient = d.retry_class() == rvbox_domain::error::RetryClass::Transient;
+                let spent = now.saturating_sub(plan.since) >= TERMINAL_RETRY_BUDGET_MS;
+                if transient && !(spent && !plan.maybe_committed) {
+                    // the same request again later
+                    plan.pending = Some(call);
+                    counted.push("terminal calls refused transiently");
+                } else {
+                    // refused for good (never stored: a stored request is
+                    // answered with its result), or rvc's retries spent
+                    plan.pending = None;
+                    plan.maybe_committed = false;
+                    counted.push("terminal calls refused");
+                    match call {
+                        TermCall::Open => plan.refused = true,
+                        // the terminal is closing or closed: nothing more
+                        // is typed
+                        TermCall::Write(_) => plan.frames_left = 0,
+                        TermCall::Resize(_) => {}
+                        TermCall::Close(_) => {
+                            if code == Code::NotFound {
+                                plan.gone = true;
+                            } else {
+                                // sent again at the next turn
+                                plan.close_sent = false;
+                            }
+                        }
+                    }
+                    if code == Code::NotFound && plan.opened {
+                        plan.gone = true;
+                    }
+                }
+            }
+            None => {
+                // a crash swallowed the answer: it may be stored
+                if plan.pending.is_none() {
+                    plan.since = now;
+                }
+                plan.pending = Some(call);
+                plan.maybe_committed = true;
+                counted.push("terminal calls unanswered");
+            }
+        }
+        for k in counted {
+            self.count(k);
+        }
+        if let Some(f) = failure
+            && self.failure.is_none()
+        {
+            self.failure = Some(f);
+        }
+    }
+
+    /// An answered terminal request sent again with its request id: the
+    /// same answer, and nothing done twice (the input oracle sees a frame
+    /// written twice).
+    fn terminal_replay(&mut self, i: usize) {
+        let Some(plan) = self.terms.get(i) else {
+            return;
+        };
+        let Some((m, first)) = self.term_rng.pick(&plan.answered).cloned() else {
+            return;
+        };
+        let text = plan.text.clone();
+        let mut again = None;
+        let call = m.clone();
+        self.with_engine(|e, now, wall| again = Some(e.pty(now, wall, call)));
+        match again {
+            Some(Ok(a)) => {
+                self.count("terminal requests replayed");
+                if a != first && self.failure.is_none() {
+                    self.failure = Some(format!(
+                        "terminal {text}: {} replayed as {a:?}, first answered {first:?}",
+                        m.method()
+                    ));
+                }
+            }
+            Some(Err(e)) => {
+                let code = e.to_domain().code();
+                if !matches!(code, Code::Unavailable | Code::NotFound) && self.failure.is_none() {
+                    self.failure = Some(format!(
+                        "terminal {text}: {} replayed was refused: {:?}",
+                        m.method(),
+                        e.to_domain()
+                    ));
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// A viewer (`rvc attach`) of terminal `i`, from its start, from
+    /// somewhere in its output, or from its end.
+    fn new_viewer(&mut self, i: usize) {
+        if self.viewers.len() >= MAX_VIEWERS_PER_RUN {
+            return;
+        }
+        let (Some(engine), Some(plan)) = (self.server.engine.as_ref(), self.terms.get(i)) else {
+            return;
+        };
+        let Ok(info) = rvbox_store::pty::info(engine.store().db(), &plan.id) else {
+            return;
+        };
+        let end = info.output_offset;
+        let from = match self.term_rng.below(3) {
+            0 => 0,
+            1 => self.term_rng.range_inclusive(0..=end),
+            _ => end,
+        };
+        self.viewers.push(ViewerState {
+            plan: i,
+            want: from,
+            cursor: 0,
+            attached: false,
+            items: Vec::new(),
+            done: false,
+            at: self.now,
+        });
+        self.count("terminal viewers");
+    }
+
+    /// The viewer's audit call (attach or detach) through the core.
+    fn viewer_audit(&mut self, plan: usize, attach: bool, offset: u64) {
+        let Some(p) = self.terms.get(plan) else {
+            return;
+        };
+        let (text, client) = (p.text.clone(), p.open.client_id.clone());
+        self.with_engine(|e, now, wall| {
+            let _ = e.pty_viewer(now, wall, &text, &client, attach, offset);
+        });
+    }
+
+    /// One turn of viewer `v`: it attaches (again, from the offset it
+    /// printed), reads what the store serves through the same rule as
+    /// `AttachPtySession`, and now and then loses its stream.
+    fn viewer_turn(&mut self, v: usize) {
+        use rvbox_store_port::pty::{viewer_end_cut, viewer_items};
+        let next = self
+            .now
+            .saturating_add(self.term_rng.range_inclusive(50..=2_000));
+        let Some(viewer) = self.viewers.get_mut(v) else {
+            return;
+        };
+        viewer.at = next;
+        let (plan, attached) = (viewer.plan, viewer.attached);
+        let Some(id) = self.terms.get(plan).map(|p| p.id) else {
+            return;
+        };
+        if self.server.engine.is_none() {
+            return;
+        }
+        if !attached {
+            let info = self
+                .server
+                .engine
+                .as_ref()
+                .map(|e| rvbox_store::pty::info(e.store().db(), &id));
+            let want = self.viewers.get(v).map_or(0, |x| x.want);
+            match info {
+                Some(Ok(info)) if want > info.output_offset => {
+                    if self.failure.is_none() {
+                        self.failure = Some(format!(
+                            "terminal {}: a viewer printed up to offset {want}, the server's output now ends at {}",
+                            info.pty_session_id, info.output_offset
+                        ));
+                    }
+                    return;
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => {
+                    // the terminal is gone (retention removed it)
+                    if let Some(x) = self.viewers.get_mut(v) {
+                        x.done = true;
+                    }
+                    self.count("terminal viewers found no terminal");
+                    return;
+                }
+            }
+            let crashes = self.server_opens;
+            self.viewer_audit(plan, true, want);
+            if self.server_opens != crashes || self.server.engine.is_none() {
+                return;
+            }
+            let again = self
+                .viewers
+                .get(v)
+                .is_some_and(|x| !x.items.is_empty());
+            if let Some(x) = self.viewers.get_mut(v) {
+                x.attached = true;
+                x.cursor = 0;
+                x.items.push(ViewerItem::Attached { from: want });
+            }
+            self.count(if again {
+                "terminal viewers attached again"
+            } else {
+                "terminal viewers attached"
+            });
+        }
+        let reads = self.term_rng.range_inclusive(1..=3);
+        let mut ended = None;
+        for _ in 0..reads {
+            let max = if self.term_rng.chance(300) {
+                self.term_rng.range_inclusive(1..=4_096)
+            } else {
+                self.term_rng.range_inclusive(4_096..=1 << 20)
+            };
+            let (Some(engine), Some(x)) = (self.server.engine.as_ref(), self.viewers.get_mut(v))
+            else {
+                return;
+            };
+            let db = engine.store().db();
+            let records = match rvbox_store::pty::records_after(
+                db,
+                &id,
+                x.cursor,
+                usize::try_from(max).unwrap_or(4_096),
+            ) {
+                Ok(r) => r,
+                Err(_) => {
+                    x.done = true;
+                    return;
+                }
+            };
+            if records.is_empty() {
+                match rvbox_store::pty::info(db, &id) {
+                    Ok(info) if info.state == wire::PtyState::Closed as i32 => {
+                        if let Some(cut) = viewer_end_cut(x.want, info.output_offset) {
+                            x.items.push(ViewerItem::Cut {
+                                requested: cut.requested_offset,
+                                resumes: cut.ring_start_offset,
+                            });
+                            x.want = cut.ring_start_offset;
+                        }
+                        x.items.push(ViewerItem::Closed {
+                            output_offset: info.output_offset,
+                        });
+                        x.done = true;
+                        ended = Some(x.want);
+                    }
+                    Ok(_) => {}
+                    Err(_) => x.done = true,
+                }
+                break;
+            }
+            for r in &records {
+                x.cursor = r.rec_seq;
+                let (items, want) = viewer_items(x.want, r);
+                x.items
+                    .extend(items.into_iter().map(crate::terminals::viewer_item));
+                x.want = want;
+            }
+            if x.items.len() >= MAX_VIEWER_ITEMS {
+                x.done = true;
+                return;
+            }
+        }
+        if let Some(at) = ended {
+            self.count("terminal viewers saw the end");
+            self.viewer_audit(plan, false, at);
+            return;
+        }
+        // the viewer's stream breaks now and then (rvc killed, a network
+        // blip): it attaches again from the offset it printed
+        if self.term_rng.chance(60) {
+            let want = self.viewers.get(v).map_or(0, |x| x.want);
+            if let Some(x) = self.viewers.get_mut(v) {
+                x.attached = false;
+            }
+            self.count("terminal viewers lost their stream");
+            self.viewer_audit(plan, false, want);
+        }
+    }
+
+    /// What the server shows of each terminal, whenever the store changed:
+    /// its first closed state (retention removes it later), the input its
+    /// client confirmed, and an output end that never goes back.
+    fn observe_terminals(&mut self) {
+        let Some(engine) = self.server.engine.as_ref() else {
+            return;
+        };
+        let state = (self.server_opens, engine.store().db().total_changes());
+        if self.terms_observed == Some(state) {
+            return;
+        }
+        self.terms_observed = Some(state);
+        let mut problems = Vec::new();
+        let mut closed = Vec::new();
+        for p in &mut self.terms {
+            if !p.opened || p.closed.is_some() || p.gone {
+                continue;
+            }
+            match rvbox_store::pty::load_view(engine.store().db(), &p.id) {
+                Ok(None) => {
+                    p.gone = true;
+                    problems.push(format!(
+                        "terminal {} vanished from the server without being closed",
+                        p.text
+                    ));
+                }
+                Ok(Some(view)) => {
+                    if view.info.output_offset < p.output_seen {
+                        problems.push(format!(
+                            "terminal {}: the server's output end went back from {} to {}",
+                            p.text, p.output_seen, view.info.output_offset
+                        ));
+                    }
+                    p.output_seen = p.output_seen.max(view.info.output_offset);
+                    p.input_confirmed = p.input_confirmed.max(view.input_acked);
+                    if view.closed() {
+                        closed.push(format!(
+                            "terminal {} closed: {:?} ({:?}) at output offset {}",
+                            p.text,
+                            view.info.exit_result,
+                            view.info.close_reason,
+                            view.info.output_offset
+                        ));
+                        p.closed = Some(view.info);
+                    }
+                }
+                Err(_) => {}
+            }
+        }
+        for line in closed {
+            self.log(line);
+            self.count("terminal closed");
+        }
+        if let Some(first) = problems.into_iter().next()
+            && self.failure.is_none()
+        {
+            self.failure = Some(first);
+        }
+    }
+
+    /// The whole recording of terminal `id` as a viewer from offset 0
+    /// gets it, and the input it recorded.
+    fn read_recording(&self, id: &[u8; 16]) -> Option<(Vec<ViewerItem>, Vec<(u64, Vec<u8>)>)> {
+        use rvbox_store_port::pty::{PtyRecordKind, viewer_end_cut, viewer_items};
+        let db = self.server.engine.as_ref()?.store().db();
+        let mut items = vec![ViewerItem::Attached { from: 0 }];
+        let mut inputs = Vec::new();
+        let (mut want, mut cursor) = (0u64, 0u64);
+        for _ in 0..crate::oracles::MAX_READS {
+            let records = rvbox_store::pty::records_after(db, id, cursor, 1 << 20).ok()?;
+            if records.is_empty() {
+                let info = rvbox_store::pty::info(db, id).ok()?;
+                if info.state == wire::PtyState::Closed as i32 {
+                    if let Some(cut) = viewer_end_cut(want, info.output_offset) {
+                        items.push(ViewerItem::Cut {
+                            requested: cut.requested_offset,
+                            resumes: cut.ring_start_offset,
+                        });
+                    }
+                    items.push(ViewerItem::Closed {
+                        output_offset: info.output_offset,
+                    });
+                }
+                return Some((items, inputs));
+            }
+            for r in records {
+                cursor = r.rec_seq;
+                if let PtyRecordKind::Input { input_seq } = r.kind {
+                    inputs.push((input_seq, r.data.clone()));
+                }
+                let (got, next) = viewer_items(want, &r);
+                items.extend(got.into_iter().map(crate::terminals::viewer_item));
+                want = next;
+            }
+        }
+        None
+    }
+
+    /// The terminal oracles, once every terminal ended: input, output
+    /// (every viewer, and the whole recording read from the start), the
+    /// close, and one holder per terminal.
+    fn check_terminal_oracles(&mut self) {
+        use crate::terminals::{
+            check_recorded_input, check_terminal_close, check_terminal_input, check_viewer,
+        };
+        let mut counts = TerminalCounts::default();
+        let mut problems = Vec::new();
+        let mut skipped = 0u64;
+        let idle = self.server.pty.idle_timeout_ms
+            < rvbox_server_core::PtyPolicy::default().idle_timeout_ms;
+        let recordings: Vec<Option<(Vec<ViewerItem>, Vec<(u64, Vec<u8>)>)>> = self
+            .terms
+            .iter()
+            .map(|p| p.opened.then(|| self.read_recording(&p.id)).flatten())
+            .collect();
+        let current: Vec<Option<wire::PtySessionInfo>> = self
+            .terms
+            .iter()
+            .map(|p| {
+                self.server.engine.as_ref().and_then(|e| {
+                    rvbox_store::pty::load_view(e.store().db(), &p.id)
+                        .ok()
+                        .flatten()
+                        .map(|v| v.info)
+                })
+            })
+            .collect();
+        let log = self
+            .process_log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (i, plan) in self.terms.iter().enumerate() {
+            if !plan.opened {
+                continue;
+            }
+            let Ok(uuid) = Uuid7::from_bytes("pty_session_id", plan.id) else {
+                continue;
+            };
+            let record = log.terminal(&uuid);
+            if record.is_some_and(|r| r.truncated) {
+                skipped += 1;
+                continue;
+            }
+            // the close
+            match (&plan.closed, current.get(i).cloned().flatten()) {
+                (Some(first), now) => {
+                    if let Some(now) = now
+                        && (now.exit_result != first.exit_result
+                            || now.close_reason != first.close_reason
+                            || now.output_offset != first.output_offset)
+                    {
+                        problems.push(format!(
+                            "terminal {}: its closed record changed from {:?} ({:?}, offset {}) to {:?} ({:?}, offset {})",
+                            plan.text,
+                            first.exit_result,
+                            first.close_reason,
+                            first.output_offset,
+                            now.exit_result,
+                            now.close_reason,
+                            now.output_offset
+                        ));
+                    }
+                    let asked = CloseAsked {
+                        by_operator: plan.close_sent,
+                        idle,
+                    };
+                    problems.extend(check_terminal_close(
+                        &plan.text,
+                        first,
+                        record,
+                        asked,
+                        &mut counts,
+                    ));
+                }
+                (None, _) => problems.push(format!(
+                    "terminal {}: the run ended without the server showing it closed",
+                    plan.text
+                )),
+            }
+            // input
+            let hung_up = record.is_some_and(|r| r.hung_up && !r.exit_unrecorded);
+            problems.extend(check_terminal_input(
+                &plan.text,
+                &plan.typed,
+                record,
+                plan.input_confirmed,
+                hung_up,
+                &mut counts,
+            ));
+            // output, as each viewer was served it and as the whole
+            // recording serves it now
+            if record.is_some_and(|r| r.replaced > 0) {
+                skipped += 1;
+                continue;
+            }
+            let output: &[u8] = record.map_or(&[], |r| r.output.as_slice());
+            let mut cut = 0u64;
+            let mut served: Vec<&[ViewerItem]> = self
+                .viewers
+                .iter()
+                .filter(|v| v.plan == i)
+                .map(|v| v.items.as_slice())
+                .collect();
+            if let Some(Some((items, inputs))) = recordings.get(i) {
+                served.push(items.as_slice());
+                problems.extend(check_recorded_input(&plan.text, &plan.typed, inputs));
+            }
+            for items in served {
+                counts.viewers += 1;
+                match check_viewer(&plan.text, items, output) {
+                    Ok((b, c)) => {
+                        counts.output_bytes += b;
+                        counts.cut_bytes += c;
+                        cut += c;
+                    }
+                    Err(e) => problems.push(e),
+                }
+            }
+            // bytes are cut only when the PTY produced more than its rings
+            // hold, or when quotas trimmed the recording
+            if cut > 0
+                && !self.server.tight
+                && output.len() <= crate::supervisor::MODEL_RING_BYTES
+            {
+                problems.push(format!(
+                    "terminal {}: {cut} bytes served as cut, though its PTY produced only {} bytes (less than a ring)",
+                    plan.text,
+                    output.len()
+                ));
+            }
+        }
+        drop(log);
+        for (k, v) in [
+            ("oracle terminal_frames", counts.frames),
+            ("oracle terminal_frames_acked", counts.acked),
+            (
+                "oracle terminal_frames_unanswered_delivered",
+                counts.unanswered_delivered,
+            ),
+            ("oracle terminal_output_bytes", counts.output_bytes),
+            ("oracle terminal_cut_bytes", counts.cut_bytes),
+            ("oracle terminal_viewers", counts.viewers),
+            ("oracle terminal_closes", counts.closes),
+            ("oracle terminals_skipped", skipped),
+        ] {
+            self.add(k, v);
+        }
+        let replaced: u64 = self
+            .clients
+            .iter()
+            .map(|c| c.counters().holders_replaced)
+            .sum();
+        self.add("client terminal_holders_replaced", replaced);
+        if let Some(first) = problems.first()
+            && self.failure.is_none()
+        {
+            self.failure = Some(format!(
+                "terminal oracle: {} problem(s), first: {first}",
+                problems.len()
+            ));
         }
     }
 }

@@ -225,6 +225,74 @@ pub enum PtyRecordKind {
     },
 }
 
+/// Largest output item a viewer gets (the proto's bound).
+pub const VIEWER_ITEM_BYTES: usize = 64 * 1024;
+
+/// What a viewer (`AttachPtySession`) is sent for one record of the
+/// recording, given the next output offset it needs; returns the items
+/// and its next offset. The rule that makes a viewer's output exact or
+/// marked: bytes before `want` are skipped, bytes the recording does not
+/// keep are a `PtyCut` naming the lost range, never a silent jump.
+#[must_use]
+pub fn viewer_items(
+    want: u64,
+    record: &PtyRecord,
+) -> (Vec<wire::attach_pty_session_response::Item>, u64) {
+    use wire::attach_pty_session_response::Item;
+    let mut items = Vec::new();
+    let mut want = want;
+    match record.kind {
+        PtyRecordKind::Output { offset } => {
+            let end = offset.saturating_add(record.data.len() as u64);
+            if end <= want {
+                return (items, want);
+            }
+            if offset > want {
+                // bytes before this record are not kept (trimmed to the
+                // recording's cap): marked, never silent
+                items.push(Item::Cut(wire::PtyCut {
+                    requested_offset: want,
+                    ring_start_offset: offset,
+                }));
+                want = offset;
+            }
+            let skip = usize::try_from(want - offset).unwrap_or(usize::MAX);
+            let rest = record.data.get(skip..).unwrap_or_default();
+            let mut at = want;
+            for piece in rest.chunks(VIEWER_ITEM_BYTES) {
+                items.push(Item::Output(wire::PtyOutputData {
+                    offset: at,
+                    data: piece.to_vec(),
+                }));
+                at += piece.len() as u64;
+            }
+            (items, end)
+        }
+        PtyRecordKind::Cut { to, .. } => {
+            if want < to {
+                items.push(Item::Cut(wire::PtyCut {
+                    requested_offset: want,
+                    ring_start_offset: to,
+                }));
+                want = to;
+            }
+            (items, want)
+        }
+        PtyRecordKind::Input { .. } | PtyRecordKind::Resize { .. } => (items, want),
+    }
+}
+
+/// The marker a viewer at `want` gets before the `Closed` item of a
+/// terminal whose output ended at `output_offset`, when the client's last
+/// bytes were never recorded.
+#[must_use]
+pub fn viewer_end_cut(want: u64, output_offset: u64) -> Option<wire::PtyCut> {
+    (want < output_offset).then_some(wire::PtyCut {
+        requested_offset: want,
+        ring_start_offset: output_offset,
+    })
+}
+
 fn invalid(field: &'static str, why: impl AsRef<str>) -> DomainError {
     DomainError::new(rvbox_domain::error::Code::InvalidArgument, why).with_field(field)
 }

@@ -423,6 +423,34 @@ impl Engine {
         }
     }
 
+    /// A viewer attached to a terminal from `offset`, or left it at
+    /// `offset` (`AttachPtySession`'s audit), through the core.
+    ///
+    /// # Errors
+    /// When the core gave no answer.
+    pub fn pty_viewer(
+        &mut self,
+        now_ms: u64,
+        wall_ms: i64,
+        pty_session_id: &str,
+        client_id: &str,
+        attach: bool,
+        offset: u64,
+    ) -> Result<(), PortError> {
+        let call = ControlCall::PtyViewer {
+            pty_session_id: pty_session_id.to_owned(),
+            client_id: client_id.to_owned(),
+            attach,
+            offset,
+        };
+        match self.call(now_ms, wall_ms, call) {
+            Some(ControlAnswer::Pty(r)) => r.map(|_| ()),
+            _ => Err(PortError::Unavailable(
+                "the terminal viewer call got no answer".into(),
+            )),
+        }
+    }
+
     fn call(&mut self, now_ms: u64, wall_ms: i64, call: ControlCall) -> Option<ControlAnswer> {
         let request = RequestId(self.next_request);
         self.next_request += 1;

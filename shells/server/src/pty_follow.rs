@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use rvbox_domain::error::{Code, DomainError};
 use rvbox_proto::v1 as wire;
-use rvbox_store_port::pty::{PtyRecord, PtyRecordKind};
+use rvbox_store_port::pty::{PtyRecord, PtyRecordKind, viewer_end_cut, viewer_items};
 use rvbox_terminal::asciicast::{Header, Recorder};
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
@@ -31,7 +31,7 @@ use crate::control::{FOLLOW_POLL, Readers, status};
 /// Record bytes one read of a viewer or a recording takes.
 pub(crate) const PTY_READ_BYTES: usize = 1024 * 1024;
 /// Largest output item a viewer gets (the proto's bound).
-pub(crate) const PTY_ITEM_BYTES: usize = 64 * 1024;
+pub(crate) const PTY_ITEM_BYTES: usize = rvbox_store_port::pty::VIEWER_ITEM_BYTES;
 /// Largest piece of a recording stream (the proto allows 1 MiB).
 pub(crate) const RECORDING_PIECE_BYTES: usize = 256 * 1024;
 /// Terminals whose viewers are counted at once (the server's terminal
@@ -94,57 +94,6 @@ impl Drop for ViewerGuard {
                 m.remove(&self.id);
             }
         }
-    }
-}
-
-/// What a viewer is sent for one record, given the next offset it needs;
-/// returns the items and its next offset. Pure: the rule that makes the
-/// viewer's output exact or marked.
-pub(crate) fn viewer_items(
-    want: u64,
-    record: &PtyRecord,
-) -> (Vec<wire::attach_pty_session_response::Item>, u64) {
-    use wire::attach_pty_session_response::Item;
-    let mut items = Vec::new();
-    let mut want = want;
-    match record.kind {
-        PtyRecordKind::Output { offset } => {
-            let end = offset.saturating_add(record.data.len() as u64);
-            if end <= want {
-                return (items, want);
-            }
-            if offset > want {
-                // bytes before this record are not kept (trimmed to the
-                // recording's cap): marked, never silent
-                items.push(Item::Cut(wire::PtyCut {
-                    requested_offset: want,
-                    ring_start_offset: offset,
-                }));
-                want = offset;
-            }
-            let skip = usize::try_from(want - offset).unwrap_or(usize::MAX);
-            let rest = record.data.get(skip..).unwrap_or_default();
-            let mut at = want;
-            for piece in rest.chunks(PTY_ITEM_BYTES) {
-                items.push(Item::Output(wire::PtyOutputData {
-                    offset: at,
-                    data: piece.to_vec(),
-                }));
-                at += piece.len() as u64;
-            }
-            (items, end)
-        }
-        PtyRecordKind::Cut { to, .. } => {
-            if want < to {
-                items.push(Item::Cut(wire::PtyCut {
-                    requested_offset: want,
-                    ring_start_offset: to,
-                }));
-                want = to;
-            }
-            (items, want)
-        }
-        PtyRecordKind::Input { .. } | PtyRecordKind::Resize { .. } => (items, want),
     }
 }
 
@@ -223,12 +172,9 @@ impl PtyViewer {
             }
             if let Some(mut info) = info {
                 if info.state == wire::PtyState::Closed as i32 {
-                    if self.want < info.output_offset {
-                        // the client's last bytes were never recorded
-                        let cut = wire::attach_pty_session_response::Item::Cut(wire::PtyCut {
-                            requested_offset: self.want,
-                            ring_start_offset: info.output_offset,
-                        });
+                    // the client's last bytes were never recorded
+                    if let Some(cut) = viewer_end_cut(self.want, info.output_offset) {
+                        let cut = wire::attach_pty_session_response::Item::Cut(cut);
                         if !self.send(cut).await {
                             return self.want;
                         }
