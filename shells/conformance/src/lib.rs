@@ -222,6 +222,7 @@ macro_rules! __every_pty_case {
             terminals_resize_close_and_the_idle_pass,
             terminals_are_listed_newest_first_page_by_page,
             a_closed_terminal_goes_with_its_recording_after_the_retention,
+            a_client_with_a_terminal_is_not_pruned_as_idle,
         );
     };
 }

@@ -988,3 +988,48 @@ pub fn a_closed_terminal_goes_with_its_recording_after_the_retention(b: &mut dyn
     let r = write(b, &closed_id, &new_id(), b"x");
     assert_eq!(refused(&r), Some(Code::NotFound), "{r:?}");
 }
+
+/// A client with a terminal is never forgotten as idle: its open terminal
+/// (whose client lost its session) and a closed one's recording stay
+/// until the terminal retention removes the terminal; then the client
+/// goes.
+pub fn a_client_with_a_terminal_is_not_pruned_as_idle(b: &mut dyn WithReads) {
+    let (id, fence) = open_terminal(b);
+    let r = op(
+        b,
+        StoreOp::CloseSession {
+            session_id: fence.session_id,
+            reason: "connection lost".into(),
+        },
+    );
+    assert_eq!(r, Ok(Completion::Done));
+    // far past the retention (the idle-client horizon): the open terminal
+    // keeps its client
+    let retention = i64::try_from(RETENTION_MS).unwrap();
+    let r = maintain(b, NOW + 10 * retention);
+    assert_eq!(r.clients_pruned, 0, "{r:?}");
+    assert!(client(b, CLIENT).is_some(), "the client of an open terminal");
+    assert_eq!(info(b, &id).state, wire::PtyState::Open as i32);
+    // the client comes back, ends it, and goes again: the closed
+    // terminal's recording is kept for the retention, and its client
+    // with it; the pass that removes the terminal still finds the client
+    // holding it, the next one forgets the client
+    let fence = live_session(b, CLIENT);
+    apply(b, fence, &[closed_report(&id, 0, "shell exited")]);
+    assert_eq!(info(b, &id).state, wire::PtyState::Closed as i32);
+    let r = op(
+        b,
+        StoreOp::CloseSession {
+            session_id: fence.session_id,
+            reason: "connection lost".into(),
+        },
+    );
+    assert_eq!(r, Ok(Completion::Done));
+    let at = NOW + 12 * retention;
+    let r = maintain(b, at);
+    assert_eq!((r.terminals_pruned, r.clients_pruned), (1, 0), "{r:?}");
+    assert!(client(b, CLIENT).is_some(), "pruned with its recording kept");
+    let r = maintain(b, at + 1);
+    assert_eq!(r.clients_pruned, 1, "{r:?}");
+    assert!(client(b, CLIENT).is_none(), "an idle client without terminals");
+}

@@ -132,6 +132,7 @@ fn prune_idle_clients(tx: &mut Transaction<'_>, before: i64, now_ms: i64) -> Res
          WHERE COALESCE(c.last_seen_ms, 0) < $1
            AND NOT EXISTS (SELECT 1 FROM commands m WHERE m.client_id = c.client_id)
            AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.client_id = c.client_id AND s.live)
+           AND NOT EXISTS (SELECT 1 FROM pty_sessions p WHERE p.client_id = c.client_id)
            AND NOT EXISTS (SELECT 1 FROM takeover_authorizations t
                            WHERE t.client_id = c.client_id AND t.consumed_ms IS NULL
                              AND t.voided_ms IS NULL AND t.expires_ms > $2)

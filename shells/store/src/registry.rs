@@ -184,6 +184,7 @@ impl Store {
                        AND NOT EXISTS (SELECT 1 FROM commands m WHERE m.client_id = c.client_id)
                        AND NOT EXISTS (SELECT 1 FROM sessions s
                                        WHERE s.client_id = c.client_id AND s.live = 1)
+                       AND NOT EXISTS (SELECT 1 FROM pty_sessions p WHERE p.client_id = c.client_id)
                        AND NOT EXISTS (SELECT 1 FROM takeover_authorizations t
                                        WHERE t.client_id = c.client_id AND t.consumed_ms IS NULL
                                          AND t.voided_ms IS NULL AND t.expires_ms > ?2)
