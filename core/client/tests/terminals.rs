@@ -1005,6 +1005,83 @@ fn a_close_hangs_up_and_the_end_is_reported_after_the_output_before_it() {
 }
 
 #[test]
+fn an_end_between_connections_waits_for_the_attach_and_the_output_before_it() {
+    let mut w = World::new(16);
+    w.connect();
+    w.open(1);
+    let id = term(1).to_string();
+    // output the server never got: its connection went first
+    let data = pattern(185, 9);
+    w.input(Input::Closed(None));
+    w.output(1, 0, &data);
+    w.tick(w.now + 120_000);
+    w.connect_with(GEN + 1, true);
+    w.sent.clear();
+    // the shell exits before the server's attach on the new connection
+    w.event(
+        term(1),
+        TerminalEvent::Exited {
+            exit: Exit::Code(126),
+            final_offset: data.len() as u64,
+        },
+    );
+    assert_eq!(w.core.terminal_phase(&term(1)), Some(TerminalPhase::Closed));
+    assert!(
+        closed(&w.take_sent()).is_empty(),
+        "the end waits for the attach: the server may lack the output"
+    );
+    assert_eq!(w.core.terminal_stats().closes_awaiting_attach, 1);
+    // a server that still has it opening sends its open (and input)
+    // before the attach: the answer is the end, after the output
+    for p in [
+        Payload::PtyOpen(open_req(1)),
+        Payload::PtyInput(wire::PtyInput {
+            pty_session_id: id.clone(),
+            input_seq: 1,
+            data: b"x".to_vec(),
+        }),
+    ] {
+        let env = wire::Envelope {
+            session_id: SID.into(),
+            generation: GEN + 1,
+            payload: Some(p),
+        };
+        w.input(Input::Frame(env.encode_to_vec()));
+    }
+    assert!(
+        closed(&w.take_sent()).is_empty(),
+        "no end before the output the server may lack"
+    );
+    let env = wire::Envelope {
+        session_id: SID.into(),
+        generation: GEN + 1,
+        payload: Some(Payload::PtyAttach(wire::PtyAttach {
+            pty_session_id: id,
+            from_offset: 0,
+        })),
+    };
+    w.input(Input::Frame(env.encode_to_vec()));
+    let sent = w.take_sent();
+    same(
+        &stream_bytes(&outputs(&sent), 0),
+        &data,
+        "the output before the end",
+    );
+    let c = closed(&sent);
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].final_offset, data.len() as u64);
+    let last_output = sent
+        .iter()
+        .rposition(|(_, p)| matches!(p, Payload::PtyOutput(_)))
+        .unwrap();
+    let close_at = sent
+        .iter()
+        .position(|(_, p)| matches!(p, Payload::PtyClosed(_)))
+        .unwrap();
+    assert!(close_at > last_output, "the end follows the output");
+}
+
+#[test]
 fn a_shell_that_ends_by_itself_is_reported_as_exited() {
     let mut w = World::new(16);
     w.connect();
@@ -1035,6 +1112,11 @@ fn a_closed_terminal_answers_from_its_record_for_a_day_then_is_unknown() {
     let mut w = World::new(16);
     w.connect();
     w.open(1);
+    let id = term(1).to_string();
+    w.frame(Payload::PtyAttach(wire::PtyAttach {
+        pty_session_id: id.clone(),
+        from_offset: 0,
+    }));
     w.output(1, 0, b"bye\r\n");
     w.event(
         term(1),
@@ -1045,7 +1127,11 @@ fn a_closed_terminal_answers_from_its_record_for_a_day_then_is_unknown() {
     );
     let first = closed(&w.take_sent());
     assert_eq!(first.len(), 1);
-    let id = term(1).to_string();
+    // the output before the end is recorded: the copy goes
+    w.frame(Payload::PtyOutputAck(wire::PtyOutputAck {
+        pty_session_id: id.clone(),
+        offset: 5,
+    }));
     let asks = [
         Payload::PtyOpen(open_req(1)),
         Payload::PtyAttach(wire::PtyAttach {

@@ -73,7 +73,7 @@ struct EventLabel {
 }
 
 /// Each terminal counter by its bounded name.
-fn terminal_counts(t: &TerminalStats) -> [(&'static str, u64); 13] {
+fn terminal_counts(t: &TerminalStats) -> [(&'static str, u64); 14] {
     [
         ("opened", t.opened),
         ("refused", t.refused),
@@ -88,6 +88,7 @@ fn terminal_counts(t: &TerminalStats) -> [(&'static str, u64); 13] {
         ("output_cut", t.output_cuts),
         ("window_full", t.window_pauses),
         ("close_record_failed", t.close_failures),
+        ("close_awaits_attach", t.closes_awaiting_attach),
     ]
 }
 
@@ -272,7 +273,7 @@ impl Health {
             );
             r.register(
                 "terminal_events",
-                "Terminal events since start, by event (opened, refused, start_failed, adopted, lost, closed, unknown, input_relayed, input_repeat, held_input_dropped, output_cut, window_full, close_record_failed)",
+                "Terminal events since start, by event (opened, refused, start_failed, adopted, lost, closed, unknown, input_relayed, input_repeat, held_input_dropped, output_cut, window_full, close_record_failed, close_awaits_attach)",
                 gauges.terminal_events.clone(),
             );
         }

@@ -193,6 +193,9 @@ pub struct TerminalStats {
     /// Closes of a closed or unknown terminal not answered again on the
     /// same connection.
     pub close_repeats: u64,
+    /// Ends held back until the server's attach on a new connection
+    /// (output the server may lack goes first).
+    pub closes_awaiting_attach: u64,
 }
 
 /// What one connection streams of a terminal's output.
@@ -249,6 +252,32 @@ pub(super) struct Term {
     close_attempts: u32,
     /// `PtyClosed` went on this connection.
     closed_sent: bool,
+}
+
+/// Why a closed terminal's `PtyClosed` waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EndWait {
+    /// Output before the end still goes on this connection's stream.
+    Output,
+    /// Not attached on this connection: the server may lack output the
+    /// copy holds, so the end waits for the attach every connection
+    /// brings for a terminal the server has open (sent before it, the
+    /// copy would go and its bytes with it).
+    Attach,
+}
+
+impl Term {
+    /// Whether (and why) its `PtyClosed` must wait.
+    fn end_waits(&self) -> Option<EndWait> {
+        let closed = self.closed.as_ref()?;
+        match (&self.stream, &self.ring) {
+            (Some(s), Some(ring)) if s.next < ring.end().min(closed.final_offset) => {
+                Some(EndWait::Output)
+            }
+            (None, Some(ring)) if ring.end() > 0 => Some(EndWait::Attach),
+            _ => None,
+        }
+    }
 }
 
 /// The terminal concern's state inside the client core.
@@ -452,7 +481,13 @@ impl ClientCore {
     fn answered_closed(&mut self, id: Uuid7) -> bool {
         match self.terminals.terms.get(&id).map(|t| t.phase) {
             Some(TerminalPhase::Closed) => {
-                self.send_closed(id);
+                // answered again, unless output before the end must go
+                // first (then the end follows it)
+                match self.terminals.terms.get(&id).and_then(Term::end_waits) {
+                    Some(EndWait::Attach) => self.terminals.stats.closes_awaiting_attach += 1,
+                    Some(EndWait::Output) => {}
+                    None => self.send_closed(id),
+                }
                 true
             }
             Some(TerminalPhase::Ending) => true,
@@ -1020,13 +1055,14 @@ impl ClientCore {
         if t.phase != TerminalPhase::Closed || t.closed_sent {
             return;
         }
-        let Some(closed) = &t.closed else {
+        if t.closed.is_none() {
             return;
-        };
-        if let (Some(s), Some(ring)) = (&t.stream, &t.ring)
-            && s.next < ring.end().min(closed.final_offset)
-        {
-            return; // output before the end goes first
+        }
+        if let Some(wait) = t.end_waits() {
+            if wait == EndWait::Attach {
+                self.terminals.stats.closes_awaiting_attach += 1;
+            }
+            return;
         }
         self.send_closed(id);
     }
@@ -1044,7 +1080,9 @@ impl ClientCore {
             final_offset: c.final_offset,
             reason: c.reason.clone(),
         });
-        let delivered = t.stream.is_none_or(|s| s.acked >= c.final_offset);
+        // the copy goes once the server has every byte before the end
+        let delivered = t.ring.as_ref().is_none_or(|r| r.end() == 0)
+            || t.stream.is_some_and(|s| s.acked >= c.final_offset);
         if self.link.send_data(payload).is_ok() {
             self.drain_link_sends();
             if let Some(t) = self.terminals.terms.get_mut(&id) {
