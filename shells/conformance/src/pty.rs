@@ -801,7 +801,9 @@ pub fn terminals_resize_close_and_the_idle_pass(b: &mut dyn WithReads) {
     assert!(done.view.close_requested);
     assert_eq!(done.view.info.close_reason, "idle timeout");
     // the client's close without a reason keeps the one asked for
-    apply(b, fence, &[closed_report(&id, 0, "")]);
+    // the client, knowing only that a close came, says an operator closed
+    // it: the server's reason for asking stays
+    apply(b, fence, &[closed_report(&id, 0, "closed by an operator")]);
     assert_eq!(info(b, &id).close_reason, "idle timeout");
 
     // an operator's close of an open terminal
@@ -1008,7 +1010,10 @@ pub fn a_client_with_a_terminal_is_not_pruned_as_idle(b: &mut dyn WithReads) {
     let retention = i64::try_from(RETENTION_MS).unwrap();
     let r = maintain(b, NOW + 10 * retention);
     assert_eq!(r.clients_pruned, 0, "{r:?}");
-    assert!(client(b, CLIENT).is_some(), "the client of an open terminal");
+    assert!(
+        client(b, CLIENT).is_some(),
+        "the client of an open terminal"
+    );
     assert_eq!(info(b, &id).state, wire::PtyState::Open as i32);
     // the client comes back, ends it, and goes again: the closed
     // terminal's recording is kept for the retention, and its client
@@ -1028,8 +1033,14 @@ pub fn a_client_with_a_terminal_is_not_pruned_as_idle(b: &mut dyn WithReads) {
     let at = NOW + 12 * retention;
     let r = maintain(b, at);
     assert_eq!((r.terminals_pruned, r.clients_pruned), (1, 0), "{r:?}");
-    assert!(client(b, CLIENT).is_some(), "pruned with its recording kept");
+    assert!(
+        client(b, CLIENT).is_some(),
+        "pruned with its recording kept"
+    );
     let r = maintain(b, at + 1);
     assert_eq!(r.clients_pruned, 1, "{r:?}");
-    assert!(client(b, CLIENT).is_none(), "an idle client without terminals");
+    assert!(
+        client(b, CLIENT).is_none(),
+        "an idle client without terminals"
+    );
 }

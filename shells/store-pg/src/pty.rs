@@ -32,7 +32,7 @@ use rvbox_proto::v1 as wire;
 use rvbox_store::mutations::{Assigned, Owner};
 use rvbox_store::pty::{
     CLOSED_BY_OPERATOR, IDLE_TIMEOUT, PRUNE_BATCH, PtyRow, REC_CUT, REC_INPUT, REC_OUTPUT,
-    REC_RESIZE, RecordRow, bounded_reason, check_open_limits, check_pending_input, closed_error,
+    REC_RESIZE, RecordRow, check_open_limits, check_pending_input, closed_error, closed_reason,
     fresh_response, mutation_audit, mutation_hash, not_found, open_frame, opened_ms,
     replayed_input_seq, unknown_client, view_from_row,
 };
@@ -452,15 +452,7 @@ fn apply_one(
                 )
                 .map_err(Fail::db("advance terminal output"))?;
             }
-            let reason = if m.reason.is_empty() {
-                if view.info.close_reason.is_empty() {
-                    "the shell ended".to_owned()
-                } else {
-                    view.info.close_reason.clone()
-                }
-            } else {
-                bounded_reason(&m.reason)
-            };
+            let reason = closed_reason(&m.reason, &view);
             close_row(tx, &id, m.exit_result.as_ref(), &reason, now_ms)?;
             tracing::info!(terminal = %view.info.pty_session_id, reason = %reason, "terminal closed");
             Ok(done(m.final_offset.max(end), true))

@@ -63,6 +63,26 @@ fn uuid_text(b: &[u8; 16]) -> String {
     uuid::Uuid::from_bytes(*b).hyphenated().to_string()
 }
 
+/// The reason a closed terminal keeps, from the client's `PtyClosed`
+/// reason and the row: the client's own words, except that a hang-up the
+/// server asked for (the client says [`CLOSED_BY_OPERATOR`], knowing only
+/// that a close came) keeps the server's reason for asking, which names
+/// who asked (an operator, or the idle timeout); no words at all keep the
+/// server's reason, or say the shell ended.
+#[must_use]
+pub fn closed_reason(client_reason: &str, view: &PtyView) -> String {
+    let asked = view.close_requested && !view.info.close_reason.is_empty();
+    if client_reason.is_empty() || (asked && client_reason == CLOSED_BY_OPERATOR) {
+        if view.info.close_reason.is_empty() {
+            "the shell ended".to_owned()
+        } else {
+            view.info.close_reason.clone()
+        }
+    } else {
+        bounded_reason(client_reason)
+    }
+}
+
 /// `reason` cut to [`MAX_PTY_REASON_BYTES`] on a character boundary.
 #[must_use]
 pub fn bounded_reason(reason: &str) -> String {
@@ -1103,15 +1123,7 @@ fn apply_one(
                 )
                 .map_err(|e| StoreError::sqlite("advance terminal output", e))?;
             }
-            let reason = if m.reason.is_empty() {
-                if view.info.close_reason.is_empty() {
-                    "the shell ended".to_owned()
-                } else {
-                    view.info.close_reason.clone()
-                }
-            } else {
-                bounded_reason(&m.reason)
-            };
+            let reason = closed_reason(&m.reason, &view);
             close_row(tx, &id, m.exit_result.as_ref(), &reason, now_ms)?;
             tracing::info!(terminal = %view.info.pty_session_id, reason = %reason, "terminal closed");
             Ok(done(m.final_offset.max(end), true))
