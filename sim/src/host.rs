@@ -1399,13 +1399,14 @@ impl SimHost {
 
     /// The client core's phase of terminal `id`.
     #[must_use]
-    pub fn terminal_phase(
-        &self,
-        id: &Uuid7,
-    ) -> Option<rvbox_client_core::machine::TerminalPhase> {
-        self.rt
-            .as_ref()
-            .and_then(|rt| rt.core().terminal_phase(id))
+    pub fn terminal_phase(&self, id: &Uuid7) -> Option<rvbox_client_core::machine::TerminalPhase> {
+        self.rt.as_ref().and_then(|rt| rt.core().terminal_phase(id))
+    }
+
+    /// The running client core's terminal counters (since its start).
+    #[must_use]
+    pub fn terminal_stats(&self) -> Option<rvbox_client_core::machine::TerminalStats> {
+        self.rt.as_ref().map(|rt| rt.core().terminal_stats())
     }
 
     /// The host index.

@@ -201,6 +201,10 @@ pub struct TerminalRecord {
     pub replaced: u32,
     /// Window sizes the PTY got, in order (columns, rows).
     pub sizes: Vec<(u16, u16)>,
+    /// A daemon died after its holder told the end (the holder exits
+    /// then): output the server had not recorded went with the daemon's
+    /// copy, and the recording ends in a cut (docs/terminals.md, "Limits").
+    pub copy_lost_after_end: bool,
 }
 
 /// Every tree's record, shared between the supervisor (which writes it)
@@ -433,9 +437,12 @@ impl SimSupervisor {
         let mut l = log(&self.log);
         let host = self.host;
         for (id, r) in &mut l.terminals {
-            if r.host == host && r.exit_told && !terminals_closed.contains(id) {
-                // told the end, and died before the end was durable
-                r.exit_unrecorded = true;
+            if r.host == host && r.exit_told {
+                r.copy_lost_after_end = true;
+                if !terminals_closed.contains(id) {
+                    // told the end, and died before the end was durable
+                    r.exit_unrecorded = true;
+                }
             }
         }
         for issue in self.trees.keys() {

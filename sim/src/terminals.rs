@@ -6,7 +6,7 @@
 //!
 //! The world drives the calls ([`crate::world`]); this module keeps their
 //! state and the checks, which are pure functions of that state, the
-//! PTY's record and what the store serves (`sim/tests/oracles.rs` breaks
+//! PTY's record and what the store serves (`sim/tests/terminal_oracles.rs` breaks
 //! each promise on purpose and watches its check fire):
 //!
 //! - **input** ([`check_terminal_input`]): every frame acknowledged to the
@@ -49,14 +49,14 @@ pub const TERMINAL_RETRY_BUDGET_MS: u64 = 60_000;
 /// confirm every frame before closing a terminal anyway.
 pub const DRAIN_WAIT_MS: u64 = 30_000;
 
-/// `PtyClosed.reason` of an operator's close (the client's text).
-pub const REASON_OPERATOR: &str = "closed by an operator";
 /// `PtyClosed.reason` of a shell that ended by itself.
-pub const REASON_EXITED: &str = "shell exited";
+pub use rvbox_client_core::machine::terminals::REASON_EXITED;
 /// `PtyClosed.reason` of a holder that is gone.
-pub const REASON_GONE: &str = "terminal holder is gone";
+pub use rvbox_client_core::machine::terminals::REASON_GONE;
+/// `PtyClosed.reason` of an operator's close (the client's text).
+pub use rvbox_client_core::machine::terminals::REASON_OPERATOR;
 /// The reason the server keeps for a terminal it closed as idle.
-pub const REASON_IDLE: &str = "idle timeout";
+pub use rvbox_store::pty::IDLE_TIMEOUT as REASON_IDLE;
 
 /// One input frame the operator typed, held (as rvc's `KeyBuffer` holds
 /// it) until the server answers it.
@@ -144,7 +144,10 @@ pub struct TermPlan {
     /// The highest `output_offset` the server showed.
     pub output_seen: u64,
     /// Answered mutations, for replays.
-    pub answered: Vec<(rvbox_store_port::pty::PtyMutation, rvbox_server_core::PtyAnswer)>,
+    pub answered: Vec<(
+        rvbox_store_port::pty::PtyMutation,
+        rvbox_server_core::PtyAnswer,
+    )>,
     /// Bytes its shell wrote in bursts.
     pub bursts: u64,
 }
@@ -285,7 +288,10 @@ pub fn check_terminal_input(
         }
     }
     // written once each, in order
-    if got.windows(2).any(|w| w.first().map(|a| a.0) >= w.get(1).map(|b| b.0)) {
+    if got
+        .windows(2)
+        .any(|w| w.first().map(|a| a.0) >= w.get(1).map(|b| b.0))
+    {
         let seqs: Vec<u64> = got.iter().map(|(s, _)| *s).collect();
         problems.push(format!(
             "terminal {id}: the PTY got input_seqs {seqs:?} (each once, in order)"
@@ -293,8 +299,10 @@ pub fn check_terminal_input(
     }
     // each written frame is one the operator sent: acknowledged with its
     // sequence, or sent and never answered (used once)
-    let mut unanswered: Vec<&TypedFrame> =
-        typed.iter().filter(|f| f.sent && f.acked.is_none()).collect();
+    let mut unanswered: Vec<&TypedFrame> = typed
+        .iter()
+        .filter(|f| f.sent && f.acked.is_none())
+        .collect();
     for (seq, bytes) in got {
         match typed.iter().find(|f| f.acked == Some(*seq)) {
             Some(f) if f.data == *bytes => {}
@@ -352,9 +360,14 @@ pub fn check_recorded_input(
     recorded: &[(u64, Vec<u8>)],
 ) -> Vec<String> {
     let mut problems = Vec::new();
-    let mut unanswered: Vec<&TypedFrame> =
-        typed.iter().filter(|f| f.sent && f.acked.is_none()).collect();
-    if recorded.windows(2).any(|w| w.first().map(|a| a.0) >= w.get(1).map(|b| b.0)) {
+    let mut unanswered: Vec<&TypedFrame> = typed
+        .iter()
+        .filter(|f| f.sent && f.acked.is_none())
+        .collect();
+    if recorded
+        .windows(2)
+        .any(|w| w.first().map(|a| a.0) >= w.get(1).map(|b| b.0))
+    {
         problems.push(format!(
             "terminal {id}: the recording holds input_seqs out of order or twice"
         ));

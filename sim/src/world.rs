@@ -672,8 +672,51 @@ fn payload_name(bytes: &[u8]) -> String {
                 a.durable_event_seq
             )
         }
+        Some(Payload::PtyOutput(o)) => format!(
+            "pty_output {} @{} +{}{}",
+            tail(&o.pty_session_id),
+            o.offset,
+            o.data.len(),
+            o.cut
+                .map(|c| format!(" cut [{}, {})", c.requested_offset, c.ring_start_offset))
+                .unwrap_or_default()
+        ),
+        Some(Payload::PtyOutputAck(a)) => {
+            format!("pty_output_ack {} @{}", tail(&a.pty_session_id), a.offset)
+        }
+        Some(Payload::PtyAttach(a)) => {
+            format!(
+                "pty_attach {} from {}",
+                tail(&a.pty_session_id),
+                a.from_offset
+            )
+        }
+        Some(Payload::PtyClosed(c)) => format!(
+            "pty_closed {} end {} [{}]",
+            tail(&c.pty_session_id),
+            c.final_offset,
+            c.reason
+        ),
+        Some(Payload::PtyInput(i)) => {
+            format!("pty_input {} #{}", tail(&i.pty_session_id), i.input_seq)
+        }
+        Some(Payload::PtyInputAck(a)) => {
+            format!("pty_input_ack {} #{}", tail(&a.pty_session_id), a.input_seq)
+        }
+        Some(Payload::PtyOpen(o)) => format!("pty_open {}", tail(&o.pty_session_id)),
+        Some(Payload::PtyOpened(o)) => format!(
+            "pty_opened {} outcome {}",
+            tail(&o.pty_session_id),
+            o.outcome
+        ),
+        Some(Payload::PtyClose(c)) => format!("pty_close {}", tail(&c.pty_session_id)),
         Some(p) => rvbox_session::payload_name(&p).to_owned(),
     }
+}
+
+/// The last 8 characters of an id, as the trace names it.
+fn tail(id: &str) -> &str {
+    id.get(id.len().saturating_sub(8)..).unwrap_or_default()
 }
 
 impl World {
@@ -1505,7 +1548,9 @@ impl World {
         }));
         let viewers = self.viewers.iter().filter(|v| !v.done).count();
         if viewers > 0 {
-            runs.push(format!("{viewers} terminal viewer(s) never saw their terminal end"));
+            runs.push(format!(
+                "{viewers} terminal viewer(s) never saw their terminal end"
+            ));
         }
         runs
     }
@@ -3476,6 +3521,10 @@ impl World {
     }
 }
 
+/// A whole recording as a viewer from offset 0 gets it, and the input
+/// frames it recorded (`input_seq`, bytes).
+type Recording = (Vec<ViewerItem>, Vec<(u64, Vec<u8>)>);
+
 /// The terminal workload and its oracles (docs/terminals.md;
 /// `sim/src/terminals.rs` keeps their state and checks).
 impl World {
@@ -3483,12 +3532,7 @@ impl World {
     fn terminal_due(&self) -> Option<u64> {
         let opens = self.term_opens.front().copied().filter(|_| !self.calm);
         let plans = self.terms.iter().filter(|p| !p.done()).map(|p| p.at).min();
-        let viewers = self
-            .viewers
-            .iter()
-            .filter(|v| !v.done)
-            .map(|v| v.at)
-            .min();
+        let viewers = self.viewers.iter().filter(|v| !v.done).map(|v| v.at).min();
         [opens, plans, viewers].into_iter().flatten().min()
     }
 
@@ -3557,6 +3601,13 @@ impl World {
         }
         let rows = u32::try_from(self.term_rng.range_inclusive(10..=80)).unwrap_or(24);
         let cols = u32::try_from(self.term_rng.range_inclusive(40..=250)).unwrap_or(80);
+        // a profile the hosts enforce now and then, and rarely one they
+        // cannot (the client refuses the open: closed without a shell)
+        let profile_flags = match self.term_rng.below(100) {
+            0..=14 => vec![wire::ProfileFlag::Light as i32],
+            15..=19 => vec![wire::ProfileFlag::CpuLow as i32],
+            _ => Vec::new(),
+        };
         let frames_left = self.term_rng.range_inclusive(3..=MAX_FRAMES_PER_TERMINAL);
         let ending = match self.term_rng.below(100) {
             0..=44 => Ending::Close,
@@ -3567,6 +3618,22 @@ impl World {
             }),
             _ => Ending::Tail,
         };
+        // one terminal in two (in faulty runs) arms a crash of its host at
+        // a point of the client store's terminal records
+        if self.config.faults && self.term_rng.chance(500) {
+            let point = self
+                .term_rng
+                .pick(rvbox_client_store::crash::TERMINAL_POINTS)
+                .copied()
+                .unwrap_or(rvbox_client_store::crash::TERMINAL_OPENING_AFTER_COMMIT);
+            if !self.spared(u64::from(host))
+                && let Some(c) = self.clients.get_mut(usize::try_from(host).unwrap_or(0))
+            {
+                c.arm_crash(point);
+                self.log(format!("ARM client {host} at {point}"));
+                self.count("client_crash_point armed");
+            }
+        }
         self.log(format!(
             "terminal {text} planned on host-{host} ({frames_left} frames, then {ending:?})"
         ));
@@ -3583,6 +3650,7 @@ impl World {
                 env,
                 rows,
                 cols,
+                profile_flags,
             },
             opened: false,
             refused: false,
@@ -3690,7 +3758,9 @@ impl World {
                 if plan.bursts >= MAX_TERMINAL_BURST_TOTAL {
                     return;
                 }
-                let len = self.term_rng.range_inclusive(64 * 1024..=MAX_TERMINAL_BURST);
+                let len = self
+                    .term_rng
+                    .range_inclusive(64 * 1024..=MAX_TERMINAL_BURST);
                 let bytes = self.term_rng.bytes(usize::try_from(len).unwrap_or(0));
                 if let Some(plan) = self.terms.get_mut(i) {
                     plan.bursts = plan.bursts.saturating_add(len);
@@ -3784,8 +3854,7 @@ impl World {
                 return;
             };
             let since = *plan.drain_since.get_or_insert(now);
-            if plan.input_confirmed < plan.last_acked()
-                && now.saturating_sub(since) < DRAIN_WAIT_MS
+            if plan.input_confirmed < plan.last_acked() && now.saturating_sub(since) < DRAIN_WAIT_MS
             {
                 return;
             }
@@ -3912,7 +3981,7 @@ impl World {
                 }
                 let transient = d.retry_class() == rvbox_domain::error::RetryClass::Transient;
                 let spent = now.saturating_sub(plan.since) >= TERMINAL_RETRY_BUDGET_MS;
-                if transient && !(spent && !plan.maybe_committed) {
+                if transient && (!spent || plan.maybe_committed) {
                     // the same request again later
                     plan.pending = Some(call);
                     counted.push("terminal calls refused transiently");
@@ -4092,10 +4161,7 @@ impl World {
             if self.server_opens != crashes || self.server.engine.is_none() {
                 return;
             }
-            let again = self
-                .viewers
-                .get(v)
-                .is_some_and(|x| !x.items.is_empty());
+            let again = self.viewers.get(v).is_some_and(|x| !x.items.is_empty());
             if let Some(x) = self.viewers.get_mut(v) {
                 x.attached = true;
                 x.cursor = 0;
@@ -4244,7 +4310,7 @@ impl World {
 
     /// The whole recording of terminal `id` as a viewer from offset 0
     /// gets it, and the input it recorded.
-    fn read_recording(&self, id: &[u8; 16]) -> Option<(Vec<ViewerItem>, Vec<(u64, Vec<u8>)>)> {
+    fn read_recording(&self, id: &[u8; 16]) -> Option<Recording> {
         use rvbox_store_port::pty::{PtyRecordKind, viewer_end_cut, viewer_items};
         let db = self.server.engine.as_ref()?.store().db();
         let mut items = vec![ViewerItem::Attached { from: 0 }];
@@ -4292,7 +4358,7 @@ impl World {
         let mut skipped = 0u64;
         let idle = self.server.pty.idle_timeout_ms
             < rvbox_server_core::PtyPolicy::default().idle_timeout_ms;
-        let recordings: Vec<Option<(Vec<ViewerItem>, Vec<(u64, Vec<u8>)>)>> = self
+        let recordings: Vec<Option<Recording>> = self
             .terms
             .iter()
             .map(|p| p.opened.then(|| self.read_recording(&p.id)).flatten())
@@ -4401,15 +4467,34 @@ impl World {
                 }
             }
             // bytes are cut only when the PTY produced more than its rings
-            // hold, or when quotas trimmed the recording
+            // hold, when quotas trimmed the recording, or when a daemon
+            // died with the only copy of output after the shell's end
             if cut > 0
                 && !self.server.tight
                 && output.len() <= crate::supervisor::MODEL_RING_BYTES
+                && !record.is_some_and(|r| r.copy_lost_after_end)
             {
+                let cuts: Vec<String> = recordings
+                    .get(i)
+                    .and_then(Option::as_ref)
+                    .map(|(items, _)| {
+                        items
+                            .iter()
+                            .filter_map(|x| match x {
+                                ViewerItem::Cut { requested, resumes } => {
+                                    Some(format!("[{requested}, {resumes})"))
+                                }
+                                _ => None,
+                            })
+                            .take(4)
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 problems.push(format!(
-                    "terminal {}: {cut} bytes served as cut, though its PTY produced only {} bytes (less than a ring)",
+                    "terminal {}: {cut} bytes served as cut, though its PTY produced only {} bytes (less than a ring); the recording's cuts: {}",
                     plan.text,
-                    output.len()
+                    output.len(),
+                    cuts.join(" ")
                 ));
             }
         }
@@ -4435,6 +4520,29 @@ impl World {
             .map(|c| c.counters().holders_replaced)
             .sum();
         self.add("client terminal_holders_replaced", replaced);
+        // what the running cores saw since their start (a restart resets
+        // them): repeats filtered before a holder, ends held for an attach
+        let stats: Vec<_> = self
+            .clients
+            .iter()
+            .filter_map(crate::host::SimHost::terminal_stats)
+            .collect();
+        for (k, v) in [
+            (
+                "client terminal_input_repeats",
+                stats.iter().map(|s| s.input_repeats).sum::<u64>(),
+            ),
+            (
+                "client terminal_closes_awaiting_attach",
+                stats.iter().map(|s| s.closes_awaiting_attach).sum(),
+            ),
+            (
+                "client terminal_output_cuts",
+                stats.iter().map(|s| s.output_cuts).sum(),
+            ),
+        ] {
+            self.add(k, v);
+        }
         if let Some(first) = problems.first()
             && self.failure.is_none()
         {

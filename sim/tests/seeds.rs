@@ -96,6 +96,20 @@ const MUST_HAPPEN: &[&str] = &[
     "fleet cancelled",
     "fleet cancel retried",
     "fleet parallel_checks",
+    "terminal opened",
+    "terminal frames acknowledged",
+    "terminal requests replayed",
+    "terminal resized",
+    "terminal shell exits",
+    "terminal close answered",
+    "terminal closed",
+    "terminal output bursts",
+    "terminal viewers attached again",
+    "terminal viewers saw the end",
+    "oracle terminal_frames",
+    "oracle terminal_output_bytes",
+    "oracle terminal_cut_bytes",
+    "oracle terminal_closes",
 ];
 
 /// Named crash points of the server's store that no path of the engine
@@ -133,6 +147,7 @@ fn required() -> Vec<String> {
         .chain(
             rvbox_client_store::crash::ALL
                 .iter()
+                .chain(rvbox_client_store::crash::TERMINAL_POINTS)
                 .map(|p| format!("client_crash_point {p}")),
         )
         .collect()

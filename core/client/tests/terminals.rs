@@ -415,6 +415,19 @@ fn same(a: &[u8], b: &[u8], what: &str) {
     }
 }
 
+/// The `PtyClosed` of `sent` comes after its last `PtyOutput`.
+fn assert_end_follows_output(sent: &[(Lane, Payload)]) {
+    let last_output = sent
+        .iter()
+        .rposition(|(_, p)| matches!(p, Payload::PtyOutput(_)))
+        .unwrap();
+    let close_at = sent
+        .iter()
+        .position(|(_, p)| matches!(p, Payload::PtyClosed(_)))
+        .unwrap();
+    assert!(close_at > last_output, "the end follows the output");
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| b'a' + ((i / 7 + usize::from(seed)) % 26) as u8)
@@ -982,15 +995,7 @@ fn a_close_hangs_up_and_the_end_is_reported_after_the_output_before_it() {
     same(&all, &data, "every byte before the end, once");
     let c = closed(&sent);
     assert_eq!(c.len(), 1);
-    let last_output = sent
-        .iter()
-        .rposition(|(_, p)| matches!(p, Payload::PtyOutput(_)))
-        .unwrap();
-    let close_at = sent
-        .iter()
-        .position(|(_, p)| matches!(p, Payload::PtyClosed(_)))
-        .unwrap();
-    assert!(close_at > last_output, "the end follows the output");
+    assert_end_follows_output(&sent);
     assert_eq!(c[0].reason, REASON_OPERATOR);
     assert_eq!(c[0].final_offset, data.len() as u64);
     let exit = c[0].exit_result.as_ref().unwrap();
@@ -1070,15 +1075,7 @@ fn an_end_between_connections_waits_for_the_attach_and_the_output_before_it() {
     let c = closed(&sent);
     assert_eq!(c.len(), 1);
     assert_eq!(c[0].final_offset, data.len() as u64);
-    let last_output = sent
-        .iter()
-        .rposition(|(_, p)| matches!(p, Payload::PtyOutput(_)))
-        .unwrap();
-    let close_at = sent
-        .iter()
-        .position(|(_, p)| matches!(p, Payload::PtyClosed(_)))
-        .unwrap();
-    assert!(close_at > last_output, "the end follows the output");
+    assert_end_follows_output(&sent);
 }
 
 #[test]

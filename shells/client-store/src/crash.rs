@@ -104,9 +104,10 @@ pub const ALL: &[&str] = &[
     SCRIPT_COMMIT_AFTER_COMMIT,
 ];
 
-/// The terminals' points, apart from [`ALL`]: the simulator's workload
-/// opens no terminal yet, so its batch could not pass them (the store's
-/// crash tests iterate these).
+/// The terminals' points, apart from [`ALL`]: armed by the simulator's
+/// terminal workload on the host of a terminal it opens (so the draws of
+/// the other points stay what they were), and iterated by the store's
+/// crash tests.
 pub const TERMINAL_POINTS: &[&str] = &[
     TERMINAL_OPENING_AFTER_COMMIT,
     TERMINAL_OPENED_AFTER_COMMIT,

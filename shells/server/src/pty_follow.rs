@@ -30,8 +30,6 @@ use crate::control::{FOLLOW_POLL, Readers, status};
 
 /// Record bytes one read of a viewer or a recording takes.
 pub(crate) const PTY_READ_BYTES: usize = 1024 * 1024;
-/// Largest output item a viewer gets (the proto's bound).
-pub(crate) const PTY_ITEM_BYTES: usize = rvbox_store_port::pty::VIEWER_ITEM_BYTES;
 /// Largest piece of a recording stream (the proto allows 1 MiB).
 pub(crate) const RECORDING_PIECE_BYTES: usize = 256 * 1024;
 /// Terminals whose viewers are counted at once (the server's terminal
@@ -318,7 +316,7 @@ mod tests {
                 match i {
                     Item::Output(o) => {
                         assert_eq!(o.offset, expect, "contiguous or marked");
-                        assert!(o.data.len() <= PTY_ITEM_BYTES);
+                        assert!(o.data.len() <= rvbox_store_port::pty::VIEWER_ITEM_BYTES);
                         expect = o.offset + o.data.len() as u64;
                         bytes.extend_from_slice(&o.data);
                     }
@@ -369,7 +367,7 @@ mod tests {
 
     #[test]
     fn a_large_record_goes_in_bounded_items() {
-        let big = vec![b'x'; PTY_ITEM_BYTES * 2 + 5];
+        let big = vec![b'x'; rvbox_store_port::pty::VIEWER_ITEM_BYTES * 2 + 5];
         let (bytes, _) = view(1, &[out(0, &big)]);
         assert_eq!(bytes.len(), big.len() - 1);
     }
