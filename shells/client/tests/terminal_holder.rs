@@ -7,7 +7,7 @@
 //! The terminal holder as a real process (`rvbox __terminal-holder`) on a
 //! real PTY with `/bin/sh`, driven over its socket as the client daemon
 //! drives it: the token proof, output by offset across a daemon that went
-//! away, every key written once though sent twice, Ctrl-C reaching the
+//! away, every key written once though sent twice, Ctrl-C, Ctrl-\ and Ctrl-Z reaching the
 //! shell's foreground job, a malformed record, and the close.
 
 use std::io::{Read, Write};
@@ -220,8 +220,22 @@ fn a_terminal_outlives_its_daemon_and_writes_each_key_once() {
     d2.input(6, "echo after$((3+4))\n");
     // within 20 s, well before the sleep would end by itself
     d2.until_output("after7");
+    // Ctrl-\ quits the foreground job (SIGQUIT), Ctrl-Z stops it
+    // (SIGTSTP) and gives the terminal back to the shell
+    d2.input(7, "echo quitting$((6+6)); sleep 60\n");
+    d2.until_output("quitting12");
+    std::thread::sleep(Duration::from_millis(500));
+    d2.input(8, "\u{1c}");
+    d2.input(9, "echo quit$((4+4))\n");
+    d2.until_output("quit8");
+    d2.input(10, "echo stopping$((7+7)); sleep 60\n");
+    d2.until_output("stopping14");
+    std::thread::sleep(Duration::from_millis(500));
+    d2.input(11, "\u{1a}");
+    d2.input(12, "echo stopped$((8+1))\n");
+    d2.until_output("stopped9");
     // a gap is refused, not written
-    d2.input(9, "echo gap$((4+5))\n");
+    d2.input(15, "echo gap$((4+5))\n");
     let m = loop {
         match d2.next(Duration::from_secs(5)) {
             Some(
@@ -237,7 +251,7 @@ fn a_terminal_outlives_its_daemon_and_writes_each_key_once() {
         m,
         FromHolder::InputAck {
             viewer: VIEWER,
-            acked: 6,
+            acked: 12,
             refused: Some(rvbox_terminal::local::Refused::Gap)
         }
     );
