@@ -107,7 +107,8 @@ pub struct TransientExpiry {
 /// A permanent answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
-    /// `dispatched -> rejected`.
+    /// `dispatched -> rejected` (`dispatched -> interrupted` for
+    /// [`AcceptDecision::AlreadyExecuted`]).
     pub write: StateWrite,
     /// The structured reason to persist on the command record, bounded.
     pub detail: wire::ErrorDetail,
@@ -124,6 +125,13 @@ pub enum AcceptDecision {
     Expire(TransientExpiry),
     /// Permanent.
     Reject(Rejection),
+    /// Permanent `ALREADY_EXECUTED`: the client ran this very command
+    /// before (its tombstone ledger holds it) and this server does not
+    /// know its end, as after a restore from an older backup. Plan §7.3:
+    /// stale state, not a rejection; the command ends `interrupted`, its
+    /// detail saying why, so that a command that ran never looks
+    /// rejected (and never invites a rerun as if it had not run).
+    AlreadyExecuted(Rejection),
     /// An exact repeat of an answer already applied: nothing to write.
     Repeat,
 }
@@ -134,7 +142,9 @@ impl AcceptDecision {
     pub fn shadow(&self) -> ShadowSettle {
         match self {
             Self::Accept(_) | Self::Repeat => ShadowSettle::AwaitReport,
-            Self::Requeue(_) | Self::Expire(_) | Self::Reject(_) => ShadowSettle::Release,
+            Self::Requeue(_) | Self::Expire(_) | Self::Reject(_) | Self::AlreadyExecuted(_) => {
+                ShadowSettle::Release
+            }
         }
     }
 }
@@ -239,6 +249,11 @@ fn bound_text(text: &str, max: usize) -> String {
     text.get(..end).unwrap_or_default().to_owned()
 }
 
+/// A permanent answer saying the client already executed the command.
+fn already_executed(detail: Option<&wire::ErrorDetail>) -> bool {
+    detail.is_some_and(|d| Code::from_wire(d.code) == Some(Code::AlreadyExecuted))
+}
+
 /// Checks a negative answer's detail and keeps a bounded copy.
 fn negative_detail(
     detail: &wire::ErrorDetail,
@@ -337,6 +352,7 @@ pub fn classify_acceptance(
         let repeat = match outcome {
             wire::AcceptOutcome::Positive => !matches!(phase, Phase::Queued | Phase::Expired),
             wire::AcceptOutcome::Transient => phase == Phase::Queued,
+            _ if already_executed(detail.as_ref()) => phase == Phase::Interrupted,
             _ => phase == Phase::Rejected,
         };
         return if repeat {
@@ -392,6 +408,12 @@ pub fn classify_acceptance(
                 write: requeue,
                 not_before_wall_ms: not_before,
                 transient_rejections: cmd.transient_rejections.saturating_add(1),
+                detail,
+            }))
+        }
+        (_, Some(detail)) if already_executed(Some(&detail)) => {
+            Ok(AcceptDecision::AlreadyExecuted(Rejection {
+                write: at.then(Phase::Interrupted)?,
                 detail,
             }))
         }
@@ -562,6 +584,40 @@ mod tests {
         let mut cmd = dispatched(1);
         cmd.state = r.write.to();
         assert_eq!(classify(&cmd, &msg, T0), Ok(AcceptDecision::Repeat));
+    }
+
+    /// R-7.3-07: `ALREADY_EXECUTED` is stale state, not a rejection: the
+    /// command ends `interrupted` with the client's detail; its repeat
+    /// decides nothing, and a command already rejected is not "repeated"
+    /// by it.
+    #[test]
+    fn already_executed_ends_interrupted_never_rejected() {
+        let msg = negative(
+            wire::AcceptOutcome::Permanent,
+            Code::AlreadyExecuted,
+            "the command already ran here",
+        );
+        let d = classify(&dispatched(1), &msg, T0).unwrap();
+        assert_eq!(d.shadow(), ShadowSettle::Release);
+        let AcceptDecision::AlreadyExecuted(r) = d else {
+            panic!("{d:?}")
+        };
+        assert_eq!(r.write.to().lifecycle(), Lifecycle::Interrupted);
+        assert_eq!(r.detail.code, Code::AlreadyExecuted.to_wire() as i32);
+        assert_eq!(r.detail.reason, "the command already ran here");
+        let mut cmd = dispatched(1);
+        cmd.state = r.write.to();
+        assert_eq!(classify(&cmd, &msg, T0), Ok(AcceptDecision::Repeat));
+        // a command rejected for another reason: a conflicting duplicate
+        let other = negative(wire::AcceptOutcome::Permanent, Code::Unsupported, "x");
+        let AcceptDecision::Reject(rej) = classify(&dispatched(1), &other, T0).unwrap() else {
+            panic!()
+        };
+        cmd.state = rej.write.to();
+        assert!(matches!(
+            classify(&cmd, &msg, T0),
+            Err(AcceptError::NotDispatched { .. })
+        ));
     }
 
     /// R-6.5-13: transient rejection requeues with a bounded backoff under
@@ -760,11 +816,12 @@ mod tests {
 
     proptest! {
         /// No answer ever produces `failed` (or anything but accepted,
-        /// queued, expired, rejected), and a requeue always stays under the
+        /// queued, expired, rejected, and interrupted for a command its
+        /// client already executed), and a requeue always stays under the
         /// TTL.
         #[test]
         fn answers_never_fail_a_command_and_retries_stay_under_the_ttl(
-            outcome in 1i32..=3,
+            outcome in 1i32..=4,
             earlier in 0u32..40,
             random in any::<u64>(),
             now_offset in -1_000_000i64..100_000,
@@ -773,6 +830,7 @@ mod tests {
             let msg = match outcome {
                 1 => positive(1),
                 2 => negative(wire::AcceptOutcome::Transient, Code::QuotaExceeded, "full"),
+                3 => negative(wire::AcceptOutcome::Permanent, Code::AlreadyExecuted, "ran"),
                 _ => negative(wire::AcceptOutcome::Permanent, Code::Conflict, "hash"),
             };
             let now = TTL_END + now_offset;
@@ -785,6 +843,9 @@ mod tests {
                 }
                 AcceptDecision::Expire(e) => prop_assert_eq!(e.write.to().phase(), Phase::Expired),
                 AcceptDecision::Reject(r) => prop_assert_eq!(r.write.to().phase(), Phase::Rejected),
+                AcceptDecision::AlreadyExecuted(r) => {
+                    prop_assert_eq!(r.write.to().phase(), Phase::Interrupted);
+                }
                 AcceptDecision::Repeat => prop_assert!(false, "dispatched is never a repeat"),
             }
         }

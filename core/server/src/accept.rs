@@ -283,6 +283,26 @@ impl ServerCore {
                     After::ExpireIfQueued { revision },
                 )
             }
+            AcceptDecision::AlreadyExecuted(r) => {
+                self.stats.already_executed += 1;
+                tracing::warn!(
+                    client = %client,
+                    issue_uuid = %issue,
+                    reason = %r.detail.reason,
+                    "the client already executed a command this server dispatched: ended interrupted"
+                );
+                (
+                    StoreOp::FinishByServer {
+                        issue: id,
+                        from: vec![Lifecycle::Dispatched],
+                        revision,
+                        how: ServerTerminal::Interrupted,
+                        rejection: Some(already_executed_detail(r.detail.clone())),
+                        session: Some(session),
+                    },
+                    After::Nothing,
+                )
+            }
             AcceptDecision::Reject(r) => {
                 self.stats.rejected += 1;
                 (
@@ -311,4 +331,14 @@ impl ServerCore {
             self.unblock(client, issue);
         }
     }
+}
+
+/// The detail kept on a command its client already executed: the
+/// client's words, and what they mean here.
+fn already_executed_detail(mut d: wire::ErrorDetail) -> wire::ErrorDetail {
+    d.reason = rvbox_domain::error::bound_reason(&format!(
+        "the client already executed this command ({}); this server does not have its end, as when the server's store is older than the client's (a restore from backup): it is not run again",
+        d.reason
+    ));
+    d
 }

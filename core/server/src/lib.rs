@@ -369,6 +369,10 @@ pub struct EngineStats {
     pub requeued: u64,
     /// Permanent rejections.
     pub rejected: u64,
+    /// `ALREADY_EXECUTED` answers: commands ended `interrupted` because
+    /// their client had run them before (a server store older than the
+    /// client's).
+    pub already_executed: u64,
     /// Commands expired by the server.
     pub expired: u64,
     /// Events made durable.

@@ -75,6 +75,29 @@ fn new_id() -> [u8; 16] {
 /// accepts one queued command `cmd` at times 0..=5. Returns the session id
 /// and the dispatch.
 fn accepted_command(e: &mut Engine, cmd: &[u8; 16]) -> (String, wire::Dispatch) {
+    let (sid, d) = dispatched_command(e, cmd);
+    e.frame(
+        5,
+        WALL,
+        1,
+        env(
+            &sid,
+            1,
+            Payload::CommandAccepted(wire::CommandAccepted {
+                issue_uuid: d.issue_uuid.clone(),
+                revision: d.revision,
+                outcome: wire::AcceptOutcome::Positive as i32,
+                error: None,
+                resolved_shell: wire::ShellType::Sh as i32,
+            }),
+        ),
+    );
+    assert_eq!(e.command(cmd).unwrap().lifecycle, Lifecycle::Accepted);
+    (sid, d)
+}
+
+/// As [`accepted_command`], up to the dispatch (times 0..=4).
+fn dispatched_command(e: &mut Engine, cmd: &[u8; 16]) -> (String, wire::Dispatch) {
     run(e, cmd);
 
     e.connect(0, 1);
@@ -142,25 +165,98 @@ fn accepted_command(e: &mut Engine, cmd: &[u8; 16]) -> (String, wire::Dispatch) 
         .expect("dispatched");
     assert_eq!(d.generation, 1);
     assert_eq!(e.command(cmd).unwrap().lifecycle, Lifecycle::Dispatched);
+    (sid, d)
+}
 
+/// A client whose tombstone ledger holds the command (it ran there; this
+/// store is older, as after a restore from backup) answers
+/// `ALREADY_EXECUTED`: the command ends interrupted, never rejected, its
+/// record saying why, and it is never dispatched again; any other
+/// permanent answer still rejects.
+#[test]
+fn a_command_its_client_already_executed_ends_interrupted_never_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(dir.path());
+    let cmd = new_id();
+    let (sid, d) = dispatched_command(&mut e, &cmd);
+    let negative = |code: rvbox_domain::error::Code, reason: &str| {
+        Payload::CommandAccepted(wire::CommandAccepted {
+            issue_uuid: d.issue_uuid.clone(),
+            revision: d.revision,
+            outcome: wire::AcceptOutcome::Permanent as i32,
+            error: Some(wire::ErrorDetail {
+                code: code.to_wire() as i32,
+                retry_class: wire::RetryClass::Permanent as i32,
+                reason: reason.into(),
+                field: "dispatch.issue_uuid".into(),
+                ..Default::default()
+            }),
+            resolved_shell: 0,
+        })
+    };
+    let ran = negative(
+        rvbox_domain::error::Code::AlreadyExecuted,
+        "the command already ran here",
+    );
+    e.frame(5, WALL, 1, env(&sid, 1, ran.clone()));
+    let (_, closes) = drain(&mut e);
+    assert!(closes.is_empty(), "{closes:?}");
+    assert_eq!(e.command(&cmd).unwrap().lifecycle, Lifecycle::Interrupted);
+    let health = e.store().health();
+    let record = rvbox_store::records::command_record(e.store().db(), &health, &cmd).unwrap();
+    let why = record.rejection.as_ref().expect("the detail is kept");
+    assert!(
+        why.reason.contains("already executed") && why.reason.contains("already ran here"),
+        "{why:?}"
+    );
+    assert_eq!(e.stats().already_executed, 1);
+    // the same answer again (a retransmission) changes nothing
+    e.frame(6, WALL, 1, env(&sid, 1, ran));
+    let (frames, closes) = drain(&mut e);
+    assert!(closes.is_empty(), "{closes:?}");
+    assert!(
+        !frames
+            .iter()
+            .any(|(_, f)| matches!(f.payload, Some(Payload::Dispatch(_)))),
+        "never dispatched again"
+    );
+    assert_eq!(e.command(&cmd).unwrap().lifecycle, Lifecycle::Interrupted);
+
+    // another permanent answer is a rejection
+    let other = new_id();
+    run(&mut e, &other);
+    e.tick(7, WALL);
+    let (frames, _) = drain(&mut e);
+    let d2 = frames
+        .iter()
+        .find_map(|(_, f)| match &f.payload {
+            Some(Payload::Dispatch(d)) => Some(d.clone()),
+            _ => None,
+        })
+        .expect("dispatched");
     e.frame(
-        5,
+        8,
         WALL,
         1,
         env(
             &sid,
             1,
             Payload::CommandAccepted(wire::CommandAccepted {
-                issue_uuid: d.issue_uuid.clone(),
-                revision: d.revision,
-                outcome: wire::AcceptOutcome::Positive as i32,
-                error: None,
-                resolved_shell: wire::ShellType::Sh as i32,
+                issue_uuid: d2.issue_uuid.clone(),
+                revision: d2.revision,
+                outcome: wire::AcceptOutcome::Permanent as i32,
+                error: Some(wire::ErrorDetail {
+                    code: rvbox_domain::error::Code::Unsupported.to_wire() as i32,
+                    retry_class: wire::RetryClass::Permanent as i32,
+                    reason: "no such profile".into(),
+                    field: "spec.profile_flags".into(),
+                    ..Default::default()
+                }),
+                resolved_shell: 0,
             }),
         ),
     );
-    assert_eq!(e.command(cmd).unwrap().lifecycle, Lifecycle::Accepted);
-    (sid, d)
+    assert_eq!(e.command(&other).unwrap().lifecycle, Lifecycle::Rejected);
 }
 
 #[test]
