@@ -510,7 +510,7 @@ pub static CLIENT_KEYS: &[KeyDef] = &[
         "Shell used when a request names none; must be one of the validated shells of this platform."),
     // [exec]
     KeyDef::list("exec.allowed_cwd_roots", Kind::PathList, &["/"],
-        "Existing directories under which a command's working directory must lie.")
+        "Existing directories under which a command's or a terminal's working directory must lie: checked by name at acceptance, and again with every symbolic link resolved immediately before it starts (a link inside a root that leads out of it is refused).")
         .max(defaults::MAX_CWD_ROOTS),
     KeyDef::text("exec.default_cwd", Kind::Path, "/",
         "Working directory of a command that names none; must lie under an allowed root."),

@@ -178,6 +178,7 @@ pub fn supervisor_config(
     c.kill_grace = cfg.exec.kill_grace;
     c.diagnostics_interval = cfg.exec.diagnostics_interval;
     c.suspected_hung_after = cfg.exec.suspected_hung_after;
+    c.cwd_roots.clone_from(&cfg.exec.allowed_cwd_roots);
     c.handover = rvbox_supervisor::HandoverBounds::for_watermarks(
         cfg.flow.command_high_watermark,
         cfg.flow.daemon_high_watermark,

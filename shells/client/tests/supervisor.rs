@@ -1258,3 +1258,59 @@ fn signals_reach_a_command_of_a_daemon_that_inherited_them_ignored() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `exec.allowed_cwd_roots` is checked after resolution, immediately
+/// before the launch: a working directory inside a root that is a symbolic
+/// link out of it is refused permanently, naming what it resolves to, and
+/// nothing runs; one inside the root runs in its resolved path.
+#[test]
+fn a_working_directory_that_resolves_outside_the_roots_is_refused_before_anything_runs() {
+    let dir = TempDir::new().unwrap();
+    let root = dir.path().join("root");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("escape")).unwrap();
+    let mut c = config(dir.path(), true);
+    c.cwd_roots = vec![root.clone()];
+    let mut sup = UnixSupervisor::new(c).unwrap();
+    let marker = dir.path().join("ran");
+    let script = format!("pwd > {}\n", marker.display());
+
+    let mut s = spec(dir.path(), &script);
+    s.cwd = root.join("escape").display().to_string();
+    let issue = s.issue;
+    sup.prepare(s).unwrap();
+    until_ready(&mut sup, &issue);
+    sup.release(&issue).unwrap();
+    let events = until_drained(&mut sup, &issue);
+    let refused = events.iter().find_map(|e| match e {
+        ProcessEvent::Failed(LaunchFailure::Permanent(reason)) => Some(reason.clone()),
+        _ => None,
+    });
+    let reason = refused.unwrap_or_else(|| panic!("expected a permanent refusal: {events:?}"));
+    assert!(
+        reason.contains("outside every allowed root") && reason.contains("outside"),
+        "{reason}"
+    );
+    assert!(!marker.exists(), "nothing ran");
+
+    // inside the root: it runs, in the resolved directory
+    std::fs::create_dir_all(root.join("inner")).unwrap();
+    std::os::unix::fs::symlink(root.join("inner"), root.join("stays")).unwrap();
+    let mut s = spec(dir.path(), &script);
+    s.cwd = root.join("stays").display().to_string();
+    let issue = s.issue;
+    sup.prepare(s).unwrap();
+    until_ready(&mut sup, &issue);
+    release_and_run(&mut sup, &issue);
+    assert_eq!(exits(&until_drained(&mut sup, &issue)), vec![Exit::Code(0)]);
+    let pwd = std::fs::read_to_string(&marker).unwrap();
+    assert_eq!(
+        pwd.trim_end(),
+        std::fs::canonicalize(root.join("inner"))
+            .unwrap()
+            .display()
+            .to_string()
+    );
+}

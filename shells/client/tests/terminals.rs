@@ -375,6 +375,34 @@ fn a_holder_of_another_boot_is_closed_as_a_host_restart_and_a_bad_start_is_refus
     );
 }
 
+/// A terminal's working directory is checked under
+/// `exec.allowed_cwd_roots` after resolution: a link inside a root that
+/// leads out of it never starts a holder.
+#[test]
+fn a_terminal_whose_working_directory_resolves_outside_the_roots_never_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    std::os::unix::fs::symlink("/", root.join("escape")).unwrap();
+    let mut c = support::supervisor_config(dir.path().join("run"));
+    c.cwd_roots = vec![root.clone()];
+    let mut sup = UnixSupervisor::new(c).unwrap();
+    let mut s = spec(terminal(7), &root.join("escape"));
+    s.cwd = root.join("escape").display().to_string();
+    sup.start_terminal(s).unwrap();
+    let ev = until(
+        &mut sup,
+        &terminal(7),
+        &mut Seen::default(),
+        "the refusal",
+        |_, ev| !ev.is_empty(),
+    );
+    assert!(
+        matches!(&ev[0], TerminalEvent::Failed(rvbox_client_core::process::LaunchFailure::Permanent(r)) if r.contains("outside every allowed root")),
+        "{ev:?}"
+    );
+}
+
 // ---- the whole daemon loop: core, store and supervisor -------------------------
 
 use std::sync::Arc;

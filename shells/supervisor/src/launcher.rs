@@ -73,6 +73,9 @@ struct Args {
     shell: PathBuf,
     wrapper: PathBuf,
     cwd: PathBuf,
+    /// `exec.allowed_cwd_roots`: the working directory must resolve under
+    /// one of them (none given: not checked).
+    cwd_roots: Vec<PathBuf>,
     cgroup_v2: Option<PathBuf>,
     cgroup_v1: Vec<PathBuf>,
 }
@@ -83,6 +86,7 @@ pub(crate) fn launcher_args(
     shell: &Path,
     wrapper: &Path,
     cwd: &Path,
+    cwd_roots: &[PathBuf],
     cgroups: &cgroup::CommandCgroups,
 ) -> Vec<OsString> {
     let mut out: Vec<OsString> = Vec::new();
@@ -94,6 +98,9 @@ pub(crate) fn launcher_args(
     push("--shell", shell);
     push("--wrapper", wrapper);
     push("--cwd", cwd);
+    for root in cwd_roots {
+        push("--cwd-root", root);
+    }
     if let Some(v2) = &cgroups.v2 {
         push("--cgroup-v2", v2);
     }
@@ -120,6 +127,7 @@ fn parse(args: Vec<OsString>) -> Result<Args, String> {
             Some("--shell") => shell = Some(value),
             Some("--wrapper") => wrapper = Some(value),
             Some("--cwd") => cwd = Some(value),
+            Some("--cwd-root") => out.cwd_roots.push(value),
             Some("--cgroup-v2") => out.cgroup_v2 = Some(value),
             Some("--cgroup-v1") => out.cgroup_v1.push(value),
             _ => return Err(format!("unknown argument {}", flag.to_string_lossy())),
@@ -130,6 +138,42 @@ fn parse(args: Vec<OsString>) -> Result<Args, String> {
     out.wrapper = wrapper.ok_or("--wrapper is required")?;
     out.cwd = cwd.ok_or("--cwd is required")?;
     Ok(out)
+}
+
+/// The working directory `cwd` with every symbolic link resolved, when it
+/// is a directory that lies under one of `roots` (each resolved too;
+/// `exec.allowed_cwd_roots`; none: not checked). The tree then starts in
+/// the resolved path, so a link swapped afterwards cannot move it.
+///
+/// # Errors
+/// The reason, naming the directory, what it resolves to and the roots.
+pub(crate) fn resolved_cwd(cwd: &Path, roots: &[PathBuf]) -> Result<PathBuf, String> {
+    let real = std::fs::canonicalize(cwd).map_err(|e| {
+        format!(
+            "working directory {} cannot be resolved: {e}",
+            cwd.display()
+        )
+    })?;
+    if !real.is_dir() {
+        return Err(format!(
+            "working directory {} is not a directory",
+            cwd.display()
+        ));
+    }
+    if roots.is_empty()
+        || roots
+            .iter()
+            .any(|root| std::fs::canonicalize(root).is_ok_and(|r| real.starts_with(r)))
+    {
+        return Ok(real);
+    }
+    let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    Err(format!(
+        "working directory {} resolves to {}, outside every allowed root (exec.allowed_cwd_roots: {})",
+        cwd.display(),
+        real.display(),
+        listed.join(", ")
+    ))
 }
 
 /// The check immediately before the launch: the validated shell path must
@@ -337,15 +381,13 @@ pub fn launcher_main(args: Vec<OsString>) -> i32 {
     if let Err(reason) = check_shell(&args.shell) {
         return fail(true, reason);
     }
-    if !args.cwd.is_dir() {
-        return fail(
-            true,
-            format!(
-                "working directory {} is not a directory",
-                args.cwd.display()
-            ),
-        );
-    }
+    // resolved now, immediately before the launch: the roots were
+    // checked lexically at acceptance, and a symlink inside a root may
+    // lead out of it
+    let cwd = match resolved_cwd(&args.cwd, &args.cwd_roots) {
+        Ok(cwd) => cwd,
+        Err(reason) => return fail(true, reason),
+    };
     // 5. the watchdog, before the shell exists: a tree that uses up its
     // pids.max cannot keep it from starting
     let watcher = match sock.try_clone() {
@@ -361,7 +403,7 @@ pub fn launcher_main(args: Vec<OsString>) -> i32 {
     }
     let (encoded, overrides) = overrides();
     let mut cmd = Command::new(&args.shell);
-    cmd.arg(&args.wrapper).current_dir(&args.cwd);
+    cmd.arg(&args.wrapper).current_dir(&cwd);
     for key in encoded {
         cmd.env_remove(key);
     }
@@ -419,6 +461,49 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// `exec.allowed_cwd_roots` is checked after resolution: a symbolic
+    /// link inside a root that leads out of it is refused, naming what it
+    /// resolves to; a link that stays inside, and a root that is itself a
+    /// link, are followed.
+    #[test]
+    fn the_working_directory_is_checked_under_the_roots_after_resolution() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(root.join("inner")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("escape")).unwrap();
+        std::os::unix::fs::symlink(root.join("inner"), root.join("stays")).unwrap();
+        std::os::unix::fs::symlink(&root, dir.path().join("root-link")).unwrap();
+        let roots = [root.clone()];
+        let real_root = std::fs::canonicalize(&root).unwrap();
+        assert_eq!(
+            resolved_cwd(&root.join("stays"), &roots).unwrap(),
+            real_root.join("inner")
+        );
+        let e = resolved_cwd(&root.join("escape"), &roots).unwrap_err();
+        assert!(
+            e.contains("resolves to") && e.contains("outside every allowed root"),
+            "{e}"
+        );
+        // a lexical check would pass `root/escape/..`-free paths like this
+        // one; and `..` through a link resolves physically
+        assert!(resolved_cwd(&root.join("escape/."), &roots).is_err());
+        // a root given through a link
+        assert!(resolved_cwd(&root.join("inner"), &[dir.path().join("root-link")]).is_ok());
+        // a sibling with the root's name as a prefix is not under it
+        let sibling = dir.path().join("rootx");
+        std::fs::create_dir_all(&sibling).unwrap();
+        assert!(resolved_cwd(&sibling, &roots).is_err());
+        // missing, or not a directory
+        assert!(resolved_cwd(&root.join("missing"), &roots).is_err());
+        std::fs::write(root.join("file"), b"x").unwrap();
+        let e = resolved_cwd(&root.join("file"), &roots).unwrap_err();
+        assert!(e.contains("not a directory"), "{e}");
+        // no roots: resolved, not checked
+        assert!(resolved_cwd(&root.join("escape"), &[]).is_ok());
+    }
+
     #[test]
     fn arguments_round_trip_and_refuse_relative_paths() {
         let cg = cgroup::CommandCgroups {
@@ -433,10 +518,15 @@ mod tests {
             Path::new("/usr/bin/dash"),
             Path::new("/w/x.sh"),
             Path::new("/tmp"),
+            &[PathBuf::from("/srv"), PathBuf::from("/tmp")],
             &cg,
         );
         let parsed = parse(args).unwrap();
         assert_eq!(parsed.shell, PathBuf::from("/usr/bin/dash"));
+        assert_eq!(
+            parsed.cwd_roots,
+            [PathBuf::from("/srv"), PathBuf::from("/tmp")]
+        );
         assert_eq!(parsed.cgroup_v1.len(), 1);
         assert!(parsed.cgroup_v2.is_some());
         assert!(parse(vec!["--socket".into(), "rel".into()]).is_err());

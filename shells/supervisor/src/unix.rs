@@ -104,6 +104,11 @@ pub struct SupervisorConfig {
     pub shells: BTreeMap<PathBuf, ExecutableIdentity>,
     /// Bounds of the pipe readers' hand-over (see [`HandoverBounds`]).
     pub handover: HandoverBounds,
+    /// `exec.allowed_cwd_roots`: a command's or a terminal's working
+    /// directory must resolve (symbolic links followed) under one of them,
+    /// resolved too, immediately before it starts; the check at
+    /// acceptance is lexical.
+    pub cwd_roots: Vec<PathBuf>,
 }
 
 /// The identity of a validated executable (plan §4.3 item 6), as the
@@ -144,6 +149,7 @@ impl SupervisorConfig {
             force_process_group: false,
             shells: BTreeMap::new(),
             handover: HandoverBounds::default(),
+            cwd_roots: vec![PathBuf::from("/")],
         }
     }
 
@@ -736,12 +742,13 @@ impl UnixSupervisor {
     fn validate_terminal(&self, spec: &TerminalSpec) -> Result<(), LaunchFailure> {
         self.validate_shell(spec.shell, &spec.shell_path)?;
         let cwd = Path::new(&spec.cwd);
-        if !cwd.is_absolute() || !cwd.is_dir() {
+        if !cwd.is_absolute() {
             return Err(LaunchFailure::Permanent(format!(
-                "working directory {} is not a directory",
+                "working directory {} is not absolute",
                 spec.cwd
             )));
         }
+        launcher::resolved_cwd(cwd, &self.config.cwd_roots).map_err(LaunchFailure::Permanent)?;
         for (k, v) in &spec.env {
             if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
                 return Err(LaunchFailure::Permanent(
@@ -904,6 +911,7 @@ impl UnixSupervisor {
                 Path::new(&spec.shell_path),
                 Path::new(&spec.wrapper_path),
                 Path::new(&spec.cwd),
+                &self.config.cwd_roots,
                 cgroups,
             ))
             .current_dir("/")
@@ -1789,7 +1797,9 @@ impl Supervisor for UnixSupervisor {
             shell: PathBuf::from(&spec.shell_path),
             shell_args: Vec::new(),
             env: spec.env,
-            cwd: PathBuf::from(&spec.cwd),
+            // resolved as validated: a link swapped since cannot move it
+            cwd: launcher::resolved_cwd(Path::new(&spec.cwd), &self.config.cwd_roots)
+                .unwrap_or_else(|_| PathBuf::from(&spec.cwd)),
             cols: spec.cols.max(1),
             rows: spec.rows.max(1),
             ring: rvbox_terminal::ring::DEFAULT_CAPACITY,
