@@ -132,9 +132,81 @@ impl Readers {
 }
 
 /// The service.
+/// The paging keys of `[control]`, applied to every list and output
+/// request before the store sees it: a size of 0 takes the default, one
+/// above the maximum is refused naming the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Paging {
+    /// `control.default_page_size`.
+    pub(crate) default_page: u32,
+    /// `control.max_page_size`.
+    pub(crate) max_page: u32,
+    /// `control.default_output_page`.
+    pub(crate) default_output: u32,
+    /// `control.max_output_page`.
+    pub(crate) max_output: u32,
+}
+
+impl Paging {
+    /// From the configuration.
+    pub(crate) fn of(c: &rvbox_config::ControlConfig) -> Self {
+        let n = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        Self {
+            default_page: n(c.default_page_size),
+            max_page: n(c.max_page_size),
+            default_output: n(c.default_output_page),
+            max_output: n(c.max_output_page),
+        }
+    }
+
+    /// A list request's `page_size`.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` naming `page_size` above `control.max_page_size`.
+    pub(crate) fn page_size(self, asked: u32) -> Result<u32, Status> {
+        Self::size(
+            asked,
+            self.default_page,
+            self.max_page,
+            "page_size",
+            "control.max_page_size",
+        )
+    }
+
+    /// A `GetOutput` request's `max_bytes`.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` naming `max_bytes` above `control.max_output_page`.
+    pub(crate) fn output_bytes(self, asked: u32) -> Result<u32, Status> {
+        Self::size(
+            asked,
+            self.default_output,
+            self.max_output,
+            "max_bytes",
+            "control.max_output_page",
+        )
+    }
+
+    fn size(asked: u32, default: u32, max: u32, field: &str, key: &str) -> Result<u32, Status> {
+        match asked {
+            0 => Ok(default),
+            n if n > max => Err(status(
+                &DomainError::new(
+                    rvbox_domain::error::Code::InvalidArgument,
+                    format!("{field} {n} is above this server's {key} of {max}"),
+                )
+                .with_field(field.to_owned()),
+            )),
+            n => Ok(n),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct ControlService {
     shared: Arc<Shared>,
+    /// `[control]` paging.
+    paging: Paging,
     readers: Arc<Readers>,
     changes: watch::Receiver<u64>,
     stop: watch::Receiver<bool>,
@@ -148,9 +220,11 @@ impl ControlService {
         reads: Arc<dyn ReaderSource>,
         changes: watch::Receiver<u64>,
         stop: watch::Receiver<bool>,
+        paging: Paging,
     ) -> Self {
         Self {
             shared,
+            paging,
             readers: Arc::new(Readers::new(reads)),
             changes,
             stop,
@@ -229,7 +303,8 @@ impl Control for ControlService {
         &self,
         request: Request<wire::ListClientsRequest>,
     ) -> Result<Response<wire::ListClientsResponse>, Status> {
-        let req = request.into_inner();
+        let mut req = request.into_inner();
+        req.page_size = self.paging.page_size(req.page_size)?;
         let out = self.readers.read(move |r| r.list_clients(&req)).await?;
         Ok(Response::new(out))
     }
@@ -253,11 +328,12 @@ impl Control for ControlService {
         &self,
         request: Request<wire::ListCommandsRequest>,
     ) -> Result<Response<wire::ListCommandsResponse>, Status> {
-        let req = request.into_inner();
+        let mut req = request.into_inner();
         if let Some(c) = &req.client_id {
             rvbox_domain::ids::ClientId::parse("client_id", c)
                 .map_err(|e| status(&DomainError::from(e)))?;
         }
+        req.page_size = self.paging.page_size(req.page_size)?;
         let out = self.readers.read(move |r| r.list_commands(&req)).await?;
         Ok(Response::new(out))
     }
@@ -381,7 +457,8 @@ impl Control for ControlService {
         &self,
         request: Request<wire::GetOutputRequest>,
     ) -> Result<Response<wire::GetOutputResponse>, Status> {
-        let req = request.into_inner();
+        let mut req = request.into_inner();
+        req.max_bytes = self.paging.output_bytes(req.max_bytes)?;
         let out = self.readers.read(move |r| r.get_output(&req)).await?;
         Ok(Response::new(out))
     }
@@ -390,7 +467,8 @@ impl Control for ControlService {
         &self,
         request: Request<wire::ListStorageIncidentsRequest>,
     ) -> Result<Response<wire::ListStorageIncidentsResponse>, Status> {
-        let req = request.into_inner();
+        let mut req = request.into_inner();
+        req.page_size = self.paging.page_size(req.page_size)?;
         let out = self.readers.read(move |r| r.incident_page(&req)).await?;
         Ok(Response::new(out))
     }
@@ -462,7 +540,8 @@ impl Control for ControlService {
         &self,
         request: Request<wire::ListFleetRunsRequest>,
     ) -> Result<Response<wire::ListFleetRunsResponse>, Status> {
-        let req = request.into_inner();
+        let mut req = request.into_inner();
+        req.page_size = self.paging.page_size(req.page_size)?;
         let out = self.readers.read(move |r| r.list_fleet_runs(&req)).await?;
         Ok(Response::new(out))
     }
@@ -471,7 +550,8 @@ impl Control for ControlService {
         &self,
         request: Request<wire::ListFleetTargetsRequest>,
     ) -> Result<Response<wire::ListFleetTargetsResponse>, Status> {
-        let req = request.into_inner();
+        let mut req = request.into_inner();
+        req.page_size = self.paging.page_size(req.page_size)?;
         let out = self
             .readers
             .read(move |r| r.list_fleet_targets(&req))
@@ -694,11 +774,12 @@ impl Control for ControlService {
         &self,
         request: Request<wire::ListPtySessionsRequest>,
     ) -> Result<Response<wire::ListPtySessionsResponse>, Status> {
-        let req = request.into_inner();
+        let mut req = request.into_inner();
         if let Some(c) = &req.client_id {
             rvbox_domain::ids::ClientId::parse("client_id", c)
                 .map_err(|e| status(&DomainError::from(e)))?;
         }
+        req.page_size = self.paging.page_size(req.page_size)?;
         let mut out = self
             .readers
             .read(move |r| r.list_pty_sessions(&req))

@@ -258,6 +258,7 @@ async fn serve(config: ServerConfig) -> i32 {
         readers,
         changes_rx,
         stop_rx.clone(),
+        crate::control::Paging::of(&config.control),
     );
     let max_request = usize::try_from(config.limits.max_control_request).unwrap_or(usize::MAX);
     // the JSON-RPC adapter, only when enabled (plan §9.3); a non-loopback
