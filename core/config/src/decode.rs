@@ -128,7 +128,8 @@ pub(crate) fn decode_file(daemon: Daemon, text: &str, errors: &mut ConfigErrors)
             let path = format!("{name}.{}", k.get_ref());
             let origin = file_origin(text, &k.span());
             let Some(def) = registry::find(daemon, &path) else {
-                errors.push(ConfigError::new(path, origin, "unknown key"));
+                let why = registry::removed(daemon, &path).unwrap_or("unknown key");
+                errors.push(ConfigError::new(path, origin, why));
                 continue;
             };
             match decode_value(def, v.get_ref())

@@ -422,27 +422,6 @@ pub static SERVER_KEYS: &[KeyDef] = &[
     KeyDef::bytes("limits.max_envelope", l::MAX_ENVELOPE_BYTES,
         "Largest decoded agent envelope (one WebSocket binary message).")
         .ceiling(l::MAX_ENVELOPE_BYTES),
-    KeyDef::bytes("limits.max_execution_spec", l::MAX_EXECUTION_SPEC_BYTES,
-        "Largest serialized ExecutionSpec.")
-        .ceiling(l::MAX_EXECUTION_SPEC_BYTES),
-    KeyDef::bytes("limits.max_raw_chunk", l::MAX_RAW_CHUNK_BYTES,
-        "Most raw bytes in one output chunk.")
-        .ceiling(l::MAX_RAW_CHUNK_BYTES),
-    KeyDef::bytes("limits.max_script", l::MAX_SCRIPT_BYTES,
-        "Largest uploaded script (raw size).")
-        .ceiling(l::MAX_SCRIPT_BYTES),
-    KeyDef::bytes("limits.max_script_chunk", l::MAX_SCRIPT_CHUNK_BYTES,
-        "Most bytes of one script chunk on the wire.")
-        .ceiling(l::MAX_SCRIPT_CHUNK_BYTES),
-    KeyDef::bytes("limits.max_stdin_write", l::MAX_STDIN_WRITE_BYTES,
-        "Most bytes of one stdin write on the wire.")
-        .ceiling(l::MAX_STDIN_WRITE_BYTES),
-    KeyDef::bytes("limits.max_reason", l::MAX_REASON_BYTES,
-        "Longest protocol detail, rejection reason or summary text.")
-        .ceiling(l::MAX_REASON_BYTES),
-    KeyDef::bytes("limits.max_incident_note", l::MAX_INCIDENT_NOTE_BYTES,
-        "Longest incident acknowledgement note.")
-        .ceiling(l::MAX_INCIDENT_NOTE_BYTES),
     KeyDef::bytes("limits.max_control_request", l::MAX_CONTROL_REQUEST_BYTES,
         "Largest decoded control gRPC request.")
         .ceiling(l::MAX_CONTROL_REQUEST_BYTES),
@@ -632,6 +611,51 @@ pub static IO_RULE_KEYS: &[KeyDef] = &[
 /// Looks up a key of a daemon by dotted path.
 pub fn find(daemon: Daemon, path: &str) -> Option<&'static KeyDef> {
     daemon.keys().iter().find(|k| k.path == path)
+}
+
+/// Keys earlier versions accepted and nothing ever read, with why they
+/// went: a configuration that still sets one is refused with that reason
+/// rather than a bare "unknown key" (docs/configuration.md, "Removed
+/// keys").
+pub const REMOVED: &[(Daemon, &str, &str)] = &[
+    (
+        Daemon::Server,
+        "limits.max_execution_spec",
+        REMOVED_PROTOCOL_LIMIT,
+    ),
+    (
+        Daemon::Server,
+        "limits.max_raw_chunk",
+        REMOVED_PROTOCOL_LIMIT,
+    ),
+    (Daemon::Server, "limits.max_script", REMOVED_PROTOCOL_LIMIT),
+    (
+        Daemon::Server,
+        "limits.max_script_chunk",
+        REMOVED_PROTOCOL_LIMIT,
+    ),
+    (
+        Daemon::Server,
+        "limits.max_stdin_write",
+        REMOVED_PROTOCOL_LIMIT,
+    ),
+    (Daemon::Server, "limits.max_reason", REMOVED_PROTOCOL_LIMIT),
+    (
+        Daemon::Server,
+        "limits.max_incident_note",
+        REMOVED_PROTOCOL_LIMIT,
+    ),
+];
+
+const REMOVED_PROTOCOL_LIMIT: &str = "removed: this limit is fixed by the v1 protocol (announced to every client in AgentLimits, docs/protocol.md) and was never read from the configuration; delete the line";
+
+/// Why `path` was removed, when it is a removed key of `daemon`.
+#[must_use]
+pub fn removed(daemon: Daemon, path: &str) -> Option<&'static str> {
+    REMOVED
+        .iter()
+        .find(|(d, p, _)| *d == daemon && *p == path)
+        .map(|(_, _, why)| *why)
 }
 
 /// The sections of a daemon, in registry order, without repeats.

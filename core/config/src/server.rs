@@ -14,6 +14,7 @@ use crate::probe::{FileKind, HostProbe};
 use crate::registry::{Daemon, defaults};
 use crate::render::render;
 use crate::resolve::Resolved;
+use rvbox_domain::limits as l;
 
 /// `[server]`: the agent endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -250,20 +251,6 @@ pub struct ServerFlowConfig {
 pub struct ProtocolLimits {
     /// Decoded agent envelope.
     pub max_envelope: u64,
-    /// Serialized ExecutionSpec.
-    pub max_execution_spec: u64,
-    /// Raw bytes per output chunk.
-    pub max_raw_chunk: u64,
-    /// Raw script size.
-    pub max_script: u64,
-    /// Script chunk on the wire.
-    pub max_script_chunk: u64,
-    /// One stdin write on the wire.
-    pub max_stdin_write: u64,
-    /// Reason/detail/summary text.
-    pub max_reason: u64,
-    /// Incident note text.
-    pub max_incident_note: u64,
     /// Decoded control gRPC request.
     pub max_control_request: u64,
 }
@@ -531,16 +518,37 @@ pub fn load_server(
         "control.max_output_page",
         e,
     );
-    require_below(&r, "limits.max_execution_spec", "limits.max_envelope", e);
-    require_below(&r, "limits.max_raw_chunk", "limits.max_envelope", e);
-    require_below(&r, "limits.max_script_chunk", "limits.max_envelope", e);
-    require_below(&r, "limits.max_stdin_write", "limits.max_envelope", e);
-    require_below(
-        &r,
-        "limits.max_execution_spec",
-        "limits.max_control_request",
-        e,
-    );
+    // the protocol's fixed limits must fit in one envelope and one
+    // control request (a spec of the largest size travels in both)
+    for (key, fixed, what) in [
+        (
+            "limits.max_envelope",
+            l::MAX_EXECUTION_SPEC_BYTES,
+            "the largest ExecutionSpec",
+        ),
+        (
+            "limits.max_envelope",
+            l::MAX_RAW_CHUNK_BYTES,
+            "the largest output chunk",
+        ),
+        (
+            "limits.max_envelope",
+            l::MAX_SCRIPT_CHUNK_BYTES,
+            "the largest script chunk or stdin write",
+        ),
+        (
+            "limits.max_control_request",
+            l::MAX_EXECUTION_SPEC_BYTES,
+            "the largest ExecutionSpec",
+        ),
+    ] {
+        if !r.failed(key) && r.num(key) <= fixed {
+            e.push(r.error(
+                key,
+                format!("must be above {what} ({fixed} bytes, fixed by the protocol)"),
+            ));
+        }
+    }
 
     // server.store and [postgres]
     let store = if r.text("server.store") == "postgres" {
@@ -640,13 +648,6 @@ pub fn load_server(
         },
         limits: ProtocolLimits {
             max_envelope: r.num("limits.max_envelope"),
-            max_execution_spec: r.num("limits.max_execution_spec"),
-            max_raw_chunk: r.num("limits.max_raw_chunk"),
-            max_script: r.num("limits.max_script"),
-            max_script_chunk: r.num("limits.max_script_chunk"),
-            max_stdin_write: r.num("limits.max_stdin_write"),
-            max_reason: r.num("limits.max_reason"),
-            max_incident_note: r.num("limits.max_incident_note"),
             max_control_request: r.num("limits.max_control_request"),
         },
         control: ControlConfig {

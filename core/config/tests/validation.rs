@@ -366,10 +366,16 @@ fn tier_inversions_are_refused() {
             "must not exceed",
         ),
         (
-            "spec above envelope",
+            "envelope below the largest spec",
             "[limits]\nmax_envelope = \"512KiB\"\n",
             "limits.max_envelope",
-            "limits.max_execution_spec",
+            "the largest ExecutionSpec",
+        ),
+        (
+            "a removed key",
+            "[limits]\nmax_reason = \"1KiB\"\n",
+            "limits.max_reason",
+            "removed: this limit is fixed by the v1 protocol",
         ),
     ];
     for (case, text, key, needle) in server_cases {

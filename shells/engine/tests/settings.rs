@@ -55,7 +55,6 @@ ingress_low_watermark = "16MiB"
 
 [limits]
 max_envelope = "960KiB"
-max_execution_spec = "512KiB"
 "#;
 
 #[test]
