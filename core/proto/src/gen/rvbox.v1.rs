@@ -1032,7 +1032,9 @@ pub enum AcceptOutcome {
     /// the command to QUEUED with jittered backoff under the original TTL.
     Transient = 2,
     /// Negative, final (policy, schema, hash mismatch, unsupported profile,
-    /// already executed, conflict): the server marks the command REJECTED.
+    /// conflict): the server marks the command REJECTED. ALREADY_EXECUTED
+    /// (the client ran this very command before) is stale state, not a
+    /// rejection: the server marks the command INTERRUPTED.
     Permanent = 3,
 }
 impl AcceptOutcome {
