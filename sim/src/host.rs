@@ -538,6 +538,8 @@ fn core_config(c: &ClientConfig, client_id: &ClientId, work: &Path) -> ClientCor
             max_queued: c.max_queued,
             closeout_reserve: 64 * 1024,
             storage_budget: 256 << 20,
+            // the simulated disk is never short of space
+            free_space_floor: 0,
         },
         link: LinkConfig {
             command_window: c.command_window_bytes,

@@ -58,6 +58,10 @@ pub struct AcceptPolicy {
     /// Command-owned storage of the whole daemon (`spool.daemon_total`,
     /// 256 MiB by default): metadata reservations plus stored payloads.
     pub storage_budget: u64,
+    /// Free space the state directory's filesystem must keep
+    /// (`spool.free_space_floor`, 64 MiB by default): below it no new
+    /// command is accepted (transient), whatever the budget says.
+    pub free_space_floor: u64,
 }
 
 /// Fixed per-command overhead of the metadata charge: the command row, its
@@ -400,6 +404,9 @@ pub struct Capacity {
     /// Bytes charged to the daemon's storage budget: metadata reservations
     /// plus stored payloads.
     pub charged_bytes: u64,
+    /// Free bytes of the state directory's filesystem, measured with the
+    /// acceptance (`None`: not measured).
+    pub free_space: Option<u64>,
 }
 
 /// Steps 2, 3 and 5 of acceptance.
@@ -483,6 +490,17 @@ pub fn decide_acceptance(
             "the client holds the most command records it can reconcile",
         ));
     }
+    if let Some(free) = capacity.free_space
+        && free < policy.free_space_floor
+    {
+        return AcceptDecision::Refuse(Refusal::transient(
+            Code::QuotaExceeded,
+            format!(
+                "the filesystem of the client's state directory has {free} bytes free, below spool.free_space_floor ({})",
+                policy.free_space_floor
+            ),
+        ));
+    }
     let charge = metadata_charge(policy, d);
     if capacity.charged_bytes.saturating_add(charge) > policy.storage_budget {
         return AcceptDecision::Refuse(Refusal::transient(
@@ -509,6 +527,7 @@ mod tests {
             max_queued: 1,
             closeout_reserve: 64 * 1024,
             storage_budget: 1 << 20,
+            free_space_floor: 64 << 20,
         }
     }
 
@@ -652,6 +671,7 @@ mod tests {
             queued: 1,
             records: 3,
             charged_bytes: 0,
+            free_space: None,
         };
         let held = ExistingCommand {
             request_hash: c.request_hash,
@@ -703,6 +723,7 @@ mod tests {
             queued: 0,
             records: 2,
             charged_bytes: 0,
+            free_space: None,
         };
         assert_eq!(
             decide_acceptance(&p, &c, None, None, room),
@@ -713,6 +734,7 @@ mod tests {
             queued: 0,
             records: MAX_COMMAND_RECORDS,
             charged_bytes: 0,
+            free_space: None,
         };
         assert_eq!(
             code(decide_acceptance(&p, &c, None, None, records)),
@@ -735,6 +757,33 @@ mod tests {
         assert_eq!(
             code(decide_acceptance(&p, &c, None, None, over)),
             (wire::AcceptOutcome::Transient, Code::QuotaExceeded)
+        );
+        // the filesystem's free-space floor, whatever the budget says
+        let at_floor = Capacity {
+            free_space: Some(p.free_space_floor),
+            ..room
+        };
+        assert_eq!(
+            decide_acceptance(&p, &c, None, None, at_floor),
+            AcceptDecision::Insert
+        );
+        let below = Capacity {
+            free_space: Some(p.free_space_floor - 1),
+            ..room
+        };
+        let AcceptDecision::Refuse(Refusal::Answer { outcome, error }) =
+            decide_acceptance(&p, &c, None, None, below)
+        else {
+            panic!("accepted below the floor")
+        };
+        assert_eq!(
+            (outcome, error.code()),
+            (wire::AcceptOutcome::Transient, Code::QuotaExceeded)
+        );
+        assert!(
+            error.reason().contains("spool.free_space_floor"),
+            "{}",
+            error.reason()
         );
     }
 }

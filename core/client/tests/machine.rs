@@ -46,6 +46,7 @@ fn policy() -> AcceptPolicy {
         max_queued: 4,
         closeout_reserve: 1024,
         storage_budget: 1 << 30,
+        free_space_floor: 64 << 20,
     }
 }
 
@@ -320,6 +321,7 @@ impl World {
                     queued: c.commands.len() as u64,
                     records: c.commands.len() as u64,
                     charged_bytes: 0,
+                    free_space: None,
                 };
                 let outcome = match decide_acceptance(
                     &policy(),

@@ -53,6 +53,7 @@ fn config(max_open: u32) -> ClientCoreConfig {
             max_queued: 4,
             closeout_reserve: 1024,
             storage_budget: 1 << 30,
+            free_space_floor: 64 << 20,
         },
         link: LinkConfig::default(),
         spool: SpoolLimits::default(),

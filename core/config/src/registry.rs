@@ -531,7 +531,7 @@ pub static CLIENT_KEYS: &[KeyDef] = &[
     KeyDef::bytes("spool.closeout_reserve", l::DEFAULT_CLOSEOUT_RESERVE_BYTES,
         "Bytes reserved inside every accepted command's quota for closeout metadata."),
     KeyDef::bytes("spool.free_space_floor", l::DEFAULT_CLIENT_FREE_SPACE_FLOOR_BYTES,
-        "Emergency filesystem free-space floor of the state directory."),
+        "Emergency free-space floor of the state directory's filesystem, measured with every acceptance: below it no new command is accepted (a transient refusal naming this key; the server retries with backoff)."),
     KeyDef::count("spool.tombstones", l::DEFAULT_CLIENT_TOMBSTONES,
         "Length of the compact command tombstone FIFO.")
         .ceiling(l::MAX_TOMBSTONES),

@@ -135,6 +135,7 @@ pub fn client_core_config(
             max_queued,
             closeout_reserve: cfg.spool.closeout_reserve,
             storage_budget: cfg.spool.daemon_total,
+            free_space_floor: cfg.spool.free_space_floor,
         },
         link: LinkConfig {
             reconnect_initial_ms: ms(cfg.reconnect.initial),

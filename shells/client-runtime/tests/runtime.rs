@@ -124,6 +124,7 @@ fn config(cwd: &str) -> ClientCoreConfig {
             max_queued: 4,
             closeout_reserve: 4096,
             storage_budget: 1 << 30,
+            free_space_floor: 0,
         },
         link: LinkConfig::default(),
         spool: SpoolLimits::default(),

@@ -537,6 +537,16 @@ impl ClientStore {
         d: &CheckedDispatch,
         now_ms: i64,
     ) -> Result<Accepted, StoreError> {
+        // the filesystem's free space, measured with every acceptance (one
+        // that cannot be measured is logged and not held against the
+        // command: a full disk still fails the write itself)
+        let free_space = match self.fs.free_space(self.layout.root()) {
+            Ok(free) => Some(free),
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %self.layout.root().display(), "free space of the state directory not measured");
+                None
+            }
+        };
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -575,6 +585,7 @@ impl ClientStore {
             queued: c.queued,
             records: c.commands,
             charged_bytes: c.metadata_bytes.saturating_add(c.stored_bytes),
+            free_space,
         };
         let outcome = match decide_acceptance(policy, d, existing, tombstone, capacity) {
             AcceptDecision::Refuse(r) => return Ok(Accepted::Refused(r)),

@@ -264,3 +264,38 @@ fn a_crash_inside_a_rotation_keeps_the_command_and_the_old_tombstones() {
     assert!(store.tombstone(&ds[2].issue).unwrap().is_none());
     assert_counted(&store);
 }
+
+/// `spool.free_space_floor`: the filesystem of the state directory is
+/// measured with every acceptance; below the floor a new command is
+/// refused as transient, naming the key, and nothing is stored; a
+/// command already held is still answered as a repeat.
+#[test]
+fn below_the_free_space_floor_a_new_command_is_refused_as_transient() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(dir.path());
+    let d = checked(1, "echo held");
+    assert_eq!(store.accept(&policy(), &d, NOW).unwrap(), Accepted::New);
+    let mut p = policy();
+    // more than any disk here has free
+    p.free_space_floor = u64::MAX / 2;
+    let fresh = checked(2, "echo new");
+    match store.accept(&p, &fresh, NOW + 1).unwrap() {
+        Accepted::Refused(Refusal::Answer { outcome, error }) => {
+            assert_eq!(
+                (outcome, error.code()),
+                (wire::AcceptOutcome::Transient, Code::QuotaExceeded)
+            );
+            assert!(
+                error.reason().contains("spool.free_space_floor"),
+                "{}",
+                error.reason()
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(store.counters().unwrap().commands, 1, "nothing stored");
+    assert!(matches!(
+        store.accept(&p, &d, NOW + 2).unwrap(),
+        Accepted::Repeat { .. }
+    ));
+}

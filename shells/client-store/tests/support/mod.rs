@@ -100,6 +100,7 @@ pub fn policy() -> AcceptPolicy {
         max_queued: 2,
         closeout_reserve: 64 * 1024,
         storage_budget: 256 << 20,
+        free_space_floor: 0,
     }
 }
 

@@ -34,6 +34,7 @@ pub fn config(cwd: &str) -> ClientCoreConfig {
             max_queued: 4,
             closeout_reserve: 64 * 1024,
             storage_budget: 1 << 30,
+            free_space_floor: 0,
         },
         link: LinkConfig::default(),
         spool: SpoolLimits::default(),
