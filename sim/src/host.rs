@@ -539,6 +539,8 @@ fn core_config(c: &ClientConfig, client_id: &ClientId, work: &Path) -> ClientCor
             closeout_reserve: 64 * 1024,
             storage_budget: 256 << 20,
             // the simulated disk is never short of space
+            command_total: 32 << 20,
+            command_streams: 11 << 20,
             free_space_floor: 0,
         },
         link: LinkConfig {

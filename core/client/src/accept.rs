@@ -58,6 +58,15 @@ pub struct AcceptPolicy {
     /// Command-owned storage of the whole daemon (`spool.daemon_total`,
     /// 256 MiB by default): metadata reservations plus stored payloads.
     pub storage_budget: u64,
+    /// The most one command may hold (`spool.command_total`, 32 MiB by
+    /// default): a command is accepted only when its worst case fits, its
+    /// metadata charge, its script, its whole output window and the stdin
+    /// it may hold ([`AcceptPolicy::command_streams`]); the output window
+    /// then keeps it within the total for its whole life.
+    pub command_total: u64,
+    /// What a command's output and held stdin take at most:
+    /// `spool.command_output_window` plus `flow.command_send_window`.
+    pub command_streams: u64,
     /// Free space the state directory's filesystem must keep
     /// (`spool.free_space_floor`, 64 MiB by default): below it no new
     /// command is accepted (transient), whatever the budget says.
@@ -502,6 +511,21 @@ pub fn decide_acceptance(
         ));
     }
     let charge = metadata_charge(policy, d);
+    let script = d.script.map_or(0, |(len, _)| len);
+    let worst = charge
+        .saturating_add(script)
+        .saturating_add(policy.command_streams);
+    if worst > policy.command_total {
+        // never fits here, however long it waits
+        return AcceptDecision::Refuse(Refusal::permanent(
+            Code::TooLarge,
+            if script > 0 { "spec.script" } else { "spec" },
+            format!(
+                "the command needs up to {worst} bytes here ({charge} of metadata, {script} of script, {} of output and stdin), above spool.command_total ({})",
+                policy.command_streams, policy.command_total
+            ),
+        ));
+    }
     if capacity.charged_bytes.saturating_add(charge) > policy.storage_budget {
         return AcceptDecision::Refuse(Refusal::transient(
             Code::QuotaExceeded,
@@ -527,6 +551,8 @@ mod tests {
             max_queued: 1,
             closeout_reserve: 64 * 1024,
             storage_budget: 1 << 20,
+            command_total: 32 << 20,
+            command_streams: 11 << 20,
             free_space_floor: 64 << 20,
         }
     }
@@ -757,6 +783,34 @@ mod tests {
         assert_eq!(
             code(decide_acceptance(&p, &c, None, None, over)),
             (wire::AcceptOutcome::Transient, Code::QuotaExceeded)
+        );
+        // the command's worst case against spool.command_total: at the
+        // total it fits, one byte above it never will (permanent)
+        let tight = AcceptPolicy {
+            command_total: charge + p.command_streams,
+            ..p.clone()
+        };
+        assert_eq!(
+            decide_acceptance(&tight, &c, None, None, room),
+            AcceptDecision::Insert
+        );
+        let small = AcceptPolicy {
+            command_total: charge + p.command_streams - 1,
+            ..p.clone()
+        };
+        let AcceptDecision::Refuse(Refusal::Answer { outcome, error }) =
+            decide_acceptance(&small, &c, None, None, room)
+        else {
+            panic!("accepted above the command total")
+        };
+        assert_eq!(
+            (outcome, error.code()),
+            (wire::AcceptOutcome::Permanent, Code::TooLarge)
+        );
+        assert!(
+            error.reason().contains("spool.command_total"),
+            "{}",
+            error.reason()
         );
         // the filesystem's free-space floor, whatever the budget says
         let at_floor = Capacity {

@@ -46,6 +46,8 @@ fn policy() -> AcceptPolicy {
         max_queued: 4,
         closeout_reserve: 1024,
         storage_budget: 1 << 30,
+        command_total: 32 << 20,
+        command_streams: 11 << 20,
         free_space_floor: 64 << 20,
     }
 }

@@ -381,6 +381,28 @@ pub fn load_client(
     require_below(&r, "spool.closeout_reserve", "spool.command_total", e);
     require_below(&r, "spool.command_total", "spool.daemon_total", e);
     require_at_most(&r, "spool.command_output_window", "spool.command_total", e);
+    // a command is accepted only when its worst case fits its total: the
+    // output window, the stdin it may hold and its closeout reserve must
+    // leave room for at least the smallest command
+    let streams = [
+        "spool.command_output_window",
+        "flow.command_send_window",
+        "spool.closeout_reserve",
+    ];
+    if !streams.iter().any(|k| r.failed(k)) && !r.failed("spool.command_total") {
+        let need = streams
+            .iter()
+            .map(|k| r.num(k))
+            .fold(0u64, u64::saturating_add);
+        if need >= r.num("spool.command_total") {
+            e.push(r.error(
+                "spool.command_total",
+                format!(
+                    "must be above spool.command_output_window + flow.command_send_window + spool.closeout_reserve ({need} bytes): every command is accepted only when its worst case fits"
+                ),
+            ));
+        }
+    }
     require_below(
         &r,
         "flow.command_low_watermark",

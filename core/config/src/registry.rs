@@ -525,7 +525,7 @@ pub static CLIENT_KEYS: &[KeyDef] = &[
     KeyDef::bytes("spool.command_output_window", l::DEFAULT_COMMAND_OUTPUT_WINDOW_BYTES,
         "Compressed rolling output window kept per command in the spool."),
     KeyDef::bytes("spool.command_total", l::DEFAULT_COMMAND_TOTAL_BYTES,
-        "Total spooled bytes per command (the command quota)."),
+        "Total spooled bytes per command (the command quota): a command is accepted only when its worst case fits (metadata and closeout reserve, script, output window and the stdin it may hold; above, a permanent TOO_LARGE refusal naming this key), and its output window keeps it within for its whole life."),
     KeyDef::bytes("spool.daemon_total", l::DEFAULT_CLIENT_DAEMON_BYTES,
         "Total spooled command bytes of this client daemon."),
     KeyDef::bytes("spool.closeout_reserve", l::DEFAULT_CLOSEOUT_RESERVE_BYTES,

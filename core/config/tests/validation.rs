@@ -383,6 +383,12 @@ fn tier_inversions_are_refused() {
     }
     let client_cases: &[(&str, &str, &str, &str)] = &[
         (
+            "command total below its streams",
+            "[spool]\ncommand_total = \"11MiB\"\n",
+            "spool.command_total",
+            "worst case fits",
+        ),
+        (
             "reconnect initial above cap",
             "[reconnect]\ninitial = \"2m\"\n",
             "reconnect.initial",

@@ -135,6 +135,11 @@ pub fn client_core_config(
             max_queued,
             closeout_reserve: cfg.spool.closeout_reserve,
             storage_budget: cfg.spool.daemon_total,
+            command_total: cfg.spool.command_total,
+            command_streams: cfg
+                .spool
+                .command_output_window
+                .saturating_add(cfg.flow.command_send_window),
             free_space_floor: cfg.spool.free_space_floor,
         },
         link: LinkConfig {

@@ -124,6 +124,8 @@ fn config(cwd: &str) -> ClientCoreConfig {
             max_queued: 4,
             closeout_reserve: 4096,
             storage_budget: 1 << 30,
+            command_total: 32 << 20,
+            command_streams: 11 << 20,
             free_space_floor: 0,
         },
         link: LinkConfig::default(),

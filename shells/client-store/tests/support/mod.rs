@@ -100,6 +100,8 @@ pub fn policy() -> AcceptPolicy {
         max_queued: 2,
         closeout_reserve: 64 * 1024,
         storage_budget: 256 << 20,
+        command_total: 32 << 20,
+        command_streams: 11 << 20,
         free_space_floor: 0,
     }
 }

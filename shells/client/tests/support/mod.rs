@@ -34,6 +34,8 @@ pub fn config(cwd: &str) -> ClientCoreConfig {
             max_queued: 4,
             closeout_reserve: 64 * 1024,
             storage_budget: 1 << 30,
+            command_total: 32 << 20,
+            command_streams: 11 << 20,
             free_space_floor: 0,
         },
         link: LinkConfig::default(),
