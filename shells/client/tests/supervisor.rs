@@ -1314,3 +1314,31 @@ fn a_working_directory_that_resolves_outside_the_roots_is_refused_before_anythin
             .to_string()
     );
 }
+
+/// Layouts detected at once in one process agree: each detection probes
+/// the v2 tree with its own probe directory (with one name per process,
+/// one thread removed the probe another was reading, which then fell back
+/// to process groups and skipped its cgroup checks silently).
+#[test]
+fn layouts_detected_at_once_in_one_process_all_find_the_same_tree() {
+    let alone = rvbox_supervisor::CgroupLayout::detect(None).mode;
+    for _ in 0..20 {
+        let start = std::sync::Arc::new(std::sync::Barrier::new(8));
+        let modes: Vec<_> = (0..8)
+            .map(|_| {
+                let start = std::sync::Arc::clone(&start);
+                std::thread::spawn(move || {
+                    start.wait();
+                    rvbox_supervisor::CgroupLayout::detect(None).mode
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        assert!(
+            modes.iter().all(|m| *m == alone),
+            "alone {alone:?}, at once {modes:?}"
+        );
+    }
+}

@@ -178,7 +178,12 @@ fn write_file(path: &Path, value: &str) -> io::Result<()> {
 }
 
 fn probe_v2(parent: &Path) -> Result<bool, String> {
-    let probe = parent.join(format!(".probe-{}", std::process::id()));
+    // one probe per call: two supervisors detecting at once in one process
+    // shared a per-process name, and one removed the probe the other was
+    // reading, which then fell back to process groups
+    static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = parent.join(format!(".probe-{}-{n}", std::process::id()));
     match std::fs::create_dir(&probe) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
