@@ -184,6 +184,10 @@ pub enum ClientCompletion {
         /// Its absolute path.
         wrapper_path: String,
     },
+    /// The wrapper file was not written, and never will be: the working
+    /// directory does not resolve to a directory under an allowed root
+    /// (the reason names it). The launch fails permanently.
+    MaterializeRefused(String),
     /// A script chunk's outcome.
     Script(ScriptOutcome),
     /// A stdin write's outcome.

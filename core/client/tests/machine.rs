@@ -1104,3 +1104,22 @@ fn events_are_admitted_within_the_windows_the_server_announced() {
         "an acknowledgement frees room for the next"
     );
 }
+
+/// A record restored after a restart launches in the working directory
+/// acceptance checked: lexically normalized, never the raw `.`/`..` form.
+#[test]
+fn a_restored_record_launches_in_the_normalized_working_directory() {
+    let mut r = restored(8, 0);
+    r.spec.cwd = "/tmp/a/../b/./c/".into();
+    let mut w = World::new(vec![r]);
+    w.connect();
+    let cwds: Vec<String> = w
+        .supervise
+        .iter()
+        .filter_map(|op| match op {
+            SuperviseOp::Prepare(spec) if spec.issue == issue(8) => Some(spec.cwd.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cwds, vec!["/tmp/b/c".to_string()]);
+}

@@ -6,6 +6,7 @@
 use rvbox_client_core::ops::{AcceptOutcome, ClientCompletion, ClientOp, WrapperSource};
 use rvbox_storage::StoreError;
 
+use crate::records::Materialize;
 use crate::store::{Accepted, ClientStore};
 
 impl ClientStore {
@@ -49,8 +50,16 @@ impl ClientStore {
                         .and_then(|len| self.script_range(issue, 0, len)),
                 };
                 content
-                    .and_then(|c| self.materialize(issue, cwd, &c))
-                    .map(|wrapper_path| ClientCompletion::Materialized { wrapper_path })
+                    .and_then(|c| self.materialize(issue, cwd, &policy.cwd_roots, &c))
+                    .map(|m| match m {
+                        Materialize::Written(wrapper_path) => {
+                            ClientCompletion::Materialized { wrapper_path }
+                        }
+                        Materialize::Refused(reason) => {
+                            self.metrics.wrapper_refusals.inc();
+                            ClientCompletion::MaterializeRefused(reason)
+                        }
+                    })
             }
             ClientOp::LaunchPrepared { issue, identity } => {
                 done(self.launch_prepared(issue, identity))

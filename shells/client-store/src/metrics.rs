@@ -29,6 +29,9 @@ pub struct ClientStoreMetrics {
     pub recovery: Family<StepLabel, Counter>,
     /// Local incidents recorded.
     pub incidents: Counter,
+    /// Wrapper files not written because the working directory resolved
+    /// outside every allowed root (or not to a directory).
+    pub wrapper_refusals: Counter,
 }
 
 impl ClientStoreMetrics {
@@ -64,6 +67,11 @@ impl ClientStoreMetrics {
             "incidents",
             "Local incidents recorded",
             self.incidents.clone(),
+        );
+        r.register(
+            "wrapper_refusals",
+            "Launches refused before the wrapper was written: the working directory resolved outside every allowed root or not to a directory",
+            self.wrapper_refusals.clone(),
         );
     }
 }

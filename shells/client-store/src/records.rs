@@ -26,6 +26,17 @@ pub const MAX_STDIN_PENDING_BYTES: u64 = 4 * 1024 * 1024;
 
 const META_GENERATION: &str = "last_generation";
 
+/// What [`ClientStore::materialize`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Materialize {
+    /// The wrapper file is durable at this path.
+    Written(String),
+    /// No file was written, and none will be: the working directory does
+    /// not resolve to a directory under an allowed root (the reason names
+    /// it, what it resolves to and the roots).
+    Refused(String),
+}
+
 fn i64_of(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -267,15 +278,45 @@ impl ClientStore {
     /// owner-only, written to a temporary name, synced, renamed, and the
     /// directory synced; its path is recorded with the command.
     ///
+    /// `cwd` is resolved first (symbolic links, `.` and `..`), and the
+    /// file is written only into a resolved directory under one of `roots`
+    /// (`exec.allowed_cwd_roots`; none: not checked): a link inside an
+    /// allowed root that leads outside it never gets a file written there.
+    /// The launcher checks the resolved directory again before the tree
+    /// starts.
+    ///
     /// # Errors
     /// I/O failures (a transient launch failure), SQLite failures.
     pub fn materialize(
         &mut self,
         issue: &Uuid7,
         cwd: &str,
+        roots: &[String],
         content: &[u8],
-    ) -> Result<String, StoreError> {
-        let dir = std::path::Path::new(cwd);
+    ) -> Result<Materialize, StoreError> {
+        let dir = match self.fs.resolve_dir(std::path::Path::new(cwd)) {
+            Ok(d) => d,
+            Err(e) => {
+                let reason = format!("working directory {cwd} cannot be resolved: {e}");
+                tracing::warn!(%issue, %reason, "wrapper not written");
+                return Ok(Materialize::Refused(reason));
+            }
+        };
+        let allowed = roots.is_empty()
+            || roots.iter().any(|root| {
+                self.fs
+                    .resolve_dir(std::path::Path::new(root))
+                    .is_ok_and(|r| dir.starts_with(r))
+            });
+        if !allowed {
+            let reason = format!(
+                "working directory {cwd} resolves to {}, outside every allowed root (exec.allowed_cwd_roots: {})",
+                dir.display(),
+                roots.join(", ")
+            );
+            tracing::warn!(%issue, %reason, "wrapper not written");
+            return Ok(Materialize::Refused(reason));
+        }
         let path = dir.join(format!("{WRAPPER_PREFIX}{issue}.sh"));
         rvbox_storage::atomic::write_new(
             self.fs.as_ref(),
@@ -291,7 +332,7 @@ impl ClientStore {
                 params![issue.as_bytes().as_slice(), text],
             )
             .map_err(|e| StoreError::sqlite("record wrapper", e))?;
-        Ok(text)
+        Ok(Materialize::Written(text))
     }
 
     /// One stdin write, durable until the child has it: decoded, checked

@@ -568,3 +568,76 @@ fn a_discard_intent_is_durable_with_the_reconciliation_and_finishes_after_a_cras
     assert_eq!((c.commands, c.tombstones), (0, 1));
     assert_eq!(d.side_effects().len(), 1, "it ran once");
 }
+
+/// The reason of the terminal lifecycle change in `events`.
+fn end_reason(events: &[wire::CommandEvent]) -> Option<(i32, String)> {
+    events.iter().find_map(|e| match &e.body {
+        Some(Body::Lifecycle(l)) if l.exit_result.is_some() || !l.reason.is_empty() => {
+            Some((l.lifecycle, l.reason.clone()))
+        }
+        _ => None,
+    })
+}
+
+/// `exec.allowed_cwd_roots` holds for the wrapper file too: a working
+/// directory inside an allowed root that is a symbolic link out of it is
+/// accepted (the path is lexically under the root) but no wrapper file is
+/// ever written where it leads; the launch fails permanently, naming what
+/// it resolves to, and nothing runs. A link that stays inside the root gets
+/// its wrapper in the resolved directory.
+#[test]
+fn no_wrapper_is_written_where_a_symlinked_working_directory_leads_outside_the_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().join("work");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(cwd.join("inner")).unwrap();
+    std::fs::create_dir(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, cwd.join("escape")).unwrap();
+    std::os::unix::fs::symlink(cwd.join("inner"), cwd.join("stays")).unwrap();
+    let cwd = cwd.to_str().unwrap().to_owned();
+    let mut d = Daemon::open(
+        &dir.path().join("state"),
+        Arc::new(rvbox_storage::fs::RealFs),
+        Arc::new(NoCrash),
+        &cwd,
+        1,
+    );
+    d.connect();
+    let mut escaping = text_spec("echo escaped");
+    escaping.cwd = format!("{cwd}/escape");
+    d.frame(Payload::Dispatch(dispatch(1, escaping, 1)));
+    assert_eq!(
+        answers(&d.sent, &issue(1))[0].outcome,
+        wire::AcceptOutcome::Positive as i32,
+        "lexically under the root"
+    );
+    d.supervise_all();
+    let (lifecycle, reason) = end_reason(&d.events_of(&issue(1))).expect("it ended");
+    assert_eq!(lifecycle, wire::Lifecycle::Rejected as i32);
+    assert!(
+        reason.contains("outside every allowed root")
+            && reason.contains(&outside.canonicalize().unwrap().display().to_string()),
+        "{reason}"
+    );
+    assert!(
+        wrappers_in(outside.to_str().unwrap()).is_empty(),
+        "a wrapper was written outside the roots"
+    );
+    assert!(d.side_effects().is_empty(), "nothing ran");
+
+    let mut staying = text_spec("echo stayed");
+    staying.cwd = format!("{cwd}/stays");
+    d.frame(Payload::Dispatch(dispatch(2, staying, 1)));
+    // materialized: the wrapper is in the resolved directory
+    let inner = format!("{cwd}/inner");
+    assert_eq!(wrappers_in(&inner).len(), 1, "{:?}", wrappers_in(&inner));
+    d.supervise_all();
+    assert_eq!(
+        lifecycles(&d.events_of(&issue(2))),
+        vec![
+            wire::Lifecycle::Running as i32,
+            wire::Lifecycle::Succeeded as i32
+        ]
+    );
+    assert_eq!(d.side_effects().len(), 1);
+}

@@ -844,6 +844,29 @@ pub fn terminals_resize_close_and_the_idle_pass(b: &mut dyn WithReads) {
     );
     assert!(resume(b, CLIENT).is_empty());
 
+    // a refusal's words come from the client: stored bounded
+    let long_id = new_id();
+    outcome(mutate(b, PtyMutation::Open(open_req(&long_id, CLIENT))));
+    let long = PtyReport::Opened(wire::PtyOpened {
+        pty_session_id: text(&long_id),
+        outcome: wire::AcceptOutcome::Permanent as i32,
+        error: Some(wire::ErrorDetail {
+            reason: "é".repeat(200_000),
+            ..Default::default()
+        }),
+        resolved_shell: 0,
+    });
+    apply(b, fence, &[long]);
+    let i = info(b, &long_id);
+    assert_eq!(i.state, wire::PtyState::Closed as i32);
+    assert!(
+        i.close_reason.len() <= rvbox_store_port::pty::MAX_PTY_REASON_BYTES
+            && i.close_reason
+                .starts_with("the client refused to open the terminal: é"),
+        "{} bytes",
+        i.close_reason.len()
+    );
+
     let page = b
         .reads()
         .list_pty_sessions(&wire::ListPtySessionsRequest {
@@ -858,7 +881,7 @@ pub fn terminals_resize_close_and_the_idle_pass(b: &mut dyn WithReads) {
         .map(|s| s.pty_session_id)
         .collect();
     listed.sort();
-    let mut want = vec![text(&id), text(&other), text(&refused_id)];
+    let mut want = vec![text(&id), text(&other), text(&refused_id), text(&long_id)];
     want.sort();
     assert_eq!(listed, want);
     assert!(page.next_page_token.is_empty());

@@ -66,6 +66,9 @@ pub trait StoreFs: Send + Sync + std::fmt::Debug {
     fn list(&self, dir: &Path, limit: usize) -> io::Result<Vec<String>>;
     /// Bytes available to an unprivileged writer on the filesystem of `path`.
     fn free_space(&self, path: &Path) -> io::Result<u64>;
+    /// `path` with every symbolic link, `.` and `..` resolved; an error
+    /// when it does not exist or is not a directory.
+    fn resolve_dir(&self, path: &Path) -> io::Result<PathBuf>;
     /// Makes everything written to the filesystem holding `dir` durable,
     /// data and directory entries alike (`syncfs`): one flush shared by every
     /// file a group commit touched.
@@ -181,6 +184,17 @@ impl StoreFs for RealFs {
         }
         names.sort();
         Ok(names)
+    }
+
+    fn resolve_dir(&self, path: &Path) -> io::Result<PathBuf> {
+        let real = std::fs::canonicalize(path)?;
+        if !real.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("{} is not a directory", real.display()),
+            ));
+        }
+        Ok(real)
     }
 
     fn free_space(&self, path: &Path) -> io::Result<u64> {
@@ -538,6 +552,10 @@ impl StoreFs for FaultyFs {
 
     fn list(&self, dir: &Path, limit: usize) -> io::Result<Vec<String>> {
         self.inner.list(dir, limit)
+    }
+
+    fn resolve_dir(&self, path: &Path) -> io::Result<PathBuf> {
+        self.inner.resolve_dir(path)
     }
 
     fn free_space(&self, path: &Path) -> io::Result<u64> {

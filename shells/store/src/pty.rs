@@ -1048,7 +1048,14 @@ fn apply_one(
                 } else {
                     let reason = m.error.as_ref().map_or_else(
                         || "the client refused to open the terminal".to_owned(),
-                        |e| format!("the client refused to open the terminal: {}", e.reason),
+                        |e| {
+                            // the client's words are bounded like every
+                            // stored reason
+                            bounded_reason(&format!(
+                                "the client refused to open the terminal: {}",
+                                e.reason
+                            ))
+                        },
                     );
                     close_row(tx, &id, None, &reason, now_ms)?;
                     tracing::warn!(terminal = %view.info.pty_session_id, reason = %reason, "terminal refused by its client");

@@ -88,6 +88,9 @@ impl ClientCore {
                 ClientCompletion::Materialized { wrapper_path } => {
                     self.prepare(issue, wrapper_path);
                 }
+                ClientCompletion::MaterializeRefused(reason) => {
+                    self.launch_failed(now_ms, wall_ms, issue, LaunchFailure::Permanent(reason));
+                }
                 other => {
                     let reason = match other {
                         ClientCompletion::Failed(r) => r,

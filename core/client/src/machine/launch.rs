@@ -15,12 +15,16 @@ use crate::accept::{AcceptPolicy, Refusal, check_dispatch};
 use crate::ops::{AcceptOutcome, ClientOp, SuperviseOp, WrapperSource};
 use crate::process::{LaunchFailure, LaunchSpec, ResourceLimits};
 
+/// The working directory of a restored record, as acceptance checked it:
+/// the default when the spec names none, lexically normalized (no `.` or
+/// `..`), so a restart launches in the same directory acceptance allowed.
 pub(super) fn normalize_cwd(policy: &AcceptPolicy, spec: &wire::ExecutionSpec) -> String {
-    if spec.cwd.is_empty() {
-        policy.default_cwd.clone()
+    let requested = if spec.cwd.is_empty() {
+        policy.default_cwd.as_str()
     } else {
-        spec.cwd.clone()
-    }
+        spec.cwd.as_str()
+    };
+    crate::accept::normalize(requested).unwrap_or_else(|| requested.to_owned())
 }
 
 /// The resource controls of a launch under the requested profiles
