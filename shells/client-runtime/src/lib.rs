@@ -56,10 +56,26 @@ pub enum Wire {
 /// Most frames waiting for the transport. The core's send windows bound
 /// what it releases; this is the backstop.
 pub const MAX_WIRE: usize = 65_536;
+/// Most frame bytes waiting for the transport (the backstop in bytes:
+/// the session send window, 8 MiB by default, and terminal traffic fit
+/// many times over).
+pub const MAX_WIRE_BYTES: usize = 64 * 1024 * 1024;
+/// Most heartbeats (pings and pongs) waiting for the transport; they wait
+/// apart from every other frame, and one more than this is dropped (a
+/// heartbeat carries nothing, and the next one replaces it).
+pub const MAX_HEARTBEATS: usize = 16;
 /// Most rounds one settle performs before returning.
 pub const MAX_STEPS: usize = 1_000_000;
 /// Most process events handled together (their appends are one group).
 pub const MAX_EVENTS_PER_PUMP: usize = 256;
+
+/// The bytes a frame holds (a link step counts as none).
+fn wire_len(w: &Wire) -> usize {
+    match w {
+        Wire::Binary(b) | Wire::Data(b) => b.len(),
+        Wire::Dial | Wire::Ping | Wire::Pong | Wire::Close(_) => 0,
+    }
+}
 
 /// Why the runtime could not start.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +148,14 @@ pub struct Runtime<S: Supervisor, E: Env = SystemEnv> {
     env: E,
     policy: AcceptPolicy,
     wire: VecDeque<Wire>,
+    /// Bytes of the frames in `wire`.
+    wire_bytes: usize,
+    /// Pings and pongs, apart from `wire` so frames never delay them.
+    heartbeats: VecDeque<Wire>,
+    /// Heartbeats dropped because [`MAX_HEARTBEATS`] were waiting.
+    heartbeats_dropped: u64,
+    /// Connections ended because the transport queue was full.
+    wire_overflows: u64,
     inputs: VecDeque<Input>,
     /// Replays that took more than one read-back of the spool (a run of
     /// pinned events longer than one read returns).
@@ -187,6 +211,10 @@ impl<S: Supervisor, E: Env> Runtime<S, E> {
             env,
             policy,
             wire: VecDeque::new(),
+            wire_bytes: 0,
+            heartbeats: VecDeque::new(),
+            heartbeats_dropped: 0,
+            wire_overflows: 0,
             inputs: VecDeque::new(),
             long_replays: 0,
         };
@@ -243,9 +271,44 @@ impl<S: Supervisor, E: Env> Runtime<S, E> {
         std::mem::take(&mut self.long_replays)
     }
 
-    /// The frames released for the transport, in order.
+    /// The frames released for the transport: the waiting heartbeats,
+    /// then every other frame in order.
     pub fn take_wire(&mut self) -> Vec<Wire> {
-        self.wire.drain(..).collect()
+        self.wire_bytes = 0;
+        self.heartbeats
+            .drain(..)
+            .chain(self.wire.drain(..))
+            .collect()
+    }
+
+    /// The waiting heartbeats (pings and pongs), which a transport sends
+    /// on a lane no other frame can block.
+    pub fn take_heartbeats(&mut self) -> Vec<Wire> {
+        self.heartbeats.drain(..).collect()
+    }
+
+    /// The next frame for the transport other than a heartbeat, in order
+    /// (a transport with a bounded queue takes one at a time while it has
+    /// room, and the rest wait here, within [`MAX_WIRE`] and
+    /// [`MAX_WIRE_BYTES`]).
+    pub fn pop_wire(&mut self) -> Option<Wire> {
+        let w = self.wire.pop_front()?;
+        self.wire_bytes = self.wire_bytes.saturating_sub(wire_len(&w));
+        Some(w)
+    }
+
+    /// Frames and their bytes waiting for the transport (heartbeats
+    /// apart).
+    #[must_use]
+    pub fn wire_pending(&self) -> (usize, usize) {
+        (self.wire.len(), self.wire_bytes)
+    }
+
+    /// Heartbeats dropped and connections ended because the transport
+    /// queue was full, since start.
+    #[must_use]
+    pub fn wire_stats(&self) -> (u64, u64) {
+        (self.heartbeats_dropped, self.wire_overflows)
     }
 
     /// One input from the transport (or shutdown), then everything it
@@ -371,14 +434,32 @@ impl<S: Supervisor, E: Env> Runtime<S, E> {
     }
 
     fn push_wire(&mut self, w: Wire) {
-        if self.wire.len() >= MAX_WIRE {
+        if matches!(w, Wire::Ping | Wire::Pong) {
+            if self.heartbeats.len() >= MAX_HEARTBEATS {
+                self.heartbeats_dropped += 1;
+                tracing::debug!("heartbeat queue full; heartbeat dropped");
+            } else {
+                self.heartbeats.push_back(w);
+            }
+            return;
+        }
+        let len = wire_len(&w);
+        if self.wire.len() >= MAX_WIRE || self.wire_bytes.saturating_add(len) > MAX_WIRE_BYTES {
             // the transport stopped draining: drop the connection rather
             // than grow; the spool resends everything pinned
-            tracing::warn!("transport queue full; closing the connection");
+            tracing::warn!(
+                frames = self.wire.len(),
+                bytes = self.wire_bytes,
+                "transport queue full; closing the connection"
+            );
+            self.wire_overflows += 1;
             self.wire.clear();
+            self.wire_bytes = 0;
+            self.heartbeats.clear();
             self.abandon_session();
             return;
         }
+        self.wire_bytes += len;
         self.wire.push_back(w);
     }
 

@@ -19,8 +19,9 @@
 //! daemon, and the next start adopts each from its record
 //! (docs/terminals.md).
 //!
-//! Must never: wait on the network (frames go to an unbounded queue that
-//! the core's own send windows bound), or launch anything before the
+//! Must never: wait on the network (frames go to a bounded channel while
+//! it has room, and wait in the runtime's own bounded queue otherwise;
+//! heartbeats have their own channel), or launch anything before the
 //! configuration validated (the caller's gate).
 
 use std::sync::Arc;
@@ -36,7 +37,7 @@ use rvbox_config::ClientConfig;
 use rvbox_storage::entropy::{Entropy as _, OsEntropy};
 use rvbox_storage::fs::RealFs;
 use rvbox_supervisor::{Supervisor as _, UnixSupervisor};
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::Sender;
 
 use crate::net::{self, NetConfig};
 
@@ -49,6 +50,9 @@ const MAX_WAIT: Duration = Duration::from_secs(1);
 /// Beyond the drain and kill grace, how long a stop waits for the trees
 /// it terminated to be drained and their terminal events spooled.
 const STOP_SLACK: Duration = Duration::from_secs(5);
+/// The runtime thread's longest wait while frames wait for room in the
+/// transport's channel.
+const BACKLOG_WAIT: Duration = Duration::from_millis(2);
 
 fn wall_ms() -> i64 {
     std::time::SystemTime::now()
@@ -139,7 +143,8 @@ pub(crate) fn run(cfg: ClientConfig) -> i32 {
         }
     };
     tracing::info!(client_id = %cfg.client.client_id, instance = %instance, "client runtime started");
-    let health = crate::health::Health::new(runtime.store().metrics());
+    let transport_metrics = net::TransportMetrics::new();
+    let health = crate::health::Health::new(runtime.store().metrics(), &transport_metrics);
     health.publish(&runtime, true);
 
     let tokio_rt = match tokio::runtime::Builder::new_multi_thread()
@@ -155,7 +160,12 @@ pub(crate) fn run(cfg: ClientConfig) -> i32 {
         }
     };
     let (to_rt, from_net) = std::sync::mpsc::sync_channel(net::RUNTIME_INBOX);
-    let (wire_tx, wire_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (wire_tx, wire_rx) = tokio::sync::mpsc::channel(net::WIRE_CHANNEL);
+    let (beat_tx, beat_rx) = tokio::sync::mpsc::channel(net::HEARTBEAT_CHANNEL);
+    let wire_out = WireTx {
+        frames: wire_tx,
+        heartbeats: beat_tx,
+    };
     let net_config = match NetConfig::from_config(&cfg) {
         Ok(n) => n,
         Err(e) => {
@@ -169,7 +179,7 @@ pub(crate) fn run(cfg: ClientConfig) -> i32 {
     let published = Arc::clone(&health);
     let thread = match std::thread::Builder::new()
         .name("rvbox-runtime".into())
-        .spawn(move || runtime_loop(runtime, &from_net, &wire_tx, stop_grace, &published))
+        .spawn(move || runtime_loop(runtime, &from_net, &wire_out, stop_grace, &published))
     {
         Ok(t) => t,
         Err(e) => {
@@ -194,7 +204,16 @@ pub(crate) fn run(cfg: ClientConfig) -> i32 {
             },
             None => None,
         };
-        let net = tokio::spawn(net::run(net_config, wire_rx, poster.clone()));
+        let wire_rx = net::WireRx {
+            frames: wire_rx,
+            heartbeats: beat_rx,
+        };
+        let net = tokio::spawn(net::run(
+            net_config,
+            wire_rx,
+            poster.clone(),
+            transport_metrics,
+        ));
         wait_for_stop().await;
         poster.stop().await;
         // the runtime closes the connection (1012) and drains the trees
@@ -228,17 +247,44 @@ async fn wait_for_stop() {
     }
 }
 
-fn ship(rt: &mut Runtime<UnixSupervisor>, wire: &UnboundedSender<Wire>) {
-    for w in rt.take_wire() {
-        // the network task ends only with the daemon
-        let _ = wire.send(w);
+/// The runtime's side of the channels to the transport.
+struct WireTx {
+    frames: Sender<Wire>,
+    heartbeats: Sender<Wire>,
+}
+
+/// Hands the transport what the core released: every heartbeat on its
+/// own channel (dropped when it is full: a heartbeat carries nothing),
+/// then frames while the frame channel has room; the rest wait in the
+/// runtime, within its bounds, for the next call. True when frames wait.
+fn ship(rt: &mut Runtime<UnixSupervisor>, wire: &WireTx) -> bool {
+    use tokio::sync::mpsc::error::TrySendError;
+    for h in rt.take_heartbeats() {
+        if let Err(TrySendError::Full(_)) = wire.heartbeats.try_send(h) {
+            tracing::debug!("heartbeat channel full; heartbeat dropped");
+        }
+    }
+    loop {
+        let permit = match wire.frames.try_reserve() {
+            Ok(p) => p,
+            Err(TrySendError::Full(())) => return rt.wire_pending().0 > 0,
+            // the network task ends only with the daemon
+            Err(TrySendError::Closed(())) => {
+                while rt.pop_wire().is_some() {}
+                return false;
+            }
+        };
+        let Some(w) = rt.pop_wire() else {
+            return false;
+        };
+        permit.send(w);
     }
 }
 
 fn runtime_loop(
     mut rt: Runtime<UnixSupervisor>,
     inbox: &Receiver<ToRuntime>,
-    wire: &UnboundedSender<Wire>,
+    wire: &WireTx,
     stop_grace: Duration,
     health: &crate::health::Health,
 ) {
@@ -261,7 +307,7 @@ fn runtime_loop(
             }
         }
         rt.tick();
-        ship(&mut rt, wire);
+        let backlog = ship(&mut rt, wire);
         if let Some(until) = stopping {
             let (running, _) = rt.core().capacity();
             if running == 0 || Instant::now() >= until {
@@ -281,6 +327,12 @@ fn runtime_loop(
             .unwrap_or(MAX_WAIT)
             .min(MAX_WAIT)
             .min(crate::health::PUBLISH_EVERY);
+        // frames the transport has no room for yet are offered again soon
+        let wait = if backlog {
+            wait.min(BACKLOG_WAIT)
+        } else {
+            wait
+        };
         rt.pump_processes(wait);
         ship(&mut rt, wire);
     }

@@ -187,6 +187,10 @@ struct Gauges {
     unverified: Gauge,
     terminals_open: Gauge,
     terminal_events: Family<EventLabel, Gauge>,
+    wire_frames: Gauge,
+    wire_bytes: Gauge,
+    wire_overflows: Gauge,
+    heartbeats_dropped: Gauge,
 }
 
 fn g(n: u64) -> i64 {
@@ -205,6 +209,7 @@ pub(crate) struct Health {
 impl Health {
     pub(crate) fn new(
         store_metrics: &rvbox_client_store::metrics::ClientStoreMetrics,
+        transport: &crate::net::TransportMetrics,
     ) -> Arc<Self> {
         let gauges = Gauges::default();
         let mut registry = Registry::default();
@@ -277,7 +282,31 @@ impl Health {
                 gauges.terminal_events.clone(),
             );
         }
+        {
+            let r = registry.sub_registry_with_prefix("rvbox_client_runtime");
+            r.register(
+                "wire_queued_frames",
+                "Frames released by the core and waiting for room in the transport",
+                gauges.wire_frames.clone(),
+            );
+            r.register(
+                "wire_queued_bytes",
+                "Bytes of the frames waiting for room in the transport",
+                gauges.wire_bytes.clone(),
+            );
+            r.register(
+                "wire_overflows",
+                "Connections ended because the runtime's transport queue was full, since start",
+                gauges.wire_overflows.clone(),
+            );
+            r.register(
+                "heartbeats_dropped",
+                "Heartbeats dropped because their queue was full, since start",
+                gauges.heartbeats_dropped.clone(),
+            );
+        }
         store_metrics.register(&mut registry);
+        transport.register(&mut registry);
         Arc::new(Self {
             view: Mutex::new(HealthView::default()),
             gauges,
@@ -310,6 +339,12 @@ impl Health {
         gs.queued.set(i64::from(v.queued));
         gs.unverified.set(g(v.unverified_trees));
         gs.terminals_open.set(g(v.terminals_open));
+        let (frames, bytes) = rt.wire_pending();
+        let (dropped, overflows) = rt.wire_stats();
+        gs.wire_frames.set(g(frames as u64));
+        gs.wire_bytes.set(g(bytes as u64));
+        gs.wire_overflows.set(g(overflows));
+        gs.heartbeats_dropped.set(g(dropped));
         for (event, n) in terminal_counts(&v.terminals) {
             gs.terminal_events
                 .get_or_create(&EventLabel { event })

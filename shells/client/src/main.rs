@@ -9,6 +9,7 @@
 mod daemon;
 mod health;
 mod net;
+mod outbox;
 mod repair;
 
 const ABOUT: &str =

@@ -5,12 +5,16 @@
 //!
 //! Owns: dialing when the core asks, one reader task that only hands
 //! frames to the runtime thread, one writer task that writes what the
-//! core released under a deadline, with two lanes (agent.proto): the
-//! control lane (every frame but terminal traffic, and the pings, pongs
-//! and close) always goes before the data lane (terminal traffic), so a
-//! terminal streaming at full speed never holds up a heartbeat; and
-//! telling the core when the connection it had ended (never about one it
-//! closed itself, and never about an older one).
+//! core released under a deadline, from three bounded lanes
+//! ([`crate::outbox`]): heartbeats (pings and pongs, which reach the
+//! transport on their own channel too, so no frame ahead of them can hold
+//! them up), then control (every frame but terminal traffic, and the
+//! close), then data (terminal traffic); and telling the core when the
+//! connection it had ended (never about one it closed itself, and never
+//! about an older one). Every queue is bounded: the runtime hands frames
+//! over a channel of [`WIRE_CHANNEL`] entries (the rest wait in the
+//! runtime, within its own bounds); a lane that cannot take a frame ends
+//! the connection, and the spool resends on the next.
 //!
 //! Must never: decide anything of the protocol, reconnect on its own (the
 //! core's backoff decides when to dial), or let a frame of an older
@@ -22,12 +26,18 @@ use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::Duration;
 
 use futures_util::{SinkExt as _, StreamExt as _};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use rvbox_client_core::machine::Input;
 use rvbox_client_runtime::Wire;
 use rvbox_config::ClientConfig;
 use rvbox_supervisor::Waker;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::{self, Receiver, UnboundedSender};
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
@@ -35,9 +45,16 @@ use tokio_tungstenite::tungstenite::{self, Bytes, Message};
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
 use crate::daemon::ToRuntime;
+use crate::outbox::{Full, Lane, Next, Outbox};
 
 /// Inputs the runtime thread's inbox holds before the reader waits.
 pub(crate) const RUNTIME_INBOX: usize = 4096;
+/// Frames (and link steps) the runtime hands over before it keeps the
+/// rest until the transport has taken some.
+pub(crate) const WIRE_CHANNEL: usize = 1024;
+/// Heartbeats the runtime hands over on their own channel; more are
+/// dropped (a heartbeat carries nothing).
+pub(crate) const HEARTBEAT_CHANNEL: usize = 16;
 /// A dial (TCP, TLS and the WebSocket handshake) that takes longer fails.
 /// Longer than the 25 s nginx's replicas configuration
 /// (deploy/nginx/rvbox-replicas.conf) waits for a stalled replica's
@@ -217,10 +234,8 @@ impl Poster {
 /// One open connection.
 struct Conn {
     epoch: u64,
-    /// The control lane.
-    out: UnboundedSender<Message>,
-    /// The data lane (terminal traffic).
-    data: UnboundedSender<Message>,
+    /// Its lanes.
+    outbox: Arc<Outbox>,
     reader: JoinHandle<()>,
     writer: JoinHandle<()>,
 }
@@ -243,11 +258,9 @@ impl Conn {
         };
         self.reader.abort();
         let _ = self.reader.await;
-        // the writer sends what the control lane holds, then the close,
-        // then ends
-        let _ = self.out.send(Message::Close(Some(frame)));
-        drop(self.out);
-        drop(self.data);
+        // the writer sends what the heartbeat and control lanes hold,
+        // then the close, then ends
+        self.outbox.close_with(Message::Close(Some(frame)));
         if tokio::time::timeout(WRITE_DEADLINE, self.writer)
             .await
             .is_err()
@@ -268,58 +281,130 @@ fn close_reason(code: u16) -> &'static str {
     }
 }
 
+/// A lane, as a metric label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct LaneLabel {
+    lane: &'static str,
+}
+
+/// The transport's metrics (plan §11.1), bounded labels only (a lane).
+#[derive(Clone, Debug)]
+pub(crate) struct TransportMetrics {
+    /// Frames waiting on each lane of the current connection.
+    queued_frames: Family<LaneLabel, Gauge>,
+    /// Bytes waiting on each lane of the current connection.
+    queued_bytes: Family<LaneLabel, Gauge>,
+    /// Connections ended because a lane was full, by lane.
+    overflows: Family<LaneLabel, Counter>,
+    /// Heartbeats dropped because their lane or channel was full.
+    heartbeats_dropped: Counter,
+    /// Dials that failed.
+    dial_failures: Counter,
+    /// From a connection's loss (or the first dial) to the next
+    /// connection opened, in seconds.
+    reconnect_seconds: Histogram,
+}
+
+impl TransportMetrics {
+    pub(crate) fn new() -> Self {
+        Self {
+            queued_frames: Family::default(),
+            queued_bytes: Family::default(),
+            overflows: Family::default(),
+            heartbeats_dropped: Counter::default(),
+            dial_failures: Counter::default(),
+            reconnect_seconds: Histogram::new([
+                0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0,
+            ]),
+        }
+    }
+
+    /// Registers every metric under `rvbox_client_transport_`.
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("rvbox_client_transport");
+        r.register(
+            "queued_frames",
+            "Frames waiting on each lane of the current connection (heartbeat, control, data)",
+            self.queued_frames.clone(),
+        );
+        r.register(
+            "queued_bytes",
+            "Bytes waiting on each lane of the current connection",
+            self.queued_bytes.clone(),
+        );
+        r.register(
+            "overflows",
+            "Connections ended because a lane was full, by lane",
+            self.overflows.clone(),
+        );
+        r.register(
+            "heartbeats_dropped",
+            "Pings and pongs dropped because their queue was full",
+            self.heartbeats_dropped.clone(),
+        );
+        r.register(
+            "dial_failures",
+            "Dials that failed (TCP, TLS or the WebSocket upgrade)",
+            self.dial_failures.clone(),
+        );
+        r.register(
+            "reconnect_seconds",
+            "From a connection's loss (or the daemon's first dial) to the next connection opened",
+            self.reconnect_seconds.clone(),
+        );
+    }
+
+    fn observe(&self, outbox: &Outbox) {
+        for lane in [Lane::Heartbeat, Lane::Control, Lane::Data] {
+            let (frames, bytes) = outbox.depth(lane);
+            let label = LaneLabel { lane: lane.name() };
+            self.queued_frames
+                .get_or_create(&label)
+                .set(i64::try_from(frames).unwrap_or(i64::MAX));
+            self.queued_bytes
+                .get_or_create(&label)
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// What the runtime thread hands the transport.
+#[derive(Debug)]
+pub(crate) struct WireRx {
+    /// Frames and link steps, in order.
+    pub(crate) frames: Receiver<Wire>,
+    /// Pings and pongs.
+    pub(crate) heartbeats: Receiver<Wire>,
+}
+
 /// Runs the transport until the runtime's frame queue closes.
-pub(crate) async fn run(cfg: NetConfig, mut wire: UnboundedReceiver<Wire>, poster: Poster) {
+pub(crate) async fn run(cfg: NetConfig, wire: WireRx, poster: Poster, metrics: TransportMetrics) {
+    let WireRx {
+        frames: mut wire,
+        mut heartbeats,
+    } = wire;
     let mut conn: Option<Conn> = None;
     let mut next_url = 0usize;
     let mut epoch = 0u64;
+    // since when no connection is open (reconnect duration)
+    let mut lost_at: Option<tokio::time::Instant> = None;
     let (ended_tx, mut ended_rx) = mpsc::unbounded_channel::<(u64, Option<u16>)>();
     loop {
+        // a frame a lane could not take ends the connection
+        let mut overflow: Option<Full> = None;
         tokio::select! {
-            w = wire.recv() => {
-                let Some(w) = w else { break };
-                match w {
-                    Wire::Dial => {
-                        if let Some(c) = conn.take() {
-                            c.end().await;
-                        }
-                        epoch += 1;
-                        let url = cfg.urls.get(next_url % cfg.urls.len()).cloned().unwrap_or_default();
-                        match dial(&cfg, &url).await {
-                            Ok(ws) => {
-                                tracing::info!(%url, "connected");
-                                // the core learns of the connection before
-                                // any of its frames
-                                if !poster.post(Input::Opened).await {
-                                    break;
-                                }
-                                conn = Some(start(ws, epoch, poster.clone(), ended_tx.clone()));
-                            }
-                            Err(e) => {
-                                tracing::warn!(%url, error = %e, "dial failed");
-                                next_url = next_url.wrapping_add(1);
-                                if !poster.post(Input::Closed(None)).await {
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    Wire::Binary(b) => send(conn.as_ref(), Message::Binary(b.into())),
-                    Wire::Data(b) => send_data(conn.as_ref(), Message::Binary(b.into())),
-                    Wire::Ping => send(conn.as_ref(), Message::Ping(Bytes::new())),
-                    Wire::Pong => send(conn.as_ref(), Message::Pong(Bytes::new())),
-                    Wire::Close(code) => {
-                        if let Some(c) = conn.take() {
-                            tracing::info!(code, "closing the connection");
-                            c.close(code).await;
-                        }
-                        if code == rvbox_client_core::link::codes::liveness_timeout() {
-                            // plan R5: a stall (nothing heard for the
-                            // liveness timeout, or no welcome in time)
-                            // moves to the next URL like a transport error
-                            next_url = next_url.wrapping_add(1);
-                        }
-                    }
+            biased;
+            h = heartbeats.recv(), if conn.is_some() => {
+                let Some(h) = h else { break };
+                let msg = match h {
+                    Wire::Ping => Message::Ping(Bytes::new()),
+                    _ => Message::Pong(Bytes::new()),
+                };
+                if let Some(c) = conn.as_ref()
+                    && c.outbox.push(Lane::Heartbeat, msg).is_err()
+                {
+                    metrics.heartbeats_dropped.inc();
+                    tracing::debug!("heartbeat lane full; heartbeat dropped");
                 }
             }
             ended = ended_rx.recv() => {
@@ -328,6 +413,7 @@ pub(crate) async fn run(cfg: NetConfig, mut wire: UnboundedReceiver<Wire>, poste
                     if let Some(c) = conn.take() {
                         c.end().await;
                     }
+                    lost_at.get_or_insert_with(tokio::time::Instant::now);
                     tracing::info!(code = ?code, "connection ended");
                     if code.is_none() {
                         // a transport failure: the next dial tries the
@@ -339,6 +425,81 @@ pub(crate) async fn run(cfg: NetConfig, mut wire: UnboundedReceiver<Wire>, poste
                     }
                 }
             }
+            w = wire.recv() => {
+                let Some(w) = w else { break };
+                match w {
+                    Wire::Dial => {
+                        if let Some(c) = conn.take() {
+                            c.end().await;
+                        }
+                        epoch += 1;
+                        let since = *lost_at.get_or_insert_with(tokio::time::Instant::now);
+                        let url = cfg.urls.get(next_url % cfg.urls.len()).cloned().unwrap_or_default();
+                        match dial(&cfg, &url).await {
+                            Ok(ws) => {
+                                let waited = since.elapsed();
+                                metrics.reconnect_seconds.observe(waited.as_secs_f64());
+                                lost_at = None;
+                                tracing::info!(%url, reconnect_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX), "connected");
+                                // heartbeats meant for the last connection
+                                // are not the new one's
+                                while heartbeats.try_recv().is_ok() {}
+                                // the core learns of the connection before
+                                // any of its frames
+                                if !poster.post(Input::Opened).await {
+                                    break;
+                                }
+                                conn = Some(start(ws, epoch, poster.clone(), ended_tx.clone(), metrics.clone()));
+                            }
+                            Err(e) => {
+                                metrics.dial_failures.inc();
+                                tracing::warn!(%url, error = %e, "dial failed");
+                                next_url = next_url.wrapping_add(1);
+                                if !poster.post(Input::Closed(None)).await {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Wire::Binary(b) => overflow = push(conn.as_ref(), Lane::Control, Message::Binary(b.into()), &metrics),
+                    Wire::Data(b) => overflow = push(conn.as_ref(), Lane::Data, Message::Binary(b.into()), &metrics),
+                    Wire::Ping => overflow = push(conn.as_ref(), Lane::Heartbeat, Message::Ping(Bytes::new()), &metrics),
+                    Wire::Pong => overflow = push(conn.as_ref(), Lane::Heartbeat, Message::Pong(Bytes::new()), &metrics),
+                    Wire::Close(code) => {
+                        if let Some(c) = conn.take() {
+                            tracing::info!(code, "closing the connection");
+                            c.close(code).await;
+                            lost_at.get_or_insert_with(tokio::time::Instant::now);
+                        }
+                        if code == rvbox_client_core::link::codes::liveness_timeout() {
+                            // plan R5: a stall (nothing heard for the
+                            // liveness timeout, or no welcome in time)
+                            // moves to the next URL like a transport error
+                            next_url = next_url.wrapping_add(1);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(Full(lane)) = overflow {
+            // the connection cannot keep up: end it rather than grow; the
+            // spool resends every unacknowledged event on the next one
+            metrics
+                .overflows
+                .get_or_create(&LaneLabel { lane: lane.name() })
+                .inc();
+            tracing::warn!(
+                lane = lane.name(),
+                "transport lane full; ending the connection"
+            );
+            if let Some(c) = conn.take() {
+                c.end().await;
+            }
+            lost_at.get_or_insert_with(tokio::time::Instant::now);
+            next_url = next_url.wrapping_add(1);
+            if !poster.post(Input::Closed(None)).await {
+                break;
+            }
         }
     }
     if let Some(c) = conn.take() {
@@ -346,71 +507,20 @@ pub(crate) async fn run(cfg: NetConfig, mut wire: UnboundedReceiver<Wire>, poste
     }
 }
 
-fn send(conn: Option<&Conn>, msg: Message) {
-    if let Some(c) = conn {
-        // a writer that ended has reported it; the frame is the spool's
-        let _ = c.out.send(msg);
-    }
-}
-
-fn send_data(conn: Option<&Conn>, msg: Message) {
-    if let Some(c) = conn {
-        // as `send`: a writer that ended has reported it
-        let _ = c.data.send(msg);
-    }
-}
-
-/// What the writer takes next.
-enum Next {
-    /// A frame, the control lane's first.
-    Frame(Message),
-    /// Nothing waits now (only when not waiting).
-    Idle,
-    /// The control lane closed: the connection is ending.
-    Closed,
-}
-
-/// The next frame to write, the control lane's first; waits for one when
-/// `wait`.
-async fn next_frame(
-    ctl: &mut mpsc::UnboundedReceiver<Message>,
-    data: &mut mpsc::UnboundedReceiver<Message>,
-    data_open: &mut bool,
-    wait: bool,
-) -> Next {
-    use mpsc::error::TryRecvError;
-    match ctl.try_recv() {
-        Ok(m) => return Next::Frame(m),
-        Err(TryRecvError::Disconnected) => return Next::Closed,
-        Err(TryRecvError::Empty) => {}
-    }
-    if *data_open {
-        match data.try_recv() {
-            Ok(m) => return Next::Frame(m),
-            Err(TryRecvError::Disconnected) => *data_open = false,
-            Err(TryRecvError::Empty) => {}
+/// Queues a frame on the current connection's `lane`; the lane that was
+/// full when it is not a heartbeat's (a frame with no connection is the
+/// spool's, and a heartbeat carries nothing).
+fn push(conn: Option<&Conn>, lane: Lane, msg: Message, metrics: &TransportMetrics) -> Option<Full> {
+    let c = conn?;
+    let pushed = c.outbox.push(lane, msg);
+    metrics.observe(&c.outbox);
+    match pushed {
+        Ok(()) => None,
+        Err(_) if lane == Lane::Heartbeat => {
+            metrics.heartbeats_dropped.inc();
+            None
         }
-    }
-    if !wait {
-        return Next::Idle;
-    }
-    loop {
-        let got = if *data_open {
-            tokio::select! {
-                biased;
-                m = ctl.recv() => m.map_or(Next::Closed, Next::Frame),
-                m = data.recv() => match m {
-                    Some(m) => Next::Frame(m),
-                    None => {
-                        *data_open = false;
-                        continue;
-                    }
-                },
-            }
-        } else {
-            ctl.recv().await.map_or(Next::Closed, Next::Frame)
-        };
-        return got;
+        Err(full) => Some(full),
     }
 }
 
@@ -440,56 +550,84 @@ async fn dial(cfg: &NetConfig, url: &str) -> Result<Ws, String> {
     }
 }
 
-fn start(ws: Ws, epoch: u64, poster: Poster, ended: UnboundedSender<(u64, Option<u16>)>) -> Conn {
-    let (mut sink, mut stream) = ws.split();
-    let (out, mut rx) = mpsc::unbounded_channel::<Message>();
-    let (data, mut data_rx) = mpsc::unbounded_channel::<Message>();
-    let ended_w = ended.clone();
-    let writer = tokio::spawn(async move {
-        let mut data_open = true;
-        while let Next::Frame(first) = next_frame(&mut rx, &mut data_rx, &mut data_open, true).await
-        {
-            let mut item = Some(first);
-            let mut n = 0;
-            let mut closing = false;
-            while let Some(msg) = item.take() {
-                closing |= matches!(msg, Message::Close(_));
-                match tokio::time::timeout(WRITE_DEADLINE, sink.feed(msg)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "write failed");
-                        let _ = ended_w.send((epoch, None));
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::warn!("write deadline passed");
-                        let _ = ended_w.send((epoch, None));
-                        return;
-                    }
-                }
-                n += 1;
-                if n < WRITE_BURST && !closing {
-                    // the control lane first again: a ping queued behind a
-                    // burst of terminal output waits for one frame at most
-                    if let Next::Frame(m) =
-                        next_frame(&mut rx, &mut data_rx, &mut data_open, false).await
-                    {
-                        item = Some(m);
-                    }
-                }
-            }
-            match tokio::time::timeout(WRITE_DEADLINE, sink.flush()).await {
+/// How a writer ended.
+#[derive(Debug, PartialEq, Eq)]
+enum WriterEnd {
+    /// The close frame was written (or the outbox closed).
+    Closed,
+    /// A write failed or passed its deadline: the connection is lost.
+    Lost,
+}
+
+/// Writes the outbox's frames into `sink`, the highest lane first, up to
+/// [`WRITE_BURST`] before each flush, each within [`WRITE_DEADLINE`];
+/// after every frame the lanes are looked at again, so a heartbeat waits
+/// for one frame at most.
+async fn write_lanes<S>(sink: &mut S, outbox: &Outbox, metrics: &TransportMetrics) -> WriterEnd
+where
+    S: futures_util::Sink<Message> + Unpin,
+    S::Error: std::fmt::Display,
+{
+    while let Next::Frame(first) = outbox.next(true).await {
+        let mut item = Some(first);
+        let mut n = 0;
+        let mut closing = false;
+        while let Some(msg) = item.take() {
+            closing |= matches!(msg, Message::Close(_));
+            match tokio::time::timeout(WRITE_DEADLINE, sink.feed(msg)).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => {
-                    if !closing {
-                        let _ = ended_w.send((epoch, None));
-                    }
-                    return;
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "write failed");
+                    return WriterEnd::Lost;
+                }
+                Err(_) => {
+                    tracing::warn!("write deadline passed");
+                    return WriterEnd::Lost;
                 }
             }
-            if closing {
-                return;
+            n += 1;
+            // the lanes are looked at again after every frame: a
+            // heartbeat waits for one frame at most
+            if n < WRITE_BURST
+                && !closing
+                && let Next::Frame(m) = outbox.next(false).await
+            {
+                item = Some(m);
             }
+        }
+        metrics.observe(outbox);
+        match tokio::time::timeout(WRITE_DEADLINE, sink.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => {
+                return if closing {
+                    WriterEnd::Closed
+                } else {
+                    WriterEnd::Lost
+                };
+            }
+        }
+        if closing {
+            return WriterEnd::Closed;
+        }
+    }
+    WriterEnd::Closed
+}
+
+fn start(
+    ws: Ws,
+    epoch: u64,
+    poster: Poster,
+    ended: UnboundedSender<(u64, Option<u16>)>,
+    metrics: TransportMetrics,
+) -> Conn {
+    let (mut sink, mut stream) = ws.split();
+    let outbox = Arc::new(Outbox::default());
+    metrics.observe(&outbox);
+    let ended_w = ended.clone();
+    let lanes = Arc::clone(&outbox);
+    let writer = tokio::spawn(async move {
+        if write_lanes(&mut sink, &lanes, &metrics).await == WriterEnd::Lost {
+            let _ = ended_w.send((epoch, None));
         }
     });
     let reader = tokio::spawn(async move {
@@ -525,8 +663,7 @@ fn start(ws: Ws, epoch: u64, poster: Poster, ended: UnboundedSender<(u64, Option
     });
     Conn {
         epoch,
-        out,
-        data,
+        outbox,
         reader,
         writer,
     }
@@ -537,66 +674,90 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
 
-    fn name(n: Next) -> String {
-        match n {
-            Next::Frame(Message::Binary(b)) => String::from_utf8_lossy(&b).into_owned(),
-            Next::Frame(Message::Ping(_)) => "ping".into(),
-            Next::Frame(other) => format!("{other:?}"),
-            Next::Idle => "idle".into(),
-            Next::Closed => "closed".into(),
+    fn name(m: &Message) -> String {
+        match m {
+            Message::Binary(b) => String::from_utf8_lossy(b).into_owned(),
+            Message::Ping(_) => "ping".into(),
+            Message::Pong(_) => "pong".into(),
+            Message::Close(_) => "close".into(),
+            other => format!("{other:?}"),
         }
     }
 
+    fn bin(s: &str) -> Message {
+        Message::Binary(s.as_bytes().to_vec().into())
+    }
+
+    /// A sink that keeps what it is given, or refuses everything.
+    struct VecSink {
+        out: Vec<Message>,
+        broken: bool,
+    }
+
+    impl futures_util::Sink<Message> for VecSink {
+        type Error = String;
+        fn poll_ready(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), String>> {
+            std::task::Poll::Ready(if self.broken {
+                Err("broken pipe".into())
+            } else {
+                Ok(())
+            })
+        }
+        fn start_send(mut self: std::pin::Pin<&mut Self>, m: Message) -> Result<(), String> {
+            self.out.push(m);
+            Ok(())
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), String>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_close(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), String>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// The writer takes the lanes in rank order and ends at the close; a
+    /// sink that fails ends it as a lost connection.
     #[tokio::test]
-    async fn the_control_lane_goes_before_terminal_traffic_already_queued() {
-        let (ctl_tx, mut ctl) = mpsc::unbounded_channel::<Message>();
-        let (data_tx, mut data) = mpsc::unbounded_channel::<Message>();
-        let mut open = true;
-        for i in 0..3 {
-            data_tx
-                .send(Message::Binary(format!("output {i}").into_bytes().into()))
+    async fn the_writer_writes_heartbeats_first_and_ends_at_the_close() {
+        let outbox = Outbox::default();
+        for i in 0..100 {
+            outbox
+                .push(Lane::Data, bin(&format!("output {i}")))
                 .unwrap();
         }
-        assert_eq!(
-            name(next_frame(&mut ctl, &mut data, &mut open, false).await),
-            "output 0"
-        );
-        ctl_tx.send(Message::Ping(Bytes::new())).unwrap();
-        ctl_tx
-            .send(Message::Binary(b"ack".to_vec().into()))
+        outbox.push(Lane::Control, bin("event")).unwrap();
+        outbox
+            .push(Lane::Heartbeat, Message::Ping(Bytes::new()))
             .unwrap();
-        // a heartbeat queued behind terminal output overtakes it
+        outbox.close_with(Message::Close(None));
+        let mut sink = VecSink {
+            out: Vec::new(),
+            broken: false,
+        };
+        let end = write_lanes(&mut sink, &outbox, &TransportMetrics::new()).await;
+        assert_eq!(end, WriterEnd::Closed);
+        let written: Vec<String> = sink.out.iter().map(name).collect();
+        // terminal traffic still waiting at the close is dropped
+        assert_eq!(written, vec!["ping", "event", "close"]);
+
+        let outbox = Outbox::default();
+        outbox.push(Lane::Control, bin("event")).unwrap();
+        let mut sink = VecSink {
+            out: Vec::new(),
+            broken: true,
+        };
         assert_eq!(
-            name(next_frame(&mut ctl, &mut data, &mut open, false).await),
-            "ping"
+            write_lanes(&mut sink, &outbox, &TransportMetrics::new()).await,
+            WriterEnd::Lost
         );
-        assert_eq!(
-            name(next_frame(&mut ctl, &mut data, &mut open, true).await),
-            "ack"
-        );
-        assert_eq!(
-            name(next_frame(&mut ctl, &mut data, &mut open, true).await),
-            "output 1"
-        );
-        assert_eq!(
-            name(next_frame(&mut ctl, &mut data, &mut open, false).await),
-            "output 2"
-        );
-        assert_eq!(
-            name(next_frame(&mut ctl, &mut data, &mut open, false).await),
-            "idle"
-        );
-        // the data lane closing is not the end; the control lane's is
-        drop(data_tx);
-        ctl_tx.send(Message::Pong(Bytes::new())).unwrap();
-        assert!(matches!(
-            next_frame(&mut ctl, &mut data, &mut open, true).await,
-            Next::Frame(Message::Pong(_))
-        ));
-        drop(ctl_tx);
-        assert!(matches!(
-            next_frame(&mut ctl, &mut data, &mut open, true).await,
-            Next::Closed
-        ));
     }
 }
