@@ -201,6 +201,12 @@ impl Stack {
 
     /// Starts the client and waits until the server lists it connected.
     pub fn start_client(&mut self) {
+        self.spawn_client();
+        self.wait_connected();
+    }
+
+    /// Starts the client without waiting for anything.
+    pub fn spawn_client(&mut self) {
         let child = Command::new(bin("rvbox"))
             .arg("--config")
             .arg(self.dir.path().join("client.toml"))
@@ -209,7 +215,6 @@ impl Stack {
             .spawn()
             .unwrap();
         self.client = Some(child);
-        self.wait_connected();
     }
 
     /// Waits until `rvc stat` shows web-1 connected.
@@ -446,12 +451,61 @@ fn run_ok(cmd: &mut Command) {
     );
 }
 
+/// The certificate nginx presents: the names it is valid for (a
+/// `subjectAltName` value) and its validity in days from now (negative:
+/// it expired that many days ago).
+#[derive(Debug, Clone)]
+pub struct ServerCert {
+    /// `subjectAltName`, e.g. `DNS:localhost,IP:127.0.0.1`.
+    pub names: String,
+    /// Days valid; below 0, already expired.
+    pub days: i32,
+}
+
+impl Default for ServerCert {
+    fn default() -> Self {
+        Self {
+            names: "DNS:localhost,IP:127.0.0.1".into(),
+            days: 2,
+        }
+    }
+}
+
+/// A CA of its own in `dir` (`<name>.crt`, `<name>.key`), for tests that
+/// trust the wrong one; returns the certificate's path.
+pub fn make_ca(dir: &Path, name: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let (crt, key) = (
+        dir.join(format!("{name}.crt")),
+        dir.join(format!("{name}.key")),
+    );
+    run_ok(
+        Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+            .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
+            .args(["-subj", &format!("/CN={name}")])
+            .args(["-addext", "basicConstraints=critical,CA:TRUE"])
+            .args(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&crt),
+    );
+    crt
+}
+
 impl Nginx {
     /// Starts nginx in `dir` proxying `wss://localhost:PORT/rvbox/agent`
     /// to the agent endpoint on `agent_port`.
     pub fn start(dir: &Path, agent_port: u16) -> Self {
+        Self::start_with_cert(dir, agent_port, &ServerCert::default())
+    }
+
+    /// As [`Nginx::start`], presenting `cert` (signed by the test CA).
+    pub fn start_with_cert(dir: &Path, agent_port: u16, cert: &ServerCert) -> Self {
         Self::start_shipped(
             dir,
+            cert,
             &shipped_nginx_conf(),
             vec![(
                 "server 127.0.0.1:7700;".into(),
@@ -476,10 +530,15 @@ impl Nginx {
                 )
             })
             .collect();
-        Self::start_shipped(dir, &conf, upstreams)
+        Self::start_shipped(dir, &ServerCert::default(), &conf, upstreams)
     }
 
-    fn start_shipped(dir: &Path, shipped_conf: &Path, upstreams: Vec<(String, String)>) -> Self {
+    fn start_shipped(
+        dir: &Path,
+        cert: &ServerCert,
+        shipped_conf: &Path,
+        upstreams: Vec<(String, String)>,
+    ) -> Self {
         let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
             .into_iter()
             .map(PathBuf::from)
@@ -520,12 +579,18 @@ impl Nginx {
         );
         std::fs::write(
             d.join("ext.cnf"),
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+            format!("subjectAltName={}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n", cert.names),
         )
         .unwrap();
         run_ok(
             Command::new("openssl")
-                .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
+                .args([
+                    "x509",
+                    "-req",
+                    "-days",
+                    &cert.days.to_string(),
+                    "-CAcreateserial",
+                ])
                 .arg("-in")
                 .arg(d.join("server.csr"))
                 .arg("-CA")
