@@ -253,6 +253,16 @@ impl ServerCore {
                 return;
             }
         };
+        if view.lifecycle == rvbox_domain::lifecycle::Lifecycle::Queued {
+            // queued -> dispatched is durable now: the dispatch latency
+            let waited =
+                u64::try_from(self.wall_ms.saturating_sub(view.issue_time_ms)).unwrap_or(0);
+            if self.dispatch_waits.len() < crate::MAX_DISPATCH_WAITS {
+                self.dispatch_waits.push(waited);
+            } else {
+                self.stats.dispatch_waits_dropped += 1;
+            }
+        }
         let generation = self.conns.get(&conn).map_or(0, |c| c.generation);
         let frame = convert::dispatch_frame(view, revision, generation, *spec);
         let transient = st.backoff.get(&issue).map_or(0, |b| b.1);

@@ -343,6 +343,9 @@ pub enum Output {
 /// What the core counts (bounded names; the shell exports them).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EngineStats {
+    /// Dispatch waits not kept because [`MAX_DISPATCH_WAITS`] were
+    /// waiting to be taken.
+    pub dispatch_waits_dropped: u64,
     /// Registrations accepted.
     pub registered: u64,
     /// Live-conflict rejections.
@@ -523,6 +526,9 @@ impl Pending {
     }
 }
 
+/// Most dispatch waits kept until [`ServerCore::take_dispatch_waits`].
+pub const MAX_DISPATCH_WAITS: usize = 4096;
+
 /// The server core (see the crate docs).
 #[derive(Debug)]
 pub struct ServerCore {
@@ -556,6 +562,11 @@ pub struct ServerCore {
     /// wait, so the store sees them in the order the client sent them.
     barrier: BTreeSet<rvbox_domain::ids::Uuid7>,
     stats: EngineStats,
+    /// How long each command dispatched since the last
+    /// [`ServerCore::take_dispatch_waits`] waited from its creation (wall
+    /// ms), at most [`MAX_DISPATCH_WAITS`]; more are counted in
+    /// [`EngineStats::dispatch_waits_dropped`].
+    dispatch_waits: Vec<u64>,
     /// The rate limit of session audit records without an effect.
     audits: audit::AuditLimiter,
     /// Monotonic time of the last queue-expiry pass.
@@ -615,6 +626,7 @@ impl ServerCore {
             ingest_since: None,
             barrier: BTreeSet::new(),
             stats: EngineStats::default(),
+            dispatch_waits: Vec::new(),
             audits: audit::AuditLimiter::default(),
             last_expiry_ms: None,
             duties: rvbox_store_port::replica::Duty::ALL.into_iter().collect(),
@@ -650,6 +662,13 @@ impl ServerCore {
     #[must_use]
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// How long each command first dispatched since the last call waited
+    /// from its creation to its dispatch being durable (wall ms; the
+    /// dispatch latency of plan §11.1), oldest first.
+    pub fn take_dispatch_waits(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.dispatch_waits)
     }
 
     /// Connections currently open.

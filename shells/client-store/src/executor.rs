@@ -3,7 +3,9 @@
 //! A failure is logged (never with payloads), counted, and answered as
 //! `Failed`: nothing of that step is durable.
 
-use rvbox_client_core::ops::{AcceptOutcome, ClientCompletion, ClientOp, WrapperSource};
+use rvbox_client_core::ops::{
+    AcceptOutcome, ClientCompletion, ClientOp, ScriptOutcome, WrapperSource,
+};
 use rvbox_storage::StoreError;
 
 use crate::records::Materialize;
@@ -68,9 +70,22 @@ impl ClientStore {
             ClientOp::Running { issue } => done(self.launch_running(issue)),
             ClientOp::Unprepared { issue } => done(self.launch_unprepared(issue)),
             ClientOp::Ended { issue, lifecycle } => done(self.launch_ended(issue, *lifecycle)),
-            ClientOp::ScriptChunk { issue, chunk } => self
-                .script_chunk(issue, chunk, now_ms)
-                .map(ClientCompletion::Script),
+            ClientOp::ScriptChunk { issue, chunk } => {
+                self.script_chunk(issue, chunk, now_ms).map(|outcome| {
+                    let step = match &outcome {
+                        ScriptOutcome::Invalid(_) => Some("invalid"),
+                        ScriptOutcome::Mismatch(_) => Some("mismatch"),
+                        ScriptOutcome::Received { .. } | ScriptOutcome::Committed => None,
+                    };
+                    if let Some(step) = step {
+                        self.metrics
+                            .script_verification_failures
+                            .get_or_create(&crate::metrics::StepLabel { step })
+                            .inc();
+                    }
+                    ClientCompletion::Script(outcome)
+                })
+            }
             ClientOp::StdinWrite { issue, write } => {
                 self.stdin_write(issue, write).map(ClientCompletion::Stdin)
             }

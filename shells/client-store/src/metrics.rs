@@ -32,6 +32,10 @@ pub struct ClientStoreMetrics {
     /// Wrapper files not written because the working directory resolved
     /// outside every allowed root (or not to a directory).
     pub wrapper_refusals: Counter,
+    /// Script chunks refused (`invalid`: a chunk breaks the upload rules)
+    /// and whole scripts whose SHA-256 or length did not match their
+    /// descriptor (`mismatch`), by step.
+    pub script_verification_failures: Family<StepLabel, Counter>,
 }
 
 impl ClientStoreMetrics {
@@ -67,6 +71,11 @@ impl ClientStoreMetrics {
             "incidents",
             "Local incidents recorded",
             self.incidents.clone(),
+        );
+        r.register(
+            "script_verification_failures",
+            "Script chunks refused (invalid) and whole scripts that did not match their descriptor (mismatch), by step",
+            self.script_verification_failures.clone(),
         );
         r.register(
             "wrapper_refusals",

@@ -47,7 +47,7 @@ pub use rvbox_server_core::{
     MAX_CONNECTIONS, event_append,
 };
 pub use settings::{ServerSettings, SettingsError, server_settings};
-pub use thread::{CompletionSink, ExecutorThread};
+pub use thread::{CompletionSink, ExecutorThread, PassReport};
 
 /// The core and the executor on one thread (see the crate docs).
 #[derive(Debug)]

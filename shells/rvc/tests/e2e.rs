@@ -268,6 +268,61 @@ fn health_readiness_and_metrics_answer_on_the_agent_listener() {
     );
 }
 
+/// The value of the first sample of `name` (with any labels) in a
+/// Prometheus text exposition.
+fn sample(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The metrics of plan §11.1 move with the work: a command's dispatch
+/// latency, the store's write passes and queue, the client's lanes, and
+/// its reconnect duration after the server restarts.
+#[test]
+fn dispatch_store_and_transport_metrics_move_with_the_work() {
+    let mut s = Stack::new();
+    let out = s.rvc(&["run", "web-1", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let (code, body) = support::http_get(s.server_metrics, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    for name in [
+        "rvbox_server_dispatch_seconds_count",
+        "rvbox_server_store_pass_seconds_count",
+    ] {
+        assert!(
+            sample(&body, name).is_some_and(|v| v >= 1.0),
+            "{name}\n{body}"
+        );
+    }
+    assert!(
+        sample(&body, "rvbox_server_store_queued_ops").is_some(),
+        "{body}"
+    );
+    let client = |s: &Stack| support::http_get(s.client_health, "/metrics").unwrap().1;
+    let body = client(&s);
+    assert!(
+        body.contains("rvbox_client_transport_queued_frames{lane=\"control\"}"),
+        "{body}"
+    );
+    assert!(
+        sample(&body, "rvbox_client_runtime_wire_queued_frames").is_some(),
+        "{body}"
+    );
+    let reconnects = |b: &str| sample(b, "rvbox_client_transport_reconnect_seconds_count");
+    assert_eq!(reconnects(&body), Some(1.0), "{body}");
+    s.restart_server();
+    s.wait_connected();
+    s.wait_until("the client counts its reconnect", || {
+        reconnects(&client(&s)) == Some(2.0)
+    });
+}
+
 #[test]
 fn a_stale_control_socket_is_replaced_but_a_live_one_is_not() {
     let mut s = Stack::server_only();

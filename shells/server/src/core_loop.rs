@@ -136,11 +136,23 @@ impl Clock {
 /// Completions from the executor thread, into the core's own channel (it
 /// is read before the inbox, so it never fills while the core waits on
 /// the executor's queue).
-struct Completions(mpsc::Sender<Vec<(OpToken, OpResult)>>);
+struct Completions(mpsc::Sender<Vec<(OpToken, OpResult)>>, Arc<ServerMetrics>);
 
 impl CompletionSink for Completions {
     fn deliver(&mut self, done: Vec<(OpToken, OpResult)>) -> bool {
         self.0.blocking_send(done).is_ok()
+    }
+
+    fn observe(&mut self, pass: &rvbox_engine::PassReport) {
+        self.1.store_pass(pass);
+        if !pass.failed.is_empty() {
+            tracing::warn!(
+                failed = pass.failed.len(),
+                ops = pass.ops,
+                first = pass.failed.first().copied().unwrap_or(""),
+                "store operations failed"
+            );
+        }
     }
 }
 
@@ -165,7 +177,7 @@ impl CoreThread {
     ) -> std::io::Result<Self> {
         let (tx, inbox) = mpsc::channel(INBOX);
         let (ctx, completions) = mpsc::channel(2 * rvbox_engine::thread::EXECUTOR_QUEUE);
-        let exec = ExecutorThread::spawn_backend(backend, Completions(ctx))?;
+        let exec = ExecutorThread::spawn_backend(backend, Completions(ctx, Arc::clone(&metrics)))?;
         let (ended_tx, ended) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("rvbox-server-core".into())
@@ -339,6 +351,9 @@ impl<B: Backend + Send + 'static> Loop<B> {
             .handle(self.clock.now_ms(), Clock::wall_ms(), input);
         self.drain();
         self.metrics.terminal_stats(self.core.stats());
+        let waits = self.core.take_dispatch_waits();
+        self.metrics
+            .dispatch_waits(&waits, self.core.stats().dispatch_waits_dropped);
     }
 
     /// Performs every output of the core, in order. Inputs the outputs

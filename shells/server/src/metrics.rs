@@ -6,6 +6,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// A session counter and its reason.
@@ -55,6 +56,47 @@ pub(crate) struct ServerMetrics {
     pub(crate) terminals: Family<ReasonLabel, Counter>,
     /// The core's terminal counters last exported.
     terminals_seen: std::sync::Mutex<[u64; TERMINAL_EVENTS.len()]>,
+    /// Store pass and dispatch latencies.
+    pub(crate) latencies: Latencies,
+    /// Store operations answered `UNAVAILABLE` (a store failure, not a
+    /// refusal), by operation.
+    pub(crate) store_failures: Family<OpLabel, Counter>,
+    /// Store operations submitted to the executor and not yet performed.
+    pub(crate) store_queued: Gauge,
+    /// Dispatch waits the core could not keep between two exports.
+    dispatch_waits_dropped: Counter,
+    dispatch_dropped_seen: std::sync::atomic::AtomicU64,
+}
+
+/// A store operation's bounded name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct OpLabel {
+    /// `StoreOp::name`.
+    pub(crate) op: &'static str,
+}
+
+/// The latency histograms.
+#[derive(Debug)]
+pub(crate) struct Latencies {
+    /// One pass of the store executor: its operations, transactions and
+    /// durable commits (seconds).
+    pub(crate) store_pass: Histogram,
+    /// From a command's creation to its dispatch being durable (seconds).
+    pub(crate) dispatch: Histogram,
+}
+
+impl Default for Latencies {
+    fn default() -> Self {
+        Self {
+            store_pass: Histogram::new([
+                0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+            dispatch: Histogram::new([
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 3600.0,
+                86_400.0,
+            ]),
+        }
+    }
 }
 
 /// The terminal counters of the core, by their bounded event name.
@@ -104,6 +146,33 @@ impl ServerMetrics {
                     .inc_by(n - *last);
                 *last = n;
             }
+        }
+    }
+
+    /// Records one pass of the store executor.
+    pub(crate) fn store_pass(&self, pass: &rvbox_engine::PassReport) {
+        self.latencies
+            .store_pass
+            .observe(pass.elapsed.as_secs_f64());
+        for op in &pass.failed {
+            self.store_failures.get_or_create(&OpLabel { op }).inc();
+        }
+        self.store_queued
+            .set(i64::try_from(pass.queued).unwrap_or(i64::MAX));
+    }
+
+    /// Records the dispatch waits the core measured (ms), and the ones it
+    /// could not keep (its running count).
+    pub(crate) fn dispatch_waits(&self, waits: &[u64], dropped_total: u64) {
+        for ms in waits {
+            #[allow(clippy::cast_precision_loss)]
+            self.latencies.dispatch.observe(*ms as f64 / 1000.0);
+        }
+        let seen = self
+            .dispatch_dropped_seen
+            .swap(dropped_total, std::sync::atomic::Ordering::Relaxed);
+        if dropped_total > seen {
+            self.dispatch_waits_dropped.inc_by(dropped_total - seen);
         }
     }
 
@@ -188,6 +257,31 @@ impl ServerMetrics {
             "ready",
             "1 once the store has recovered and the server serves",
             self.ready.clone(),
+        );
+        r.register(
+            "store_pass_seconds",
+            "One pass of the store executor: its operations, transactions and durable commits (the store's write latency)",
+            self.latencies.store_pass.clone(),
+        );
+        r.register(
+            "store_failures",
+            "Store operations that failed (answered UNAVAILABLE; refusals are not counted), by operation",
+            self.store_failures.clone(),
+        );
+        r.register(
+            "store_queued_ops",
+            "Store operations handed to the executor and not yet performed",
+            self.store_queued.clone(),
+        );
+        r.register(
+            "dispatch_seconds",
+            "From a command's creation to its dispatch being durable (the dispatch latency)",
+            self.latencies.dispatch.clone(),
+        );
+        r.register(
+            "dispatch_waits_dropped",
+            "Dispatch latencies not recorded because too many waited to be exported",
+            self.dispatch_waits_dropped.clone(),
         );
         r.register(
             "executor_gone",

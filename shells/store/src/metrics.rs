@@ -154,6 +154,10 @@ pub struct StoreMetrics {
     pub fleet_runs: Family<EventLabel, Counter>,
     /// Fleet targets released (commands created for them).
     pub fleet_targets_released: Counter,
+    /// Scripts that failed verification, by stage (`upload`: the bytes do
+    /// not match their descriptor; `readback`: the written segment did not
+    /// read back clean).
+    pub script_verification_failures: Family<StepLabel, Counter>,
 }
 
 impl Default for StoreMetrics {
@@ -199,6 +203,7 @@ impl Default for StoreMetrics {
             clients_pruned: Counter::default(),
             fleet_runs: Family::default(),
             fleet_targets_released: Counter::default(),
+            script_verification_failures: Family::default(),
         }
     }
 }
@@ -215,6 +220,13 @@ impl StoreMetrics {
         self.fleet_targets_released.inc_by(n as u64);
     }
 
+    /// Counts a script that failed verification at `stage`.
+    pub fn script_verification(&self, stage: &'static str) {
+        self.script_verification_failures
+            .get_or_create(&StepLabel { step: stage })
+            .inc();
+    }
+
     /// Counts a server-side command transition.
     pub fn command_transition(&self, to: &'static str) {
         self.command_transitions
@@ -225,6 +237,11 @@ impl StoreMetrics {
     /// Registers every metric under the `rvbox_store` prefix.
     pub fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("rvbox_store");
+        r.register(
+            "script_verification_failures",
+            "Scripts that failed verification, by step (upload: bytes differ from their descriptor; readback: the written segment did not read back clean)",
+            self.script_verification_failures.clone(),
+        );
         r.register(
             "events_appended",
             "Events made durable",

@@ -426,7 +426,12 @@ impl Store {
         intent: &mut crate::audit::AuditIntent,
         now_ms: i64,
     ) -> Result<wire::RunCommandResponse, OpError> {
-        let valid = check_run_command(req)?;
+        let valid = check_run_command(req).inspect_err(|e| {
+            if e.field() == "script" && e.code() == Code::InvalidArgument {
+                self.metrics.script_verification("upload");
+                tracing::warn!(reason = %e.reason(), "script refused: its bytes do not match its descriptor");
+            }
+        })?;
         self.health
             .check_writable(&[(wire::ScopeKind::Client, valid.client_id.as_str())])?;
         let issue = *valid.issue_uuid.as_bytes();
@@ -501,6 +506,12 @@ impl Store {
         let (r, expiry_ms) = insert_command_in(&tx, &opts, free, &row, now_ms)?;
         if let Some(b) = &blob {
             let verified = crate::blobs::write_blob(self.fs.as_ref(), &self.layout, &issue, b)?;
+            if !verified {
+                self.metrics.script_verification("readback");
+                tracing::warn!(
+                    "script segment did not read back clean; it is scanned at the next start"
+                );
+            }
             self.hook.at(crate::crash::points::BLOB_AFTER_SYNC);
             let charged = charge(CHARGE_VERSION, ChargeKind::ScriptPayload, b.stored_total)
                 .map_err(|e| StoreError::Integrity(e.to_string()))?;

@@ -251,3 +251,34 @@ fn script_ranges_read_only_the_overlapping_chunks_and_join_exactly() {
         Some((300_000, body[299_990..].to_vec()))
     );
 }
+
+/// A script whose bytes do not match their descriptor is refused naming
+/// `script`, nothing is stored, and the refusal is counted as a script
+/// verification failure (plan §11.1); a matching one is not counted.
+#[test]
+fn a_script_that_does_not_match_its_descriptor_is_refused_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let failures = |s: &rvbox_store::Store| {
+        s.metrics()
+            .script_verification_failures
+            .get_or_create(&rvbox_store::metrics::StepLabel { step: "upload" })
+            .get()
+    };
+    let id = new_id();
+    s.run_command(&script_request(&id, b"echo fine\n"), NOW)
+        .unwrap();
+    assert_eq!(failures(&s), 0);
+    let bad = new_id();
+    let mut req = script_request(&bad, b"echo fine\n");
+    req.script = b"echo evil\n".to_vec();
+    match s.run_command(&req, NOW) {
+        Err(OpError::Refused(e)) => {
+            assert_eq!(e.field(), "script");
+            assert!(e.reason().contains("SHA-256"), "{}", e.reason());
+        }
+        other => panic!("expected a refusal: {other:?}"),
+    }
+    assert_eq!(failures(&s), 1);
+    assert_eq!(s.script(&bad).ok().flatten(), None);
+}
