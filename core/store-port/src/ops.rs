@@ -540,6 +540,11 @@ pub trait Backend {
     /// returned before the commit that made its write durable.
     fn perform_batch(&mut self, ops: Vec<(OpToken, i64, StoreOp)>) -> Vec<(OpToken, OpResult)>;
 
+    /// The last step of a graceful stop, after every operation: what the
+    /// backend keeps waiting for a later write (the SQLite store's audit
+    /// outbox) is made final. Never fails the stop; failures are logged.
+    fn close(&mut self, _wall_ms: i64) {}
+
     /// Performs one operation.
     fn perform(&mut self, wall_ms: i64, op: StoreOp) -> OpResult {
         self.perform_batch(vec![(OpToken(0), wall_ms, op)])

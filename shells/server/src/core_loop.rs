@@ -516,7 +516,10 @@ impl<B: Backend + Send + 'static> Loop<B> {
         if let Some(exec) = self.exec.take() {
             match exec.stop() {
                 // the SQLite store checkpoints as it drops
-                Ok(backend) => drop(backend),
+                Ok(mut backend) => {
+                    backend.close(Clock::wall_ms());
+                    drop(backend);
+                }
                 Err(e) => tracing::error!(error = %e, "store executor"),
             }
         }

@@ -28,13 +28,7 @@ const LIST_LIMIT: u32 = 1000;
 pub(crate) fn command() -> Command {
     Command::new("repair")
         .about("Offline storage repair: list, repair or acknowledge storage incidents (the server must be stopped)")
-        .arg(
-            Arg::new("data-dir")
-                .long("data-dir")
-                .value_name("DIR")
-                .required(true)
-                .help("The server's data directory (storage.data_dir)"),
-        )
+        .arg(data_dir_arg())
         .subcommand_required(true)
         .subcommand(
             Command::new("list")
@@ -71,36 +65,56 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// Runs `repair`; returns the process exit status.
-#[must_use]
-pub(crate) fn run(matches: &ArgMatches) -> i32 {
+/// The `--data-dir DIR` argument of the offline tools.
+pub(crate) fn data_dir_arg() -> Arg {
+    Arg::new("data-dir")
+        .long("data-dir")
+        .value_name("DIR")
+        .required(true)
+        .help("The server's data directory (storage.data_dir)")
+}
+
+/// Opens the store of `--data-dir` for the offline tool `tool`, with the
+/// daemon's single-instance lock; the exit status (said on stderr) when
+/// it cannot: no store there, a live server, or a store that fails to
+/// open.
+pub(crate) fn open_offline(matches: &ArgMatches, tool: &str, now: i64) -> Result<Store, i32> {
     let Some(dir) = matches.get_one::<String>("data-dir").map(PathBuf::from) else {
-        return 2;
+        return Err(2);
     };
     if !Layout::new(&dir).db_file().exists() {
         eprintln!(
-            "rvbox-server repair: {} holds no RVBox store (no db/rvbox.sqlite3)",
+            "rvbox-server {tool}: {} holds no RVBox store (no db/rvbox.sqlite3)",
             dir.display()
         );
-        return EXIT_STORE;
+        return Err(EXIT_STORE);
     }
-    let now = now_ms();
-    let mut store = match Store::open(
+    match Store::open(
         Layout::new(&dir),
         Arc::new(RealFs),
         Arc::new(OsEntropy),
         StoreOptions::default(),
         now,
     ) {
-        Ok(s) => s,
+        Ok(s) => Ok(s),
         Err(e @ StoreError::Locked { .. }) => {
-            eprintln!("rvbox-server repair: {e}; stop the server first");
-            return EXIT_LOCKED;
+            eprintln!("rvbox-server {tool}: {e}; stop the server first");
+            Err(EXIT_LOCKED)
         }
         Err(e) => {
-            eprintln!("rvbox-server repair: cannot open the store: {e}");
-            return EXIT_STORE;
+            eprintln!("rvbox-server {tool}: cannot open the store: {e}");
+            Err(EXIT_STORE)
         }
+    }
+}
+
+/// Runs `repair`; returns the process exit status.
+#[must_use]
+pub(crate) fn run(matches: &ArgMatches) -> i32 {
+    let now = now_ms();
+    let mut store = match open_offline(matches, "repair", now) {
+        Ok(s) => s,
+        Err(status) => return status,
     };
     match store.recover(now) {
         Ok(r) => {

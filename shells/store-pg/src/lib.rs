@@ -69,6 +69,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "pty_sessions",
         include_str!("../migrations/0005_pty_sessions.sql"),
     ),
+    (
+        6,
+        "audit_chain",
+        include_str!("../migrations/0006_audit_chain.sql"),
+    ),
 ];
 
 /// Named crash points of the PostgreSQL store (conventions rule 8).

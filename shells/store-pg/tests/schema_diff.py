@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Differential test: the SQLite schema after migration 0011 against its
-PostgreSQL form (shells/store-pg/migrations/0001_initial.sql and
-0005_pty_sessions.sql).
+"""Differential test: the SQLite schema after migration 0012 against its
+PostgreSQL form (shells/store-pg/migrations/0001_initial.sql,
+0005_pty_sessions.sql and 0006_audit_chain.sql).
 
 Run from the repository root:  python3 shells/store-pg/tests/schema_diff.py
 
 What it does:
-  1. applies the eleven SQLite migrations to an in-memory database with the
+  1. applies the twelve SQLite migrations to an in-memory database with the
      store's PRAGMAs (foreign_keys = ON, trusted_schema = OFF), each in its
      own transaction as the migration runner does: the reference;
   2. a second SQLite copy whose triggers also log their name into `_fired`
@@ -50,7 +50,7 @@ SQLITE_MIGRATIONS = sorted(glob.glob(os.path.join(REPO, "shells/store/src/migrat
 # the PostgreSQL migrations that mirror SQLite ones (0002..0004 hold what
 # only the PostgreSQL store has)
 PG_SCHEMA = [os.path.join(REPO, "shells/store-pg/migrations", f)
-             for f in ("0001_initial.sql", "0005_pty_sessions.sql")]
+             for f in ("0001_initial.sql", "0005_pty_sessions.sql", "0006_audit_chain.sql")]
 def _pg_bin():
     """The newest installed PostgreSQL 15+ (as the Rust test kit finds it)."""
     found = []
@@ -248,8 +248,8 @@ class Harness:
         c.execute("PRAGMA foreign_keys = ON")
         c.execute("PRAGMA trusted_schema = OFF")
         assert c.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-        if len(SQLITE_MIGRATIONS) != 11:
-            raise Fail(f"expected 11 SQLite migrations, found {len(SQLITE_MIGRATIONS)}")
+        if len(SQLITE_MIGRATIONS) != 12:
+            raise Fail(f"expected 12 SQLite migrations, found {len(SQLITE_MIGRATIONS)}")
         for path in SQLITE_MIGRATIONS:
             # one transaction per migration, as rvbox_storage::db::migrate does
             c.executescript("BEGIN IMMEDIATE;\n" + open(path).read() + "\nCOMMIT;")
@@ -703,6 +703,7 @@ def phase1(H):
     ok("UPDATE audit_segments SET state = 'sealed', records = 3, committed_end = 99, first_ms = ?, last_ms = ?, "
        "charged_bytes = 120 WHERE ordinal = 1", NOW, NOW + 2)
     ok("INSERT INTO audit_segments (ordinal) VALUES (2)")
+    ok("UPDATE audit_segments SET chain_start = ?, chain_end = ? WHERE ordinal = 1", b"\x00" * 32, b"\x11" * 32)
     ok("INSERT INTO pending_deletions (file_name, issue_uuid, queued_ms) VALUES (?, ?, ?)", "t1", u(3), NOW)
     ok("INSERT INTO pending_deletions (file_name, queued_ms, origin, source_name) VALUES (?, ?, ?, ?)",
        "t" * 128, NOW, "audit", "a" * 128)
@@ -982,6 +983,8 @@ def phase2(H):
     bad("INSERT INTO audit_segments (ordinal) VALUES (0)", expect=CK)
     bad("INSERT INTO audit_segments (ordinal, state) VALUES (3, 'blob')", expect=CK)
     bad("INSERT INTO audit_segments (ordinal) VALUES (3)", expect=UQ)          # one active audit segment
+    bad("UPDATE audit_segments SET chain_end = ? WHERE ordinal = 1", b"\x00" * 31, expect=CK)
+    bad("UPDATE audit_segments SET chain_start = ? WHERE ordinal = 1", b"\x00" * 33, expect=CK)
     bad("INSERT INTO pending_deletions (file_name, queued_ms) VALUES ('', 0)", expect=CK)
     bad("INSERT INTO pending_deletions (file_name, queued_ms, origin) VALUES ('x', 0, 'trash')", expect=CK)
     bad("INSERT INTO pending_deletions (file_name, queued_ms, source_name) VALUES ('x', 0, '')", expect=CK)

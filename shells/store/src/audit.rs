@@ -132,6 +132,11 @@ pub struct AuditRecord {
     /// A bounded, payload-free explanation (a session's close reason, a
     /// refusal's reason); at most [`MAX_AUDIT_DETAIL_BYTES`].
     pub detail: String,
+    /// SHA-256 of the encoded record before this one in the audit log
+    /// (the hash chain); set when the record is appended to an audit
+    /// segment, `None` before that (the outbox) and in records written
+    /// before the chain existed.
+    pub prev_hash: Option<[u8; 32]>,
 }
 
 impl AuditRecord {
@@ -242,8 +247,9 @@ impl AuditRecord {
         self
     }
 
-    /// Encodes the record (format version 2, little-endian,
-    /// length-prefixed text; version 1 had no `detail`).
+    /// Encodes the record (little-endian, length-prefixed text): format
+    /// version 3 when it carries `prev_hash` (flag 32, the hash last),
+    /// else version 2 (version 1 had no `detail`).
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
         fn text(out: &mut Vec<u8>, s: &str) {
@@ -251,8 +257,8 @@ impl AuditRecord {
             out.extend_from_slice(&len.to_le_bytes());
             out.extend_from_slice(s.as_bytes().get(..usize::from(len)).unwrap_or_default());
         }
-        let mut out = Vec::with_capacity(128);
-        out.push(2u8);
+        let mut out = Vec::with_capacity(160);
+        out.push(if self.prev_hash.is_some() { 3u8 } else { 2u8 });
         out.extend_from_slice(&self.time_ms.to_le_bytes());
         text(&mut out, &self.transport);
         text(&mut out, &self.principal);
@@ -262,7 +268,8 @@ impl AuditRecord {
             | (u8::from(self.issue_uuid.is_some()) << 1)
             | (u8::from(self.error_code.is_some()) << 2)
             | (u8::from(self.command_digest.is_some()) << 3)
-            | (u8::from(!self.detail.is_empty()) << 4);
+            | (u8::from(!self.detail.is_empty()) << 4)
+            | (u8::from(self.prev_hash.is_some()) << 5);
         out.push(flags);
         if let Some(c) = &self.client_id {
             text(&mut out, c);
@@ -283,6 +290,9 @@ impl AuditRecord {
         }
         if !self.detail.is_empty() {
             text(&mut out, &self.detail);
+        }
+        if let Some(h) = &self.prev_hash {
+            out.extend_from_slice(h);
         }
         out
     }
@@ -310,7 +320,7 @@ impl AuditRecord {
         }
         let mut r = R(buf);
         let version = r.u8()?;
-        if !(1..=2).contains(&version) {
+        if !(1..=3).contains(&version) {
             return None;
         }
         let time_ms = i64::from_le_bytes(r.take(8)?.try_into().ok()?);
@@ -352,6 +362,11 @@ impl AuditRecord {
         } else {
             String::new()
         };
+        let prev_hash = if version >= 3 && flags & 32 != 0 {
+            Some(<[u8; 32]>::try_from(r.take(32)?).ok()?)
+        } else {
+            None
+        };
         if !r.0.is_empty() || detail.len() > MAX_AUDIT_DETAIL_BYTES {
             return None;
         }
@@ -367,6 +382,7 @@ impl AuditRecord {
             command_digest,
             env_keys,
             detail,
+            prev_hash,
         })
     }
 }
@@ -380,6 +396,23 @@ pub struct AuditAck {
     pub ordinal: u64,
     /// Audit segments rotated to make room.
     pub rotated: u64,
+}
+
+/// What [`Store::verify_audit`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditVerification {
+    /// Audit segments read.
+    pub segments: u64,
+    /// Records checked against the chain.
+    pub chained: u64,
+    /// Records written before the chain existed (not covered by it).
+    pub unchained: u64,
+    /// The hash of the newest chained record (the chain's head), to keep
+    /// elsewhere and compare later; zeros when there is none.
+    pub head: [u8; 32],
+    /// Each problem found, naming the segment and the record sequence;
+    /// empty when the log is intact.
+    pub problems: Vec<String>,
 }
 
 /// What audit recovery did.
@@ -613,6 +646,7 @@ impl AuditRecord {
             command_digest: None,
             env_keys: Vec::new(),
             detail: String::new(),
+            prev_hash: None,
         }
     }
 
@@ -689,6 +723,14 @@ struct AuditCommit {
     first_ms: i64,
     last_ms: i64,
     outbox_upto: i64,
+    /// The hash the batch's first record continues.
+    chain_start: [u8; 32],
+    /// The hash of the batch's last record.
+    chain_end: [u8; 32],
+}
+
+fn hash32(v: &[u8], what: &str) -> Result<[u8; 32], StoreError> {
+    <[u8; 32]>::try_from(v).map_err(|_| StoreError::Integrity(format!("{what} is not 32 bytes")))
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -716,6 +758,44 @@ impl Store {
             )
             .optional()
             .map_err(|e| StoreError::sqlite("find active audit segment", e))
+    }
+
+    /// The hash the next audit record continues: the newest segment's
+    /// last chained record, else the hash the oldest kept segment
+    /// continues after rotation, else zeros (the chain's start).
+    fn audit_chain_head(&self) -> Result<[u8; 32], StoreError> {
+        let newest: Option<Option<Vec<u8>>> = self
+            .conn
+            .query_row_cached(
+                "SELECT chain_end FROM audit_segments ORDER BY ordinal DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("read audit chain head", e))?;
+        if let Some(h) = newest.flatten() {
+            return hash32(&h, "audit_segments.chain_end");
+        }
+        match self.audit_chain_floor()? {
+            Some(h) => Ok(h),
+            None => Ok([0; 32]),
+        }
+    }
+
+    /// `store_meta.audit_chain_floor`: the hash of the last record of the
+    /// newest rotated segment.
+    fn audit_chain_floor(&self) -> Result<Option<[u8; 32]>, StoreError> {
+        let v: Option<Vec<u8>> = self
+            .conn
+            .query_row_cached(
+                "SELECT value FROM store_meta WHERE key = 'audit_chain_floor'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| StoreError::sqlite("read audit chain floor", e))?;
+        v.map(|h| hash32(&h, "store_meta.audit_chain_floor"))
+            .transpose()
     }
 
     /// The ordinal and base sequence a new audit segment gets.
@@ -847,24 +927,29 @@ impl Store {
         let Some(&(first_id, _)) = rows.first() else {
             return Ok(None);
         };
-        // compress each record; the segment choice depends on their sizes
+        // chain each record to the one before it, then compress it; the
+        // segment choice depends on their sizes. A record's hash is the
+        // SHA-256 of its encoding, which its segment record carries too
+        let chain_start = self.audit_chain_head()?;
+        let mut head = chain_start;
         let mut prepared = Vec::with_capacity(rows.len());
-        for (id, raw) in &rows {
+        for (id, outboxed) in &rows {
+            let mut rec = AuditRecord::decode(outboxed).ok_or_else(|| {
+                StoreError::Integrity(format!("audit outbox row {id} does not decode"))
+            })?;
+            rec.prev_hash = Some(head);
+            let raw = rec.encode();
             let raw_len = u32::try_from(raw.len())
                 .ok()
                 .filter(|n| *n <= MAX_AUDIT_RAW_BYTES)
                 .ok_or_else(|| {
                     StoreError::Integrity(format!("audit outbox row {id} is too large"))
                 })?;
-            let time_ms = AuditRecord::decode(raw)
-                .ok_or_else(|| {
-                    StoreError::Integrity(format!("audit outbox row {id} does not decode"))
-                })?
-                .time_ms;
-            let stored = zstd::bulk::compress(raw, 3)
+            let stored = zstd::bulk::compress(&raw, 3)
                 .map_err(|e| StoreError::io("compress audit record", "", e))?;
             let len = rvbox_segment::encoded_len(u32::try_from(stored.len()).unwrap_or(u32::MAX));
-            prepared.push((*id, raw_len, sha256(raw), stored, len, time_ms));
+            head = sha256(&raw);
+            prepared.push((*id, raw_len, head, stored, len, rec.time_ms));
         }
 
         let active = self.audit_active()?;
@@ -1018,6 +1103,8 @@ impl Store {
             first_ms,
             last_ms,
             outbox_upto: last_id,
+            chain_start,
+            chain_end: batch.last().map_or(chain_start, |p| p.2),
         };
         if let Err(e) = self.audit_commit(&commit, now_ms) {
             self.audit_rollback(&path, new_file, committed);
@@ -1059,7 +1146,9 @@ impl Store {
             "UPDATE audit_segments SET committed_end = committed_end + ?2, records = records + ?3,
                  charged_bytes = charged_bytes + ?4,
                  first_ms = COALESCE(first_ms, ?5),
-                 last_ms = MAX(COALESCE(last_ms, ?6), ?6)
+                 last_ms = MAX(COALESCE(last_ms, ?6), ?6),
+                 chain_start = COALESCE(chain_start, ?7),
+                 chain_end = ?8
              WHERE ordinal = ?1",
             params![
                 to_i64(c.ordinal),
@@ -1067,7 +1156,9 @@ impl Store {
                 to_i64(c.records),
                 to_i64(c.charged),
                 c.first_ms,
-                c.last_ms
+                c.last_ms,
+                c.chain_start.as_slice(),
+                c.chain_end.as_slice()
             ],
         )
         .map_err(|e| StoreError::sqlite("advance audit committed_end", e))?;
@@ -1161,6 +1252,22 @@ impl Store {
                 return Ok(0);
             };
             freed = freed.saturating_add(to_u64(charged));
+            // the oldest kept segment continues this one's last record
+            let end: Option<Vec<u8>> = tx
+                .query_row_cached(
+                    "SELECT chain_end FROM audit_segments WHERE ordinal = ?1",
+                    params![ordinal],
+                    |r| r.get(0),
+                )
+                .map_err(|e| StoreError::sqlite("read rotated audit chain", e))?;
+            if let Some(end) = end {
+                tx.execute_cached(
+                    "INSERT INTO store_meta (key, value) VALUES ('audit_chain_floor', ?1)
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    params![end],
+                )
+                .map_err(|e| StoreError::sqlite("record audit chain floor", e))?;
+            }
             tx.execute_cached(
                 "DELETE FROM audit_segments WHERE ordinal = ?1",
                 params![ordinal],
@@ -1376,6 +1483,183 @@ impl Store {
                 Ok(())
             }
         }
+    }
+
+    /// Checks the audit log against its hash chain, offline, reading
+    /// every committed record of every audit segment in order: each
+    /// record's checksum, that it decodes, that it names the hash of the
+    /// record before it, that each segment continues the one before it
+    /// (the oldest kept one continuing `store_meta.audit_chain_floor`), and
+    /// that each segment's recomputed last hash and record count are the
+    /// ones the database keeps. An edited record (its checksums made to
+    /// match or not), a removed or reordered record, and a replaced or
+    /// removed segment are each a problem naming where. Records written
+    /// before the chain existed are counted apart. Changes nothing.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database cannot be read; what the files
+    /// hold is reported as problems.
+    pub fn verify_audit(&self) -> Result<AuditVerification, StoreError> {
+        type Row = (u64, u64, u64, u64, String, Option<Vec<u8>>, Option<Vec<u8>>);
+        let rows: Vec<Row> = {
+            let mut stmt = self
+                .conn
+                .prepare_cached(
+                    "SELECT ordinal, committed_end, base_seq, records, state, chain_start, chain_end
+                     FROM audit_segments ORDER BY ordinal",
+                )
+                .map_err(|e| StoreError::sqlite("list audit segments", e))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        to_u64(r.get(0)?),
+                        to_u64(r.get(1)?),
+                        to_u64(r.get(2)?),
+                        to_u64(r.get(3)?),
+                        r.get(4)?,
+                        r.get(5)?,
+                        r.get(6)?,
+                    ))
+                })
+                .map_err(|e| StoreError::sqlite("list audit segments", e))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(|e| StoreError::sqlite("list audit segments", e))?
+        };
+        let limits = audit_limits();
+        let mut v = AuditVerification::default();
+        // the hash the next chained record must name
+        let mut expect = self.audit_chain_floor()?.unwrap_or([0; 32]);
+        let mut chain_began = false;
+        for (ordinal, committed, base_seq, records, state, start, end) in rows {
+            v.segments += 1;
+            let at = format!("audit segment {ordinal}");
+            let start = start
+                .map(|h| hash32(&h, "audit_segments.chain_start"))
+                .transpose()?;
+            let end = end
+                .map(|h| hash32(&h, "audit_segments.chain_end"))
+                .transpose()?;
+            if state == "damaged" {
+                v.problems.push(format!(
+                    "{at} is marked damaged (see the storage incidents); not checked"
+                ));
+                chain_began |= end.is_some();
+                if let Some(e) = end {
+                    expect = e;
+                }
+                continue;
+            }
+            let name = audit_file_name(ordinal)
+                .ok_or_else(|| StoreError::Integrity("audit ordinal out of range".into()))?;
+            let path = self.layout.audit_dir().join(name);
+            let buf = match self.fs.open(&path).and_then(|f| {
+                let len = f.len()?;
+                if committed > len {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("the file holds {len} bytes, {committed} are committed"),
+                    ));
+                }
+                let mut buf = vec![0u8; usize::try_from(committed).unwrap_or(0)];
+                f.read_exact_at(&mut buf, 0)?;
+                Ok(buf)
+            }) {
+                Ok(b) => b,
+                Err(e) => {
+                    v.problems
+                        .push(format!("{at} cannot be read ({}): {e}", path.display()));
+                    continue;
+                }
+            };
+            let mut off = 0usize;
+            let mut seen = 0u64;
+            let mut first_in_segment = true;
+            while off < buf.len() {
+                let seq = base_seq.saturating_add(seen).saturating_add(1);
+                let rest = buf.get(off..).unwrap_or_default();
+                let rec = match rvbox_segment::decode(rest, &limits) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        v.problems.push(format!(
+                            "{at}: the record after sequence {} fails its checksum or framing ({}); the rest of the segment is not checked",
+                            seq.saturating_sub(1),
+                            e.code()
+                        ));
+                        break;
+                    }
+                };
+                let len = usize::try_from(rvbox_segment::encoded_len(
+                    u32::try_from(rec.payload.len()).unwrap_or(u32::MAX),
+                ))
+                .unwrap_or(usize::MAX);
+                off = off.saturating_add(len.max(1));
+                seen += 1;
+                if rec.meta.seq != seq {
+                    v.problems.push(format!(
+                        "{at}: record {seen} has sequence {}, expected {seq} (records removed or reordered)",
+                        rec.meta.seq
+                    ));
+                }
+                let raw = match zstd::bulk::decompress(rec.payload, rec.meta.raw_len as usize) {
+                    Ok(r) if sha256(&r) == rec.meta.sha256 => r,
+                    _ => {
+                        v.problems.push(format!(
+                            "{at}: record {} does not decompress to its checksum",
+                            rec.meta.seq
+                        ));
+                        continue;
+                    }
+                };
+                let Some(decoded) = AuditRecord::decode(&raw) else {
+                    v.problems
+                        .push(format!("{at}: record {} does not decode", rec.meta.seq));
+                    continue;
+                };
+                let Some(prev) = decoded.prev_hash else {
+                    if chain_began {
+                        v.problems.push(format!(
+                            "{at}: record {} carries no chain hash after the chain began (replaced by an older record?)",
+                            rec.meta.seq
+                        ));
+                    }
+                    v.unchained += 1;
+                    continue;
+                };
+                if first_in_segment && start.is_some_and(|s| s != prev) {
+                    v.problems.push(format!(
+                        "{at}: its first chained record does not continue the hash the database keeps for the segment"
+                    ));
+                }
+                first_in_segment = false;
+                if prev != expect {
+                    v.problems.push(format!(
+                        "{at}: record {} does not name the hash of the record before it (a record before it was edited, removed or reordered{})",
+                        rec.meta.seq,
+                        if chain_began { "" } else { ", or an older segment is missing" }
+                    ));
+                }
+                chain_began = true;
+                v.chained += 1;
+                expect = sha256(&raw);
+            }
+            if seen != records {
+                v.problems.push(format!(
+                    "{at} holds {seen} committed records; the database says {records}"
+                ));
+            }
+            if let Some(e) = end
+                && e != expect
+            {
+                v.problems.push(format!(
+                    "{at}: the hash of its last record is not the one the database keeps (its records were edited, removed or reordered)"
+                ));
+                // go on from what the database says, so one damaged
+                // segment is not reported again in every later one
+                expect = e;
+            }
+        }
+        v.head = if chain_began { expect } else { [0; 32] };
+        Ok(v)
     }
 
     /// Reads committed audit records with a sequence above `after_seq`, in

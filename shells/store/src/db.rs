@@ -58,6 +58,10 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 11,
         sql: include_str!("migrations/0011_pty_sessions.sql"),
     },
+    Migration {
+        version: 12,
+        sql: include_str!("migrations/0012_audit_chain.sql"),
+    },
 ];
 
 /// Applies every missing server-store migration and validates the
@@ -81,7 +85,7 @@ mod tests {
         let mut c = open(&path, DbOptions::default()).unwrap();
         assert_eq!(
             migrate(&mut c, 1).unwrap(),
-            vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
         );
         assert_eq!(migrate(&mut c, 2).unwrap(), Vec::<i64>::new());
         quick_check(&c).unwrap();
@@ -105,7 +109,7 @@ mod tests {
             migrate(&mut c, 3),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 11
+                known: 12
             })
         ));
     }

@@ -68,8 +68,21 @@ fn record(n: i64) -> AuditRecord {
         } else {
             format!("record {n}")
         },
+        prev_hash: None,
     }
     .with_env_names(env.keys())
+}
+
+/// Records without their chain hashes (set when a record leaves the
+/// outbox for its segment).
+fn unchained(records: Vec<(u64, AuditRecord)>) -> Vec<(u64, AuditRecord)> {
+    records
+        .into_iter()
+        .map(|(q, mut r)| {
+            r.prev_hash = None;
+            (q, r)
+        })
+        .collect()
 }
 
 fn audit_charged(s: &Store) -> (u64, u64) {
@@ -119,7 +132,11 @@ fn audit_records_append_and_read_back_with_key_names_only() {
     for (i, (seq, rec)) in back.iter().enumerate() {
         let n = i64::try_from(i).unwrap() + 1;
         assert_eq!(*seq, u64::try_from(n).unwrap());
-        assert_eq!(rec, &record(n));
+        // appended, each record names the hash of the one before it
+        assert!(rec.prev_hash.is_some());
+        let mut unchained = rec.clone();
+        unchained.prev_hash = None;
+        assert_eq!(unchained, record(n));
         assert_eq!(
             rec.env_keys,
             vec!["API_TOKEN".to_owned(), "PATH".to_owned()]
@@ -258,7 +275,11 @@ fn audit_recovery_cuts_uncommitted_tails_and_reports_damage() {
     assert_eq!(read[6].1, record(7));
     assert_eq!(s.flush_audit(NOW + 8).unwrap(), 1);
     assert_eq!(s.audit_outbox_len().unwrap(), 0);
-    assert_eq!(s.read_audit(0, 100).unwrap(), read);
+    // the same records; moved to its segment, record 7 now names the hash
+    // of the one before it
+    let moved = s.read_audit(0, 100).unwrap();
+    assert!(moved[6].1.prev_hash.is_some());
+    assert_eq!(unchained(moved), unchained(read));
 
     // garbage beyond the committed end of the active segment
     let active: i64 = s
@@ -430,7 +451,7 @@ fn control_mutations_commit_their_audit_record_with_the_effect() {
     assert_eq!(all[3].1.detail, "SIGNAL_KIND_TERM");
     // the flush moves them under the same sequences
     assert_eq!(s.flush_audit(NOW + 4).unwrap(), 4);
-    assert_eq!(s.read_audit(0, 10).unwrap(), all);
+    assert_eq!(unchained(s.read_audit(0, 10).unwrap()), unchained(all));
     let (counter, recount) = audit_charged(&s);
     assert_eq!(counter, recount);
 }
@@ -595,4 +616,178 @@ fn session_records_commit_with_the_registration_the_fence_the_claim_and_the_clos
     )
     .unwrap();
     assert_eq!(s.read_audit(5, 10).unwrap()[0].1.action, "HelloRejected");
+}
+
+/// Every committed record of an audit segment file: (meta, raw record).
+fn segment_records(path: &Path) -> Vec<(rvbox_segment::RecordMeta, Vec<u8>)> {
+    let raw = std::fs::read(path).unwrap();
+    let limits = rvbox_store::audit::audit_limits();
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off < raw.len() {
+        let d = rvbox_segment::decode(&raw[off..], &limits).unwrap();
+        out.push((
+            d.meta.clone(),
+            zstd::bulk::decompress(d.payload, d.meta.raw_len as usize).unwrap(),
+        ));
+        off += rvbox_segment::encoded_len(u32::try_from(d.payload.len()).unwrap()) as usize;
+    }
+    out
+}
+
+/// Rewrites an audit segment file from `records` with valid checksums,
+/// sequences renumbered from `base_seq + 1`, and makes the database's
+/// length and count agree: what someone who can write both the files and
+/// the tables, but does not recompute the chain, leaves behind.
+fn rewrite_segment(
+    s: &Store,
+    ordinal: u64,
+    base_seq: u64,
+    records: &[(rvbox_segment::RecordMeta, Vec<u8>)],
+) {
+    let limits = rvbox_store::audit::audit_limits();
+    let mut bytes = Vec::new();
+    for (k, (meta, raw)) in records.iter().enumerate() {
+        let mut meta = meta.clone();
+        meta.seq = base_seq + 1 + k as u64;
+        meta.raw_len = u32::try_from(raw.len()).unwrap();
+        meta.sha256 = rvbox_segment::sha256(raw);
+        let stored = zstd::bulk::compress(raw, 3).unwrap();
+        bytes.extend(rvbox_segment::encode(&meta, &stored, &limits).unwrap());
+    }
+    let name = rvbox_segment::audit_file_name(ordinal).unwrap();
+    std::fs::write(s.layout().audit_dir().join(name), &bytes).unwrap();
+    s.db()
+        .execute(
+            "UPDATE audit_segments SET committed_end = ?2, records = ?3 WHERE ordinal = ?1",
+            rusqlite::params![
+                i64::try_from(ordinal).unwrap(),
+                bytes.len() as i64,
+                records.len() as i64
+            ],
+        )
+        .unwrap();
+}
+
+/// A store with 40 audit records over several sealed segments and its
+/// segments (ordinal, base_seq).
+fn chained_store(dir: &Path) -> (Store, Vec<(u64, u64)>) {
+    let mut s = reopen(dir, opts(2048, 1024 * 1024));
+    for n in 1..=40 {
+        s.audit(&record(n), NOW + n).unwrap();
+    }
+    let segs: Vec<(u64, u64)> = {
+        let mut st = s
+            .db()
+            .prepare("SELECT ordinal, base_seq FROM audit_segments ORDER BY ordinal")
+            .unwrap();
+        st.query_map([], |r| {
+            Ok((
+                u64::try_from(r.get::<_, i64>(0)?).unwrap(),
+                u64::try_from(r.get::<_, i64>(1)?).unwrap(),
+            ))
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+    };
+    assert!(segs.len() >= 3, "{segs:?}");
+    (s, segs)
+}
+
+fn segment_path(s: &Store, ordinal: u64) -> std::path::PathBuf {
+    s.layout()
+        .audit_dir()
+        .join(rvbox_segment::audit_file_name(ordinal).unwrap())
+}
+
+/// The audit log is a hash chain the database anchors per segment: an
+/// intact log verifies; a record edited with its checksums made to match,
+/// a record removed, two records swapped (sequences renumbered, lengths
+/// and counts fixed in the database) and a removed middle segment are
+/// each found, naming the segment.
+#[test]
+fn the_audit_chain_finds_edited_removed_and_reordered_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, segs) = chained_store(dir.path());
+    let v = s.verify_audit().unwrap();
+    assert!(v.problems.is_empty(), "{:?}", v.problems);
+    assert_eq!((v.chained, v.unchained), (40, 0));
+    assert_ne!(v.head, [0; 32]);
+    let (ordinal, base) = segs[1];
+    let original = segment_records(&segment_path(&s, ordinal));
+    assert!(original.len() >= 3);
+
+    // an edited record: another action, checksums recomputed
+    let mut edited = original.clone();
+    let mut rec = AuditRecord::decode(&edited[1].1).unwrap();
+    rec.action = "GetCommand".into();
+    edited[1].1 = rec.encode();
+    rewrite_segment(&s, ordinal, base, &edited);
+    let v = s.verify_audit().unwrap();
+    assert!(
+        v.problems
+            .iter()
+            .any(|p| p.contains(&format!("audit segment {ordinal}"))),
+        "{:?}",
+        v.problems
+    );
+
+    // a removed record
+    let mut removed = original.clone();
+    removed.remove(1);
+    rewrite_segment(&s, ordinal, base, &removed);
+    let v = s.verify_audit().unwrap();
+    assert!(!v.problems.is_empty(), "a removed record went unnoticed");
+
+    // two records swapped
+    let mut swapped = original.clone();
+    swapped.swap(0, 1);
+    rewrite_segment(&s, ordinal, base, &swapped);
+    let v = s.verify_audit().unwrap();
+    assert!(!v.problems.is_empty(), "reordered records went unnoticed");
+
+    // put back as it was: intact again
+    rewrite_segment(&s, ordinal, base, &original);
+    assert!(s.verify_audit().unwrap().problems.is_empty());
+
+    // a middle segment removed, file and row
+    std::fs::remove_file(segment_path(&s, ordinal)).unwrap();
+    s.db()
+        .execute(
+            "DELETE FROM audit_segments WHERE ordinal = ?1",
+            [i64::try_from(ordinal).unwrap()],
+        )
+        .unwrap();
+    let v = s.verify_audit().unwrap();
+    let next = segs[2].0;
+    assert!(
+        v.problems
+            .iter()
+            .any(|p| p.contains(&format!("audit segment {next}"))),
+        "{:?}",
+        v.problems
+    );
+}
+
+/// Rotation keeps the chain checkable: the oldest kept segment continues
+/// the hash the rotated one ended with, and a restart continues the chain.
+#[test]
+fn the_audit_chain_survives_rotation_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = reopen(dir.path(), opts(1024, 8 * 1024));
+    for n in 1..=100 {
+        s.audit(&record(n), NOW + n).unwrap();
+    }
+    assert!(!audit_files(&s).contains(&rvbox_segment::audit_file_name(1).unwrap()));
+    let v = s.verify_audit().unwrap();
+    assert!(v.problems.is_empty(), "{:?}", v.problems);
+    let head = v.head;
+    drop(s);
+    let mut s = reopen(dir.path(), opts(1024, 8 * 1024));
+    assert_eq!(s.verify_audit().unwrap().head, head);
+    s.audit(&record(101), NOW + 101).unwrap();
+    let v = s.verify_audit().unwrap();
+    assert!(v.problems.is_empty(), "{:?}", v.problems);
+    assert_ne!(v.head, head);
 }
