@@ -2,12 +2,14 @@
 //!
 //! Owns: the real [`HostProbe`] (stat, canonicalize, effective uid, host
 //! name), the command-line flags generated from the configuration key
-//! registry, reading the one configuration file, `--check-config`, and
-//! tracing set-up.
+//! registry, reading the one configuration file, `--check-config`,
+//! tracing set-up, and the systemd service notifications ([`notify`]).
 //!
 //! Must never: decide what a configuration means (that is `rvbox-config`),
 //! read the process environment into a configuration, open a store, bind a
 //! listener or launch a child.
+
+pub mod notify;
 
 use std::fmt;
 use std::io::Read;
