@@ -34,6 +34,7 @@ use rvbox_client_runtime::settings::{client_core_config, supervisor_config};
 use rvbox_client_runtime::{Runtime, Wire};
 use rvbox_client_store::{ClientLayout, ClientStore, ClientStoreOptions};
 use rvbox_config::ClientConfig;
+use rvbox_daemon_common::notify::Notifier;
 use rvbox_storage::entropy::{Entropy as _, OsEntropy};
 use rvbox_storage::fs::RealFs;
 use rvbox_supervisor::{Supervisor as _, UnixSupervisor};
@@ -74,6 +75,7 @@ pub(crate) enum ToRuntime {
 
 /// Runs the daemon until a stop signal; returns the exit status.
 pub(crate) fn run(cfg: ClientConfig) -> i32 {
+    let notifier = Notifier::from_env();
     let opts = ClientStoreOptions {
         tombstone_cap: cfg.spool.tombstones,
         ..ClientStoreOptions::default()
@@ -177,10 +179,14 @@ pub(crate) fn run(cfg: ClientConfig) -> i32 {
     let poster = net::Poster::new(to_rt.clone(), waker.clone());
     let stop_grace = cfg.exec.drain_grace + cfg.exec.kill_grace + STOP_SLACK;
     let published = Arc::clone(&health);
+    let pinger = Watchdog::new(notifier.clone());
     let thread = match std::thread::Builder::new()
         .name("rvbox-runtime".into())
-        .spawn(move || runtime_loop(runtime, &from_net, &wire_out, stop_grace, &published))
-    {
+        .spawn(move || {
+            runtime_loop(
+                runtime, &from_net, &wire_out, stop_grace, &published, pinger,
+            );
+        }) {
         Ok(t) => t,
         Err(e) => {
             tracing::error!(error = %e, "the runtime thread could not start");
@@ -214,7 +220,11 @@ pub(crate) fn run(cfg: ClientConfig) -> i32 {
             poster.clone(),
             transport_metrics,
         ));
+        // systemd: the store is open, the supervisor detected its layout,
+        // the runtime runs and the network dials
+        notifier.ready("running; dialing the server");
         wait_for_stop().await;
+        notifier.stopping("stopping: terminating supervised trees");
         poster.stop().await;
         // the runtime closes the connection (1012) and drains the trees
         let joined = tokio::task::spawn_blocking(move || thread.join()).await;
@@ -281,15 +291,59 @@ fn ship(rt: &mut Runtime<UnixSupervisor>, wire: &WireTx) -> bool {
     }
 }
 
+/// The systemd watchdog, pinged by the runtime thread: a loop that stops
+/// turning (a store write that never returns, a deadlock) stops the pings,
+/// and systemd restarts the daemon.
+struct Watchdog {
+    notifier: Notifier,
+    every: Option<Duration>,
+    next: Instant,
+}
+
+impl Watchdog {
+    fn new(notifier: Notifier) -> Self {
+        let every = notifier.watchdog_interval();
+        if let Some(every) = every {
+            tracing::info!(every_ms = every.as_millis(), "systemd watchdog enabled");
+        }
+        Self {
+            notifier,
+            every,
+            next: Instant::now(),
+        }
+    }
+
+    /// Pings when due.
+    fn tick(&mut self) {
+        if let Some(every) = self.every {
+            let now = Instant::now();
+            if now >= self.next {
+                self.notifier.watchdog();
+                self.next = now + every;
+            }
+        }
+    }
+
+    /// The longest the loop may wait before the next ping is due.
+    fn until_due(&self) -> Duration {
+        match self.every {
+            Some(_) => self.next.saturating_duration_since(Instant::now()),
+            None => MAX_WAIT,
+        }
+    }
+}
+
 fn runtime_loop(
     mut rt: Runtime<UnixSupervisor>,
     inbox: &Receiver<ToRuntime>,
     wire: &WireTx,
     stop_grace: Duration,
     health: &crate::health::Health,
+    mut watchdog: Watchdog,
 ) {
     let mut stopping: Option<Instant> = None;
     loop {
+        watchdog.tick();
         loop {
             match inbox.try_recv() {
                 Ok(ToRuntime::Input(i)) => rt.input(i),
@@ -326,7 +380,8 @@ fn runtime_loop(
             .until_deadline()
             .unwrap_or(MAX_WAIT)
             .min(MAX_WAIT)
-            .min(crate::health::PUBLISH_EVERY);
+            .min(crate::health::PUBLISH_EVERY)
+            .min(watchdog.until_due());
         // frames the transport has no room for yet are offered again soon
         let wait = if backlog {
             wait.min(BACKLOG_WAIT)

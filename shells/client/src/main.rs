@@ -1,8 +1,9 @@
 //! `rvbox`: the RVBox client daemon.
 //!
 //! Owns: the process entry point — command line, configuration gate, the
-//! blocked-launcher mode, the offline `repair` tool and the client runtime
-//! ([`daemon`], [`net`]) that dials the server and runs commands on this host. Must never: dial out or launch a child before the
+//! blocked-launcher mode, the offline `repair` tool, the `man` page and the
+//! client runtime ([`daemon`], [`net`]) that dials the server and runs
+//! commands on this host. Must never: dial out or launch a child before the
 //! configuration has validated, or run anything for `--check-config` beyond
 //! validation.
 
@@ -35,11 +36,15 @@ fn main() {
         }
     }
     let daemon = rvbox_config::Daemon::Client;
-    let matches = rvbox_daemon_common::daemon_command(daemon, ABOUT)
+    let command = rvbox_daemon_common::daemon_command(daemon, ABOUT)
         .subcommand(repair::command())
-        .get_matches();
+        .subcommand(rvbox_daemon_common::man_command());
+    let matches = command.clone().get_matches();
     let status = match matches.subcommand() {
         Some(("repair", m)) => repair::run(m),
+        Some((rvbox_daemon_common::MAN_SUBCOMMAND, _)) => {
+            rvbox_daemon_common::print_man_page(command)
+        }
         _ => match rvbox_daemon_common::start(daemon, &matches) {
             Ok(rvbox_daemon_common::Loaded::Client(config)) => daemon::run(*config),
             Ok(rvbox_daemon_common::Loaded::Server(_)) => daemon::EXIT_START,

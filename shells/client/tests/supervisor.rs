@@ -241,10 +241,11 @@ fn modes() -> [bool; 2] {
 }
 
 /// The cgroup-backed layout must be available on a Linux host with a
-/// writable v2 tree; a missing one skips the cgroup half of a test.
+/// writable v2 tree; a missing one skips the cgroup half of a test (fails
+/// it under `RVBOX_REQUIRE_CGROUPS=1`).
 fn cgroups_or_skip(sup: &UnixSupervisor, test: &str) -> bool {
     if sup.mode() == Supervision::ProcessGroup {
-        eprintln!("{test}: SKIPPED the cgroup half: no usable cgroup v2 tree on this host");
+        support::skip_cgroups(test, "no usable cgroup v2 tree on this host");
         return false;
     }
     true
@@ -563,8 +564,9 @@ fn memory_max_stops_a_large_allocation() {
             .as_ref()
             .is_some_and(|v| v.controllers.contains("memory"));
     if !memory {
-        eprintln!(
-            "memory_max_stops_a_large_allocation: SKIPPED: no memory controller (v1 or delegated v2)"
+        support::skip_cgroups(
+            "memory_max_stops_a_large_allocation",
+            "no memory controller (v1 or delegated v2)",
         );
         return;
     }
@@ -615,7 +617,10 @@ fn pids_max_stops_a_bounded_fork_loop() {
             .as_ref()
             .is_some_and(|v| v.controllers.contains("pids"));
     if !pids {
-        eprintln!("pids_max_stops_a_bounded_fork_loop: SKIPPED: no pids controller");
+        support::skip_cgroups(
+            "pids_max_stops_a_bounded_fork_loop",
+            "no pids controller (v1 or delegated v2)",
+        );
         return;
     }
     let mut spec = spec(

@@ -161,7 +161,10 @@ fn a_holder_is_started_written_once_adopted_by_a_new_supervisor_replayed_and_clo
     );
     // with cgroups the holder (and so its shell) is in the terminal's own
     let cgroup = if sup.mode() == rvbox_client_core::process::Supervision::ProcessGroup {
-        eprintln!("SKIPPED the cgroup check: no usable cgroup v2 tree on this host");
+        support::skip_cgroups(
+            "a_holder_is_started_written_once_adopted",
+            "no usable cgroup v2 tree on this host",
+        );
         None
     } else {
         let dir = record

@@ -2,12 +2,15 @@
 //!
 //! Owns: the real [`HostProbe`] (stat, canonicalize, effective uid, host
 //! name), the command-line flags generated from the configuration key
-//! registry, reading the one configuration file, `--check-config`, and
-//! tracing set-up.
+//! registry, reading the one configuration file, `--check-config`,
+//! tracing set-up, the manual page, and the systemd service notifications
+//! ([`notify`]).
 //!
 //! Must never: decide what a configuration means (that is `rvbox-config`),
 //! read the process environment into a configuration, open a store, bind a
 //! listener or launch a child.
+
+pub mod notify;
 
 use std::fmt;
 use std::io::Read;
@@ -156,6 +159,36 @@ pub fn daemon_command(daemon: Daemon, about: &'static str) -> Command {
                 .action(ArgAction::Set),
         );
     add_config_flags(cmd, daemon)
+}
+
+/// Name of the `man` subcommand of both daemons.
+pub const MAN_SUBCOMMAND: &str = "man";
+
+/// The `man` subcommand: prints the daemon's manual page.
+pub fn man_command() -> Command {
+    Command::new(MAN_SUBCOMMAND)
+        .about("Print this program's manual page (roff, section 8) to stdout and exit")
+}
+
+/// Writes the manual page (section 8: a system daemon) of `cmd`, generated
+/// from the same clap definition the daemon parses its command line with.
+///
+/// # Errors
+/// Writing to `out` failed.
+pub fn write_man_page(cmd: Command, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    clap_mangen::Man::new(cmd).section("8").render(out)
+}
+
+/// `man`: prints the manual page of `cmd` to stdout; the exit status.
+pub fn print_man_page(cmd: Command) -> i32 {
+    let mut out = std::io::stdout().lock();
+    match write_man_page(cmd, &mut out).and_then(|()| std::io::Write::flush(&mut out)) {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            eprintln!("cannot write the manual page: {e}");
+            1
+        }
+    }
 }
 
 /// The registry flags that were given on the command line (and only those).

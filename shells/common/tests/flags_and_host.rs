@@ -177,3 +177,32 @@ fn config_files_are_read_once_bounded_and_utf8() {
     assert!(err.to_string().starts_with(&format!("{}: ", bad.display())));
     assert!(err.to_string().contains("UTF-8"));
 }
+
+#[test]
+fn the_manual_page_is_section_8_and_documents_every_flag() {
+    for daemon in [Daemon::Server, Daemon::Client] {
+        let mut page = Vec::new();
+        rvbox_daemon_common::write_man_page(daemon_command(daemon, "test"), &mut page).unwrap();
+        let page = String::from_utf8(page).unwrap();
+        assert!(
+            page.starts_with(&format!(
+                ".ie \\n(.g .ds Aq \\(aq\n.el .ds Aq '\n.TH {} 8 ",
+                daemon.binary()
+            )),
+            "{}",
+            page.lines().take(5).collect::<Vec<_>>().join("\n")
+        );
+        // roff escapes each '-' of a flag
+        for flag in ["config", "check\\-config"] {
+            assert!(page.contains(&format!("\\-\\-{flag}")), "--{flag} missing");
+        }
+        for def in daemon.keys() {
+            let flag = def.flag_name().replace('-', "\\-");
+            assert!(
+                page.contains(&format!("\\-\\-{flag}")),
+                "--{} missing",
+                def.flag_name()
+            );
+        }
+    }
+}

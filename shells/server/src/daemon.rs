@@ -17,6 +17,7 @@
 use std::sync::Arc;
 
 use rvbox_config::{ServerConfig, StoreBackend};
+use rvbox_daemon_common::notify::Notifier;
 use rvbox_domain::ids::Uuid7;
 use rvbox_engine::{ServerSettings, server_settings};
 use rvbox_server_core::{Input, ServerCore};
@@ -94,7 +95,25 @@ fn identity(server_id: [u8; 16]) -> Result<ServerIdentity, String> {
     })
 }
 
+/// Sends `WATCHDOG=1` every half of `WatchdogSec=` from the daemon's
+/// runtime, for as long as the runtime schedules its tasks.
+fn spawn_watchdog(notifier: &Notifier) {
+    if let Some(every) = notifier.watchdog_interval() {
+        tracing::info!(every_ms = every.as_millis(), "systemd watchdog enabled");
+        let n = notifier.clone();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            loop {
+                ticks.tick().await;
+                n.watchdog();
+            }
+        });
+    }
+}
+
 async fn serve(config: ServerConfig) -> i32 {
+    let notifier = Notifier::from_env();
+    spawn_watchdog(&notifier);
     let (soft, hard) = fd_limits();
     let soft_text = soft.map_or_else(|| "unlimited".to_owned(), |v| v.to_string());
     let hard_text = hard.map_or_else(|| "unlimited".to_owned(), |v| v.to_string());
@@ -253,6 +272,13 @@ async fn serve(config: ServerConfig) -> i32 {
             }
         };
     tracing::info!(path = %config.control.socket_path.display(), mode = "0600", "control socket listening");
+    // systemd: the listeners are bound and the store is open, so a unit
+    // ordered after this one finds both sockets answering; recovery goes
+    // on in the background (/readyz tells when it ended)
+    notifier.ready(match opened {
+        Opened::Sqlite(_) => "listening; store open, recovering",
+        Opened::Postgres(..) => "listening; replica joined",
+    });
     let service = crate::control::ControlService::new(
         Arc::clone(&shared),
         readers,
@@ -302,15 +328,16 @@ async fn serve(config: ServerConfig) -> i32 {
     let replica_metrics = Arc::new(crate::replica::ReplicaMetrics::default());
     let (thread, fatal, keeper) = match opened {
         Opened::Sqlite(store) => {
-            let (store, startup_check) = match recover(*store, &mut signals, &shared).await {
-                Ok(r) => r,
-                Err(status) => {
-                    let _ = stop_tx.send(true);
-                    let _ = agent.await;
-                    let _ = control_task.await;
-                    return status;
-                }
-            };
+            let (store, startup_check) =
+                match recover(*store, &mut signals, &shared, &notifier).await {
+                    Ok(r) => r,
+                    Err(status) => {
+                        let _ = stop_tx.send(true);
+                        let _ = agent.await;
+                        let _ = control_task.await;
+                        return status;
+                    }
+                };
             let core = match build_core(store.server_id(), &mut settings) {
                 Ok(c) => c,
                 Err(e) => {
@@ -393,6 +420,7 @@ async fn serve(config: ServerConfig) -> i32 {
     };
     shared.set_core(Some(core_tx.clone()));
     tracing::info!("serving");
+    notifier.status("serving");
     let mut status = EXIT_OK;
     let ended = thread.ended();
     let core_ended = async {
@@ -408,6 +436,7 @@ async fn serve(config: ServerConfig) -> i32 {
             tracing::info!(
                 "stop requested: closing agent connections with 1012 and finishing durable writes"
             );
+            notifier.stopping("stopping: closing agent connections, finishing durable writes");
         }
         () = core_ended => {
             tracing::error!(
@@ -522,6 +551,7 @@ async fn recover(
     mut store: Store,
     signals: &mut Signals,
     shared: &Arc<Shared>,
+    notifier: &Notifier,
 ) -> Result<(Store, rvbox_store::recovery::StartupCheck), i32> {
     let recovering = tokio::task::spawn_blocking(move || {
         let wall = Clock::wall_ms();
@@ -534,6 +564,7 @@ async fn recover(
         r = recovering => r,
         () = signals.wait() => {
             tracing::info!("stop requested during recovery; stopping");
+            notifier.stopping("stopping during recovery");
             return Err(EXIT_OK);
         }
     };

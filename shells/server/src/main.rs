@@ -1,7 +1,8 @@
 //! `rvbox-server`: the durable RVBox server daemon.
 //!
 //! Owns: the process entry point — command line, configuration gate, the
-//! offline `repair` and `audit` tools and the server runtime ([`daemon`]). Must never: bind a
+//! offline `repair` and `audit` tools, the `man` page and the server
+//! runtime ([`daemon`]). Must never: bind a
 //! listener or open the store before the configuration has validated, or
 //! run anything for `--check-config` beyond validation.
 
@@ -24,13 +25,17 @@ const ABOUT: &str =
 
 fn main() {
     let daemon = rvbox_config::Daemon::Server;
-    let matches = rvbox_daemon_common::daemon_command(daemon, ABOUT)
+    let command = rvbox_daemon_common::daemon_command(daemon, ABOUT)
         .subcommand(repair::command())
         .subcommand(audit_cli::command())
-        .get_matches();
+        .subcommand(rvbox_daemon_common::man_command());
+    let matches = command.clone().get_matches();
     let status = match matches.subcommand() {
         Some(("repair", m)) => repair::run(m),
         Some(("audit", m)) => audit_cli::run(m),
+        Some((rvbox_daemon_common::MAN_SUBCOMMAND, _)) => {
+            rvbox_daemon_common::print_man_page(command)
+        }
         _ => match rvbox_daemon_common::start(daemon, &matches) {
             Ok(rvbox_daemon_common::Loaded::Server(config)) => daemon::run(*config),
             Ok(rvbox_daemon_common::Loaded::Client(_)) => daemon::EXIT_START,

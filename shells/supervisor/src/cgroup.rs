@@ -14,6 +14,25 @@
 //!   the parent's `cgroup.subtree_control` enables;
 //! - without a usable v2 tree, [`Supervision::ProcessGroup`].
 //!
+//! Delegation under pure cgroup v2 (`Delegate=yes`): a non-root cgroup may
+//! hold processes or enable controllers for its children, not both (the
+//! no-internal-processes rule). So a daemon alone in its own cgroup first
+//! moves itself (`cgroup.procs` moves every thread) into the leaf
+//! [`DAEMON_LEAF`], then enables `cpu`, `memory`, `pids` and `io` (those
+//! offered) in its own `cgroup.subtree_control`; command cgroups live under
+//! [`COMMAND_CGROUPS_DIR`], a sibling of the leaf:
+//!
+//! ```text
+//! <own cgroup>/            cgroup.subtree_control: +cpu +memory +pids +io
+//!   daemon/                the daemon (every thread)
+//!   rvbox/                 cgroup.subtree_control: the same
+//!     <command id>/        one command's tree, limits applied here
+//! ```
+//!
+//! A daemon that shares its cgroup with other processes does not move
+//! (the controllers could not be enabled anyway); the real root cgroup,
+//! exempt from the rule, is left as it is.
+//!
 //! Every requested control is written and read back before the launcher is
 //! released; a control this layout cannot apply refuses the launch and the
 //! cgroups created for it are removed again.
@@ -32,6 +51,11 @@ use crate::procfs;
 /// Name of the directory holding command cgroups under the daemon's own
 /// cgroup (v2 default parent and every v1 parent).
 pub const COMMAND_CGROUPS_DIR: &str = "rvbox";
+/// Name of the leaf the daemon moves itself into under pure cgroup v2,
+/// beside [`COMMAND_CGROUPS_DIR`].
+pub const DAEMON_LEAF: &str = "daemon";
+/// Controllers enabled for command cgroups, when offered.
+const V2_CONTROLLERS: [&str; 4] = ["cpu", "memory", "pids", "io"];
 /// Tolerance of a memory read-back: the kernel rounds a byte limit down to
 /// its page size (at most 64 KiB on any Linux architecture).
 const MEMORY_ROUNDING_BYTES: u64 = 64 * 1024;
@@ -177,21 +201,126 @@ fn write_file(path: &Path, value: &str) -> io::Result<()> {
         .write_all(value.as_bytes())
 }
 
-fn probe_v2(parent: &Path) -> Result<bool, String> {
+/// The filesystem detection works on: the kernel's cgroup filesystems,
+/// or in tests a scratch tree that behaves as a delegated v2 subtree.
+pub(crate) trait CgroupFs {
+    fn create_dir(&self, dir: &Path) -> io::Result<()>;
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    fn remove_dir(&self, dir: &Path) -> io::Result<()>;
+    fn exists(&self, path: &Path) -> bool;
+    fn read(&self, path: &Path) -> io::Result<String>;
+    /// One `write(2)` to an existing file.
+    fn write(&self, path: &Path, value: &str) -> io::Result<()>;
+}
+
+/// The kernel's cgroup filesystems.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Kernel;
+
+impl CgroupFs for Kernel {
+    fn create_dir(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir(dir)
+    }
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)
+    }
+    fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+        std::fs::remove_dir(dir)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+    fn read(&self, path: &Path) -> io::Result<String> {
+        procfs::read_bounded(path)
+    }
+    fn write(&self, path: &Path, value: &str) -> io::Result<()> {
+        write_file(path, value)
+    }
+}
+
+fn words(fs: &dyn CgroupFs, path: &Path) -> BTreeSet<String> {
+    fs.read(path)
+        .map(|t| t.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// Enables each of [`V2_CONTROLLERS`] that `dir` offers for its children;
+/// a refusal is logged (the controller is then not offered below).
+fn enable_controllers(fs: &dyn CgroupFs, dir: &Path) {
+    let available = words(fs, &dir.join("cgroup.controllers"));
+    for c in V2_CONTROLLERS {
+        if available.contains(c)
+            && let Err(e) = fs.write(&dir.join("cgroup.subtree_control"), &format!("+{c}"))
+        {
+            tracing::info!(cgroup = %dir.display(), controller = c, error = %e, "cannot enable a v2 controller for command cgroups");
+        }
+    }
+}
+
+/// Pure cgroup v2: moves the daemon (process `pid`, every thread) out of
+/// its own cgroup `own` into the leaf [`DAEMON_LEAF`], so that `own` may
+/// enable controllers for the command cgroups beside it, and enables them
+/// (see the module documentation).
+fn delegate(fs: &dyn CgroupFs, own: &Path, pid: u32) {
+    // the real root cgroup (no cgroup.type) may hold processes and enable
+    // controllers at once
+    if !fs.exists(&own.join("cgroup.type")) {
+        tracing::debug!(cgroup = %own.display(), "own cgroup is the root: no leaf needed");
+        return;
+    }
+    let procs: Vec<String> = match fs.read(&own.join("cgroup.procs")) {
+        Ok(t) => t.split_whitespace().map(str::to_owned).collect(),
+        Err(e) => {
+            tracing::warn!(cgroup = %own.display(), error = %e, "cannot read the daemon's own cgroup.procs");
+            return;
+        }
+    };
+    let me = pid.to_string();
+    if procs.iter().any(|p| *p != me) {
+        tracing::warn!(
+            cgroup = %own.display(),
+            processes = procs.len(),
+            "the daemon shares its cgroup with other processes: it stays there, and no controller can be enabled for command cgroups (run it under a unit with Delegate=yes)"
+        );
+        return;
+    }
+    if procs.is_empty() {
+        // already in the leaf (a second supervisor in this process)
+        enable_controllers(fs, own);
+        return;
+    }
+    let leaf = own.join(DAEMON_LEAF);
+    match fs.create_dir(&leaf) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            tracing::warn!(cgroup = %leaf.display(), error = %e, "cannot create the daemon's leaf cgroup");
+            return;
+        }
+    }
+    if let Err(e) = fs.write(&leaf.join("cgroup.procs"), &me) {
+        tracing::warn!(cgroup = %leaf.display(), error = %e, "cannot move the daemon into its leaf cgroup");
+        return;
+    }
+    tracing::info!(leaf = %leaf.display(), "moved the daemon into its leaf cgroup (delegated cgroup v2)");
+    enable_controllers(fs, own);
+}
+
+fn probe_v2(fs: &dyn CgroupFs, parent: &Path) -> Result<bool, String> {
     // one probe per call: two supervisors detecting at once in one process
     // shared a per-process name, and one removed the probe the other was
     // reading, which then fell back to process groups
     static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let probe = parent.join(format!(".probe-{}-{n}", std::process::id()));
-    match std::fs::create_dir(&probe) {
+    match fs.create_dir(&probe) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(format!("cannot create {}: {e}", probe.display())),
     }
-    let kill = probe.join("cgroup.kill").exists() && probe.join("cgroup.procs").exists();
-    let freeze = probe.join("cgroup.freeze").exists();
-    if let Err(e) = std::fs::remove_dir(&probe) {
+    let kill = fs.exists(&probe.join("cgroup.kill")) && fs.exists(&probe.join("cgroup.procs"));
+    let freeze = fs.exists(&probe.join("cgroup.freeze"));
+    if let Err(e) = fs.remove_dir(&probe) {
         tracing::warn!(path = %probe.display(), error = %e, "cannot remove the cgroup probe");
     }
     if kill {
@@ -205,9 +334,11 @@ fn probe_v2(parent: &Path) -> Result<bool, String> {
 }
 
 fn detect_v2(
+    fs: &dyn CgroupFs,
     mounts: &[procfs::CgroupMount],
     own: &[procfs::CgroupLine],
     parent: Option<&Path>,
+    delegation: Option<u32>,
 ) -> Result<V2Layout, String> {
     let mount = mounts
         .iter()
@@ -220,9 +351,20 @@ fn detect_v2(
                 .iter()
                 .find(|l| l.hierarchy == 0 && l.controllers.is_empty())
                 .ok_or_else(|| "no v2 line in /proc/self/cgroup".to_owned())?;
-            fs_dir(&mount.mount_point, &mount.root, &line.path)
-                .ok_or_else(|| format!("own v2 cgroup {} lies outside the mount", line.path))?
-                .join(COMMAND_CGROUPS_DIR)
+            let mut own_dir = fs_dir(&mount.mount_point, &mount.root, &line.path)
+                .ok_or_else(|| format!("own v2 cgroup {} lies outside the mount", line.path))?;
+            if let Some(pid) = delegation {
+                // a daemon already in its leaf (moved by an earlier
+                // detection in this process, or started there by systemd's
+                // DelegateSubgroup=daemon) delegates from the leaf's parent
+                if own_dir.file_name() == Some(std::ffi::OsStr::new(DAEMON_LEAF))
+                    && own_dir != mount.mount_point
+                {
+                    own_dir.pop();
+                }
+                delegate(fs, &own_dir, pid);
+            }
+            own_dir.join(COMMAND_CGROUPS_DIR)
         }
     };
     if !parent.starts_with(&mount.mount_point) || parent == mount.mount_point {
@@ -232,22 +374,11 @@ fn detect_v2(
             mount.mount_point.display()
         ));
     }
-    std::fs::create_dir_all(&parent)
+    fs.create_dir_all(&parent)
         .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-    let freeze = probe_v2(&parent)?;
-    let available: BTreeSet<String> = procfs::read_bounded(&parent.join("cgroup.controllers"))
-        .map(|t| t.split_whitespace().map(str::to_owned).collect())
-        .unwrap_or_default();
-    for c in ["cpu", "memory", "pids", "io"] {
-        if available.contains(c)
-            && let Err(e) = write_file(&parent.join("cgroup.subtree_control"), &format!("+{c}"))
-        {
-            tracing::info!(controller = c, error = %e, "cannot enable a v2 controller for command cgroups");
-        }
-    }
-    let controllers = procfs::read_bounded(&parent.join("cgroup.subtree_control"))
-        .map(|t| t.split_whitespace().map(str::to_owned).collect())
-        .unwrap_or_default();
+    let freeze = probe_v2(fs, &parent)?;
+    enable_controllers(fs, &parent);
+    let controllers = words(fs, &parent.join("cgroup.subtree_control"));
     Ok(V2Layout {
         mount_point: mount.mount_point.clone(),
         mount_root: mount.root.clone(),
@@ -308,7 +439,8 @@ impl CgroupLayout {
         }
     }
 
-    /// Detects this host's layout (see the module documentation).
+    /// Detects this host's layout (see the module documentation); under
+    /// pure cgroup v2 the daemon may move itself into its leaf cgroup.
     #[must_use]
     pub fn detect(v2_parent: Option<&Path>) -> Self {
         let mounts = match procfs::read_bounded(Path::new("/proc/self/mountinfo")) {
@@ -325,8 +457,23 @@ impl CgroupLayout {
                 return Self::process_group();
             }
         };
-        let (v1, v1_mounted) = detect_v1(&mounts, &own);
-        let v2 = match detect_v2(&mounts, &own, v2_parent) {
+        Self::detect_from(&Kernel, &mounts, &own, std::process::id(), v2_parent)
+    }
+
+    /// Detection from the given mounts and own cgroups of process `pid`,
+    /// on `fs` (the kernel's, or a test's scratch tree).
+    pub(crate) fn detect_from(
+        fs: &dyn CgroupFs,
+        mounts: &[procfs::CgroupMount],
+        own: &[procfs::CgroupLine],
+        pid: u32,
+        v2_parent: Option<&Path>,
+    ) -> Self {
+        let (v1, v1_mounted) = detect_v1(mounts, own);
+        // pure v2: the controllers are all in the v2 tree, so the
+        // daemon's cgroup must be delegated as the kernel's rule asks
+        let delegation = (!v1_mounted).then_some(pid);
+        let v2 = match detect_v2(fs, mounts, own, v2_parent, delegation) {
             Ok(v2) => Some(v2),
             Err(reason) => {
                 tracing::warn!(%reason, "no usable cgroup v2 tree: process-group supervision");
@@ -848,6 +995,505 @@ mod tests {
         assert!(io_ok(l)("8:0 rbps=1000 wbps=max riops=max wiops=5"));
         assert!(!io_ok(l)("8:0 rbps=1001 wbps=max riops=max wiops=5"));
         assert!(!io_ok(l)("8:1 rbps=1000 wbps=max riops=max wiops=5"));
+    }
+
+    /// A scratch directory tree that behaves as a cgroup v2 hierarchy where
+    /// it matters here: a new directory gets the kernel's files and offers
+    /// what its parent enables; `cgroup.procs` moves a process out of every
+    /// other cgroup; and the no-internal-processes rule holds both ways (a
+    /// non-root cgroup with processes cannot enable controllers, one with
+    /// controllers enabled cannot take processes), as `EBUSY`.
+    struct ScratchTree {
+        root: PathBuf,
+    }
+
+    fn busy(what: &str) -> io::Error {
+        io::Error::other(format!("EBUSY: {what}"))
+    }
+
+    impl ScratchTree {
+        /// A root cgroup offering `controllers`, all enabled below it.
+        fn new(root: &Path, controllers: &str) -> Self {
+            std::fs::create_dir_all(root).unwrap();
+            for (f, v) in [
+                ("cgroup.controllers", controllers),
+                ("cgroup.subtree_control", controllers),
+                ("cgroup.procs", "1\n"),
+            ] {
+                std::fs::write(root.join(f), v).unwrap();
+            }
+            Self {
+                root: root.to_path_buf(),
+            }
+        }
+
+        fn text(&self, dir: &Path, file: &str) -> String {
+            std::fs::read_to_string(dir.join(file)).unwrap()
+        }
+
+        fn set(&self, dir: &Path, file: &str, words: &BTreeSet<String>) {
+            let v: Vec<&str> = words.iter().map(String::as_str).collect();
+            std::fs::write(dir.join(file), v.join(" ")).unwrap();
+        }
+
+        fn all_dirs(&self) -> Vec<PathBuf> {
+            fn walk(d: &Path, out: &mut Vec<PathBuf>) {
+                out.push(d.to_path_buf());
+                for e in std::fs::read_dir(d).unwrap() {
+                    let p = e.unwrap().path();
+                    if p.is_dir() {
+                        walk(&p, out);
+                    }
+                }
+            }
+            let mut out = Vec::new();
+            walk(&self.root, &mut out);
+            out
+        }
+
+        fn is_root(&self, dir: &Path) -> bool {
+            dir == self.root
+        }
+
+        fn procs(&self, dir: &Path) -> BTreeSet<String> {
+            self.text(dir, "cgroup.procs")
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        }
+    }
+
+    impl CgroupFs for ScratchTree {
+        fn create_dir(&self, dir: &Path) -> io::Result<()> {
+            std::fs::create_dir(dir)?;
+            let offered = self.text(dir.parent().unwrap(), "cgroup.subtree_control");
+            for (f, v) in [
+                ("cgroup.type", "domain\n"),
+                ("cgroup.procs", ""),
+                ("cgroup.kill", ""),
+                ("cgroup.freeze", "0\n"),
+                ("cgroup.events", "populated 0\nfrozen 0\n"),
+                ("cgroup.subtree_control", ""),
+                ("cgroup.controllers", offered.as_str()),
+            ] {
+                std::fs::write(dir.join(f), v)?;
+            }
+            Ok(())
+        }
+
+        fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+            let mut missing = Vec::new();
+            let mut d = dir;
+            while !d.exists() {
+                missing.push(d.to_path_buf());
+                d = d.parent().unwrap();
+            }
+            for m in missing.iter().rev() {
+                self.create_dir(m)?;
+            }
+            Ok(())
+        }
+
+        fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+            if !self.procs(dir).is_empty() {
+                return Err(busy("processes in it"));
+            }
+            for e in std::fs::read_dir(dir)? {
+                let p = e?.path();
+                if p.is_dir() {
+                    return Err(busy("children in it"));
+                }
+                std::fs::remove_file(p)?;
+            }
+            std::fs::remove_dir(dir)
+        }
+
+        fn exists(&self, path: &Path) -> bool {
+            path.exists()
+        }
+
+        fn read(&self, path: &Path) -> io::Result<String> {
+            std::fs::read_to_string(path)
+        }
+
+        fn write(&self, path: &Path, value: &str) -> io::Result<()> {
+            let dir = path.parent().unwrap();
+            match path.file_name().and_then(|n| n.to_str()) {
+                Some("cgroup.procs") => {
+                    if !self.is_root(dir)
+                        && !self.text(dir, "cgroup.subtree_control").trim().is_empty()
+                    {
+                        return Err(busy("controllers enabled: no processes here"));
+                    }
+                    let pid = value.trim().to_owned();
+                    for d in self.all_dirs() {
+                        let mut p = self.procs(&d);
+                        if p.remove(&pid) {
+                            self.set(&d, "cgroup.procs", &p);
+                        }
+                    }
+                    let mut p = self.procs(dir);
+                    p.insert(pid);
+                    self.set(dir, "cgroup.procs", &p);
+                    Ok(())
+                }
+                Some("cgroup.subtree_control") => {
+                    let offered: BTreeSet<String> = self
+                        .text(dir, "cgroup.controllers")
+                        .split_whitespace()
+                        .map(str::to_owned)
+                        .collect();
+                    let mut enabled: BTreeSet<String> = self
+                        .text(dir, "cgroup.subtree_control")
+                        .split_whitespace()
+                        .map(str::to_owned)
+                        .collect();
+                    for w in value.split_whitespace() {
+                        let (on, c) = match w.split_at(1) {
+                            ("+", c) => (true, c),
+                            ("-", c) => (false, c),
+                            _ => return Err(io::Error::other("EINVAL")),
+                        };
+                        if !offered.contains(c) {
+                            return Err(io::Error::new(io::ErrorKind::NotFound, "not offered"));
+                        }
+                        if on && !self.is_root(dir) && !self.procs(dir).is_empty() {
+                            return Err(busy("processes here: no controllers for children"));
+                        }
+                        if on {
+                            enabled.insert(c.to_owned());
+                        } else {
+                            enabled.remove(c);
+                        }
+                    }
+                    self.set(dir, "cgroup.subtree_control", &enabled);
+                    for e in std::fs::read_dir(dir)? {
+                        let child = e?.path();
+                        if child.is_dir() {
+                            self.set(&child, "cgroup.controllers", &enabled);
+                        }
+                    }
+                    Ok(())
+                }
+                _ => write_file(path, value),
+            }
+        }
+    }
+
+    fn mounts_of(text: &str) -> Vec<procfs::CgroupMount> {
+        procfs::parse_mountinfo(text)
+    }
+
+    fn set_of(words: &[&str]) -> BTreeSet<String> {
+        words.iter().map(|w| (*w).to_owned()).collect()
+    }
+
+    /// A delegated unit cgroup `/system.slice/rvbox.service` holding only
+    /// the daemon (pid 4242) in a scratch v2 tree; the tree and its mounts.
+    fn delegated_unit(dir: &Path) -> (ScratchTree, Vec<procfs::CgroupMount>, PathBuf) {
+        let mount = dir.join("cgroup");
+        let tree = ScratchTree::new(&mount, "cpu io memory pids hugetlb");
+        // systemd enables the controllers down to a delegated unit
+        let slice = mount.join("system.slice");
+        tree.create_dir(&slice).unwrap();
+        tree.write(
+            &slice.join("cgroup.subtree_control"),
+            "+cpu +io +memory +pids +hugetlb",
+        )
+        .unwrap();
+        let unit = slice.join("rvbox.service");
+        tree.create_dir(&unit).unwrap();
+        tree.write(&unit.join("cgroup.procs"), "4242").unwrap();
+        let mounts = mounts_of(&format!(
+            "30 23 0:26 / {} rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n",
+            mount.display()
+        ));
+        (tree, mounts, unit)
+    }
+
+    #[test]
+    fn a_delegated_v2_daemon_moves_into_its_leaf_and_enables_controllers_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tree, mounts, unit) = delegated_unit(dir.path());
+        // the rule is in force: the unit cannot enable controllers while
+        // the daemon is in it
+        assert!(
+            tree.write(&unit.join("cgroup.subtree_control"), "+memory")
+                .is_err()
+        );
+        let own = procfs::parse_cgroup_file("0::/system.slice/rvbox.service\n");
+        let layout = CgroupLayout::detect_from(&tree, &mounts, &own, 4242, None);
+        assert_eq!(layout.mode, Supervision::CgroupV2);
+        // the daemon (every thread: one cgroup.procs write) is in the leaf
+        let leaf = unit.join(DAEMON_LEAF);
+        assert_eq!(tree.procs(&leaf), set_of(&["4242"]));
+        assert!(tree.procs(&unit).is_empty());
+        // the unit enables the four controllers (not hugetlb) for its children
+        assert_eq!(
+            tree.text(&unit, "cgroup.subtree_control"),
+            "cpu io memory pids"
+        );
+        // command cgroups go under rvbox/, a sibling of the leaf, which
+        // enables them again for each command
+        let v2 = layout.v2.clone().unwrap();
+        assert_eq!(v2.parent, unit.join(COMMAND_CGROUPS_DIR));
+        assert_eq!(v2.controllers, set_of(&["cpu", "io", "memory", "pids"]));
+        assert!(v2.freeze);
+        let issue = Uuid7::parse("t", "01890a5d-ac96-774b-bcce-b302099a8057").unwrap();
+        let cmd = layout.command_dirs(&issue).v2.unwrap();
+        assert_eq!(cmd, unit.join("rvbox").join(issue.to_string()));
+        assert!(!cmd.starts_with(&leaf));
+        // a command cgroup takes a process and is offered its controllers
+        tree.create_dir(&cmd).unwrap();
+        tree.write(&cmd.join("cgroup.procs"), "5000").unwrap();
+        assert_eq!(tree.text(&cmd, "cgroup.controllers"), "cpu io memory pids");
+        // the probe was removed again
+        let left: Vec<_> = std::fs::read_dir(unit.join("rvbox"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_dir())
+            .map(|p| p.file_name().unwrap().to_owned())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from(issue.to_string())]);
+
+        // a second detection in the same process sees itself in the leaf
+        // and finds the same layout (no leaf inside the leaf)
+        let again = procfs::parse_cgroup_file("0::/system.slice/rvbox.service/daemon\n");
+        let second = CgroupLayout::detect_from(&tree, &mounts, &again, 4242, None);
+        assert_eq!(second.v2, layout.v2);
+        assert!(!leaf.join(DAEMON_LEAF).exists());
+        assert_eq!(tree.procs(&leaf), set_of(&["4242"]));
+    }
+
+    #[test]
+    fn a_daemon_sharing_its_v2_cgroup_stays_and_gets_no_controllers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tree, mounts, unit) = delegated_unit(dir.path());
+        tree.write(&unit.join("cgroup.procs"), "777").unwrap();
+        let own = procfs::parse_cgroup_file("0::/system.slice/rvbox.service\n");
+        let layout = CgroupLayout::detect_from(&tree, &mounts, &own, 4242, None);
+        assert_eq!(layout.mode, Supervision::CgroupV2);
+        assert!(!unit.join(DAEMON_LEAF).exists());
+        assert_eq!(tree.procs(&unit), set_of(&["4242", "777"]));
+        let v2 = layout.v2.unwrap();
+        assert_eq!(v2.parent, unit.join(COMMAND_CGROUPS_DIR));
+        assert!(v2.controllers.is_empty(), "{:?}", v2.controllers);
+    }
+
+    #[test]
+    fn beside_v1_controllers_or_in_the_root_cgroup_the_daemon_does_not_move() {
+        let dir = tempfile::tempdir().unwrap();
+        // hybrid: a v1 memory hierarchy beside the v2 tree
+        let (tree, mut mounts, unit) = delegated_unit(dir.path());
+        let memory = dir.path().join("memory");
+        std::fs::create_dir_all(&memory).unwrap();
+        mounts.extend(mounts_of(&format!(
+            "35 31 0:32 / {} rw,relatime - cgroup cgroup rw,memory\n",
+            memory.display()
+        )));
+        let own = procfs::parse_cgroup_file("4:memory:/\n0::/system.slice/rvbox.service\n");
+        let layout = CgroupLayout::detect_from(&tree, &mounts, &own, 4242, None);
+        assert_eq!(layout.mode, Supervision::Hybrid);
+        assert!(!unit.join(DAEMON_LEAF).exists());
+        assert_eq!(tree.procs(&unit), set_of(&["4242"]));
+        // pure v2, the daemon in the root cgroup (exempt from the rule)
+        let dir = tempfile::tempdir().unwrap();
+        let (tree, mounts, unit) = delegated_unit(dir.path());
+        let root = dir.path().join("cgroup");
+        // the daemon alone in the root cgroup
+        std::fs::write(root.join("cgroup.procs"), "4242\n").unwrap();
+        std::fs::write(unit.join("cgroup.procs"), "").unwrap();
+        let own = procfs::parse_cgroup_file("0::/\n");
+        let layout = CgroupLayout::detect_from(&tree, &mounts, &own, 4242, None);
+        assert_eq!(layout.mode, Supervision::CgroupV2);
+        assert!(!root.join(DAEMON_LEAF).exists());
+        assert_eq!(layout.v2.unwrap().parent, root.join(COMMAND_CGROUPS_DIR));
+    }
+
+    /// `RVBOX_REQUIRE_CGROUPS=1`: a host without what a cgroup test needs
+    /// fails the test instead of skipping it.
+    fn cgroups_required() -> bool {
+        std::env::var_os("RVBOX_REQUIRE_CGROUPS").is_some_and(|v| v == "1")
+    }
+
+    fn skip_or_fail(test: &str, why: &str) {
+        assert!(
+            !cgroups_required(),
+            "{test}: RVBOX_REQUIRE_CGROUPS=1, but {why}"
+        );
+        eprintln!("{test}: SKIPPED: {why} (RVBOX_REQUIRE_CGROUPS=1 makes this a failure)");
+    }
+
+    /// The environment variables of the re-executed test process.
+    const CHILD_CGROUP: &str = "RVBOX_TEST_DELEGATION_CGROUP";
+    const CHILD_CONTROLLER: &str = "RVBOX_TEST_DELEGATION_CONTROLLER";
+
+    fn own_v2_dir(pid: &str) -> Option<(procfs::CgroupMount, PathBuf)> {
+        let mounts =
+            procfs::parse_mountinfo(&procfs::read_bounded(Path::new("/proc/self/mountinfo")).ok()?);
+        let own = procfs::parse_cgroup_file(
+            &procfs::read_bounded(&Path::new("/proc").join(pid).join("cgroup")).ok()?,
+        );
+        let m = mounts.into_iter().find(|m| m.v2)?;
+        let line = own.iter().find(|l| l.hierarchy == 0)?;
+        let dir = fs_dir(&m.mount_point, &m.root, &line.path)?;
+        Some((m, dir))
+    }
+
+    /// The kernel's own rule, on a real cgroup2 tree: a process alone in a
+    /// cgroup `X` below its v2 cgroup (a test process re-executed into it)
+    /// detects a pure v2 layout; `X` can enable a controller for its
+    /// children only after the move (before, the kernel refuses with
+    /// EBUSY), every thread is in the leaf, and command cgroups are real
+    /// cgroups beside it. This host's v2 tree has no cpu, memory, pids or
+    /// io controller, so the rule is shown with whichever controller the
+    /// tree offers.
+    #[test]
+    fn a_real_v2_cgroup_is_delegated_by_moving_the_daemon_into_its_leaf() {
+        const TEST: &str = "a_real_v2_cgroup_is_delegated_by_moving_the_daemon_into_its_leaf";
+        if std::env::var_os(CHILD_CGROUP).is_some() {
+            return; // the re-executed process runs delegation_child only
+        }
+        let Some((_, parent)) = own_v2_dir("self") else {
+            skip_or_fail(TEST, "no cgroup2 mount or no v2 line in /proc/self/cgroup");
+            return;
+        };
+        let offered: Vec<String> = procfs::read_bounded(&parent.join("cgroup.controllers"))
+            .map(|t| t.split_whitespace().map(str::to_owned).collect())
+            .unwrap_or_default();
+        let enabled =
+            procfs::read_bounded(&parent.join("cgroup.subtree_control")).unwrap_or_default();
+        // a controller enabled below our cgroup, or one we can enable
+        let mut turned_on = None;
+        let controller = offered
+            .iter()
+            .find(|c| enabled.split_whitespace().any(|e| e == c.as_str()))
+            .cloned()
+            .or_else(|| {
+                offered.iter().find_map(|c| {
+                    write_file(&parent.join("cgroup.subtree_control"), &format!("+{c}"))
+                        .ok()
+                        .map(|()| {
+                            turned_on = Some(c.clone());
+                            c.clone()
+                        })
+                })
+            });
+        let Some(controller) = controller else {
+            skip_or_fail(
+                TEST,
+                &format!(
+                    "no v2 controller is offered below {} or can be enabled there",
+                    parent.display()
+                ),
+            );
+            return;
+        };
+        let x = parent.join(format!("rvbox-delegation-test-{}", std::process::id()));
+        if let Err(e) = std::fs::create_dir(&x) {
+            skip_or_fail(TEST, &format!("cannot create {}: {e}", x.display()));
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "cgroup::tests::delegation_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_CGROUP, &x)
+            .env(CHILD_CONTROLLER, &controller)
+            .output()
+            .unwrap();
+        // clean up whatever the child left (it has exited: its cgroups are empty)
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        let mut stack = vec![x.clone()];
+        while let Some(d) = stack.pop() {
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                for e in rd.flatten() {
+                    if e.path().is_dir() {
+                        stack.push(e.path());
+                    }
+                }
+            }
+            dirs.push(d);
+        }
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        let removed = remove_dirs(dirs.iter().map(PathBuf::as_path));
+        if let Some(c) = turned_on {
+            let _ = write_file(&parent.join("cgroup.subtree_control"), &format!("-{c}"));
+        }
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "the delegated process failed:\n{text}"
+        );
+        assert!(
+            text.contains("delegation_child: checked"),
+            "the child did not run its checks:\n{text}"
+        );
+        removed.unwrap();
+    }
+
+    /// The re-executed half of the test above (a no-op in a normal run).
+    #[test]
+    fn delegation_child() {
+        let Some(x) = std::env::var_os(CHILD_CGROUP).map(PathBuf::from) else {
+            return;
+        };
+        let controller = std::env::var(CHILD_CONTROLLER).unwrap();
+        let pid = std::process::id();
+        join(&x, pid).unwrap();
+        // the rule is in force: X holds a process, so no controllers
+        let refused = write_file(&x.join("cgroup.subtree_control"), &format!("+{controller}"));
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.raw_os_error() == Some(16 /* EBUSY */)),
+            "enabling {controller} in an occupied cgroup was not refused with EBUSY: {refused:?}"
+        );
+        // pure v2 as detection sees it: the cgroup2 mount alone
+        let mounts: Vec<_> = procfs::parse_mountinfo(
+            &procfs::read_bounded(Path::new("/proc/self/mountinfo")).unwrap(),
+        )
+        .into_iter()
+        .filter(|m| m.v2)
+        .collect();
+        let own = procfs::parse_cgroup_file(
+            &procfs::read_bounded(Path::new("/proc/self/cgroup")).unwrap(),
+        );
+        let layout = CgroupLayout::detect_from(&Kernel, &mounts, &own, pid, None);
+        assert_eq!(layout.mode, Supervision::CgroupV2);
+        let leaf = x.join(DAEMON_LEAF);
+        // every thread of this process is in the leaf, none left in X
+        for task in std::fs::read_dir("/proc/self/task").unwrap() {
+            let tid = task.unwrap().file_name();
+            let (_, dir) = own_v2_dir(&format!("self/task/{}", tid.to_string_lossy())).unwrap();
+            assert_eq!(dir, leaf, "thread {tid:?}");
+        }
+        assert_eq!(procfs::cgroup_procs(&leaf).unwrap(), vec![pid]);
+        assert!(procfs::cgroup_procs(&x).unwrap().is_empty());
+        // and X may now enable the controller for its children
+        write_file(&x.join("cgroup.subtree_control"), &format!("+{controller}")).unwrap();
+        let enabled = procfs::read_bounded(&x.join("cgroup.subtree_control")).unwrap();
+        assert!(
+            enabled.split_whitespace().any(|c| c == controller),
+            "{enabled}"
+        );
+        // command cgroups are real cgroups beside the leaf
+        let v2 = layout.v2.clone().unwrap();
+        assert_eq!(v2.parent, x.join(COMMAND_CGROUPS_DIR));
+        let issue = Uuid7::parse("t", "01890a5d-ac96-774b-bcce-b302099a8057").unwrap();
+        let made = layout.create(&issue, &ResourceLimits::default()).unwrap();
+        let cmd = made.v2.clone().unwrap();
+        assert_eq!(cmd, x.join(COMMAND_CGROUPS_DIR).join(issue.to_string()));
+        assert!(cmd.join("cgroup.kill").exists());
+        remove(&made).unwrap();
+        println!("delegation_child: checked");
     }
 
     #[test]

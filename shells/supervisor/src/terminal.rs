@@ -176,6 +176,10 @@ pub fn start_holder_placed(
     for a in &spec.shell_args {
         cmd.arg("--arg").arg(a);
     }
+    // the daemon's systemd notification socket and watchdog are its own
+    for key in rvbox_daemon_common::notify::ENVIRONMENT {
+        cmd.env_remove(key);
+    }
     for (k, v) in &spec.env {
         cmd.env(k, v);
     }

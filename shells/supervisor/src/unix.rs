@@ -923,6 +923,11 @@ impl UnixSupervisor {
                 cmd.env_remove(key);
             }
         }
+        // the daemon's systemd notification socket and watchdog are its
+        // own: a command must not speak for it
+        for key in rvbox_daemon_common::notify::ENVIRONMENT {
+            cmd.env_remove(key);
+        }
         for (i, (k, v)) in spec.env.iter().enumerate() {
             cmd.env(format!("{ENV_PREFIX}{i}"), format!("{k}={v}"));
         }

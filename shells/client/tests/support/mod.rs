@@ -71,3 +71,20 @@ pub fn supervisor_config(run: std::path::PathBuf) -> rvbox_supervisor::Superviso
     }
     c
 }
+
+/// Whether `RVBOX_REQUIRE_CGROUPS=1`: a host without what a cgroup test
+/// needs then fails the test instead of skipping it (`scripts/test` sets
+/// it where the cgroup tests pass).
+pub fn cgroups_required() -> bool {
+    std::env::var_os("RVBOX_REQUIRE_CGROUPS").is_some_and(|v| v == "1")
+}
+
+/// Skips the cgroup half of `test` loudly, or fails it under
+/// `RVBOX_REQUIRE_CGROUPS=1`.
+pub fn skip_cgroups(test: &str, why: &str) {
+    assert!(
+        !cgroups_required(),
+        "{test}: RVBOX_REQUIRE_CGROUPS=1, but {why}"
+    );
+    eprintln!("{test}: SKIPPED: {why} (RVBOX_REQUIRE_CGROUPS=1 makes this a failure)");
+}
