@@ -58,25 +58,45 @@ pub fn bounded(detail: &str, max: usize) -> String {
     detail.get(..end).unwrap_or_default().to_owned()
 }
 
+/// Operator records (reads, refusals at the control edge) the operator
+/// bucket holds: the control socket is authenticated, so its bucket is
+/// larger than the agent endpoint's.
+pub const OPERATOR_AUDIT_BURST: u32 = 2000;
+/// Operator records the bucket regains per second.
+pub const OPERATOR_AUDIT_PER_SECOND: u32 = 200;
+
 /// The rate limit of records without an effect.
 #[derive(Debug, Clone)]
 pub(crate) struct AuditLimiter {
     tokens: u32,
     refilled_ms: u64,
     suppressed: u64,
+    burst: u32,
+    per_second: u32,
 }
 
 impl Default for AuditLimiter {
     fn default() -> Self {
-        Self {
-            tokens: AUDIT_BURST,
-            refilled_ms: 0,
-            suppressed: 0,
-        }
+        Self::new(AUDIT_BURST, AUDIT_PER_SECOND)
     }
 }
 
 impl AuditLimiter {
+    fn new(burst: u32, per_second: u32) -> Self {
+        Self {
+            tokens: burst,
+            refilled_ms: 0,
+            suppressed: 0,
+            burst,
+            per_second,
+        }
+    }
+
+    /// The bucket of operator records.
+    pub(crate) fn operator() -> Self {
+        Self::new(OPERATOR_AUDIT_BURST, OPERATOR_AUDIT_PER_SECOND)
+    }
+
     /// The records to write for `audit` at `now_ms`: none when the bucket
     /// is empty (counted), else the record, preceded by a summary of what
     /// was suppressed since the last admitted one.
@@ -86,10 +106,27 @@ impl AuditLimiter {
         client_id: Option<String>,
         audit: &Audit,
     ) -> Vec<SessionAudit> {
-        let earned = now_ms.saturating_sub(self.refilled_ms) * u64::from(AUDIT_PER_SECOND) / 1000;
+        self.admit_record(
+            now_ms,
+            SessionAudit::session(
+                client_id,
+                action(audit.kind),
+                bounded(&audit.detail, MAX_SESSION_AUDIT_DETAIL),
+            ),
+        )
+    }
+
+    /// As [`AuditLimiter::admit`], for a record made elsewhere (its
+    /// detail is bounded here).
+    pub(crate) fn admit_record(
+        &mut self,
+        now_ms: u64,
+        mut record: SessionAudit,
+    ) -> Vec<SessionAudit> {
+        let earned = now_ms.saturating_sub(self.refilled_ms) * u64::from(self.per_second) / 1000;
         if earned > 0 {
             let earned = u32::try_from(earned).unwrap_or(u32::MAX);
-            self.tokens = self.tokens.saturating_add(earned).min(AUDIT_BURST);
+            self.tokens = self.tokens.saturating_add(earned).min(self.burst);
             self.refilled_ms = now_ms;
         }
         if self.tokens == 0 {
@@ -99,21 +136,20 @@ impl AuditLimiter {
         self.tokens -= 1;
         let mut out = Vec::with_capacity(2);
         if self.suppressed > 0 {
-            out.push(SessionAudit {
-                client_id: None,
-                action: "AuditsSuppressed",
-                detail: format!(
-                    "{} session audit records suppressed by the rate limit",
+            let mut summary = SessionAudit::session(
+                None,
+                "AuditsSuppressed",
+                format!(
+                    "{} audit records suppressed by the rate limit",
                     self.suppressed
                 ),
-            });
+            );
+            summary.caller.clone_from(&record.caller);
+            out.push(summary);
             self.suppressed = 0;
         }
-        out.push(SessionAudit {
-            client_id,
-            action: action(audit.kind),
-            detail: bounded(&audit.detail, MAX_SESSION_AUDIT_DETAIL),
-        });
+        record.detail = bounded(&record.detail, MAX_SESSION_AUDIT_DETAIL);
+        out.push(record);
         out
     }
 

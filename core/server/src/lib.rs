@@ -276,6 +276,11 @@ pub enum Input {
     /// target joined, on another replica): if this server holds the pump
     /// duty, a release pass goes at once.
     FleetWake,
+    /// Audit records no store effect carries, from the edges: an
+    /// operator's reads and requests refused before they reached the store
+    /// (`caller` set), agent upgrades refused (`caller` unset). Written
+    /// within their rate limits (the operator bucket is larger).
+    Audit(Vec<rvbox_store_port::audit::SessionAudit>),
 }
 
 /// Something the caller must do, in order.
@@ -569,6 +574,8 @@ pub struct ServerCore {
     dispatch_waits: Vec<u64>,
     /// The rate limit of session audit records without an effect.
     audits: audit::AuditLimiter,
+    /// The rate limit of operator records (reads, edge refusals).
+    operator_audits: audit::AuditLimiter,
     /// Monotonic time of the last queue-expiry pass.
     last_expiry_ms: Option<u64>,
     /// The single-runner duties this server runs: all of them on one box;
@@ -628,6 +635,7 @@ impl ServerCore {
             stats: EngineStats::default(),
             dispatch_waits: Vec::new(),
             audits: audit::AuditLimiter::default(),
+            operator_audits: audit::AuditLimiter::operator(),
             last_expiry_ms: None,
             duties: rvbox_store_port::replica::Duty::ALL.into_iter().collect(),
             serving: true,
@@ -656,6 +664,29 @@ impl ServerCore {
     /// Sets when append groups are issued (see [`ingest::GroupPolicy`]).
     pub fn set_group_policy(&mut self, policy: ingest::GroupPolicy) {
         self.group_policy = policy;
+    }
+
+    /// Writes edge audit records within their rate limits, in one store
+    /// operation.
+    fn edge_audits(&mut self, records: Vec<rvbox_store_port::audit::SessionAudit>) {
+        let mut admitted = Vec::with_capacity(records.len());
+        for r in records {
+            let limiter = if r.caller.is_some() {
+                &mut self.operator_audits
+            } else {
+                &mut self.audits
+            };
+            let out = limiter.admit_record(self.now_ms, r);
+            if out.is_empty() {
+                self.stats.audits_suppressed += 1;
+            } else {
+                self.stats.audits_written += 1;
+                admitted.extend(out);
+            }
+        }
+        if !admitted.is_empty() {
+            self.store(StoreOp::Audit(admitted), Pending::Background("edge audit"));
+        }
     }
 
     /// Counters.
@@ -884,6 +915,7 @@ impl ServerCore {
             Input::Wake { client, issue } => self.wake(&client, issue),
             Input::WakeAll => self.wake_all(),
             Input::FleetWake => self.fleet_wake(),
+            Input::Audit(records) => self.edge_audits(records),
         }
         // every session effect the input caused, then a fair dispatch turn
         // for each client that became ready (a turn only issues reads), and

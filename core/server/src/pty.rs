@@ -259,11 +259,11 @@ impl ServerCore {
             rvbox_store_port::audit::MAX_SESSION_AUDIT_DETAIL,
         );
         self.store(
-            StoreOp::Audit(vec![rvbox_store_port::audit::SessionAudit {
-                client_id: Some(client_id),
+            StoreOp::Audit(vec![rvbox_store_port::audit::SessionAudit::session(
+                Some(client_id),
                 action,
                 detail,
-            }]),
+            )]),
             Any::Background("terminal viewer audit"),
         );
         self.out.push_back(Output::Reply {

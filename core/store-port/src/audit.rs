@@ -35,13 +35,38 @@ impl Caller {
     }
 }
 
-/// A session audit record that no store effect carries.
+/// An audit record that no store effect carries: session traffic that
+/// changed nothing, an operator's read, a request refused at an edge
+/// before it reached the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionAudit {
-    /// The client, once the hello named one.
+    /// The client, once the hello named one (or the client a read was
+    /// about).
     pub client_id: Option<String>,
-    /// What happened (a bounded name, e.g. `HelloRejected`).
+    /// What happened (a bounded name, e.g. `HelloRejected`, `GetCommand`).
     pub action: &'static str,
     /// Bounded, payload-free explanation.
     pub detail: String,
+    /// Who asked, when not a client daemon on the agent endpoint (an
+    /// operator on the control socket or JSON-RPC).
+    pub caller: Option<Caller>,
+    /// The command concerned.
+    pub issue_uuid: Option<[u8; 16]>,
+    /// The rvbox.v1 error code of a refusal; `None`: it was not refused.
+    pub error_code: Option<i32>,
+}
+
+impl SessionAudit {
+    /// A record of session traffic on the agent endpoint.
+    #[must_use]
+    pub fn session(client_id: Option<String>, action: &'static str, detail: String) -> Self {
+        Self {
+            client_id,
+            action,
+            detail,
+            caller: None,
+            issue_uuid: None,
+            error_code: None,
+        }
+    }
 }

@@ -206,6 +206,13 @@ fn refuse(
 ) -> Response<Body> {
     shared.metrics.upgrade_refused(reason);
     tracing::info!(%peer, reason, "agent upgrade refused");
+    // unauthenticated: the core writes it within the session records'
+    // rate limit
+    shared.edge_audit(rvbox_store_port::audit::SessionAudit::session(
+        None,
+        "UpgradeRefused",
+        format!("{reason} (HTTP {}) from {peer}", status.as_u16()),
+    ));
     text(status, format!("{reason}\n"))
 }
 

@@ -232,6 +232,11 @@ impl ControlService {
         }
     }
 
+    /// The daemon's shared state.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// A terminal mutation through the core.
     async fn pty(
         &self,
@@ -265,6 +270,9 @@ impl ControlService {
 }
 
 fn caller<T>(req: &Request<T>) -> Caller {
+    // the request decoded and reached its handler: a write's audit is the
+    // store's from here
+    crate::edge_audit::reached();
     // the JSON-RPC adapter names its own transport and peer
     if let Some(c) = req.extensions().get::<Caller>() {
         return c.clone();
@@ -314,6 +322,7 @@ impl Control for ControlService {
         request: Request<wire::GetClientRequest>,
     ) -> Result<Response<wire::GetClientResponse>, Status> {
         let req = request.into_inner();
+        crate::edge_audit::note(Some(&req.client_id), None, "");
         rvbox_domain::ids::ClientId::parse("client_id", &req.client_id)
             .map_err(|e| status(&DomainError::from(e)))?;
         let now = crate::core_loop::Clock::wall_ms();
@@ -329,6 +338,7 @@ impl Control for ControlService {
         request: Request<wire::ListCommandsRequest>,
     ) -> Result<Response<wire::ListCommandsResponse>, Status> {
         let mut req = request.into_inner();
+        crate::edge_audit::note(req.client_id.as_deref(), None, "");
         if let Some(c) = &req.client_id {
             rvbox_domain::ids::ClientId::parse("client_id", c)
                 .map_err(|e| status(&DomainError::from(e)))?;
@@ -343,6 +353,7 @@ impl Control for ControlService {
         request: Request<wire::GetCommandRequest>,
     ) -> Result<Response<wire::GetCommandResponse>, Status> {
         let issue = issue_of("issue_uuid", &request.get_ref().issue_uuid)?;
+        crate::edge_audit::note(None, Some(issue), "");
         let command = self.readers.read(move |r| r.command_record(&issue)).await?;
         Ok(Response::new(wire::GetCommandResponse {
             command: Some(command),
@@ -390,6 +401,7 @@ impl Control for ControlService {
     ) -> Result<Response<Self::FollowCommandStream>, Status> {
         let req = request.into_inner();
         let issue = issue_of("issue_uuid", &req.issue_uuid)?;
+        crate::edge_audit::note(None, Some(issue), "");
         let id =
             Uuid7::from_bytes("issue_uuid", issue).map_err(|e| status(&DomainError::from(e)))?;
         // an unknown command is an error of the call, not of the stream
@@ -458,6 +470,9 @@ impl Control for ControlService {
         request: Request<wire::GetOutputRequest>,
     ) -> Result<Response<wire::GetOutputResponse>, Status> {
         let mut req = request.into_inner();
+        if let Ok(issue) = issue_of("issue_uuid", &req.issue_uuid) {
+            crate::edge_audit::note(None, Some(issue), "");
+        }
         req.max_bytes = self.paging.output_bytes(req.max_bytes)?;
         let out = self.readers.read(move |r| r.get_output(&req)).await?;
         Ok(Response::new(out))
@@ -532,6 +547,7 @@ impl Control for ControlService {
         request: Request<wire::GetFleetRunRequest>,
     ) -> Result<Response<wire::GetFleetRunResponse>, Status> {
         let req = request.into_inner();
+        crate::edge_audit::note(None, None, &format!("fleet run {}", req.fleet_run_id));
         let out = self.readers.read(move |r| r.get_fleet_run(&req)).await?;
         Ok(Response::new(out))
     }
@@ -551,6 +567,7 @@ impl Control for ControlService {
         request: Request<wire::ListFleetTargetsRequest>,
     ) -> Result<Response<wire::ListFleetTargetsResponse>, Status> {
         let mut req = request.into_inner();
+        crate::edge_audit::note(None, None, &format!("fleet run {}", req.fleet_run_id));
         req.page_size = self.paging.page_size(req.page_size)?;
         let out = self
             .readers
@@ -566,6 +583,7 @@ impl Control for ControlService {
         request: Request<wire::FollowFleetRunRequest>,
     ) -> Result<Response<Self::FollowFleetRunStream>, Status> {
         let req = request.into_inner();
+        crate::edge_audit::note(None, None, &format!("fleet run {}", req.fleet_run_id));
         // an unknown run is an error of the call, not of the stream
         let run = req.fleet_run_id.clone();
         let (first, _) = self
@@ -671,6 +689,7 @@ impl Control for ControlService {
     ) -> Result<Response<Self::AttachPtySessionStream>, Status> {
         let who = caller(&request);
         let req = request.into_inner();
+        crate::edge_audit::note(None, None, &format!("terminal {}", req.pty_session_id));
         let id = issue_of("pty_session_id", &req.pty_session_id)?;
         // an unknown terminal, or an offset past what was recorded, is an
         // error of the call, not of the stream
@@ -775,6 +794,7 @@ impl Control for ControlService {
         request: Request<wire::ListPtySessionsRequest>,
     ) -> Result<Response<wire::ListPtySessionsResponse>, Status> {
         let mut req = request.into_inner();
+        crate::edge_audit::note(req.client_id.as_deref(), None, "");
         if let Some(c) = &req.client_id {
             rvbox_domain::ids::ClientId::parse("client_id", c)
                 .map_err(|e| status(&DomainError::from(e)))?;
@@ -794,6 +814,11 @@ impl Control for ControlService {
         &self,
         request: Request<wire::ReadPtyRecordingRequest>,
     ) -> Result<Response<Self::ReadPtyRecordingStream>, Status> {
+        crate::edge_audit::note(
+            None,
+            None,
+            &format!("terminal {}", request.get_ref().pty_session_id),
+        );
         let id = issue_of("pty_session_id", &request.get_ref().pty_session_id)?;
         let info = self.readers.read(move |r| r.pty_session(&id)).await?;
         let (tx, rx) = mpsc::channel(FOLLOW_BUFFER);
@@ -1092,6 +1117,7 @@ pub(crate) async fn serve(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ServeError> {
     let shared = Arc::clone(&service.shared);
+    let audit_shared = Arc::clone(&service.shared);
     let svc = ControlServer::new(service)
         .max_decoding_message_size(max_request)
         .max_encoding_message_size(usize::MAX);
@@ -1129,6 +1155,9 @@ pub(crate) async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let served = tonic::transport::Server::builder()
+        .layer(crate::edge_audit::AuditLayer {
+            shared: audit_shared,
+        })
         .add_service(health)
         .add_service(reflection)
         .add_service(svc)

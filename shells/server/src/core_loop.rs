@@ -84,6 +84,9 @@ pub(crate) enum ToCore {
     Replica(Input),
     /// Another replica stored events: followers read again.
     Changed,
+    /// Audit records of the edges (`edge_audit`): the core writes them
+    /// within their rate limits.
+    Audit(Vec<rvbox_store_port::audit::SessionAudit>),
     /// Stop: close every connection with 1012, finish the store
     /// operations in flight (bounded), and answer `done`.
     Shutdown {
@@ -340,6 +343,7 @@ impl<B: Backend + Send + 'static> Loop<B> {
                 });
             }
             ToCore::Replica(input) => self.input(input),
+            ToCore::Audit(records) => self.input(Input::Audit(records)),
             ToCore::Changed => self.changes.send_modify(|n| *n = n.wrapping_add(1)),
             ToCore::Shutdown { done } => return Some(done),
         }

@@ -127,6 +127,8 @@ async fn serve(config: ServerConfig) -> i32 {
         .metrics
         .fd_limit
         .set(soft.map_or(i64::MAX, |v| i64::try_from(v).unwrap_or(i64::MAX)));
+    // audit records of reads and edge refusals, handed to the core
+    let _edge_audits = crate::edge_audit::start(&shared);
 
     let listener = match TcpListener::bind(config.agent.listen).await {
         Ok(l) => l,

@@ -153,6 +153,29 @@ impl RpcError {
         Self::domain(&detail, s.message().to_owned())
     }
 
+    /// The rvbox.v1 error code an audit record names for this error.
+    fn audit_code(&self) -> i32 {
+        let domain = self
+            .data
+            .as_ref()
+            .and_then(|d| d.get("code"))
+            .and_then(Value::as_str)
+            .and_then(wire::ErrorCode::from_str_name);
+        domain.map_or_else(
+            || {
+                let code = if self.code == METHOD_NOT_FOUND {
+                    Code::Unsupported
+                } else if self.code == rvbox_domain::error::JSONRPC_DOMAIN_ERROR {
+                    Code::Internal
+                } else {
+                    Code::InvalidArgument
+                };
+                code.to_wire() as i32
+            },
+            |c| c as i32,
+        )
+    }
+
     fn to_value(&self) -> Value {
         let mut e = json!({ "code": self.code, "message": self.message });
         if let (Some(data), Some(obj)) = (&self.data, e.as_object_mut()) {
@@ -281,6 +304,20 @@ async fn handle(
     };
     let (id, method, outcome) = match envelope(&body) {
         Err((id, e)) => {
+            // refused before any method: audited as such
+            service
+                .shared()
+                .edge_audit(rvbox_store_port::audit::SessionAudit {
+                    client_id: None,
+                    action: "InvalidRequest",
+                    detail: e.message.clone(),
+                    caller: Some(Caller {
+                        transport: "json-rpc".into(),
+                        principal: peer.to_string(),
+                    }),
+                    issue_uuid: None,
+                    error_code: Some(e.audit_code()),
+                });
             metrics
                 .calls
                 .get_or_create(&CallLabel {
@@ -299,7 +336,22 @@ async fn handle(
                 transport: "json-rpc".into(),
                 principal: peer.to_string(),
             };
-            let outcome = call(service, method, params, caller, max_request).await;
+            let (outcome, probe) = crate::edge_audit::probed(call(
+                service,
+                method,
+                params,
+                caller.clone(),
+                max_request,
+            ))
+            .await;
+            let (code, message) = match &outcome {
+                Ok(_) => (0, String::new()),
+                Err(e) => (e.audit_code(), e.message.clone()),
+            };
+            let action = crate::edge_audit::method_name(&pascal(method));
+            if let Some(r) = probe.record(action, caller, code, &message) {
+                service.shared().edge_audit(r);
+            }
             (id, method, outcome)
         }
     };
@@ -332,6 +384,14 @@ async fn handle(
         })
         .inc();
     reply(StatusCode::OK, &body)
+}
+
+/// A JSON-RPC method name (`getCommand`) as its gRPC method (`GetCommand`).
+fn pascal(method: &str) -> String {
+    let mut c = method.chars();
+    c.next().map_or_else(String::new, |f| {
+        f.to_ascii_uppercase().to_string() + c.as_str()
+    })
 }
 
 /// The request envelope: `(id, method, params)`, or the error to answer

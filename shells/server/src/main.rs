@@ -11,6 +11,7 @@ mod audit_cli;
 mod control;
 mod core_loop;
 mod daemon;
+mod edge_audit;
 mod fleet_follow;
 mod jsonrpc;
 mod metrics;

@@ -63,6 +63,9 @@ pub(crate) struct ServerMetrics {
     pub(crate) store_failures: Family<OpLabel, Counter>,
     /// Store operations submitted to the executor and not yet performed.
     pub(crate) store_queued: Gauge,
+    /// Edge audit records dropped before the core (its queue full, or the
+    /// core not serving).
+    pub(crate) edge_audits_dropped: Counter,
     /// Dispatch waits the core could not keep between two exports.
     dispatch_waits_dropped: Counter,
     dispatch_dropped_seen: std::sync::atomic::AtomicU64,
@@ -277,6 +280,11 @@ impl ServerMetrics {
             "dispatch_seconds",
             "From a command's creation to its dispatch being durable (the dispatch latency)",
             self.latencies.dispatch.clone(),
+        );
+        r.register(
+            "edge_audits_dropped",
+            "Audit records of reads and edge refusals dropped before the core (queue full or the core not serving); the core's rate limit counts its own in session_events",
+            self.edge_audits_dropped.clone(),
         );
         r.register(
             "dispatch_waits_dropped",

@@ -37,6 +37,8 @@ pub(crate) struct Shared {
     /// Agent sockets whose tasks still run.
     live_sockets: AtomicUsize,
     sockets_gone: tokio::sync::Notify,
+    /// Edge audit records on their way to the core (`edge_audit`).
+    edge_audits: OnceLock<mpsc::Sender<rvbox_store_port::audit::SessionAudit>>,
 }
 
 /// Counts one agent socket until dropped.
@@ -72,6 +74,24 @@ impl Shared {
             failed: OnceLock::new(),
             live_sockets: AtomicUsize::new(0),
             sockets_gone: tokio::sync::Notify::new(),
+            edge_audits: OnceLock::new(),
+        }
+    }
+
+    /// Where edge audit records go (`edge_audit::start`).
+    pub(crate) fn set_edge_audits(&self, tx: mpsc::Sender<rvbox_store_port::audit::SessionAudit>) {
+        let _ = self.edge_audits.set(tx);
+    }
+
+    /// Hands an edge audit record towards the core; never waits (a full
+    /// queue, or none yet, drops it, counted).
+    pub(crate) fn edge_audit(&self, record: rvbox_store_port::audit::SessionAudit) {
+        let sent = self
+            .edge_audits
+            .get()
+            .is_some_and(|tx| tx.try_send(record).is_ok());
+        if !sent {
+            self.metrics.edge_audits_dropped.inc();
         }
     }
 

@@ -100,3 +100,78 @@ fn a_stopped_servers_audit_log_verifies_and_an_edited_record_does_not() {
         text(&bad.stdout)
     );
 }
+
+/// Reads and refusals at the edges are audited: an operator's reads
+/// (with the command they were about and the caller's uid), an agent
+/// upgrade refused for its Origin, and a JSON-RPC request that names no
+/// method; each shows in the audit log once the server stopped.
+#[test]
+fn control_reads_and_edge_refusals_are_audited() {
+    use std::io::{Read as _, Write as _};
+    let rpc_port = rvbox_testkit::free_port();
+    let mut s = Stack::with_server_config(&format!(
+        "[jsonrpc]\nenabled = true\nlisten = \"127.0.0.1:{rpc_port}\"\n"
+    ));
+    let run = s.rvc(&["run", "--background", "web-1", "echo audited"]);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    let issue = rvbox_testkit::issue_of(&run);
+    assert_eq!(
+        s.rvc(&["stat", "web-1", &issue]).status.code(),
+        Some(0),
+        "{}",
+        s.logs()
+    );
+    assert_eq!(s.rvc(&["list", "web-1"]).status.code(), Some(0));
+    // an agent upgrade from a browser page that is not allowed
+    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    write!(
+        tcp,
+        "GET /rvbox/agent HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Origin: https://evil.example\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = [0u8; 12];
+    tcp.read_exact(&mut answer).unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 403");
+    // a JSON-RPC body that is not a request
+    let mut rpc = std::net::TcpStream::connect(("127.0.0.1", rpc_port)).unwrap();
+    let body = "{\"jsonrpc\":\"2.0\",\"id\":1}";
+    write!(
+        rpc,
+        "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    rpc.read_to_string(&mut reply).unwrap();
+    assert!(reply.contains("\"error\""), "{reply}");
+    s.stop_client();
+    assert_eq!(s.stop_server(), Some(0), "{}", s.logs());
+
+    let listed = text(&audit(&s, &["list", "--limit", "1000"]).stdout);
+    let uid = format!("uid:{}", rustix_uid());
+    let has = |needle: &[&str]| listed.lines().any(|l| needle.iter().all(|n| l.contains(n)));
+    assert!(
+        has(&[" GetCommand ok", &uid, &format!("issue={issue}")]),
+        "no GetCommand read of {issue}:\n{listed}"
+    );
+    assert!(has(&[" ListCommands ok", "client=web-1"]), "{listed}");
+    assert!(
+        has(&["agent-wss", " UpgradeRefused ok", "origin (HTTP 403)"]),
+        "{listed}"
+    );
+    assert!(has(&["json-rpc", " InvalidRequest refused"]), "{listed}");
+    assert_eq!(audit(&s, &["verify"]).status.code(), Some(0));
+}
+
+fn rustix_uid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap()
+}

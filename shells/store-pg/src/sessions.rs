@@ -457,16 +457,12 @@ impl PgStore {
     ) -> Result<(), Fail> {
         self.in_tx("write session audit", |tx, _| {
             for r in records {
-                write_in(
-                    tx,
-                    &AuditRecord::session(
-                        r.client_id.as_deref(),
-                        r.action,
-                        r.detail.clone(),
-                        now_ms,
-                    ),
-                    Ok(()),
-                )?;
+                let rec = AuditRecord::of_edge(r, now_ms);
+                let refused = rec
+                    .error_code
+                    .and_then(rvbox_domain::error::Code::from_wire)
+                    .map(|code| rvbox_domain::error::DomainError::new(code, r.detail.clone()));
+                write_in(tx, &rec, refused.as_ref().map_or(Ok(()), Err))?;
             }
             Ok(())
         })

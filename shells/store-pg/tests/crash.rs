@@ -123,11 +123,11 @@ fn cases() -> Vec<(&'static str, Setup)> {
             }
         }),
         ("session audit", |_| {
-            StoreOp::Audit(vec![SessionAudit {
-                client_id: Some("web-1".into()),
-                action: "HelloRejected",
-                detail: "test".into(),
-            }])
+            StoreOp::Audit(vec![SessionAudit::session(
+                Some("web-1".into()),
+                "HelloRejected",
+                "test".into(),
+            )])
         }),
         ("run command", |_| StoreOp::RunCommand {
             request: run_request(&new_id(), "web-1", "uptime"),

@@ -650,6 +650,32 @@ impl AuditRecord {
         }
     }
 
+    /// The record of an audit that no store effect carries: session
+    /// traffic on the agent endpoint, or (with its caller) an operator's
+    /// read or a request refused at an edge, with its outcome.
+    #[must_use]
+    pub fn of_edge(r: &rvbox_store_port::audit::SessionAudit, now_ms: i64) -> Self {
+        let mut rec = match &r.caller {
+            Some(c) => Self::control(
+                &crate::operator::Caller {
+                    transport: c.transport.clone(),
+                    principal: c.principal.clone(),
+                },
+                r.action,
+                now_ms,
+            ),
+            None => Self::session(None, r.action, String::new(), now_ms),
+        };
+        rec.client_id.clone_from(&r.client_id);
+        rec.issue_uuid = r.issue_uuid;
+        rec.detail.clone_from(&r.detail);
+        if let Some(code) = r.error_code {
+            rec.outcome = AuditOutcome::Refused;
+            rec.error_code = Some(code);
+        }
+        rec
+    }
+
     /// The record of a `RunCommand` request: the client, the command, the
     /// digest of its text or script, and its environment key names (never
     /// values).

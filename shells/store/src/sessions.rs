@@ -429,16 +429,17 @@ impl Store {
             .map_err(|e| StoreError::sqlite("begin session audit", e))?;
         let mut intents = Vec::with_capacity(records.len());
         for r in records {
-            let mut i = AuditIntent::session(AuditRecord::session(
-                r.client_id.as_deref(),
-                r.action,
-                r.detail.clone(),
-                now_ms,
-            ));
-            i.write_in(&tx, Ok(())).map_err(|e| match e {
-                OpError::Store(e) => e,
-                OpError::Refused(d) => StoreError::Integrity(d.to_string()),
-            })?;
+            let rec = AuditRecord::of_edge(r, now_ms);
+            let refused = rec
+                .error_code
+                .and_then(rvbox_domain::error::Code::from_wire)
+                .map(|code| rvbox_domain::error::DomainError::new(code, r.detail.clone()));
+            let mut i = AuditIntent::session(rec);
+            i.write_in(&tx, refused.as_ref().map_or(Ok(()), Err))
+                .map_err(|e| match e {
+                    OpError::Store(e) => e,
+                    OpError::Refused(d) => StoreError::Integrity(d.to_string()),
+                })?;
             intents.push(i);
         }
         tx.commit()

@@ -607,11 +607,11 @@ fn session_records_commit_with_the_registration_the_fence_the_claim_and_the_clos
     }
     // what no effect carries is written on its own
     s.session_audits(
-        &[rvbox_store_port::audit::SessionAudit {
-            client_id: None,
-            action: "HelloRejected",
-            detail: "hello: client_id is empty".into(),
-        }],
+        &[rvbox_store_port::audit::SessionAudit::session(
+            None,
+            "HelloRejected",
+            "hello: client_id is empty".into(),
+        )],
         NOW + 5,
     )
     .unwrap();
