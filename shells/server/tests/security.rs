@@ -146,7 +146,8 @@ fn start_and_wait(s: &Stack) -> (i32, String) {
 /// The control runtime directory must be private to this account (or
 /// root): one that group or others can write, or that another account
 /// owns, stops the server at its configuration gate, before the agent
-/// listener, the store or the control socket exist.
+/// listener, the store or the control socket exist. A stale socket that
+/// another account owns is never replaced.
 #[test]
 fn a_runtime_directory_others_can_write_or_own_stops_the_server_before_it_binds() {
     let s = Stack::configured();
@@ -183,10 +184,21 @@ fn a_runtime_directory_others_can_write_or_own_stops_the_server_before_it_binds(
         );
         assert!(!s.socket().exists());
         std::os::unix::fs::chown(&run, Some(0), Some(0)).unwrap();
+        // a stale socket another account owns is never replaced
+        drop(std::os::unix::net::UnixListener::bind(s.socket()).unwrap());
+        std::os::unix::fs::lchown(s.socket(), Some(4242), Some(4242)).unwrap();
+        let (code, err) = start_and_wait(&s);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("is a socket owned by uid 4242"), "{err}");
+        let left = std::fs::symlink_metadata(s.socket()).unwrap();
+        assert_eq!(std::os::unix::fs::MetadataExt::uid(&left), 4242);
+        std::fs::remove_file(s.socket()).unwrap();
     } else {
         // core/config/tests/validation.rs covers the owner rule for
         // every account
-        eprintln!("NOTE: the foreign-owner case needs root; checked by the configuration tests");
+        eprintln!(
+            "NOTE: the foreign-owner cases need root; the configuration tests check the directory's"
+        );
     }
     // private: it starts, and the socket is owner-only
     let mut s = s;
