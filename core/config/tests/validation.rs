@@ -695,6 +695,67 @@ fn noncanonical_and_unsafe_paths_are_refused() {
     assert!(!c.exec.cwd_allowed(std::path::Path::new("/srvx")));
 }
 
+/// The control runtime directory holds the operator-authority socket: when
+/// it exists it must be owned by this account or root, and neither group-
+/// nor world-writable (another account could otherwise replace the socket
+/// or the directory's entries).
+#[test]
+fn the_control_runtime_directory_is_private_to_this_account_or_root() {
+    let refused = |mode: u32, uid: u32, needle: &str, case: &str| {
+        let host = FakeHost::standard();
+        host.dir("/run/rvbox-server", mode, uid);
+        let errors = load_server("t", "", &[], &host).unwrap_err();
+        assert_error(&errors, "control.runtime_dir", needle, case);
+    };
+    refused(
+        0o700,
+        4242,
+        "owned by uid 4242, neither root nor this user",
+        "another account's",
+    );
+    refused(
+        0o755,
+        4242,
+        "owned by uid 4242",
+        "another account's, not writable",
+    );
+    refused(
+        0o770,
+        1000,
+        "group- or world-writable (mode 770)",
+        "group-writable",
+    );
+    refused(
+        0o720,
+        0,
+        "group- or world-writable",
+        "root's, group-writable",
+    );
+    refused(0o702, 1000, "group- or world-writable", "world-writable");
+    refused(
+        0o1777,
+        0,
+        "group- or world-writable",
+        "sticky, world-writable",
+    );
+    // this account's or root's, private or readable: accepted
+    for (mode, uid) in [(0o700, 1000), (0o755, 1000), (0o755, 0), (0o700, 0)] {
+        let host = FakeHost::standard();
+        host.dir("/run/rvbox-server", mode, uid);
+        let s = load_server("t", "", &[], &host)
+            .unwrap_or_else(|e| panic!("mode {mode:o} uid {uid}: {e}"));
+        assert_eq!(
+            s.control.runtime_dir,
+            std::path::Path::new("/run/rvbox-server")
+        );
+    }
+    // a file in its place
+    let host = FakeHost::standard();
+    host.file("/run/rvbox-server", 0o600, 1000);
+    let errors = load_server("t", "", &[], &host).unwrap_err();
+    assert_error(&errors, "control.runtime_dir", "not a directory", "a file");
+}
+
 #[test]
 fn client_identity_and_urls() {
     let cases: &[(&str, &str, &str, &str)] = &[

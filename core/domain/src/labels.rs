@@ -443,6 +443,23 @@ mod tests {
         let e = Labels::from_assignments(many.iter().map(String::as_str)).unwrap_err();
         assert!(e.0.contains("more than 32 labels"), "{e}");
         assert!(Labels::from_assignments(["empty="]).is_ok());
+        // ASCII only: no look-alike letters or digits, no invisible or
+        // direction-changing characters, no control characters
+        for bad in [
+            "z\u{f6}ne=eu",
+            "zone=e\u{fc}",
+            "\u{440}ole=web",
+            "role=w\u{435}b",
+            "n=\u{ff11}",
+            "role=we\u{200b}b",
+            "role=web\u{202e}x",
+            "role=web\n",
+            "role=web\0",
+            "ro\u{301}le=web",
+        ] {
+            assert!(Labels::from_assignments([bad]).is_err(), "{bad:?}");
+        }
+        assert!(check_key("r\u{f6}le").unwrap_err().0.contains("'\u{f6}'"));
     }
 
     #[test]

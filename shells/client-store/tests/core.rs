@@ -328,6 +328,9 @@ fn a_command_and_a_script_command_run_end_to_end_over_the_real_store() {
         answers(&d.sent, &issue(1))[0].outcome,
         wire::AcceptOutcome::Positive as i32
     );
+    // its wrapper holds the command text: private to the daemon's account
+    let wrapper = format!("{cwd}/.rvbox-{}.sh", issue(1));
+    assert_eq!(mode(std::path::Path::new(&wrapper)), 0o600, "{wrapper}");
     // a script command, uploaded in two chunks
     let script = b"echo from a script\n".repeat(20_000);
     let spec = wire::ExecutionSpec {
@@ -371,6 +374,17 @@ fn a_command_and_a_script_command_run_end_to_end_over_the_real_store() {
         statuses.last(),
         Some(&(wire::ScriptUploadState::Committed as i32))
     );
+    // the stored script: a 0600 segment in 0700 directories
+    let state = dir.path().join("state");
+    let scripts = state.join("scripts");
+    let stored: Vec<_> = std::fs::read_dir(&scripts)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(mode(&stored[0]), 0o600, "{}", stored[0].display());
+    assert_eq!(mode(&scripts), 0o700);
+    assert_eq!(mode(&state), 0o700);
     d.supervise_all();
     for id in [issue(1), issue(2)] {
         let evs = d.events_of(&id);
@@ -491,6 +505,12 @@ fn a_power_cut_at_every_acceptance_launch_spool_and_acknowledgement_point_runs_a
     ] {
         crash_and_redispatch(point);
     }
+}
+
+/// The permission bits of `p`.
+fn mode(p: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
 }
 
 /// The wrapper files in `cwd`.

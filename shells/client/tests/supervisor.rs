@@ -835,6 +835,26 @@ fn reap_orphan_kills_a_detached_launch_and_never_a_stranger() {
             OrphanOutcome::Gone
         );
         assert!(alive(stranger.id()), "a stranger was killed");
+        // the stranger's true birth, but a group that is not its own: the
+        // record is inconsistent, so nothing is signalled
+        let born = std::fs::read_to_string(format!("/proc/{}/stat", stranger.id()))
+            .unwrap()
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(19))
+            .and_then(|t| t.parse::<u64>().ok())
+            .unwrap();
+        let borrowed_group = LaunchIdentity {
+            launcher_pid: stranger.id(),
+            process_group: std::process::id(),
+            birth_ticks: born,
+            cgroup: None,
+        };
+        assert_eq!(
+            fresh.reap_orphan(&new_issue(), &borrowed_group),
+            OrphanOutcome::Unverified
+        );
+        assert!(alive(stranger.id()), "a stranger was killed");
 
         assert_eq!(fresh.reap_orphan(&issue, &identity), OrphanOutcome::Killed);
         assert!(!alive(identity.launcher_pid));

@@ -235,11 +235,19 @@ fn a_client_restart_mid_command_ends_it_interrupted_with_its_output_complete() {
     assert!(stat.contains("state     interrupted"), "{stat}");
 }
 
+/// The control socket is operator authority: a socket of this account,
+/// mode 0600, in a runtime directory the server created private (0700).
 #[test]
 fn the_control_socket_is_owner_only() {
+    use std::os::unix::fs::MetadataExt as _;
     let s = Stack::server_only();
-    let mode = std::fs::metadata(s.socket()).unwrap().permissions().mode();
-    assert_eq!(mode & 0o777, 0o600);
+    let meta = std::fs::metadata(s.socket()).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()));
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(meta.uid(), rustix::process::geteuid().as_raw());
+    let dir = std::fs::metadata(s.socket().parent().unwrap()).unwrap();
+    assert_eq!(dir.permissions().mode() & 0o7777, 0o700);
+    assert_eq!(dir.uid(), rustix::process::geteuid().as_raw());
 }
 
 #[test]

@@ -117,6 +117,47 @@ fn gaps_unknown_commands_and_bad_chunks_are_refused() {
     assert_counters(&s);
 }
 
+/// A decompression bomb (plan §11.3): a 2 KiB zstd frame that expands to
+/// 16 MiB, declared as one full chunk, is refused by a decoder whose
+/// capacity is the declared raw length (so it is never expanded past
+/// 64 KiB); a declared raw length above the chunk limit is refused before
+/// any decoding. Nothing is stored.
+#[test]
+fn a_decompression_bomb_is_refused_within_its_declared_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path());
+    let id = running_command(&mut s, "web-1");
+    let bomb = zstd::bulk::compress(&vec![0u8; 16 << 20], 3).unwrap();
+    assert!(bomb.len() < 4096, "{}", bomb.len());
+    let max = u32::try_from(rvbox_domain::limits::MAX_RAW_CHUNK_BYTES).unwrap();
+    let declared = |raw_len: u32| {
+        let mut e = output(&id, 2, b"x");
+        if let rvbox_store::events::EventBody::Output {
+            raw_len: r, stored, ..
+        } = &mut e.body
+        {
+            *r = raw_len;
+            stored.clone_from(&bomb);
+        }
+        e
+    };
+    for (raw_len, why) in [
+        (max, "does not decompress within its declared raw length"),
+        (u32::MAX, "the limit is 65536"),
+    ] {
+        let r = s.append_events(&[declared(raw_len)], NOW).unwrap();
+        match &r.outcomes[0] {
+            EventOutcome::Refused(e) => {
+                assert_eq!(e.code(), Code::ProtocolError, "{e}");
+                assert!(e.reason().contains(why), "{raw_len}: {e}");
+            }
+            other => panic!("{raw_len}: expected a refusal, got {other:?}"),
+        }
+    }
+    assert_eq!(last_seq(&s, &id), 1);
+    assert_counters(&s);
+}
+
 #[test]
 fn segments_seal_at_the_target_size() {
     let dir = tempfile::tempdir().unwrap();

@@ -65,6 +65,19 @@ fn a_large_script_goes_to_its_blob_segment_and_reads_back() {
     let body = chunk(7, 3 * 1024 * 1024 + 123); // incompressible, 13 chunks
     s.run_command(&script_request(&id, &body), NOW).unwrap();
     assert!(blob_path(dir.path(), &id).exists());
+    // private: the file is 0600, every directory below the data
+    // directory 0700 (scripts are stored in plaintext)
+    let mode = |p: &std::path::Path| {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    };
+    let blob = blob_path(dir.path(), &id);
+    assert_eq!(mode(&blob), 0o600, "{}", blob.display());
+    let mut d = blob.parent().unwrap();
+    while d != dir.path() {
+        assert_eq!(mode(d), 0o700, "{}", d.display());
+        d = d.parent().unwrap();
+    }
     let (state, end): (String, i64) = s
         .db()
         .query_row(
