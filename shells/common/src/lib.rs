@@ -367,6 +367,35 @@ pub fn check_config(daemon: Daemon, path: &Path, matches: &ArgMatches) -> i32 {
     }
 }
 
+/// Libraries whose trace lines carry whole frames, bodies or queries
+/// (tungstenite logs every WebSocket frame, so command text and
+/// environment values would reach the log): never below `debug`,
+/// whatever `observability.log_level` says.
+pub const PAYLOAD_LOGGING_CRATES: [&str; 10] = [
+    "tungstenite",
+    "tokio_tungstenite",
+    "h2",
+    "hyper",
+    "hyper_util",
+    "tonic",
+    "tower",
+    "rustls",
+    "tokio_postgres",
+    "postgres",
+];
+
+/// The log filter of `level`: that level for everything, at most `debug`
+/// for [`PAYLOAD_LOGGING_CRATES`].
+#[must_use]
+pub fn log_filter(level: tracing::Level) -> tracing_subscriber::EnvFilter {
+    let capped = level.min(tracing::Level::DEBUG);
+    let mut directives = vec![level.as_str().to_ascii_lowercase()];
+    for c in PAYLOAD_LOGGING_CRATES {
+        directives.push(format!("{c}={}", capped.as_str().to_ascii_lowercase()));
+    }
+    tracing_subscriber::EnvFilter::builder().parse_lossy(directives.join(","))
+}
+
 /// Installs the global tracing subscriber on stderr per `[observability]`.
 /// Harmless when one is already installed.
 pub fn init_tracing(config: &ObservabilityConfig) {
@@ -378,7 +407,7 @@ pub fn init_tracing(config: &ObservabilityConfig) {
         LogLevel::Trace => tracing::Level::TRACE,
     };
     let builder = tracing_subscriber::fmt()
-        .with_max_level(level)
+        .with_env_filter(log_filter(level))
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match config.log_format {

@@ -302,9 +302,10 @@ fn environment_values_and_command_text_reach_no_log_and_no_audit_record() {
     let secret = format!("env-secret-{}", uuid::Uuid::now_v7().simple());
     let mark = format!("text-mark-{}", uuid::Uuid::now_v7().simple());
     let mut s = Stack::configured();
-    // both configurations end with their [observability] table
-    s.append_server_config("log_level = \"debug\"\n");
-    s.append_client_config("log_level = \"debug\"\n");
+    // both configurations end with their [observability] table; at
+    // trace, the most any operator can turn on
+    s.append_server_config("log_level = \"trace\"\n");
+    s.append_client_config("log_level = \"trace\"\n");
     s.start_server();
     s.start_client();
 

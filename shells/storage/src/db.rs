@@ -65,6 +65,7 @@ impl Default for DbOptions {
 /// [`StoreError::Sqlite`] when SQLite fails, [`StoreError::Pragma`] when a
 /// PRAGMA did not take the required value.
 pub fn open(path: &Path, opts: DbOptions) -> Result<Connection, StoreError> {
+    make_private(path)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -72,6 +73,44 @@ pub fn open(path: &Path, opts: DbOptions) -> Result<Connection, StoreError> {
         .map_err(|e| StoreError::sqlite("open database", e))?;
     configure(&conn, opts)?;
     Ok(conn)
+}
+
+/// The database holds command text, environment values and inline
+/// scripts: its file is created owner-only (0600) before SQLite opens it,
+/// so the `-wal` and `-shm` files SQLite makes beside it get the same
+/// mode; an existing database (and its `-wal`, `-shm`) that group or
+/// others could read is made owner-only, with a warning.
+fn make_private(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(StoreError::io("create database file", path, e)),
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let file = Path::new(&name);
+        let Ok(meta) = std::fs::metadata(file) else {
+            continue;
+        };
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| StoreError::io("make database file private", file, e))?;
+            tracing::warn!(
+                file = %file.display(),
+                was = format!("{mode:03o}"),
+                "database file was readable by group or others; set to 600"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Statements the store keeps prepared per connection: every statement of
@@ -343,6 +382,37 @@ pub fn quick_check(conn: &Connection) -> Result<(), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    /// The database and the `-wal` and `-shm` files SQLite makes beside it
+    /// are owner-only, whatever the umask; an existing database others
+    /// could read is made owner-only at open.
+    #[test]
+    fn database_files_are_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.sqlite3");
+        let c = open(&path, DbOptions::default()).unwrap();
+        c.execute_batch("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1);")
+            .unwrap();
+        let wal = dir.path().join("t.sqlite3-wal");
+        let shm = dir.path().join("t.sqlite3-shm");
+        for p in [&path, &wal, &shm] {
+            assert_eq!(mode(p), 0o600, "{}", p.display());
+        }
+        drop(c);
+        let old = dir.path().join("old.sqlite3");
+        std::fs::write(&old, b"").unwrap();
+        std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        let c = open(&old, DbOptions::default()).unwrap();
+        c.execute_batch("CREATE TABLE t (x INTEGER);").unwrap();
+        assert_eq!(mode(&old), 0o600);
+        assert_eq!(mode(&dir.path().join("old.sqlite3-wal")), 0o600);
+    }
 
     #[test]
     fn pragmas_are_set_and_read_back_on_every_connection() {

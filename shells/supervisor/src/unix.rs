@@ -1797,14 +1797,25 @@ impl Supervisor for UnixSupervisor {
             });
             return Ok(());
         }
+        // resolved as validated: a link swapped since cannot move it, and
+        // one swapped between the two looks is refused, never used as given
+        let cwd = match launcher::resolved_cwd(Path::new(&spec.cwd), &self.config.cwd_roots) {
+            Ok(c) => c,
+            Err(reason) => {
+                tracing::warn!(terminal = %id, %reason, "terminal refused: its working directory changed since it was checked");
+                self.terminal_out.push_back(TerminalProcessEvent {
+                    terminal: id,
+                    event: TerminalEvent::Failed(LaunchFailure::Permanent(reason)),
+                });
+                return Ok(());
+            }
+        };
         let holder = crate::terminal::HolderSpec {
             socket: self.config.run_dir.join(format!("pty-{id}.sock")),
             shell: PathBuf::from(&spec.shell_path),
             shell_args: Vec::new(),
             env: spec.env,
-            // resolved as validated: a link swapped since cannot move it
-            cwd: launcher::resolved_cwd(Path::new(&spec.cwd), &self.config.cwd_roots)
-                .unwrap_or_else(|_| PathBuf::from(&spec.cwd)),
+            cwd,
             cols: spec.cols.max(1),
             rows: spec.rows.max(1),
             ring: rvbox_terminal::ring::DEFAULT_CAPACITY,
