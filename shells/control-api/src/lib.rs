@@ -5,7 +5,8 @@
 //! `protos/rvbox/v1/control.proto`, and nothing else: the messages they carry
 //! are the prost types of `rvbox-proto`, and no handler logic lives here
 //! beside [`json`], the canonical proto3 JSON form of those messages (for
-//! `rvc --output json` and the JSON-RPC adapter). The
+//! `rvc --output json` and the JSON-RPC adapter), and [`jsonrpc`], the
+//! adapter's JSON-RPC 2.0 request envelope read from a body. The
 //! code under `src/gen/` is produced by `scripts/generate`; a test in
 //! `rvbox-codegen` fails when it is stale. Never edit it by hand.
 
@@ -26,3 +27,4 @@ pub mod v1 {
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("gen/rvbox_descriptor.bin");
 
 pub mod json;
+pub mod jsonrpc;

@@ -33,7 +33,10 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use rvbox_control_api::json;
+use rvbox_control_api::jsonrpc::{
+    INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, METHODS, PARSE_ERROR, RpcError, envelope,
+    parse, pascal, result,
+};
 use rvbox_control_api::v1::control_server::Control;
 use rvbox_domain::error::{Code, DomainError};
 use rvbox_proto::v1 as wire;
@@ -44,14 +47,6 @@ use tokio::sync::watch;
 
 use crate::control::ControlService;
 
-/// JSON-RPC: the body is not JSON.
-pub(crate) const PARSE_ERROR: i64 = -32700;
-/// JSON-RPC: not a valid request object (or a form this adapter refuses).
-pub(crate) const INVALID_REQUEST: i64 = -32600;
-/// JSON-RPC: no such method.
-pub(crate) const METHOD_NOT_FOUND: i64 = -32601;
-/// JSON-RPC: `params` is not the method's request message.
-pub(crate) const INVALID_PARAMS: i64 = -32602;
 /// Reading a request's headers may take this long.
 const HEADER_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -80,109 +75,22 @@ impl JsonRpcMetrics {
     }
 }
 
-/// The methods, lower camel case, and whether each is a mutation (which
-/// gets a server-made `requestId` when the caller sends none).
-const METHODS: [(&str, bool); 26] = [
-    ("listClients", false),
-    ("getClient", false),
-    ("listCommands", false),
-    ("getCommand", false),
-    ("authorizeClientTakeover", true),
-    ("runCommand", true),
-    ("appendStdin", true),
-    ("closeStdin", true),
-    ("signalCommand", true),
-    ("getOutput", false),
-    ("listStorageIncidents", false),
-    ("repairStorageIncident", true),
-    ("acknowledgeStorageIncident", true),
-    ("runFleet", true),
-    ("getFleetRun", false),
-    ("listFleetRuns", false),
-    ("listFleetTargets", false),
-    ("signalFleetRun", true),
-    ("cancelFleetRun", true),
-    ("pauseFleetRun", true),
-    ("resumeFleetRun", true),
-    ("openPtySession", true),
-    ("writePtyInput", true),
-    ("resizePtySession", true),
-    ("closePtySession", true),
-    ("listPtySessions", false),
-];
-
-/// A JSON-RPC error object.
-struct RpcError {
-    code: i64,
-    message: String,
-    data: Option<Value>,
-}
-
-impl RpcError {
-    fn new(code: i64, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-            data: None,
-        }
-    }
-
-    /// A domain refusal: the one server-error code, with the detail.
-    fn domain(detail: &wire::ErrorDetail, message: String) -> Self {
-        Self {
-            code: rvbox_domain::error::JSONRPC_DOMAIN_ERROR,
-            message,
-            data: json::to_value("rvbox.v1.ErrorDetail", detail).ok(),
-        }
-    }
-
-    fn from_status(s: &tonic::Status) -> Self {
-        let detail = DomainError::detail_from_grpc(s.details()).unwrap_or_else(|| {
-            // a status the service made without a detail (the transport's
-            // own): the same class as a domain code
-            let code = match s.code() {
-                tonic::Code::InvalidArgument => Code::InvalidArgument,
-                tonic::Code::NotFound => Code::NotFound,
-                tonic::Code::ResourceExhausted | tonic::Code::OutOfRange => Code::TooLarge,
-                tonic::Code::Unimplemented => Code::Unsupported,
-                tonic::Code::Unavailable => Code::Unavailable,
-                _ => Code::Internal,
-            };
-            DomainError::new(code, s.message()).to_detail()
-        });
-        Self::domain(&detail, s.message().to_owned())
-    }
-
-    /// The rvbox.v1 error code an audit record names for this error.
-    fn audit_code(&self) -> i32 {
-        let domain = self
-            .data
-            .as_ref()
-            .and_then(|d| d.get("code"))
-            .and_then(Value::as_str)
-            .and_then(wire::ErrorCode::from_str_name);
-        domain.map_or_else(
-            || {
-                let code = if self.code == METHOD_NOT_FOUND {
-                    Code::Unsupported
-                } else if self.code == rvbox_domain::error::JSONRPC_DOMAIN_ERROR {
-                    Code::Internal
-                } else {
-                    Code::InvalidArgument
-                };
-                code.to_wire() as i32
-            },
-            |c| c as i32,
-        )
-    }
-
-    fn to_value(&self) -> Value {
-        let mut e = json!({ "code": self.code, "message": self.message });
-        if let (Some(data), Some(obj)) = (&self.data, e.as_object_mut()) {
-            obj.insert("data".into(), data.clone());
-        }
-        e
-    }
+/// A refusal the Control service answered, as a JSON-RPC error.
+fn from_status(s: &tonic::Status) -> RpcError {
+    let detail = DomainError::detail_from_grpc(s.details()).unwrap_or_else(|| {
+        // a status the service made without a detail (the transport's
+        // own): the same class as a domain code
+        let code = match s.code() {
+            tonic::Code::InvalidArgument => Code::InvalidArgument,
+            tonic::Code::NotFound => Code::NotFound,
+            tonic::Code::ResourceExhausted | tonic::Code::OutOfRange => Code::TooLarge,
+            tonic::Code::Unimplemented => Code::Unsupported,
+            tonic::Code::Unavailable => Code::Unavailable,
+            _ => Code::Internal,
+        };
+        DomainError::new(code, s.message()).to_detail()
+    });
+    RpcError::domain(&detail, s.message().to_owned())
 }
 
 /// Serves the adapter on `listener` until `stop` turns true.
@@ -302,59 +210,60 @@ async fn handle(
             };
         }
     };
-    let (id, method, outcome) = match envelope(&body) {
-        Err((id, e)) => {
-            // refused before any method: audited as such
-            service
-                .shared()
-                .edge_audit(rvbox_store_port::audit::SessionAudit {
-                    client_id: None,
-                    action: "InvalidRequest",
-                    detail: e.message.clone(),
-                    caller: Some(Caller {
-                        transport: "json-rpc".into(),
-                        principal: peer.to_string(),
-                    }),
-                    issue_uuid: None,
-                    error_code: Some(e.audit_code()),
-                });
-            metrics
-                .calls
-                .get_or_create(&CallLabel {
-                    method: "unknown",
-                    outcome: if e.code == PARSE_ERROR {
-                        "parse_error"
-                    } else {
-                        "invalid_request"
-                    },
-                })
-                .inc();
-            return error_reply(StatusCode::OK, id, &e);
-        }
-        Ok((id, method, params)) => {
-            let caller = Caller {
-                transport: "json-rpc".into(),
-                principal: peer.to_string(),
-            };
-            let (outcome, probe) = crate::edge_audit::probed(call(
-                service,
-                method,
-                params,
-                caller.clone(),
-                max_request,
-            ))
-            .await;
-            let (code, message) = match &outcome {
-                Ok(_) => (0, String::new()),
-                Err(e) => (e.audit_code(), e.message.clone()),
-            };
-            let action = crate::edge_audit::method_name(&pascal(method));
-            if let Some(r) = probe.record(action, caller, code, &message) {
-                service.shared().edge_audit(r);
+    let (id, method, outcome) =
+        match envelope(&body, || uuid::Uuid::now_v7().hyphenated().to_string()) {
+            Err((id, e)) => {
+                // refused before any method: audited as such
+                service
+                    .shared()
+                    .edge_audit(rvbox_store_port::audit::SessionAudit {
+                        client_id: None,
+                        action: "InvalidRequest",
+                        detail: e.message.clone(),
+                        caller: Some(Caller {
+                            transport: "json-rpc".into(),
+                            principal: peer.to_string(),
+                        }),
+                        issue_uuid: None,
+                        error_code: Some(e.audit_code()),
+                    });
+                metrics
+                    .calls
+                    .get_or_create(&CallLabel {
+                        method: "unknown",
+                        outcome: if e.code == PARSE_ERROR {
+                            "parse_error"
+                        } else {
+                            "invalid_request"
+                        },
+                    })
+                    .inc();
+                return error_reply(StatusCode::OK, id, &e);
             }
-            (id, method, outcome)
-        }
-    };
+            Ok((id, method, params)) => {
+                let caller = Caller {
+                    transport: "json-rpc".into(),
+                    principal: peer.to_string(),
+                };
+                let (outcome, probe) = crate::edge_audit::probed(call(
+                    service,
+                    method,
+                    params,
+                    caller.clone(),
+                    max_request,
+                ))
+                .await;
+                let (code, message) = match &outcome {
+                    Ok(_) => (0, String::new()),
+                    Err(e) => (e.audit_code(), e.message.clone()),
+                };
+                let action = crate::edge_audit::method_name(&pascal(method));
+                if let Some(r) = probe.record(action, caller, code, &message) {
+                    service.shared().edge_audit(r);
+                }
+                (id, method, outcome)
+            }
+        };
     let label = METHODS
         .iter()
         .find(|(m, _)| *m == method)
@@ -386,142 +295,6 @@ async fn handle(
     reply(StatusCode::OK, &body)
 }
 
-/// A JSON-RPC method name (`getCommand`) as its gRPC method (`GetCommand`).
-fn pascal(method: &str) -> String {
-    let mut c = method.chars();
-    c.next().map_or_else(String::new, |f| {
-        f.to_ascii_uppercase().to_string() + c.as_str()
-    })
-}
-
-/// The request envelope: `(id, method, params)`, or the error to answer
-/// with the id it carried (null when unknown).
-fn envelope(body: &[u8]) -> Result<(Value, &'static str, Value), (Value, RpcError)> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| {
-        (
-            Value::Null,
-            RpcError::new(PARSE_ERROR, format!("parse error: {e}")),
-        )
-    })?;
-    let obj = match v {
-        Value::Array(_) => {
-            return Err((
-                Value::Null,
-                RpcError::new(
-                    INVALID_REQUEST,
-                    "batch requests are not supported: send one request per HTTP request",
-                ),
-            ));
-        }
-        Value::Object(o) => o,
-        _ => {
-            return Err((
-                Value::Null,
-                RpcError::new(INVALID_REQUEST, "the request must be a JSON object"),
-            ));
-        }
-    };
-    let id = match obj.get("id") {
-        None => {
-            return Err((
-                Value::Null,
-                RpcError::new(
-                    INVALID_REQUEST,
-                    "notifications are not supported: every request needs an id",
-                ),
-            ));
-        }
-        Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => id.clone(),
-        Some(_) => {
-            return Err((
-                Value::Null,
-                RpcError::new(INVALID_REQUEST, "id must be a string, a number or null"),
-            ));
-        }
-    };
-    if obj.get("jsonrpc") != Some(&Value::String("2.0".into())) {
-        return Err((
-            id,
-            RpcError::new(INVALID_REQUEST, "jsonrpc must be \"2.0\""),
-        ));
-    }
-    let Some(Value::String(name)) = obj.get("method") else {
-        return Err((
-            id,
-            RpcError::new(INVALID_REQUEST, "method must be a string"),
-        ));
-    };
-    let Some((method, mutation)) = METHODS.iter().find(|(m, _)| m == name).copied() else {
-        return Err((
-            id,
-            RpcError::new(
-                METHOD_NOT_FOUND,
-                format!("no method {name:?}; the methods are {}", names()),
-            ),
-        ));
-    };
-    let mut params = match obj.get("params") {
-        None => Value::Object(serde_json::Map::new()),
-        Some(p @ Value::Object(_)) => p.clone(),
-        Some(_) => {
-            return Err((
-                id,
-                RpcError::new(
-                    INVALID_PARAMS,
-                    "params must be an object: the method's request message",
-                ),
-            ));
-        }
-    };
-    if mutation && let Some(p) = params.as_object_mut() {
-        let missing = p
-            .get("requestId")
-            .is_none_or(|r| r.as_str().is_some_and(str::is_empty));
-        if missing {
-            p.insert(
-                "requestId".into(),
-                uuid::Uuid::now_v7().hyphenated().to_string().into(),
-            );
-        }
-    }
-    Ok((id, method, params))
-}
-
-fn names() -> String {
-    METHODS
-        .iter()
-        .map(|(m, _)| *m)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `params` as the request message `rvbox.v1.<name>`, within the control
-/// request size.
-fn parse<M: prost::Message + Default>(
-    name: &str,
-    params: Value,
-    max_request: usize,
-) -> Result<M, RpcError> {
-    let m: M = json::from_value(&format!("rvbox.v1.{name}"), params)
-        .map_err(|e| RpcError::new(INVALID_PARAMS, format!("params are not a {name}: {e}")))?;
-    if m.encoded_len() > max_request {
-        let e = DomainError::new(
-            Code::TooLarge,
-            format!(
-                "the request is {} bytes; limits.max_control_request is {max_request}",
-                m.encoded_len()
-            ),
-        );
-        return Err(RpcError::domain(&e.to_detail(), e.to_string()));
-    }
-    Ok(m)
-}
-
-fn result<M: prost::Message>(name: &str, m: &M) -> Result<Value, RpcError> {
-    json::to_value(&format!("rvbox.v1.{name}"), m)
-        .map_err(|e| RpcError::new(-32603, format!("internal error: {e}")))
-}
-
 macro_rules! unary {
     ($service:expr, $params:expr, $caller:expr, $max:expr, $rpc:ident, $req:ident, $resp:ident) => {{
         let req: wire::$req = parse(stringify!($req), $params, $max)?;
@@ -529,7 +302,7 @@ macro_rules! unary {
         request.extensions_mut().insert($caller);
         let resp = Control::$rpc($service, request)
             .await
-            .map_err(|s| RpcError::from_status(&s))?
+            .map_err(|s| from_status(&s))?
             .into_inner();
         result(stringify!($resp), &resp)
     }};
@@ -781,55 +554,5 @@ async fn call(
             METHOD_NOT_FOUND,
             format!("no method {other:?}"),
         )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    fn err(body: &str) -> (Value, i64) {
-        let (id, e) = envelope(body.as_bytes()).err().unwrap();
-        (id, e.code)
-    }
-
-    #[test]
-    fn the_envelope_rules() {
-        assert_eq!(err("{nope").1, PARSE_ERROR);
-        assert_eq!(err("[]").1, INVALID_REQUEST, "no batches");
-        assert_eq!(
-            err(r#"{"jsonrpc":"2.0","method":"getCommand"}"#).1,
-            INVALID_REQUEST,
-            "no notifications"
-        );
-        assert_eq!(
-            err(r#"{"jsonrpc":"1.0","id":7,"method":"getCommand"}"#),
-            (json!(7), INVALID_REQUEST)
-        );
-        assert_eq!(
-            err(r#"{"jsonrpc":"2.0","id":"a","method":"followCommand"}"#),
-            (json!("a"), METHOD_NOT_FOUND),
-            "no streaming method"
-        );
-        assert_eq!(
-            err(r#"{"jsonrpc":"2.0","id":1,"method":"getCommand","params":[1]}"#).1,
-            INVALID_PARAMS
-        );
-        let (_, m, p) = envelope(
-            br#"{"jsonrpc":"2.0","id":1,"method":"closeStdin","params":{"issueUuid":"x"}}"#,
-        )
-        .ok()
-        .unwrap();
-        assert_eq!(m, "closeStdin");
-        let made = p["requestId"].as_str().unwrap();
-        assert!(
-            rvbox_domain::ids::Uuid7::parse("requestId", made).is_ok(),
-            "a mutation without requestId gets a UUIDv7: {made}"
-        );
-        let (_, _, p) = envelope(br#"{"jsonrpc":"2.0","id":1,"method":"getCommand"}"#)
-            .ok()
-            .unwrap();
-        assert!(p.get("requestId").is_none(), "a read gets none");
     }
 }
