@@ -478,6 +478,26 @@ pub struct Net {
     send_seq: u64,
     max_delivered_seq: u64,
     counters: NetCounters,
+    /// Binary frames copied as they are sent (see [`Net::record`]).
+    recording: Option<Recording>,
+}
+
+/// A binary frame as it was sent, copied for a seed corpus.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedFrame {
+    /// The connection.
+    pub conn: ConnId,
+    /// Which way it went.
+    pub dir: Dir,
+    /// The bytes (an encoded envelope, or an adversary's garbage).
+    pub bytes: Vec<u8>,
+}
+
+/// The frames [`Net::record`] keeps, at most `limit`.
+#[derive(Debug, Clone, Default)]
+struct Recording {
+    limit: usize,
+    frames: Vec<RecordedFrame>,
 }
 
 impl Net {
@@ -494,7 +514,26 @@ impl Net {
             send_seq: 0,
             max_delivered_seq: 0,
             counters: NetCounters::default(),
+            recording: None,
         }
+    }
+
+    /// Copies the first `limit` binary frames sent from now on (the fuzz
+    /// seed corpora are recorded this way). Recording draws nothing from
+    /// the run's streams, so a recorded run is the same run.
+    pub fn record(&mut self, limit: usize) {
+        self.recording = Some(Recording {
+            limit,
+            frames: Vec::new(),
+        });
+    }
+
+    /// The frames recorded so far, taken.
+    pub fn take_recorded(&mut self) -> Vec<RecordedFrame> {
+        self.recording
+            .as_mut()
+            .map(|r| std::mem::take(&mut r.frames))
+            .unwrap_or_default()
     }
 
     /// The (clamped) configuration.
@@ -593,6 +632,15 @@ impl Net {
         let loss_hit = self.rng.chance(cfg.loss_permille);
         let dup_hit = self.rng.chance(cfg.dup_permille);
         let seq = self.next_send_seq();
+        if let (Some(r), Item::Binary(bytes)) = (self.recording.as_mut(), &item)
+            && r.frames.len() < r.limit
+        {
+            r.frames.push(RecordedFrame {
+                conn,
+                dir,
+                bytes: bytes.clone(),
+            });
+        }
 
         let latency = cfg.base_latency_ms.saturating_add(jitter);
         let Some(c) = self.conns.get_mut(&conn) else {

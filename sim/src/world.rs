@@ -197,6 +197,9 @@ pub struct Report {
     pub counters: BTreeMap<String, u64>,
     /// The first violated invariant or run failure, if any.
     pub failure: Option<String>,
+    /// Binary frames recorded on the network (empty unless
+    /// [`World::record_frames`] asked for them).
+    pub frames: Vec<crate::net::RecordedFrame>,
 }
 
 impl Report {
@@ -3328,6 +3331,12 @@ impl World {
         true
     }
 
+    /// Records the first `limit` binary frames either side sends, into
+    /// [`Report::frames`] (the fuzz seed corpora; nothing else changes).
+    pub fn record_frames(&mut self, limit: usize) {
+        self.net.record(limit);
+    }
+
     /// Runs to the end; returns the report.
     pub fn run(mut self) -> Report {
         let mut steps = 0u64;
@@ -3514,6 +3523,7 @@ impl World {
         Report {
             seed: self.seed,
             steps,
+            frames: self.net.take_recorded(),
             trace: self.trace,
             counters: self.counters,
             failure: self.failure,
