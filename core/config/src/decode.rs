@@ -303,11 +303,15 @@ fn syntax_error(text: &str, e: &toml::de::Error) -> ConfigError {
     if message.starts_with("duplicate key") {
         let key_text = text.get(span.clone()).unwrap_or("").trim();
         let path = duplicate_path(text, span.start, key_text);
-        return ConfigError::new(
-            path,
-            origin,
-            "duplicate key: a key or table may appear only once",
-        );
+        // a duplicate of an empty header (`[]`, itself a syntax error) has
+        // no name to give: it is reported as the syntax error it is
+        if !path.is_empty() {
+            return ConfigError::new(
+                path,
+                origin,
+                "duplicate key: a key or table may appear only once",
+            );
+        }
     }
     ConfigError::new("toml", origin, format!("syntax error: {message}"))
 }

@@ -134,6 +134,17 @@ fn duplicate_keys_are_refused_with_path_and_line() {
     let errors = server_err("[queue]\nttl = \"1m\"\n[queue]\nmax_total = 5\n");
     assert_eq!(errors.errors[0].key, "queue");
     assert_eq!(errors.errors[0].line(), Some(3));
+    // an empty header has no name: what follows it is a syntax error at
+    // its line, never an error about the key "" (found by fuzzing,
+    // fixtures/fuzz/config/regressions/)
+    for text in ["[]\n[", "[]\n[]\n"] {
+        for errors in [server_err(text), client_err(text)] {
+            for e in &errors.errors {
+                assert!(!e.key.is_empty(), "{text:?}: {e:?}");
+                assert!(e.line().is_some(), "{text:?}: {e:?}");
+            }
+        }
+    }
 }
 
 #[test]
