@@ -176,13 +176,22 @@ fn server_core(calm: &[rvbox_sim::net::RecordedFrame]) {
     c.add("command-succeeds.bin", &finished.bytes());
     let control = happy
         .clone()
-        .run_command(0)
+        .run_command(0, b"")
         .complete(8)
         .complete(8)
         .stdin(0, b"input\n")
         .complete(8)
         .complete(8);
     c.add("run-command-and-stdin.bin", &control.bytes());
+    let script = happy
+        .clone()
+        .accept(2)
+        .complete(8)
+        .complete(8)
+        .complete(8)
+        .run_command(1, b"#!/bin/sh\necho hi\n")
+        .complete(8);
+    c.add("script-upload.bin", &script.bytes());
     let reconnect = happy
         .clone()
         .disconnect()

@@ -677,6 +677,36 @@ impl Harness {
                 });
             }
         }
+        // and, sometimes, a command the round did not ask about (one the
+        // server ended, or does not know): the server looks it up
+        let (extra, pick, lifecycle) = (src.u8(), src.u8(), src.u8());
+        if extra < 64 {
+            let mut known: Vec<(String, u64)> = self
+                .model
+                .commands
+                .values()
+                .map(|c| (issue_of(&c.view.issue_uuid), c.view.revision))
+                .collect();
+            known.push((issue_text(0xfff1), 1));
+            let (issue, revision) = known
+                .get(usize::from(pick) % known.len())
+                .cloned()
+                .unwrap_or_default();
+            let lifecycle = match lifecycle % 3 {
+                0 => wire::Lifecycle::Succeeded,
+                1 => wire::Lifecycle::Running,
+                _ => wire::Lifecycle::Failed,
+            };
+            records.push(wire::SnapshotRecord {
+                issue_uuid: issue,
+                request_hash: vec![7; 32],
+                revision,
+                lifecycle: lifecycle as i32,
+                last_assigned_event_seq: 0,
+                acked_event_seq: 0,
+                script_received_bytes: 0,
+            });
+        }
         let health = if src.u8() < 16 {
             wire::ScopeState::Unavailable
         } else {
@@ -806,7 +836,10 @@ impl Harness {
                     )),
                     ..Default::default()
                 }),
-                script: Vec::new(),
+                script: {
+                    let script = src.bytes(64);
+                    script.to_vec()
+                },
                 queue_ttl: None,
             }),
             2 => ControlCall::SignalCommand(wire::SignalCommandRequest {
@@ -948,7 +981,7 @@ pub mod program {
         pub fn snapshot(mut self, echo: bool) -> Self {
             self.0.extend([2, 0, 255, 0, if echo { 255 } else { 0 }]);
             self.0.extend([4, 0, 4, 0, 4, 0, 4, 0]);
-            self.0.extend([255, 255]);
+            self.0.extend([255, 0, 0, 255, 255]);
             self
         }
 
@@ -987,10 +1020,14 @@ pub mod program {
             self
         }
 
-        /// `RunCommand` for client `client` (an index of `CLIENTS`).
+        /// `RunCommand` for client `client` (an index of `CLIENTS`), with
+        /// `script` (at most 64 bytes; empty for command text).
         #[must_use]
-        pub fn run_command(mut self, client: u8) -> Self {
+        pub fn run_command(mut self, client: u8, script: &[u8]) -> Self {
+            let script = script.get(..script.len().min(64)).unwrap_or_default();
             self.0.extend([15, 0, 0, 0, client]);
+            self.0.push(u8::try_from(script.len()).unwrap_or(0));
+            self.0.extend_from_slice(script);
             self
         }
 

@@ -55,6 +55,8 @@ pub struct Command {
     pub stdin: Vec<wire::StdinWrite>,
     /// Stdin closed.
     pub stdin_closed: bool,
+    /// The uploaded script's raw bytes (empty for command text).
+    pub script: Vec<u8>,
 }
 
 /// The model store.
@@ -79,13 +81,17 @@ impl StoreModel {
             ..Self::default()
         };
         for client in [CLIENTS[0], CLIENTS[0], CLIENTS[1]] {
-            m.create(client, wall_ms);
+            m.create(client, wall_ms, Vec::new());
         }
+        // a script command: its upload follows the acceptance
+        let script: Vec<u8> = b"#!/bin/sh\necho from a script\n".repeat(40);
+        m.create(CLIENTS[0], wall_ms, script);
         m
     }
 
-    /// Creates a queued command for `client`; returns its id.
-    pub fn create(&mut self, client: &str, wall_ms: i64) -> [u8; 16] {
+    /// Creates a queued command for `client` (a script command when
+    /// `script` is not empty); returns its id.
+    pub fn create(&mut self, client: &str, wall_ms: i64, script: Vec<u8>) -> [u8; 16] {
         let issue = issue_bytes(self.next_issue);
         self.next_issue = self.next_issue.saturating_add(1);
         self.commands.insert(
@@ -101,11 +107,12 @@ impl StoreModel {
                     issue_time_ms: wall_ms,
                     queue_expiry_ms: Some(wall_ms.saturating_add(3_600_000)),
                     expired_pending: false,
-                    script_bytes: 0,
+                    script_bytes: u64::try_from(script.len()).unwrap_or(u64::MAX),
                 },
                 durable_seq: 0,
                 stdin: Vec::new(),
                 stdin_closed: false,
+                script,
             },
         );
         issue
@@ -427,16 +434,29 @@ impl StoreModel {
             StoreOp::ScriptInfo { issue } => match self.commands.get(issue) {
                 Some(c) => Ok(Completion::Script {
                     lifecycle: c.view.lifecycle,
-                    size: None,
+                    size: (!c.script.is_empty()).then_some(c.view.script_bytes),
                 }),
                 None => refused(Code::NotFound, "no such command"),
             },
-            StoreOp::ScriptRange { .. } => Ok(Completion::ScriptBytes(Vec::new())),
+            StoreOp::ScriptRange { issue, offset, len } => match self.commands.get(issue) {
+                Some(c) => {
+                    let start = usize::try_from(*offset)
+                        .unwrap_or(usize::MAX)
+                        .min(c.script.len());
+                    let end = start
+                        .saturating_add(usize::try_from(*len).unwrap_or(usize::MAX))
+                        .min(c.script.len());
+                    Ok(Completion::ScriptBytes(
+                        c.script.get(start..end).unwrap_or_default().to_vec(),
+                    ))
+                }
+                None => refused(Code::NotFound, "no such command"),
+            },
             StoreOp::RunCommand { request, .. } => {
                 if !CLIENTS.contains(&request.client_id.as_str()) {
                     return refused(Code::InvalidArgument, "unknown client");
                 }
-                let issue = self.create(&request.client_id, wall_ms);
+                let issue = self.create(&request.client_id, wall_ms, request.script.clone());
                 Ok(Completion::RunCommand(wire::RunCommandResponse {
                     issue_uuid: Uuid7::from_bytes("issue", issue)
                         .map(|u| u.to_string())
