@@ -2,7 +2,9 @@
 //! "Backup and restore").
 //!
 //! A backup runs beside the live server: it takes no instance lock and
-//! writes nothing in the data directory. Its consistency rests on the
+//! writes nothing in the data directory (beside a stopped server's
+//! database, SQLite creates the empty `-wal` and `-shm` files any reader
+//! needs, as the server itself would). Its consistency rests on the
 //! committed-offset protocol (plan §5.3): the bytes of a segment up to its
 //! `committed_end` never change once committed, and the database names
 //! every byte it counts as committed. So one attempt is:
