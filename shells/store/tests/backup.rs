@@ -13,7 +13,8 @@
 //! cutting at restore, and every segment verifies. A file removed under
 //! the catch-up starts the backup again; a file the live store already
 //! lacked is reported as damage; a backup that does not match its
-//! manifest is refused before anything is written.
+//! manifest is refused before anything is written. A script stored in its
+//! own blob segment comes back whole.
 
 mod support;
 
@@ -89,6 +90,22 @@ fn served(s: &Store, id: &[u8; 16]) -> Vec<u8> {
     }
 }
 
+fn script_request(id: &[u8; 16], body: &[u8]) -> wire::RunCommandRequest {
+    let mut req = run_request(id, "web-1", "unused");
+    req.spec = Some(wire::ExecutionSpec {
+        source: Some(wire::execution_spec::Source::Script(
+            wire::ScriptDescriptor {
+                display_basename: "deploy.sh".into(),
+                size_bytes: body.len() as u64,
+                sha256: rvbox_segment::sha256(body).to_vec(),
+            },
+        )),
+        ..Default::default()
+    });
+    req.script = body.to_vec();
+    req
+}
+
 fn restore(from: &Path, to: &Path) -> Store {
     let fs = RealFs;
     let m = read_manifest(&fs, from).unwrap();
@@ -126,6 +143,12 @@ fn a_live_stores_backup_restores_exactly_what_its_database_copy_committed() {
     // a command still writing
     let live = running_command(&mut s, "web-1");
     append(&mut s, &live, 2, 10);
+    // a queued command whose script is too large to stay inline: its blob
+    // segment (ordinal 0)
+    let scripted = new_id();
+    let body = chunk(7, 200_000);
+    s.run_command(&script_request(&scripted, &body), NOW)
+        .unwrap();
     s.flush_audit(NOW).unwrap();
     let layout = s.layout().clone();
     let to = dir.path().join("backup");
@@ -151,9 +174,9 @@ fn a_live_stores_backup_restores_exactly_what_its_database_copy_committed() {
     assert!(report.damaged.is_empty(), "{report:?}");
     assert!(report.token_key);
     assert!(report.caught_up_bytes > 0, "{report:?}");
-    assert_eq!(report.commands, 3);
+    assert_eq!(report.commands, 4);
     assert!(
-        report.segments >= 6 && report.audit_segments >= 1,
+        report.segments >= 7 && report.audit_segments >= 1,
         "{report:?}"
     );
     assert!(to.join(MANIFEST).exists());
@@ -168,6 +191,7 @@ fn a_live_stores_backup_restores_exactly_what_its_database_copy_committed() {
     assert_eq!(served(&r, &live), expected(2, 30));
     assert_eq!(last_seq(&r, &live), 30);
     assert_eq!(served(&r, &fresh), expected(2, 5));
+    assert_eq!(r.script(&scripted).unwrap(), Some(body));
     assert_eq!(r.server_id(), s.server_id());
     assert_eq!(
         std::fs::read(Layout::new(&restored_dir).token_key_file()).unwrap(),
