@@ -24,6 +24,9 @@ pub struct ClientIdentityConfig {
     pub server_urls: Vec<String>,
     /// CA bundle for wss:// (`None`: system roots).
     pub ca_file: Option<PathBuf>,
+    /// The client certificate chain and key presented for wss:// (`None`:
+    /// none).
+    pub tls_identity: Option<(PathBuf, PathBuf)>,
     /// The private state directory.
     pub state_dir: PathBuf,
     /// Labels advertised in the hello.
@@ -261,6 +264,38 @@ pub fn load_client(
             }
         }
     };
+    let mut tls_file = |key: &'static str| {
+        let text = r.text(key);
+        if text.is_empty() {
+            return None;
+        }
+        match existing_file(probe, &text) {
+            Ok(p) => {
+                r.normalize(key, Value::Text(p.display().to_string()));
+                Some(p)
+            }
+            Err(msg) => {
+                e.push(r.error(key, msg));
+                None
+            }
+        }
+    };
+    let tls_cert = tls_file("client.tls_cert_file");
+    let tls_key = tls_file("client.tls_key_file");
+    let tls_identity = match (tls_cert, tls_key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => {
+            if r.text("client.tls_cert_file").is_empty() != r.text("client.tls_key_file").is_empty()
+            {
+                e.push(r.error(
+                    "client.tls_cert_file",
+                    "client.tls_cert_file and client.tls_key_file are set together or not at all",
+                ));
+            }
+            None
+        }
+    };
     let state_dir = match private_dir(probe, &r.text("client.state_dir")) {
         Ok(p) => p,
         Err(msg) => {
@@ -442,6 +477,7 @@ pub fn load_client(
             client_id,
             server_urls,
             ca_file,
+            tls_identity,
             state_dir,
             labels,
         },

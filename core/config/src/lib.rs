@@ -43,9 +43,9 @@ pub use profiles::{
 };
 pub use registry::{Daemon, KeyDef, Kind};
 pub use server::{
-    AgentConfig, AuditConfig, ControlConfig, JsonRpcConfig, PostgresConfig, ProtocolLimits,
-    QueueConfig, ServerConfig, ServerFlowConfig, ServerSessionConfig, SqliteSynchronous,
-    StorageConfig, StoreBackend, TerminalsConfig, check_conninfo, load_server,
+    AgentConfig, AuditConfig, ClientIdentity, ControlConfig, JsonRpcConfig, PostgresConfig,
+    ProtocolLimits, QueueConfig, ServerConfig, ServerFlowConfig, ServerSessionConfig,
+    SqliteSynchronous, StorageConfig, StoreBackend, TerminalsConfig, check_conninfo, load_server,
 };
 pub use shells::{
     ResolvedShell, ShellChanged, ShellKind, ShellsConfig, check_windows_path, resolve_shell,

@@ -308,6 +308,7 @@ pub mod defaults {
 }
 
 const SYNC_CHOICES: &[&str] = &["full", "extra"];
+const IDENTITY_CHOICES: &[&str] = &["self-reported", "tls-client-cert"];
 const STORE_CHOICES: &[&str] = &["sqlite", "postgres"];
 const LOG_LEVELS: &[&str] = &["error", "warn", "info", "debug", "trace"];
 const LOG_FORMATS: &[&str] = &["text", "json"];
@@ -324,6 +325,13 @@ pub static SERVER_KEYS: &[KeyDef] = &[
         "HTTP path of the agent WebSocket endpoint; must start with '/'."),
     KeyDef::list("server.allowed_origins", Kind::TextList, &[],
         "Origins (scheme://host[:port]) allowed on a WebSocket upgrade. Agents send no Origin header; an upgrade that carries an Origin not listed here is refused.")
+        .max(defaults::MAX_ALLOWED_ORIGINS),
+    KeyDef::text("server.client_identity", Kind::Choice(IDENTITY_CHOICES), "self-reported",
+        "How a client's identity is established: self-reported (the plan's v1 behaviour: the client_id of the hello is believed; any host that reaches the agent endpoint can claim any client id) or tls-client-cert (nginx verifies a client certificate and passes its subject in server.client_cert_header; a hello whose client_id is not the certificate's CN is refused, and only connections from server.trusted_proxies are accepted)."),
+    KeyDef::text("server.client_cert_header", Kind::Text, "x-rvbox-client-subject",
+        "When server.client_identity is tls-client-cert: the request header carrying the verified certificate's subject DN (nginx: $ssl_client_s_dn); trusted only from server.trusted_proxies."),
+    KeyDef::list("server.trusted_proxies", Kind::TextList, &[],
+        "When server.client_identity is tls-client-cert: the IP addresses of the TLS proxies (nginx) whose client-certificate header is believed; an upgrade from any other address is refused. Required (at least one) in that mode.")
         .max(defaults::MAX_ALLOWED_ORIGINS),
     KeyDef::text("server.store", Kind::Choice(STORE_CHOICES), "sqlite",
         "Where the server stores everything: sqlite (one server, storage.data_dir) or postgres (one of several replicas sharing the database named by postgres.conninfo; docs/scaleout.md)."),
@@ -472,6 +480,10 @@ pub static CLIENT_KEYS: &[KeyDef] = &[
         .max(defaults::MAX_SERVER_URLS),
     KeyDef::text("client.ca_file", Kind::OptionalPath, "",
         "PEM file of CA certificates trusted for wss:// URLs; \"\" uses the system roots. Its contents are never logged."),
+    KeyDef::text("client.tls_cert_file", Kind::OptionalPath, "",
+        "PEM certificate chain presented to the TLS proxy for wss:// URLs, required by a server whose server.client_identity is tls-client-cert (its CN must be client.client_id); \"\" presents none. Set together with client.tls_key_file."),
+    KeyDef::text("client.tls_key_file", Kind::OptionalPath, "",
+        "PEM private key of client.tls_cert_file; owner-only (mode 0600 or stricter). Its contents are never logged."),
     KeyDef::text("client.state_dir", Kind::Path, defaults::CLIENT_STATE_DIR,
         "Private directory holding the client identity, acceptance records and the output spool."),
     KeyDef::list("client.labels", Kind::Labels, &[],

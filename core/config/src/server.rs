@@ -26,6 +26,24 @@ pub struct AgentConfig {
     pub path: String,
     /// Allowed `Origin` values; an upgrade carrying another Origin is refused.
     pub allowed_origins: Vec<String>,
+    /// How a client's identity is established.
+    pub identity: ClientIdentity,
+}
+
+/// `server.client_identity`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientIdentity {
+    /// The hello's `client_id` is believed (the plan's v1 behaviour).
+    SelfReported,
+    /// The TLS proxy verified a client certificate: its subject arrives in
+    /// `header`, believed only from `trusted_proxies`; the hello's
+    /// `client_id` must be the subject's CN.
+    TlsClientCert {
+        /// `server.client_cert_header`, lowercase.
+        header: String,
+        /// `server.trusted_proxies`.
+        trusted_proxies: Vec<std::net::IpAddr>,
+    },
 }
 
 /// Where the server stores everything.
@@ -381,6 +399,47 @@ pub fn load_server(
         }
     }
 
+    let identity = match r.text("server.client_identity").as_str() {
+        "tls-client-cert" => {
+            let header = r.text("server.client_cert_header").to_ascii_lowercase();
+            if header.is_empty()
+                || !header
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                e.push(r.error(
+                    "server.client_cert_header",
+                    format!("{header:?} is not an HTTP header name (letters, digits, '-', '_')"),
+                ));
+            }
+            let mut trusted_proxies = Vec::new();
+            for text in r.list("server.trusted_proxies") {
+                match text.parse::<std::net::IpAddr>() {
+                    Ok(ip) if !trusted_proxies.contains(&ip) => trusted_proxies.push(ip),
+                    Ok(_) => e.push(r.error(
+                        "server.trusted_proxies",
+                        format!("{text:?} is listed twice"),
+                    )),
+                    Err(_) => e.push(r.error(
+                        "server.trusted_proxies",
+                        format!("{text:?} is not an IP address"),
+                    )),
+                }
+            }
+            if r.list("server.trusted_proxies").is_empty() {
+                e.push(r.error(
+                    "server.trusted_proxies",
+                    "must list the TLS proxy's address when server.client_identity = \"tls-client-cert\"",
+                ));
+            }
+            ClientIdentity::TlsClientCert {
+                header,
+                trusted_proxies,
+            }
+        }
+        _ => ClientIdentity::SelfReported,
+    };
+
     // [storage] paths
     let data_dir = match private_dir(probe, &r.text("storage.data_dir")) {
         Ok(p) => p,
@@ -592,6 +651,7 @@ pub fn load_server(
             listen,
             path,
             allowed_origins,
+            identity,
         },
         store,
         storage: StorageConfig {

@@ -34,6 +34,21 @@ const READERS: &[(&str, &str, &str)] = &[
         "config.agent.allowed_origins",
     ),
     (
+        "server.client_identity",
+        "shells/server/src/daemon.rs",
+        "config.agent.identity",
+    ),
+    (
+        "server.client_cert_header",
+        "shells/server/src/agent.rs",
+        ".get(header.as_str())",
+    ),
+    (
+        "server.trusted_proxies",
+        "shells/server/src/agent.rs",
+        "trusted_proxies.contains(&peer.ip())",
+    ),
+    (
         "server.store",
         "shells/server/src/daemon.rs",
         "match &config.store",
@@ -290,6 +305,16 @@ const READERS: &[(&str, &str, &str)] = &[
         ".client.server_urls",
     ),
     ("client.ca_file", "shells/client/src/net.rs", ".ca_file"),
+    (
+        "client.tls_cert_file",
+        "shells/client/src/net.rs",
+        "&cfg.client.tls_identity",
+    ),
+    (
+        "client.tls_key_file",
+        "shells/client/src/net.rs",
+        "load_identity(cert, key)",
+    ),
     (
         "client.state_dir",
         "shells/client-runtime/src/settings.rs",

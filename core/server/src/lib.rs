@@ -276,6 +276,16 @@ pub enum Input {
     /// target joined, on another replica): if this server holds the pump
     /// duty, a release pass goes at once.
     FleetWake,
+    /// The TLS proxy verified connection `conn`'s client certificate, which
+    /// names `client_id` (`server.client_identity = "tls-client-cert"`):
+    /// its hello must claim exactly that client. Handed right after
+    /// [`Input::Connected`].
+    Certified {
+        /// Connection.
+        conn: ConnId,
+        /// The certificate's client id (its subject's CN).
+        client_id: String,
+    },
     /// Audit records no store effect carries, from the edges: an
     /// operator's reads and requests refused before they reached the store
     /// (`caller` set), agent upgrades refused (`caller` unset). Written
@@ -916,6 +926,11 @@ impl ServerCore {
             Input::WakeAll => self.wake_all(),
             Input::FleetWake => self.fleet_wake(),
             Input::Audit(records) => self.edge_audits(records),
+            Input::Certified { conn, client_id } => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.session.set_certified(client_id);
+                }
+            }
         }
         // every session effect the input caused, then a fair dispatch turn
         // for each client that became ready (a turn only issues reads), and

@@ -423,6 +423,10 @@ pub struct Session {
     gate_open: bool,
     held: VecDeque<EventDescriptor>,
     effects: VecDeque<Effect>,
+    /// The client id the connection's verified TLS client certificate
+    /// names (`server.client_identity = "tls-client-cert"`); a hello
+    /// claiming another is refused.
+    certified: Option<String>,
 }
 
 impl Session {
@@ -445,8 +449,15 @@ impl Session {
             // grows as events are held (bounded by length below)
             held: VecDeque::new(),
             effects: VecDeque::new(),
+            certified: None,
             config,
         })
+    }
+
+    /// The client id the connection's verified client certificate names:
+    /// the hello must claim exactly it.
+    pub fn set_certified(&mut self, client_id: String) {
+        self.certified = Some(client_id);
     }
 
     /// Where the session is.
@@ -754,6 +765,28 @@ impl Session {
                     Some(error),
                     AuditKind::HelloRejected,
                     e.to_string(),
+                );
+            }
+            Ok(valid)
+                if self
+                    .certified
+                    .as_deref()
+                    .is_some_and(|c| c != valid.client_id.as_str()) =>
+            {
+                let certified = self.certified.clone().unwrap_or_default();
+                let reason = format!(
+                    "client_hello.client_id {:?} is not the client its TLS client certificate names ({certified:?})",
+                    valid.client_id.as_str()
+                );
+                self.metric(
+                    metrics::HELLO_REJECTED,
+                    Some(close_text(CloseReason::HelloRejected)),
+                );
+                self.close(
+                    CloseReason::HelloRejected,
+                    Some(DomainError::new(Code::FailedPrecondition, reason.clone())),
+                    AuditKind::HelloRejected,
+                    reason,
                 );
             }
             Ok(valid) => {

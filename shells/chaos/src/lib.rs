@@ -291,6 +291,37 @@ impl Chaos {
             });
     }
 
+    /// Waits until the command's stored events grew by `more` from what
+    /// they are now, or it ended: progress after a fault. (How many events
+    /// a command's output makes depends on how its lines were batched,
+    /// which load changes, so a fixed total is no measure of progress.)
+    pub fn wait_progress(&self, uuid: &str, more: u64) {
+        let seq = |c: &Value| {
+            c["lastEventSeq"]
+                .as_str()
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let from = seq(&self.command(uuid));
+        self.stack.wait_until_for(
+            "the command's events to grow",
+            Duration::from_secs(60),
+            || {
+                let c = self.command(uuid);
+                seq(&c) >= from + more
+                    || c["lifecycle"].as_str().is_some_and(|l| {
+                        !matches!(
+                            l,
+                            "LIFECYCLE_RUNNING"
+                                | "LIFECYCLE_ACCEPTED"
+                                | "LIFECYCLE_DISPATCHED"
+                                | "LIFECYCLE_QUEUED"
+                        )
+                    })
+            },
+        );
+    }
+
     /// Waits until the command runs.
     pub fn wait_running(&self, uuid: &str) {
         self.stack.wait_until("the command runs", || {

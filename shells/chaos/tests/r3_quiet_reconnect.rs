@@ -28,7 +28,7 @@ fn r3_follow_across_server_restarts_says_reconnecting_once_and_shows_every_byte(
     c.go();
     c.wait_events(&uuid, 300);
     c.stack.restart_server();
-    c.wait_events(&uuid, 1200);
+    c.wait_progress(&uuid, 100);
     c.stack.kill_server();
     std::thread::sleep(Duration::from_millis(500));
     c.stack.start_server();

@@ -30,7 +30,7 @@ fn r7_server_restarts_mid_stream_lose_nothing_and_clients_come_back_at_once() {
         "the client took {:?} to come back after a restart",
         stopped.elapsed()
     );
-    c.wait_events(&uuid, 1200);
+    c.wait_progress(&uuid, 100);
     // SIGKILL in the middle of the stream
     c.stack.kill_server();
     c.stack.start_server();

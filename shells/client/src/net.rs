@@ -126,6 +126,54 @@ fn load_roots(path: &Path) -> Result<rustls::RootCertStore, NetError> {
     Ok(roots)
 }
 
+/// The client certificate chain and its key (`client.tls_cert_file`,
+/// `client.tls_key_file`); the key must be owner-only.
+fn load_identity(
+    cert: &Path,
+    key: &Path,
+) -> Result<
+    (
+        Vec<rustls::pki_types::CertificateDer<'static>>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    ),
+    NetError,
+> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use std::os::unix::fs::PermissionsExt as _;
+    let tls = |what: &str, path: &Path, why: String| {
+        NetError::Tls(format!("{what} {}: {why}", path.display()))
+    };
+    let chain = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| tls("client.tls_cert_file", cert, e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| tls("client.tls_cert_file", cert, e.to_string()))?;
+    if chain.is_empty() {
+        return Err(tls(
+            "client.tls_cert_file",
+            cert,
+            "holds no certificate".into(),
+        ));
+    }
+    let mode = std::fs::metadata(key)
+        .map_err(|e| tls("client.tls_key_file", key, e.to_string()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(tls(
+            "client.tls_key_file",
+            key,
+            format!(
+                "is readable by group or others (mode {:03o}); make it 0600",
+                mode & 0o777
+            ),
+        ));
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| tls("client.tls_key_file", key, e.to_string()))?;
+    Ok((chain, key_der))
+}
+
 impl NetConfig {
     /// From the validated configuration.
     ///
@@ -164,11 +212,19 @@ impl NetConfig {
                 .unwrap_or_else(|| SYSTEM_CA_BUNDLE.into());
             let roots = load_roots(&path)?;
             let provider = Arc::new(rustls::crypto::ring::default_provider());
-            let config = rustls::ClientConfig::builder_with_provider(provider)
+            let builder = rustls::ClientConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()
                 .map_err(|e| NetError::Tls(e.to_string()))?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
+                .with_root_certificates(roots);
+            let config = match &cfg.client.tls_identity {
+                Some((cert, key)) => {
+                    let (chain, key) = load_identity(cert, key)?;
+                    builder
+                        .with_client_auth_cert(chain, key)
+                        .map_err(|e| NetError::Tls(format!("client certificate: {e}")))?
+                }
+                None => builder.with_no_client_auth(),
+            };
             Some(Arc::new(config))
         } else {
             None

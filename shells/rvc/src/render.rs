@@ -46,6 +46,27 @@ fn shorten(text: &str, max: usize) -> String {
     }
 }
 
+/// `text` from another party (a client's words, a command's text, a
+/// script's name) made safe to print on an operator's terminal: every
+/// control character (C0, DEL, C1; newlines and tabs included) is shown
+/// as `\xNN` or `\u{NNNN}`, so no escape sequence reaches the terminal.
+pub(crate) fn visible(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            let n = u32::from(c);
+            if n < 0x100 {
+                let _ = write!(out, "\\x{n:02x}");
+            } else {
+                let _ = write!(out, "\\u{{{n:04x}}}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A command's text (or its script's name) shortened to `max` characters.
 pub(crate) fn command_summary(spec: Option<&wire::ExecutionSpec>, max: usize) -> String {
     shorten(&command_text(spec), max)
@@ -53,8 +74,10 @@ pub(crate) fn command_summary(spec: Option<&wire::ExecutionSpec>, max: usize) ->
 
 fn command_text(spec: Option<&wire::ExecutionSpec>) -> String {
     match spec.and_then(|s| s.source.as_ref()) {
-        Some(wire::execution_spec::Source::CommandText(t)) => t.replace('\n', " "),
-        Some(wire::execution_spec::Source::Script(d)) => format!("script {}", d.display_basename),
+        Some(wire::execution_spec::Source::CommandText(t)) => visible(&t.replace('\n', " ")),
+        Some(wire::execution_spec::Source::Script(d)) => {
+            format!("script {}", visible(&d.display_basename))
+        }
         None => String::new(),
     }
 }
@@ -296,7 +319,7 @@ pub(crate) fn command(c: &wire::CommandRecord, client: &wire::GetClientResponse)
     );
     let _ = writeln!(out, "  revision  {}", c.revision);
     if let Some(r) = &c.rejection {
-        let _ = writeln!(out, "  rejected  {}", r.reason);
+        let _ = writeln!(out, "  rejected  {}", visible(&r.reason));
     }
     let _ = writeln!(out);
     let _ = writeln!(out, "history");
@@ -313,7 +336,7 @@ pub(crate) fn command(c: &wire::CommandRecord, client: &wire::GetClientResponse)
             out,
             "  expired   {}: {}",
             time(e.expired_time.as_ref()),
-            e.reason
+            visible(&e.reason)
         );
     }
     if c.expiry.is_some() && c.lifecycle != wire::Lifecycle::Expired as i32 {
@@ -416,7 +439,7 @@ pub(crate) fn terminals(list: &[wire::PtySessionInfo], now: std::time::SystemTim
             let reason = if t.close_reason.is_empty() {
                 "closed".to_owned()
             } else {
-                t.close_reason.replace('\n', " ")
+                visible(&t.close_reason.replace('\n', " "))
             };
             let _ = write!(when, ", closed {}", time(t.closed_time.as_ref()));
             let _ = writeln!(out, "{when}");
@@ -433,6 +456,46 @@ pub(crate) fn terminals(list: &[wire::PtySessionInfo], now: std::time::SystemTim
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// Words from a client or a command never put a control character on
+    /// the operator's terminal: a rejection reason, a command's text and a
+    /// script's name carrying escape sequences are shown escaped.
+    #[test]
+    fn text_from_other_parties_reaches_the_terminal_without_control_characters() {
+        let evil = "ok\u{1b}]0;pwned\u{7}\u{1b}[2J\rgone\u{9b}31m";
+        assert_eq!(
+            visible(evil),
+            "ok\\x1b]0;pwned\\x07\\x1b[2J\\x0dgone\\x9b31m"
+        );
+        assert_eq!(
+            visible("plain words, é and 漢字"),
+            "plain words, é and 漢字"
+        );
+        let record = wire::CommandRecord {
+            issue_uuid: "0199aaaa-0000-7000-8000-000000000001".into(),
+            client_id: "web-1".into(),
+            spec: Some(wire::ExecutionSpec {
+                source: Some(wire::execution_spec::Source::CommandText(evil.into())),
+                ..Default::default()
+            }),
+            rejection: Some(wire::ErrorDetail {
+                reason: evil.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let shown = command(&record, &wire::GetClientResponse::default());
+        assert!(
+            !shown.chars().any(|c| c.is_control() && c != '\n'),
+            "{shown:?}"
+        );
+        assert!(shown.contains("\\x1b]0;pwned"), "{shown}");
+        let listed = commands(std::slice::from_ref(&record));
+        assert!(
+            !listed.chars().any(|c| c.is_control() && c != '\n'),
+            "{listed:?}"
+        );
+    }
 
     #[test]
     fn the_terminals_table_reads_at_80_columns() {

@@ -32,6 +32,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use rvbox_config::ClientIdentity;
 use rvbox_proto::v1 as wire;
 use rvbox_server_core::{ConnId, Input};
 use tokio::net::{TcpListener, TcpStream};
@@ -216,6 +217,34 @@ fn refuse(
     text(status, format!("{reason}\n"))
 }
 
+/// The CN of a subject DN as nginx's `$ssl_client_s_dn` gives it (RFC
+/// 2253: `CN=web-1,OU=ops,O=Example`, `\` escaping special characters).
+/// `None` when there is no CN, or more than one.
+pub(crate) fn subject_cn(dn: &str) -> Option<String> {
+    let mut parts = Vec::new();
+    let mut cur = String::new();
+    let mut chars = dn.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => cur.push(chars.next()?),
+            ',' | '+' => parts.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    parts.push(cur);
+    let mut cns = parts.iter().filter_map(|p| {
+        let (k, v) = p.split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("CN")
+            .then(|| v.trim().to_owned())
+    });
+    let cn = cns.next()?;
+    if cns.next().is_some() || cn.is_empty() {
+        return None;
+    }
+    Some(cn)
+}
+
 fn header_has_token(req: &Request<Incoming>, name: header::HeaderName, token: &str) -> bool {
     req.headers().get_all(name).iter().any(|v| {
         v.to_str()
@@ -247,6 +276,36 @@ fn upgrade(mut req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) -
             return refuse(shared, StatusCode::FORBIDDEN, "origin", peer);
         }
     }
+    // the identity a verified client certificate gives, when that is how
+    // identities are established (docs/security.md)
+    let certified = match &shared.identity {
+        ClientIdentity::SelfReported => None,
+        ClientIdentity::TlsClientCert {
+            header,
+            trusted_proxies,
+        } => {
+            if !trusted_proxies.contains(&peer.ip()) {
+                return refuse(shared, StatusCode::FORBIDDEN, "untrusted_proxy", peer);
+            }
+            let Some(subject) = req
+                .headers()
+                .get(header.as_str())
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty())
+            else {
+                return refuse(shared, StatusCode::FORBIDDEN, "no_client_certificate", peer);
+            };
+            let Some(cn) = subject_cn(subject) else {
+                return refuse(
+                    shared,
+                    StatusCode::FORBIDDEN,
+                    "certificate_without_cn",
+                    peer,
+                );
+            };
+            Some(cn)
+        }
+    };
     let Some(core) = shared.core() else {
         return refuse(shared, StatusCode::SERVICE_UNAVAILABLE, "recovering", peer);
     };
@@ -270,7 +329,7 @@ fn upgrade(mut req: Request<Incoming>, peer: SocketAddr, shared: &Arc<Shared>) -
                 )
                 .await;
                 let (sink, stream) = ws.split();
-                tokio::spawn(run_socket(sink, stream, conn, core, metrics));
+                tokio::spawn(run_socket(sink, stream, conn, certified, core, metrics));
             }
             Err(e) => tracing::info!(error = %e, %peer, "agent upgrade did not complete"),
         }
@@ -290,6 +349,7 @@ async fn run_socket(
     sink: futures_util::stream::SplitSink<Ws, Message>,
     stream: futures_util::stream::SplitStream<Ws>,
     conn: ConnId,
+    certified: Option<String>,
     core: mpsc::Sender<ToCore>,
     shared: Arc<Shared>,
 ) {
@@ -299,6 +359,7 @@ async fn run_socket(
         .send(ToCore::Open {
             conn,
             writer: writer_tx,
+            certified,
         })
         .await
         .is_err()
@@ -510,5 +571,31 @@ async fn send_close(
         Ok(Ok(())) => tracing::debug!(conn, code, reason, "agent connection closed"),
         Ok(Err(e)) => tracing::debug!(conn, error = %e, "close frame not sent"),
         Err(_) => tracing::debug!(conn, "close frame not sent within the deadline"),
+    }
+}
+
+#[cfg(test)]
+mod subject_tests {
+    use super::subject_cn;
+
+    #[test]
+    fn the_cn_of_a_subject_dn_as_nginx_gives_it() {
+        assert_eq!(subject_cn("CN=web-1").as_deref(), Some("web-1"));
+        assert_eq!(
+            subject_cn("CN=web-1,OU=ops,O=Example Corp").as_deref(),
+            Some("web-1")
+        );
+        assert_eq!(subject_cn("O=Example,cn=db-2").as_deref(), Some("db-2"));
+        // an escaped comma is part of a value, not a separator
+        assert_eq!(
+            subject_cn("O=Example\\, Inc.,CN=web-1").as_deref(),
+            Some("web-1")
+        );
+        assert_eq!(subject_cn("O=Example\\,CN=web-1").as_deref(), None);
+        // none, two, or an empty one: no identity
+        assert_eq!(subject_cn("O=Example"), None);
+        assert_eq!(subject_cn("CN=a,CN=b"), None);
+        assert_eq!(subject_cn("CN="), None);
+        assert_eq!(subject_cn(""), None);
     }
 }

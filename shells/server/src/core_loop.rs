@@ -66,6 +66,9 @@ pub(crate) enum ToCore {
         conn: ConnId,
         /// Its writer's queue.
         writer: WriterTx<ToWriter>,
+        /// The client its verified TLS client certificate names
+        /// (`server.client_identity = "tls-client-cert"`).
+        certified: Option<String>,
     },
     /// An input about a connection (frame, ping, pong, written,
     /// disconnected).
@@ -308,10 +311,17 @@ impl<B: Backend + Send + 'static> Loop<B> {
     /// Handles one inbox message; a shutdown is returned to the caller.
     fn message(&mut self, msg: ToCore) -> Option<oneshot::Sender<ShutdownReport>> {
         match msg {
-            ToCore::Open { conn, writer } => {
+            ToCore::Open {
+                conn,
+                writer,
+                certified,
+            } => {
                 self.writers.insert(conn, writer);
                 self.metrics.connections.set(gauge(self.writers.len()));
                 self.input(Input::Connected { conn });
+                if let Some(client_id) = certified {
+                    self.input(Input::Certified { conn, client_id });
+                }
             }
             ToCore::Conn(input) => {
                 if let Input::Frame { bytes, .. } = &input {

@@ -122,7 +122,19 @@ async fn serve(config: ServerConfig) -> i32 {
         config.agent.path.clone(),
         config.agent.allowed_origins.clone(),
         usize::try_from(config.limits.max_envelope).unwrap_or(usize::MAX),
+        config.agent.identity.clone(),
     ));
+    if let rvbox_config::ClientIdentity::TlsClientCert {
+        header,
+        trusted_proxies,
+    } = &config.agent.identity
+    {
+        tracing::info!(%header, proxies = trusted_proxies.len(), "client identity: the TLS client certificate's CN, from the trusted proxies only");
+    } else {
+        tracing::warn!(
+            "client identity is self-reported: any host that reaches the agent endpoint can claim any client id (server.client_identity; docs/security.md)"
+        );
+    }
     shared
         .metrics
         .fd_limit

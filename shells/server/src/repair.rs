@@ -246,7 +246,7 @@ fn list(store: &Store, all: bool) -> i32 {
     }
 }
 
-fn print_row(i: &Incident) {
+pub(crate) fn print_row(i: &Incident) {
     let name = |s: &str, prefix: &str| s.trim_start_matches(prefix).to_ascii_lowercase();
     println!(
         "{:<36}  {:<12}  {:<24}  {:<20}  {:<4}  {}",
@@ -260,7 +260,7 @@ fn print_row(i: &Incident) {
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for Unix milliseconds (proleptic Gregorian).
-fn utc(ms: i64) -> String {
+pub(crate) fn utc(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);

@@ -28,6 +28,8 @@ pub(crate) struct Shared {
     pub(crate) allowed_origins: Vec<String>,
     /// `limits.max_envelope`.
     pub(crate) max_envelope: usize,
+    /// `server.client_identity` (and its header and proxies).
+    pub(crate) identity: rvbox_config::ClientIdentity,
     /// The next agent connection id.
     pub(crate) next_conn: AtomicU64,
     health: OnceLock<Health>,
@@ -58,6 +60,7 @@ impl Shared {
         agent_path: String,
         allowed_origins: Vec<String>,
         max_envelope: usize,
+        identity: rvbox_config::ClientIdentity,
     ) -> Self {
         let metrics = Arc::new(ServerMetrics::default());
         let mut registry = Registry::default();
@@ -68,6 +71,7 @@ impl Shared {
             agent_path,
             allowed_origins,
             max_envelope,
+            identity,
             next_conn: AtomicU64::new(1),
             health: OnceLock::new(),
             core: RwLock::new(None),

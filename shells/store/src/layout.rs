@@ -4,11 +4,16 @@
 //! ```text
 //! <data_dir>/            mode 0700
 //!   lock                 held (flock) by the one process using the store
+//!   token.key            the key of page and output tokens (identity.rs)
 //!   db/rvbox.sqlite3     metadata (plus -wal and -shm)
-//!   segments/            command segments: <uuid-hex>-<ordinal>.seg
+//!   segments/<xx>/       command segments: <uuid-hex>-<ordinal>.seg
 //!   audit/               audit segments: audit-<ordinal>.seg
 //!   trash/               same-filesystem deletion directory for eviction
+//!   journal/             the group journal (journal.rs)
 //! ```
+//!
+//! A backup (backup.rs) holds `token.key`, the database and the live
+//! segment and audit files, in the same places.
 //!
 //! Every path is built from these fixed names plus names produced by the
 //! segment naming functions; nothing comes from a client or a request.
@@ -17,6 +22,11 @@ use std::path::{Path, PathBuf};
 
 use crate::error::StoreError;
 use crate::fs::StoreFs;
+
+/// The token key's file name in the data directory.
+pub const TOKEN_KEY_FILE: &str = "token.key";
+/// The database's file name in `db/`.
+pub const DB_FILE: &str = "rvbox.sqlite3";
 
 /// The paths of one data directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +56,12 @@ impl Layout {
         self.root.join("lock")
     }
 
+    /// The token key (see [`crate::identity::token_key`]).
+    #[must_use]
+    pub fn token_key_file(&self) -> PathBuf {
+        self.root.join(TOKEN_KEY_FILE)
+    }
+
     /// The database directory.
     #[must_use]
     pub fn db_dir(&self) -> PathBuf {
@@ -55,7 +71,7 @@ impl Layout {
     /// The SQLite database file.
     #[must_use]
     pub fn db_file(&self) -> PathBuf {
-        self.db_dir().join("rvbox.sqlite3")
+        self.db_dir().join(DB_FILE)
     }
 
     /// The command segment directory.

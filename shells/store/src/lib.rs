@@ -25,6 +25,7 @@ pub mod store;
 
 pub use store::{Store, StoreOptions};
 pub mod audit;
+pub mod backup;
 pub mod blobs;
 pub mod checkpoint;
 pub mod commands;

@@ -262,11 +262,8 @@ impl Store {
         )?;
         let server_id = identity::server_id(&conn, entropy.as_ref(), now_ms)?;
         let journal = crate::journal::open(fs.as_ref(), &layout, &conn)?;
-        let token_key = identity::token_key(
-            fs.as_ref(),
-            &layout.root().join("token.key"),
-            entropy.as_ref(),
-        )?;
+        let token_key =
+            identity::token_key(fs.as_ref(), &layout.token_key_file(), entropy.as_ref())?;
         tracing::info!(data_dir = %layout.root().display(), "store opened");
         Ok(Self {
             layout,

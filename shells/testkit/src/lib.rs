@@ -514,6 +514,84 @@ impl Nginx {
         )
     }
 
+    /// Starts nginx in `dir` with the shipped client-certificate variant
+    /// (`deploy/nginx/rvbox-mtls.conf`): client certificates from its own
+    /// client CA (`client_cert` makes them) are required, and the verified
+    /// subject goes upstream from `proxy_from` (a loopback address).
+    pub fn start_mtls(dir: &Path, agent_port: u16, proxy_from: &str) -> Self {
+        let d = dir.join("nginx");
+        let clients_ca = make_ca(&d, "clients-ca");
+        let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nginx/rvbox-mtls.conf");
+        Self::start_shipped(
+            dir,
+            &ServerCert::default(),
+            &conf,
+            vec![
+                (
+                    "server 127.0.0.1:7700;".into(),
+                    format!("server 127.0.0.1:{agent_port};"),
+                ),
+                (
+                    "/etc/nginx/tls/rvbox-clients-ca.crt".into(),
+                    clients_ca.display().to_string(),
+                ),
+                (
+                    "proxy_bind 127.0.0.1;".into(),
+                    format!("proxy_bind {proxy_from};"),
+                ),
+            ],
+        )
+    }
+
+    /// A client certificate whose subject is `/CN={cn}`, issued by the
+    /// client CA of [`Nginx::start_mtls`]: (certificate, key 0600).
+    pub fn client_cert(&self, cn: &str) -> (PathBuf, PathBuf) {
+        let d = self.ca.parent().unwrap().to_path_buf();
+        let (crt, key, csr) = (
+            d.join(format!("client-{cn}.crt")),
+            d.join(format!("client-{cn}.key")),
+            d.join(format!("client-{cn}.csr")),
+        );
+        run_ok(
+            Command::new("openssl")
+                .args([
+                    "req",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1",
+                ])
+                .args(["-nodes", "-subj", &format!("/CN={cn}")])
+                .arg("-keyout")
+                .arg(&key)
+                .arg("-out")
+                .arg(&csr),
+        );
+        let ext = d.join(format!("client-{cn}.cnf"));
+        std::fs::write(
+            &ext,
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+        )
+        .unwrap();
+        run_ok(
+            Command::new("openssl")
+                .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
+                .arg("-in")
+                .arg(&csr)
+                .arg("-CA")
+                .arg(d.join("clients-ca.crt"))
+                .arg("-CAkey")
+                .arg(d.join("clients-ca.key"))
+                .arg("-extfile")
+                .arg(&ext)
+                .arg("-out")
+                .arg(&crt),
+        );
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        (crt, key)
+    }
+
     /// Starts nginx in `dir` with the shipped replicas configuration
     /// (`deploy/nginx/rvbox-replicas.conf`): a consistent hash on the
     /// client over the agent endpoints on `agent_ports` (three).
