@@ -92,6 +92,15 @@ pub enum Action {
         advance_to: Option<Lifecycle>,
         /// The resume position sent to the client.
         resume: Resume,
+        /// Set when the client's acknowledged event_seq is above the
+        /// server's durable one: the server lost events it had
+        /// acknowledged (it was restored from an older backup, or its
+        /// storage lost them). The client no longer holds them either, so
+        /// the caller records the range as a storage-loss truncation of
+        /// unknown size and moves the command's durable event_seq to its
+        /// end, in the reconciliation transaction; `resume` already
+        /// resumes after it.
+        lost: Option<LostEvents>,
     },
     /// plan §6.4: becomes `interrupted` and is never dispatched again.
     Interrupt {
@@ -103,6 +112,16 @@ pub enum Action {
         /// Why.
         reason: InterruptReason,
     },
+}
+
+/// Events the server acknowledged and no longer holds (see
+/// [`Action::Keep::lost`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LostEvents {
+    /// The first lost event_seq: the server's durable event_seq plus one.
+    pub first_event_seq: u64,
+    /// The last lost event_seq: the client's acknowledged event_seq.
+    pub last_event_seq: u64,
 }
 
 /// One server row and its action.
@@ -127,6 +146,8 @@ pub struct IncidentIntent {
     /// Short text naming phases, revisions and sequence numbers; never
     /// payload bytes; at most [`crate::limits::MAX_INCIDENT_SUMMARY_BYTES`].
     pub summary: String,
+    /// Whether acknowledged data was lost (a [`LostEvents`] range).
+    pub data_loss: bool,
 }
 
 /// The decision of one round.
@@ -238,7 +259,9 @@ pub enum InvalidSnapshot {
         durable: u64,
     },
     /// plan §6.4 "event-sequence bounds": the server acknowledges only
-    /// durable events.
+    /// durable events. Raised for a command the server holds terminal; a
+    /// live command the client holds is kept with a [`LostEvents`] range
+    /// instead (see [`Action::Keep::lost`]).
     #[error(
         "record {issue_uuid}: acked_event_seq {acked} is above the server's durable event_seq {durable}"
     )]
@@ -300,6 +323,7 @@ impl InvalidSnapshot {
             kind: wire::IncidentKind::ReconciliationContradiction,
             issue_uuid: self.issue_uuid(),
             summary: bound_reason(&format!("invalid reconciliation snapshot: {self}")),
+            data_loss: false,
         }
     }
 }
@@ -384,6 +408,7 @@ struct Decision {
     action: Option<Action>,
     entry: Option<ResultEntry>,
     incident: Option<(wire::IncidentKind, String)>,
+    data_loss: bool,
 }
 
 /// Decides one round (plan §6.4).
@@ -504,6 +529,7 @@ pub fn reconcile(
                 kind,
                 issue_uuid: uuid,
                 summary: bound_reason(&summary),
+                data_loss: decision.data_loss,
             });
         }
     }
@@ -542,6 +568,7 @@ fn decide_one(
                         row.phase, row.revision
                     ),
                 )),
+                data_loss: false,
             })
         }
         (ServerSide::Listed(row), ClientSide::Record(record)) => kept_row(uuid, row, record),
@@ -563,6 +590,7 @@ fn absent_row(row: &ServerCommand) -> Decision {
             action: Some(Action::Requeue { from: row.phase }),
             entry: None,
             incident: None,
+            data_loss: false,
         },
         // plan §6.4: "accepted/running | absent | interrupt and record
         // client-state-loss incident". The internal launch phases render as
@@ -580,6 +608,7 @@ fn absent_row(row: &ServerCommand) -> Decision {
                     row.phase, row.revision, row.durable_event_seq
                 ),
             )),
+            data_loss: false,
         },
     }
 }
@@ -607,7 +636,23 @@ fn kept_row(
             client: record.lifecycle,
         });
     }
-    check_seqs(uuid, record, row.durable_event_seq)?;
+    if record.last_assigned_event_seq < row.durable_event_seq {
+        return Err(InvalidSnapshot::AssignedBelowDurable {
+            issue_uuid: uuid,
+            assigned: record.last_assigned_event_seq,
+            durable: row.durable_event_seq,
+        });
+    }
+    // The client was told events up to `acked` were durable, so it
+    // deleted them; a server below that lost them (a restore from an
+    // older backup, or lost storage). Refusing the snapshot would refuse
+    // the client at every connection and the range can never come back:
+    // it is recorded as lost instead, explicitly, and the command goes on
+    // from the client's position.
+    let lost = (record.acked_event_seq > row.durable_event_seq).then(|| LostEvents {
+        first_event_seq: row.durable_event_seq + 1,
+        last_event_seq: record.acked_event_seq,
+    });
     let script_resume_offset = match row.source {
         Source::CommandText if record.script_received_bytes != 0 => {
             return Err(InvalidSnapshot::ScriptForCommandText {
@@ -637,20 +682,30 @@ fn kept_row(
     // invalid above).
     let resume = Resume {
         revision: row.revision,
-        durable_event_seq: row.durable_event_seq,
+        durable_event_seq: row.durable_event_seq.max(record.acked_event_seq),
         script_resume_offset,
     };
     // A queued row the client holds is not in the matrix: the server
     // persists `dispatched` before any frame, so it lost a dispatch (e.g. a
     // restore). The client evidence wins (never redispatch what a client
     // holds) and the disagreement is recorded.
-    let incident = (row.phase == Phase::Queued).then(|| {
+    let mut said = Vec::new();
+    if row.phase == Phase::Queued {
+        said.push(format!(
+            "server had this command queued but the client holds it as {} (revision {}); advanced, not redispatched",
+            record.lifecycle, record.revision
+        ));
+    }
+    if let Some(l) = lost {
+        said.push(format!(
+            "the client had events up to event_seq {} acknowledged but the server holds them only up to {}; events {}..={} are lost and recorded as a truncation",
+            l.last_event_seq, row.durable_event_seq, l.first_event_seq, l.last_event_seq
+        ));
+    }
+    let incident = (!said.is_empty()).then(|| {
         (
             wire::IncidentKind::ReconciliationContradiction,
-            format!(
-                "server had this command queued but the client holds it as {} (revision {}); advanced, not redispatched",
-                record.lifecycle, record.revision
-            ),
+            said.join("; "),
         )
     });
     Ok(Decision {
@@ -658,9 +713,11 @@ fn kept_row(
             from: row.phase,
             advance_to,
             resume,
+            lost,
         }),
         entry: Some(ResultEntry::Resume(resume)),
         incident,
+        data_loss: lost.is_some(),
     })
 }
 
@@ -716,6 +773,7 @@ fn unlisted_record(
                     record.lifecycle, record.revision
                 ),
             )),
+            data_loss: false,
         });
     }
     // plan §6.4: "missing/tombstoned or fully stored terminal | client
@@ -725,6 +783,7 @@ fn unlisted_record(
         action: None,
         entry: Some(ResultEntry::Discard),
         incident: contradiction.map(|s| (wire::IncidentKind::ReconciliationContradiction, s)),
+        data_loss: false,
     })
 }
 

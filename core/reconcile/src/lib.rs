@@ -34,8 +34,8 @@ mod server;
 mod snapshot;
 
 pub use decide::{
-    Action, Disposition, IncidentIntent, InterruptReason, InvalidSnapshot, Outcome, ReconcileError,
-    Resume, ServerAction, reconcile,
+    Action, Disposition, IncidentIntent, InterruptReason, InvalidSnapshot, LostEvents, Outcome,
+    ReconcileError, Resume, ServerAction, reconcile,
 };
 pub use result::{CheckedResult, ResultError, ResultList, check_result, result_digest};
 pub use server::{ServerCommand, ServerInputError, ServerKnown, Source, build_request};

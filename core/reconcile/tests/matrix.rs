@@ -88,7 +88,8 @@ fn row2_dispatched_with_accepted_record_keeps_and_advances_to_accepted() {
         Action::Keep {
             from: Phase::Dispatched,
             advance_to: Some(Lifecycle::Accepted),
-            resume
+            resume,
+            lost: None,
         }
     );
     assert!(out.incidents().is_empty());
@@ -122,7 +123,8 @@ fn row2_accepted_with_running_record_keeps_highest_valid_revision_and_resumes_ev
                 revision: Revision(3),
                 durable_event_seq: 4,
                 script_resume_offset: 0
-            }
+            },
+            lost: None,
         }
     );
     let r = &out.result().resume[0];
@@ -486,6 +488,7 @@ fn complete_active_and_terminal_unacknowledged_reconciliation() {
             durable_event_seq: durable,
             script_resume_offset: 0,
         },
+        lost: None,
     };
     assert_eq!(
         actions,

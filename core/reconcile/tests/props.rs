@@ -355,10 +355,18 @@ proptest! {
             match (how, listed, durable) {
                 // revision monotonicity
                 (1, Some(row), _) => r.revision = row.revision.0 + 1,
-                // event-sequence bounds
-                (2, _, Some(d)) => {
+                // event-sequence bounds: acknowledged beyond a terminal
+                // command's durable events (for a live command that is a
+                // recorded loss, not an invalid snapshot)
+                (2, None, Some(d)) => {
                     r.acked_event_seq = d + 1;
                     r.last_assigned_event_seq = r.last_assigned_event_seq.max(d + 1);
+                }
+                // event-sequence bounds: fewer events assigned than the
+                // server holds
+                (2, Some(_), Some(d)) if d > 0 => {
+                    r.last_assigned_event_seq = d - 1;
+                    r.acked_event_seq = r.acked_event_seq.min(d - 1);
                 }
                 // lifecycle went backwards
                 (3, Some(row), _) if row.phase == Phase::Running => {

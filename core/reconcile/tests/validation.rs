@@ -14,8 +14,8 @@ use rvbox_domain::error::Code;
 use rvbox_domain::lifecycle::{Lifecycle, Phase, Revision};
 use rvbox_proto::v1 as wire;
 use rvbox_reconcile::{
-    Disposition, InvalidSnapshot, List, ReconcileError, ServerInputError, ServerKnown, Source,
-    reconcile,
+    Action, Disposition, InvalidSnapshot, List, LostEvents, ReconcileError, Resume,
+    ServerInputError, ServerKnown, Source, reconcile,
 };
 
 fn invalid(err: ReconcileError) -> InvalidSnapshot {
@@ -189,21 +189,62 @@ fn client_assigned_below_the_server_durable_seq_is_invalid() {
 }
 
 #[test]
-fn client_acked_above_the_server_durable_seq_is_invalid() {
-    let err = run(
+fn client_acked_above_the_server_durable_seq_of_a_live_command_is_a_recorded_loss() {
+    // the server acknowledged events 6..=7 and no longer holds them (a
+    // restore from an older backup): the client deleted them, so the
+    // range is recorded lost, the command kept, and delivery resumes
+    // after the client's acknowledged position
+    let out = run(
         &[row(1, Phase::Running, 1, 5)],
         &no_known(),
-        &snap(vec![rec(1, Lifecycle::Running, 1, 8, 6)], vec![]),
+        &snap(vec![rec(1, Lifecycle::Running, 1, 9, 7)], vec![]),
     )
-    .unwrap_err();
+    .unwrap();
+    let resume = Resume {
+        revision: Revision(1),
+        durable_event_seq: 7,
+        script_resume_offset: 0,
+    };
     assert_eq!(
-        invalid(err),
-        InvalidSnapshot::AckedAboveDurable {
-            issue_uuid: uuid(1),
-            acked: 6,
-            durable: 5
+        out.actions()[0].action,
+        Action::Keep {
+            from: Phase::Running,
+            advance_to: None,
+            resume,
+            lost: Some(LostEvents {
+                first_event_seq: 6,
+                last_event_seq: 7
+            }),
         }
     );
+    assert_eq!(out.result().resume[0].durable_event_seq, 7);
+    let incident = &out.incidents()[0];
+    assert_eq!(
+        incident.kind,
+        wire::IncidentKind::ReconciliationContradiction
+    );
+    assert!(incident.data_loss);
+    assert!(
+        incident.summary.contains("events 6..=7 are lost"),
+        "{}",
+        incident.summary
+    );
+    // acked == durable loses nothing
+    let out = run(
+        &[row(1, Phase::Running, 1, 5)],
+        &no_known(),
+        &snap(vec![rec(1, Lifecycle::Running, 1, 9, 5)], vec![]),
+    )
+    .unwrap();
+    assert!(matches!(
+        out.actions()[0].action,
+        Action::Keep { lost: None, .. }
+    ));
+    assert!(out.incidents().is_empty());
+}
+
+#[test]
+fn client_acked_above_the_server_durable_seq_of_a_terminal_command_is_invalid() {
     let err = run(
         &[],
         &known(&[(1, terminal(1, Lifecycle::Failed, 2))]),

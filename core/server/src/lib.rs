@@ -377,6 +377,9 @@ pub struct EngineStats {
     pub reconciled: u64,
     /// Reconciliation snapshots refused (invalid, or client store not ready).
     pub reconcile_refused: u64,
+    /// Commands kept by a reconciliation round whose client had events
+    /// acknowledged that the store no longer holds (recorded as lost).
+    pub events_lost_at_reconcile: u64,
     /// Dispatch frames sent.
     pub dispatched: u64,
     /// Positive acceptances applied.

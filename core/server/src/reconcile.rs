@@ -59,19 +59,25 @@ fn writes_of(outcome: &Outcome, rows: &[ServerCommand]) -> Vec<ReconcileWrite> {
             Action::Requeue {
                 from: Phase::Dispatched,
             } => writes.push(ReconcileWrite::Requeue { issue, revision }),
-            Action::Requeue { .. }
-            | Action::Keep {
-                advance_to: None, ..
-            } => {}
+            Action::Requeue { .. } => {}
             Action::Keep {
-                advance_to: Some(to),
-                ..
+                advance_to, lost, ..
             } => {
-                if to != row.phase.lifecycle() {
+                if let Some(to) = advance_to
+                    && to != row.phase.lifecycle()
+                {
                     writes.push(ReconcileWrite::Advance {
                         issue,
                         revision,
                         to,
+                    });
+                }
+                if let Some(l) = lost {
+                    writes.push(ReconcileWrite::LostEvents {
+                        issue,
+                        revision,
+                        first_event_seq: l.first_event_seq,
+                        last_event_seq: l.last_event_seq,
                     });
                 }
             }
@@ -288,9 +294,21 @@ impl ServerCore {
                 issue_uuid: Some(*i.issue_uuid.as_bytes()),
                 summary: i.summary.clone(),
                 evidence: Vec::new(),
-                data_loss: false,
+                data_loss: i.data_loss,
             })
             .collect();
+        for a in outcome.actions() {
+            if let Action::Keep { lost: Some(l), .. } = a.action {
+                self.stats.events_lost_at_reconcile += 1;
+                tracing::error!(
+                    client_id = %client,
+                    issue_uuid = %a.issue_uuid,
+                    first_event_seq = l.first_event_seq,
+                    last_event_seq = l.last_event_seq,
+                    "the client had events acknowledged that the store no longer holds; they are recorded as lost"
+                );
+            }
+        }
         self.store(
             StoreOp::ApplyReconciliation {
                 client_id: client,

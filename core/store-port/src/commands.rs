@@ -103,4 +103,45 @@ pub enum ReconcileWrite {
         /// Revision the decision saw.
         revision: u64,
     },
+    /// The client had events `first_event_seq..=last_event_seq`
+    /// acknowledged that the store no longer holds (a restore from an
+    /// older backup): record the range as a `STORAGE_LOSS` truncation of
+    /// unknown size, linked to the round's open incident for the command,
+    /// and move the command's durable event_seq to `last_event_seq`. The
+    /// store's durable event_seq must still be `first_event_seq - 1`.
+    LostEvents {
+        /// Command.
+        issue: [u8; 16],
+        /// Revision the decision saw.
+        revision: u64,
+        /// First lost event_seq.
+        first_event_seq: u64,
+        /// Last lost event_seq (the client's acknowledged one).
+        last_event_seq: u64,
+    },
+}
+
+/// Why a [`ReconcileWrite::LostEvents`] range is recorded lost (the
+/// `output_truncations` reason, in every store).
+pub const LOST_AT_RECONCILE_REASON: &str = "events the client had acknowledged are not in the server's store (restored from an older backup?); their size is unknown";
+
+/// A [`ReconcileWrite::LostEvents`] range must start right after the
+/// command's durable events and not be empty.
+///
+/// # Errors
+/// `CONFLICT` naming the range and the durable event_seq.
+pub fn check_lost_range(
+    durable_event_seq: u64,
+    first_event_seq: u64,
+    last_event_seq: u64,
+) -> Result<(), rvbox_domain::error::DomainError> {
+    if first_event_seq != durable_event_seq.saturating_add(1) || last_event_seq < first_event_seq {
+        return Err(rvbox_domain::error::DomainError::new(
+            rvbox_domain::error::Code::Conflict,
+            format!(
+                "lost events {first_event_seq}..={last_event_seq} do not follow the durable event_seq {durable_event_seq}"
+            ),
+        ));
+    }
+    Ok(())
 }

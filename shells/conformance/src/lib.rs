@@ -156,6 +156,7 @@ macro_rules! __every_read_case {
             fleet_actions_pause_resume_signal_and_cancel_once_each,
             a_client_registering_in_a_late_window_becomes_a_target,
             an_open_incident_refuses_the_writes_of_its_scope_until_acknowledged,
+            events_lost_by_the_store_after_acknowledgement_are_a_recorded_truncation,
         );
     };
 }

@@ -753,3 +753,110 @@ pub fn incidents_are_listed_newest_first_page_by_page(b: &mut dyn WithReads) {
         );
     }
 }
+
+/// Events a client had acknowledged and the store no longer holds (a
+/// restore from an older backup) are recorded at reconciliation: the
+/// range becomes a `STORAGE_LOSS` truncation of unknown size linked to
+/// the round's incident, the command's durable event_seq moves to its end,
+/// later events append after it, and an output page reports the range
+/// between the bytes before and after it. A range that does not follow
+/// the durable events is `CONFLICT` and changes nothing.
+pub fn events_lost_by_the_store_after_acknowledgement_are_a_recorded_truncation(
+    b: &mut dyn WithReads,
+) {
+    use rvbox_store_port::commands::ReconcileWrite;
+    use rvbox_store_port::incidents::NewIncident;
+    use rvbox_store_port::ops::{Completion, PortError};
+
+    let chunks = chunks();
+    let issue = command_with_output(b, &chunks[..2], false);
+    assert_eq!(view(b, &issue).last_event_seq, 3);
+    let session = live_session(b, "web-1");
+    let revision = view(b, &issue).revision;
+    let apply = |first_event_seq, last_event_seq| StoreOp::ApplyReconciliation {
+        client_id: "web-1".into(),
+        session,
+        writes: vec![ReconcileWrite::LostEvents {
+            issue,
+            revision,
+            first_event_seq,
+            last_event_seq,
+        }],
+        incidents: vec![NewIncident {
+            kind: wire::IncidentKind::ReconciliationContradiction,
+            scope_kind: wire::ScopeKind::Command,
+            scope_key: text(&issue),
+            client_id: Some("web-1".into()),
+            issue_uuid: Some(issue),
+            summary: "events 4..=6 are lost".into(),
+            evidence: Vec::new(),
+            data_loss: true,
+        }],
+    };
+    for (first, last) in [(5, 6), (3, 6), (4, 3)] {
+        match b.perform(NOW, apply(first, last)) {
+            Err(PortError::Refused(e)) => assert_eq!(e.code(), Code::Conflict, "{first}..={last}"),
+            other => panic!("lost range {first}..={last}: {other:?}"),
+        }
+        assert_eq!(view(b, &issue).last_event_seq, 3, "nothing changed");
+    }
+    assert_eq!(b.perform(NOW, apply(4, 6)), Ok(Completion::Done));
+    assert_eq!(view(b, &issue).last_event_seq, 6);
+
+    // the command goes on after the range
+    let mut after = output_event(&issue, 7, b"after the loss\n");
+    after.session = Some(session);
+    let mut end = lifecycle_event(&issue, 8, Lifecycle::Succeeded);
+    end.session = Some(session);
+    let r = b.perform(
+        NOW,
+        StoreOp::AppendEvents {
+            events: vec![after, end],
+        },
+    );
+    assert_eq!(outcomes(&r), vec![EventOutcome::Appended; 2]);
+
+    let page = b
+        .reads()
+        .get_output(&wire::GetOutputRequest {
+            issue_uuid: text(&issue),
+            streams: vec![
+                wire::OutputStream::Stdout as i32,
+                wire::OutputStream::Stderr as i32,
+            ],
+            max_bytes: 1 << 20,
+            page_token: String::new(),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut seen = Vec::new();
+    for item in page.items {
+        match item.item {
+            Some(wire::output_item::Item::Data(d)) => seen.push(format!("data {}", d.event_seq)),
+            Some(wire::output_item::Item::Retention(t)) => {
+                assert_eq!(t.source, wire::TruncationSource::StorageLoss as i32);
+                assert_eq!(t.raw_bytes, None, "the lost size is unknown");
+                assert!(t.incident_id.is_some(), "linked to the round's incident");
+                assert!(t.reason.contains("acknowledged"), "{}", t.reason);
+                seen.push(format!("lost {}..={}", t.first_event_seq, t.last_event_seq));
+            }
+            other => panic!("unexpected item {other:?}"),
+        }
+    }
+    assert_eq!(seen, ["data 2", "data 3", "lost 4..=6", "data 7"]);
+    assert!(page.next_page_token.is_empty(), "the command ended");
+    let incidents = b
+        .reads()
+        .incident_page(&wire::ListStorageIncidentsRequest {
+            page_size: 10,
+            ..Default::default()
+        })
+        .unwrap()
+        .incidents;
+    assert!(
+        incidents
+            .iter()
+            .any(|i| i.data_loss && i.scope_key == text(&issue)),
+        "{incidents:?}"
+    );
+}

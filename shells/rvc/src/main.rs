@@ -469,9 +469,10 @@ struct ShellArgs {
     /// absent).
     #[arg(long, value_name = "TYPE")]
     shell: Option<String>,
-    /// An environment variable for the shell (repeatable); TERM is rvc's
-    /// own unless given.
-    #[arg(long = "env", value_name = "K=V")]
+    /// An environment variable for the shell (repeatable): K=V, or K for
+    /// the value K has in rvc's own environment (kept out of rvc's argv);
+    /// TERM is rvc's own unless given.
+    #[arg(long = "env", value_name = "K=V|K")]
     env: Vec<String>,
     /// A resource profile the shell runs under, enforced by the client as
     /// for run (repeatable): light, cpu-low|medium|high,
@@ -492,8 +493,10 @@ struct RunArgs {
     /// absent).
     #[arg(long, value_name = "TYPE")]
     shell: Option<String>,
-    /// An environment variable for the command (repeatable).
-    #[arg(long = "env", value_name = "K=V")]
+    /// An environment variable for the command (repeatable): K=V, or K
+    /// for the value K has in rvc's own environment (kept out of rvc's
+    /// argv, which other local accounts can read).
+    #[arg(long = "env", value_name = "K=V|K")]
     env: Vec<String>,
     /// A resource profile the client enforces (repeatable): light,
     /// cpu-low|medium|high, mem-low|medium|high, disk-low|medium|high.
@@ -1338,17 +1341,47 @@ fn shell_type(text: Option<&str>) -> Result<wire::ShellType, Failure> {
     }
 }
 
-/// `--env K=V`, repeated.
+/// `--env K=V` or `--env K`, repeated.
 fn env_of(pairs: &[String]) -> Result<std::collections::BTreeMap<String, String>, Failure> {
+    env_from(pairs, |k| std::env::var_os(k))
+}
+
+/// `--env K=V` gives K the value V; `--env K` gives it the value K has in
+/// rvc's own environment, so a secret need not be in rvc's argv (which
+/// other local accounts can read while rvc runs); an unset or non-UTF-8
+/// K is a usage error naming it.
+fn env_from(
+    pairs: &[String],
+    lookup: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Result<std::collections::BTreeMap<String, String>, Failure> {
     let mut env = std::collections::BTreeMap::new();
     for kv in pairs {
-        let Some((k, v)) = kv.split_once('=') else {
-            return Err(Failure::usage(format!("--env {kv:?}: write KEY=VALUE")));
+        let (k, v) = match kv.split_once('=') {
+            Some((k, v)) => (k, v.to_owned()),
+            None => {
+                let Some(v) = lookup(kv) else {
+                    return Err(Failure::usage(format!(
+                        "--env {}: it is not set in rvc's environment (write KEY=VALUE, or set {} first)",
+                        render::visible(kv),
+                        render::visible(kv)
+                    )));
+                };
+                let Ok(v) = v.into_string() else {
+                    return Err(Failure::usage(format!(
+                        "--env {}: its value in rvc's environment is not UTF-8",
+                        render::visible(kv)
+                    )));
+                };
+                (kv.as_str(), v)
+            }
         };
         if k.is_empty() {
-            return Err(Failure::usage(format!("--env {kv:?}: the name is empty")));
+            return Err(Failure::usage(format!(
+                "--env {}: the name is empty",
+                render::visible(kv)
+            )));
         }
-        env.insert(k.to_owned(), v.to_owned());
+        env.insert(k.to_owned(), v);
     }
     Ok(env)
 }
@@ -1478,6 +1511,46 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn an_env_name_alone_takes_its_value_from_rvc_s_environment() {
+        let lookup = |k: &str| (k == "TOKEN").then(|| std::ffi::OsString::from("s3cret=x"));
+        let pairs = |p: &[&str]| p.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let env = env_from(&pairs(&["A=1", "TOKEN", "B="]), lookup).unwrap();
+        assert_eq!(
+            env.into_iter().collect::<Vec<_>>(),
+            [
+                ("A".to_owned(), "1".to_owned()),
+                ("B".to_owned(), String::new()),
+                ("TOKEN".to_owned(), "s3cret=x".to_owned())
+            ]
+        );
+        let unset = env_from(&pairs(&["MISSING"]), lookup).unwrap_err();
+        assert_eq!(unset.status(), 2);
+        assert!(
+            unset
+                .message()
+                .contains("--env MISSING: it is not set in rvc's environment"),
+            "{}",
+            unset.message()
+        );
+        let empty = env_from(&pairs(&["=v"]), lookup).unwrap_err();
+        assert!(
+            empty.message().contains("the name is empty"),
+            "{}",
+            empty.message()
+        );
+        let not_utf8 = env_from(&pairs(&["RAW"]), |_| {
+            use std::os::unix::ffi::OsStringExt as _;
+            Some(std::ffi::OsString::from_vec(vec![0xff]))
+        })
+        .unwrap_err();
+        assert!(
+            not_utf8.message().contains("is not UTF-8"),
+            "{}",
+            not_utf8.message()
+        );
     }
 
     fn shell_args(args: &[&str]) -> ShellArgs {

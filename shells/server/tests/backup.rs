@@ -57,6 +57,26 @@ fn base64(s: &str) -> Vec<u8> {
 /// fails the test. The flag says whether the log is complete (the
 /// command ended and its last event was read).
 fn served(s: &Stack, id: &str) -> (Vec<u8>, bool) {
+    let (parts, complete) = served_with_gaps(s, id);
+    let mut all = Vec::new();
+    for part in parts {
+        match part {
+            Part::Data(d) => all.extend(d),
+            Part::Gap(item) => panic!("a gap or marker in {id}: {item}"),
+        }
+    }
+    (all, complete)
+}
+
+/// What a page item holds: output bytes, or a gap (a truncation or
+/// marker item, as JSON).
+enum Part {
+    Data(Vec<u8>),
+    Gap(serde_json::Value),
+}
+
+/// Every page item the server serves for `id`, in order; see [`served`].
+fn served_with_gaps(s: &Stack, id: &str) -> (Vec<Part>, bool) {
     let mut all = Vec::new();
     let mut token = String::new();
     loop {
@@ -77,10 +97,12 @@ fn served(s: &Stack, id: &str) -> (Vec<u8>, bool) {
         let page: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let items = page["items"].as_array().cloned().unwrap_or_default();
         for item in &items {
-            let data = item
-                .get("data")
-                .unwrap_or_else(|| panic!("a gap or marker in {id}: {item}"));
-            all.extend(base64(data["data"].as_str().unwrap_or_default()));
+            match item.get("data") {
+                Some(data) => all.push(Part::Data(base64(
+                    data["data"].as_str().unwrap_or_default(),
+                ))),
+                None => all.push(Part::Gap(item.clone())),
+            }
         }
         let next = page["nextPageToken"]
             .as_str()
@@ -94,6 +116,22 @@ fn served(s: &Stack, id: &str) -> (Vec<u8>, bool) {
         }
         token = next;
     }
+}
+
+/// Points the stack's server configuration at `data_dir` instead of its
+/// own data directory.
+fn point_at(s: &Stack, data_dir: &Path) {
+    let config = s.dir.path().join("server.toml");
+    let data = s.dir.path().join("data");
+    let toml = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        toml.replace(
+            &format!("data_dir = \"{}\"", data.display()),
+            &format!("data_dir = \"{}\"", data_dir.display()),
+        ),
+    )
+    .unwrap();
 }
 
 /// The commands `rvc list web-1` shows: (uuid, command text, lifecycle).
@@ -249,15 +287,7 @@ fn a_backup_taken_while_a_command_streams_restores_everything_acknowledged_befor
     assert_eq!(s.stop_server(), Some(0), "{}", s.logs());
     let data = s.dir.path().join("data");
     std::fs::rename(&data, s.dir.path().join("data.original")).unwrap();
-    let toml = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(
-        &config,
-        toml.replace(
-            &format!("data_dir = \"{}\"", data.display()),
-            &format!("data_dir = \"{}\"", restored.display()),
-        ),
-    )
-    .unwrap();
+    point_at(&s, &restored);
     s.start_server(); // ready: migrations, recovery and the integrity check passed
 
     let commands = listed(&s);
@@ -289,4 +319,103 @@ fn a_backup_taken_while_a_command_streams_restores_everything_acknowledged_befor
     let incidents = s.rvc(&["-o", "json", "storage", "incidents"]);
     let v: serde_json::Value = serde_json::from_slice(&incidents.stdout).unwrap();
     assert!(v["incidents"].as_array().is_none_or(Vec::is_empty), "{v}");
+}
+
+/// A command writing a numbered line every 20 ms for about 16 s, and a
+/// copy of everything it wrote in the work directory (the oracle).
+const SLOW: &str = "i=0; while [ $i -lt 800 ]; do printf 'slow %05d %s\\n' $i $((i * 7919 % 99991)); i=$((i + 1)); sleep 0.02; done | tee slow.out";
+
+/// A client that had output acknowledged after the backup meets the
+/// restored server, which lacks it: it is let in, not refused at every
+/// connection. The range it had acknowledged is served as an explicit
+/// storage-loss gap between the bytes before and after it, an incident
+/// with data loss says so, and the command goes on and ends on the
+/// restored server with every byte it wrote after the range.
+#[test]
+fn a_client_ahead_of_a_restored_server_goes_on_with_the_lost_range_recorded() {
+    let mut s = Stack::configured();
+    let config = s.dir.path().join("server.toml");
+    s.start_server();
+    s.start_client();
+
+    let bg = s.rvc(&["run", "--background", "web-1", SLOW]);
+    assert_eq!(bg.status.code(), Some(0), "{}", text(&bg.stderr));
+    let slow = issue_of(&bg);
+    s.wait_until("some output is stored", || {
+        served(&s, &slow).0.len() > 2_000
+    });
+    let backup_dir = s.dir.path().join("backup");
+    let out = server_tool(
+        &["backup", "--config"],
+        &[&config, Path::new("--to"), &backup_dir],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let at_backup = served(&s, &slow).0.len();
+    let restored = s.dir.path().join("restored");
+    let out = server_tool(
+        &["restore", "--from"],
+        &[&backup_dir, Path::new("--data-dir"), &restored],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // more output acknowledged by the original server after the backup
+    s.wait_until("output after the backup is stored", || {
+        served(&s, &slow).0.len() > at_backup + 3_000
+    });
+
+    // the original server goes, a server on the restored copy comes; the
+    // client and its command stay
+    assert_eq!(s.stop_server(), Some(0), "{}", s.logs());
+    point_at(&s, &restored);
+    s.start_server();
+    s.wait_until_for(
+        "the command ends on the restored server",
+        std::time::Duration::from_secs(90),
+        || lifecycle_of(&s, &slow) == "LIFECYCLE_SUCCEEDED",
+    );
+
+    let wrote = std::fs::read(s.work().join("slow.out")).unwrap();
+    let (parts, complete) = served_with_gaps(&s, &slow);
+    assert!(complete);
+    let mut before = Vec::new();
+    let mut after = Vec::new();
+    let mut gaps = Vec::new();
+    for part in parts {
+        match part {
+            Part::Data(d) if gaps.is_empty() => before.extend(d),
+            Part::Data(d) => after.extend(d),
+            Part::Gap(item) => gaps.push(item),
+        }
+    }
+    assert_eq!(gaps.len(), 1, "one gap: {gaps:?}");
+    let gap = &gaps[0]["retention"];
+    assert_eq!(gap["source"], "TRUNCATION_SOURCE_STORAGE_LOSS", "{gap}");
+    assert!(gap.get("incidentId").is_some(), "{gap}");
+    assert!(
+        before.len() >= 2_000 && wrote.starts_with(&before),
+        "the restored prefix: {} bytes",
+        before.len()
+    );
+    assert!(
+        !after.is_empty() && wrote.ends_with(&after),
+        "the output after the gap is the end of what the command wrote"
+    );
+    assert!(
+        before.len() + after.len() < wrote.len(),
+        "the gap stands for bytes"
+    );
+    let incidents = s.rvc(&["-o", "json", "storage", "incidents"]);
+    let v: serde_json::Value = serde_json::from_slice(&incidents.stdout).unwrap();
+    let list = v["incidents"].as_array().cloned().unwrap_or_default();
+    assert!(
+        list.iter()
+            .any(|i| i["dataLoss"] == true && i["scopeKey"] == slow.as_str()),
+        "{v}"
+    );
+    // exactly one such incident: the client was let in at once
+    assert_eq!(list.len(), 1, "{v}");
+    let logs = s.logs();
+    assert!(
+        !logs.contains("reconciliation snapshot refused"),
+        "the client was refused: {logs}"
+    );
 }

@@ -314,8 +314,12 @@ fn environment_values_and_command_text_reach_no_log_and_no_audit_record() {
         "[ ${{#RVBOX_TOKEN}} -eq {} ] && echo token-set # {mark}",
         secret.len()
     );
-    let env = format!("RVBOX_TOKEN={secret}");
-    let out = s.rvc(&["run", "--env", &env, "web-1", &command]);
+    // the value from rvc's own environment (`--env K`: not in its argv)
+    let out = s
+        .rvc_cmd(&["run", "--env", "RVBOX_TOKEN", "web-1", &command])
+        .env("RVBOX_TOKEN", &secret)
+        .output()
+        .unwrap();
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -327,6 +331,7 @@ fn environment_values_and_command_text_reach_no_log_and_no_audit_record() {
 
     // a command that is running: its tree's command lines
     let sleeper = format!("sleep 30 # {mark}");
+    let env = format!("RVBOX_TOKEN={secret}");
     let out = s.rvc(&["run", "--background", "--env", &env, "web-1", &sleeper]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let issue = text(&out.stdout).trim().to_owned();

@@ -788,6 +788,7 @@ impl PgStore {
             ids.push(self.incident_id(now_ms)?);
         }
         let opened = self.in_tx("apply reconciliation", |tx, opts| {
+            let mut lost = Vec::new();
             crate::incidents::check_writable(
                 tx,
                 &[(rvbox_proto::v1::ScopeKind::Client, client_id)],
@@ -848,6 +849,28 @@ impl PgStore {
                             opts.tombstone_cap,
                         )?;
                     }
+                    ReconcileWrite::LostEvents {
+                        issue,
+                        revision,
+                        first_event_seq,
+                        last_event_seq,
+                    } => {
+                        let view = load_view(tx, &issue, true)?;
+                        expect(&view, &[view.lifecycle], revision)?;
+                        rvbox_store_port::commands::check_lost_range(
+                            view.last_event_seq,
+                            first_event_seq,
+                            last_event_seq,
+                        )
+                        .map_err(Fail::Refused)?;
+                        crate::prep::execute(
+                            tx,
+                            "UPDATE commands SET last_event_seq = $2 WHERE issue_uuid = $1",
+                            &[&issue.as_slice(), &to_i64(last_event_seq)],
+                        )
+                        .map_err(Fail::db("move past lost events"))?;
+                        lost.push((issue, first_event_seq, last_event_seq));
+                    }
                 }
             }
             let mut opened = 0usize;
@@ -857,8 +880,49 @@ impl PgStore {
                     opened += 1;
                 }
             }
-            Ok(opened)
+            for (issue, first, last) in &lost {
+                // the incident the round opened (or found open) for it
+                let incident: Option<Vec<u8>> = crate::prep::query_opt(
+                    tx,
+                    "SELECT incident_id FROM storage_incidents
+                         WHERE state = 1 AND kind = $1 AND issue_uuid = $2
+                         ORDER BY detected_ms DESC LIMIT 1",
+                    &[
+                        &i64::from(
+                            rvbox_proto::v1::IncidentKind::ReconciliationContradiction as i32,
+                        ),
+                        &issue.as_slice(),
+                    ],
+                )
+                .map_err(Fail::db("find the loss incident"))?
+                .map(|r| r.get(0));
+                crate::prep::execute(
+                    tx,
+                    "INSERT INTO output_truncations (issue_uuid, first_seq, last_seq, raw_bytes,
+                         stored_bytes, source, reason, incident_id, recorded_ms)
+                     VALUES ($1, $2, $3, NULL, NULL, $4, $5, $6, $7)",
+                    &[
+                        &issue.as_slice(),
+                        &to_i64(*first),
+                        &to_i64(*last),
+                        &i64::from(rvbox_proto::v1::TruncationSource::StorageLoss as i32),
+                        &rvbox_store_port::commands::LOST_AT_RECONCILE_REASON,
+                        &incident,
+                        &now_ms,
+                    ],
+                )
+                .map_err(Fail::db("record lost events"))?;
+            }
+            Ok((opened, lost.len()))
         })?;
+        let (opened, lost) = opened;
+        if lost > 0 {
+            tracing::error!(
+                client_id,
+                ranges = lost,
+                "events the client had acknowledged are not in the store; recorded as lost"
+            );
+        }
         tracing::info!(
             client_id,
             writes = writes.len(),

@@ -61,11 +61,23 @@ pub(crate) fn insert(
     Ok(())
 }
 
+/// The incident kinds that gate nothing
+/// ([`rvbox_store::incidents::gates_scope`]): the protocol incidents.
+fn not_gating() -> Vec<i64> {
+    (0..=i32::from(u8::MAX))
+        .filter_map(|k| wire::IncidentKind::try_from(k).ok())
+        .filter(|k| *k != wire::IncidentKind::Unspecified)
+        .filter(|k| !rvbox_store::incidents::gates_scope(*k))
+        .map(|k| i64::from(k as i32))
+        .collect()
+}
+
 /// The open incidents that gate the writes of `scopes` (plan §5.1), as
 /// the SQLite store's scoped health does: an open incident on the server
 /// store's global scope refuses every write, one on a command's or a
 /// client's scope the writes of that scope, until it is repaired or
-/// acknowledged. Returns each dirty scope among them (the global scope as
+/// acknowledged; the protocol incidents gate nothing. Returns each dirty
+/// scope among them (the global scope as
 /// `GlobalStore` with an empty key) with its first open incident's id.
 pub(crate) fn dirty_scopes(
     tx: &mut Transaction<'_>,
@@ -80,11 +92,13 @@ pub(crate) fn dirty_scopes(
          WHERE state = 1
            AND ((scope_kind = $1 AND scope_key = '')
                 OR (scope_kind, scope_key) IN (SELECT * FROM unnest($2::bigint[], $3::text[])))
+           AND kind <> ALL($4::bigint[])
          GROUP BY scope_kind, scope_key",
         &[
             &i64::from(wire::ScopeKind::GlobalStore as i32),
             &kinds,
             &keys,
+            &not_gating(),
         ],
     )
     .map_err(Fail::db("read open incidents"))?

@@ -508,6 +508,7 @@ impl Store {
         }
         let cap = self.opts.tombstone_cap;
         let mut requeued = Vec::new();
+        let mut lost = Vec::new();
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -575,6 +576,27 @@ impl Store {
                         cap,
                     )?;
                 }
+                ReconcileWrite::LostEvents {
+                    issue,
+                    revision,
+                    first_event_seq,
+                    last_event_seq,
+                } => {
+                    let view = load_view(&tx, &issue)?;
+                    expect(&view, &[view.lifecycle], revision)?;
+                    rvbox_store_port::commands::check_lost_range(
+                        view.last_event_seq,
+                        first_event_seq,
+                        last_event_seq,
+                    )
+                    .map_err(OpError::Refused)?;
+                    tx.execute_cached(
+                        "UPDATE commands SET last_event_seq = ?2 WHERE issue_uuid = ?1",
+                        params![issue.as_slice(), to_i64(last_event_seq)],
+                    )
+                    .map_err(|e| StoreError::sqlite("move past lost events", e))?;
+                    lost.push((issue, first_event_seq, last_event_seq));
+                }
             }
         }
         let mut opened = 0usize;
@@ -592,15 +614,55 @@ impl Store {
                 opened += 1;
             }
         }
+        for (issue, first, last) in &lost {
+            // the incident the round opened (or found open) for it
+            let incident: Option<Vec<u8>> = tx
+                .query_row_cached(
+                    "SELECT incident_id FROM storage_incidents
+                     WHERE state = 1 AND kind = ?1 AND issue_uuid = ?2
+                     ORDER BY detected_ms DESC LIMIT 1",
+                    params![
+                        wire::IncidentKind::ReconciliationContradiction as i32,
+                        issue.as_slice()
+                    ],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(|e| StoreError::sqlite("find the loss incident", e))?;
+            tx.execute_cached(
+                "INSERT INTO output_truncations (issue_uuid, first_seq, last_seq, raw_bytes, stored_bytes,
+                     source, reason, incident_id, recorded_ms)
+                 VALUES (?1, ?2, ?3, NULL, NULL, ?4, ?5, ?6, ?7)",
+                params![
+                    issue.as_slice(),
+                    to_i64(*first),
+                    to_i64(*last),
+                    wire::TruncationSource::StorageLoss as i32,
+                    rvbox_store_port::commands::LOST_AT_RECONCILE_REASON,
+                    incident,
+                    now_ms
+                ],
+            )
+            .map_err(|e| StoreError::sqlite("record lost events", e))?;
+        }
         tx.commit()
             .map_err(|e| StoreError::sqlite("commit reconciliation", e))?;
         self.hook.at(crate::crash::points::RECONCILE_AFTER_COMMIT);
         if opened > 0 {
             self.health.refresh(&self.conn)?;
         }
+        for (issue, first, last) in &lost {
+            self.metrics.events_lost_at_reconcile.inc();
+            tracing::error!(
+                issue_uuid = %uuid::Uuid::from_bytes(*issue),
+                first_event_seq = first,
+                last_event_seq = last,
+                "events the client had acknowledged are not in the store; recorded as lost"
+            );
+        }
         for w in writes {
             match w {
-                ReconcileWrite::Requeue { .. } => {}
+                ReconcileWrite::Requeue { .. } | ReconcileWrite::LostEvents { .. } => {}
                 ReconcileWrite::Advance { to, .. } => self.metrics.command_transition(to.as_str()),
                 ReconcileWrite::Interrupt { .. } => self.metrics.command_transition("interrupted"),
             }

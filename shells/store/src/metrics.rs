@@ -158,6 +158,10 @@ pub struct StoreMetrics {
     /// not match their descriptor; `readback`: the written segment did not
     /// read back clean).
     pub script_verification_failures: Family<StepLabel, Counter>,
+    /// Ranges of events a client had acknowledged that the store no
+    /// longer held (a restore from an older backup), recorded as lost at
+    /// reconciliation.
+    pub events_lost_at_reconcile: Counter,
 }
 
 impl Default for StoreMetrics {
@@ -204,6 +208,7 @@ impl Default for StoreMetrics {
             fleet_runs: Family::default(),
             fleet_targets_released: Counter::default(),
             script_verification_failures: Family::default(),
+            events_lost_at_reconcile: Counter::default(),
         }
     }
 }
@@ -396,6 +401,11 @@ impl StoreMetrics {
             "scrub_actions",
             "Background scrub actions (re-verification, orphan sweep, recount), by step",
             self.scrub.clone(),
+        );
+        r.register(
+            "events_lost_at_reconcile",
+            "Ranges of events a client had acknowledged that the store no longer held (restored from an older backup), recorded as lost at reconciliation",
+            self.events_lost_at_reconcile.clone(),
         );
         r.register(
             "rotations",
