@@ -279,6 +279,12 @@ impl StoreModel {
                         ReconcileWrite::Interrupt { issue, revision } => {
                             next.cas(issue, *revision, &Lifecycle::ALL, Lifecycle::Interrupted)
                         }
+                        ReconcileWrite::LostEvents {
+                            issue,
+                            revision,
+                            first_event_seq,
+                            last_event_seq,
+                        } => next.lose(issue, *revision, *first_event_seq, *last_event_seq),
                     };
                     r?;
                 }
@@ -550,6 +556,34 @@ impl StoreModel {
         }
         c.view.lifecycle = to;
         c.view.revision = c.view.revision.max(revision);
+        Ok(())
+    }
+
+    /// Events a client had acknowledged that the store lacks: the durable
+    /// event_seq moves past them (the stores also record the range).
+    fn lose(
+        &mut self,
+        issue: &[u8; 16],
+        revision: u64,
+        first: u64,
+        last: u64,
+    ) -> Result<(), PortError> {
+        let Some(c) = self.commands.get_mut(issue) else {
+            return Err(PortError::Refused(DomainError::new(
+                Code::NotFound,
+                "no such command",
+            )));
+        };
+        if c.view.revision != revision {
+            return Err(PortError::Refused(DomainError::new(
+                Code::StaleRevision,
+                "the command changed since the decision",
+            )));
+        }
+        rvbox_store_port::commands::check_lost_range(c.durable_seq, first, last)
+            .map_err(PortError::Refused)?;
+        c.durable_seq = last;
+        c.view.last_event_seq = last;
         Ok(())
     }
 
