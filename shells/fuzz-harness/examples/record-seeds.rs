@@ -149,23 +149,7 @@ fn envelope(calm: &[rvbox_sim::net::RecordedFrame], faulty: &[rvbox_sim::net::Re
 /// frames of recorded connections replayed with the live session fields.
 fn server_core(calm: &[rvbox_sim::net::RecordedFrame]) {
     let mut c = Corpus::new("server_core");
-    let happy = Program::new()
-        .connect()
-        .hello(0, 0)
-        .complete(8)
-        .complete(8)
-        .snapshot(false)
-        .complete(8)
-        .complete(8)
-        .capacity(4)
-        .complete(8)
-        .complete(8)
-        .accept(0)
-        .complete(8)
-        .lifecycle(0, 0)
-        .output(0, b"hello\n")
-        .complete(8)
-        .complete(8);
+    let happy = Program::happy();
     c.add("happy-path.bin", &happy.bytes());
     let finished = happy
         .clone()

@@ -956,6 +956,31 @@ pub mod program {
             self.0.clone()
         }
 
+        /// The happy path: a client connects, says hello, reconciles,
+        /// offers capacity, accepts the dispatched command and sends its
+        /// first events, each store operation completed (the seed
+        /// recorder writes it, and the tests extend it).
+        #[must_use]
+        pub fn happy() -> Self {
+            Self::new()
+                .connect()
+                .hello(0, 0)
+                .complete(8)
+                .complete(8)
+                .snapshot(false)
+                .complete(8)
+                .complete(8)
+                .capacity(4)
+                .complete(8)
+                .complete(8)
+                .accept(0)
+                .complete(8)
+                .lifecycle(0, 0)
+                .output(0, b"hello\n")
+                .complete(8)
+                .complete(8)
+        }
+
         /// A new connection whose writer keeps up.
         #[must_use]
         pub fn connect(mut self) -> Self {

@@ -146,6 +146,12 @@ impl StoreModel {
     }
 
     /// Compare-and-set on a command's revision and lifecycle.
+    fn command_mut(&mut self, issue: &[u8; 16]) -> Result<&mut Command, PortError> {
+        self.commands
+            .get_mut(issue)
+            .ok_or_else(|| PortError::Refused(DomainError::new(Code::NotFound, "no such command")))
+    }
+
     fn cas(
         &mut self,
         issue: &[u8; 16],
@@ -153,12 +159,7 @@ impl StoreModel {
         from: &[Lifecycle],
         to: Lifecycle,
     ) -> Result<(), PortError> {
-        let Some(c) = self.commands.get_mut(issue) else {
-            return Err(PortError::Refused(DomainError::new(
-                Code::NotFound,
-                "no such command",
-            )));
-        };
+        let c = self.command_mut(issue)?;
         if c.view.revision != revision || !from.contains(&c.view.lifecycle) {
             return Err(PortError::Refused(DomainError::new(
                 Code::StaleRevision,
@@ -542,12 +543,7 @@ impl StoreModel {
 
     /// A client-reported lifecycle advance (reconciliation).
     fn advance(&mut self, issue: &[u8; 16], revision: u64, to: Lifecycle) -> Result<(), PortError> {
-        let Some(c) = self.commands.get_mut(issue) else {
-            return Err(PortError::Refused(DomainError::new(
-                Code::NotFound,
-                "no such command",
-            )));
-        };
+        let c = self.command_mut(issue)?;
         if c.view.lifecycle.is_terminal() || c.view.revision > revision.saturating_add(1) {
             return Err(PortError::Refused(DomainError::new(
                 Code::StaleRevision,
@@ -568,12 +564,7 @@ impl StoreModel {
         first: u64,
         last: u64,
     ) -> Result<(), PortError> {
-        let Some(c) = self.commands.get_mut(issue) else {
-            return Err(PortError::Refused(DomainError::new(
-                Code::NotFound,
-                "no such command",
-            )));
-        };
+        let c = self.command_mut(issue)?;
         if c.view.revision != revision {
             return Err(PortError::Refused(DomainError::new(
                 Code::StaleRevision,

@@ -4,30 +4,9 @@
 
 use rvbox_fuzz::server_core::{explore, program::Program};
 
-/// The happy path the seed recorder also writes.
-pub fn happy() -> Program {
-    Program::new()
-        .connect()
-        .hello(0, 0)
-        .complete(8)
-        .complete(8)
-        .snapshot(false)
-        .complete(8)
-        .complete(8)
-        .capacity(4)
-        .complete(8)
-        .complete(8)
-        .accept(0)
-        .complete(8)
-        .lifecycle(0, 0)
-        .output(0, b"hello\n")
-        .complete(8)
-        .complete(8)
-}
-
 #[test]
 fn the_scripted_program_reaches_dispatch_and_acks() {
-    let seen = explore(&happy().bytes());
+    let seen = explore(&Program::happy().bytes());
     for want in [
         "frame server_welcome",
         "frame reconcile_request",
@@ -43,7 +22,11 @@ fn the_scripted_program_reaches_dispatch_and_acks() {
 
 #[test]
 fn an_accepted_script_command_is_uploaded() {
-    let p = happy().accept(2).complete(8).complete(8).complete(8);
+    let p = Program::happy()
+        .accept(2)
+        .complete(8)
+        .complete(8)
+        .complete(8);
     let seen = explore(&p.bytes());
     for want in ["op script_info", "op script_range", "frame script_chunk"] {
         assert!(seen.contains_key(want), "{want} missing from {seen:#?}");
